@@ -1,0 +1,226 @@
+"""Model adapters: what the decoder needs to know about a Hugging Face model.
+
+A :class:`ModelAdapter` wraps any ``transformers`` model that returns logits and records the
+conventions a decoder depends on: the mask token, the EOS ids, whether logits are shifted by
+one (Dream-style: the output at position ``i`` predicts token ``i + 1``), the attention kind
+and the context length. :func:`load_model` builds one from a local directory or a toy-zoo
+name; it never downloads anything.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from dloom.errors import ModelError
+
+ATTENTION_KINDS = ("bidirectional", "block-causal", "causal")
+DTYPES = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+SHIFTED_MODEL_TYPES = ("dream",)
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """``(B, L)`` positions that ignore left padding: 0 at each row's first real token."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+@dataclass
+class ModelAdapter:
+    """A model plus the conventions needed to decode with it.
+
+    :ivar model: the ``torch.nn.Module``; called as ``model(input_ids=, attention_mask=,
+        position_ids=)`` and expected to return an object with ``.logits`` ``(B, L, V)``.
+    :ivar mask_token_id: id of the mask token, or ``None`` for a model without one (an AR
+        target).
+    :ivar eos_token_ids: ids that end a generation.
+    :ivar pad_token_id: id used for left padding.
+    :ivar shift_logits: ``True`` when the output at ``i`` predicts token ``i + 1``.
+    :ivar attention: one of :data:`ATTENTION_KINDS`.
+    :ivar max_context: the longest sequence the model accepts, or ``None`` if unknown.
+    :ivar tokenizer: the model's tokenizer, if one was found.
+    :ivar name: where the model came from (a zoo name or a path).
+    :ivar default_gen_length: the generation length the checkpoint recommends, if any.
+    """
+
+    model: torch.nn.Module
+    mask_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+    pad_token_id: int
+    shift_logits: bool = False
+    attention: str = "bidirectional"
+    max_context: int | None = None
+    tokenizer: Any = None
+    name: str = "model"
+    default_gen_length: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.attention not in ATTENTION_KINDS:
+            raise ModelError(
+                f"attention kind {self.attention!r} is not supported; allowed: "
+                + ", ".join(ATTENTION_KINDS)
+            )
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    def logits(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Logits aligned so that ``logits[:, i]`` is the distribution of token ``i``.
+
+        :param input_ids: ``(B, L)`` long.
+        :param attention_mask: ``(B, L)`` padding mask (1 = real token) or ``None`` when no
+            row is padded.
+        :param position_ids: ``(B, L)`` long; derived from ``attention_mask`` when omitted.
+        :return: ``(B, L, V)`` logits in the model's dtype. For a shifted model position 0
+            repeats the first output (it is never a generated position).
+        """
+        if position_ids is None and attention_mask is not None:
+            position_ids = position_ids_from_mask(attention_mask)
+        with torch.no_grad():
+            out = self.model(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
+            )
+        logits = out.logits if hasattr(out, "logits") else out[0]
+        if self.shift_logits:
+            logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+        return logits
+
+    def encode(self, prompts: Sequence[str]) -> list[list[int]]:
+        """Token ids of each prompt with the tokenizer's default special tokens."""
+        if self.tokenizer is None:
+            raise ModelError(
+                f"model {self.name!r} has no tokenizer; pass token ids instead of text"
+            )
+        return [list(self.tokenizer(p)["input_ids"]) for p in prompts]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids`` without special tokens ('' when no tokenizer is known)."""
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+
+def _resolve_path(name_or_path: str | os.PathLike) -> tuple[Path, str]:
+    from dloom import zoo
+
+    text = str(name_or_path)
+    if text in zoo.MODEL_NAMES:
+        return zoo.model_path(text), text
+    path = Path(text).expanduser()
+    if path.is_dir():
+        return path, str(path)
+    raise ModelError(
+        f"no model directory at {text!r}, and it is not a toy-zoo name "
+        f"({', '.join(zoo.MODEL_NAMES)}); dloom loads local checkpoints only"
+    )
+
+
+def _as_ids(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, int):
+        return (value,)
+    return tuple(int(v) for v in value)
+
+
+def load_model(
+    name_or_path: str | os.PathLike,
+    *,
+    mask_token_id: int | None = None,
+    trust_remote_code: bool = False,
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype = "float32",
+    shift_logits: bool | None = None,
+    attention: str | None = None,
+    require_mask: bool = True,
+) -> ModelAdapter:
+    """Load a model and its tokenizer from a local directory or a toy-zoo name.
+
+    Conventions come from, in order: the arguments, the config's ``dloom`` section, the
+    config's own fields (``mask_token_id``, ``eos_token_id``, ``is_causal``, ``model_type``)
+    and the tokenizer (``mask_token``, ``eos_token``).
+
+    :param mask_token_id: overrides the config's and the tokenizer's mask token.
+    :param trust_remote_code: allow the checkpoint's own modelling code (only when asked).
+    :param dtype: a name from :data:`DTYPES` or a ``torch.dtype``.
+    :param require_mask: raise when no mask token is found (dLLMs); ``False`` for AR models.
+    :raises ModelError: for a missing directory, an unknown dtype or no mask token.
+    """
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    path, name = _resolve_path(name_or_path)
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise ModelError(f"dtype {dtype!r} is not supported; allowed: {', '.join(DTYPES)}")
+        dtype = DTYPES[dtype]
+    kwargs = {"local_files_only": True, "trust_remote_code": trust_remote_code}
+    config = transformers.AutoConfig.from_pretrained(path, **kwargs)
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
+    except ValueError:
+        model = transformers.AutoModel.from_pretrained(path, dtype=dtype, **kwargs)
+    model = model.to(device).eval()
+    tokenizer = None
+    if any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path, **kwargs)
+    section = dict(getattr(config, "dloom", None) or {})
+
+    if mask_token_id is None:
+        mask_token_id = getattr(config, "mask_token_id", None)
+    if mask_token_id is None and tokenizer is not None:
+        mask_token_id = tokenizer.mask_token_id
+    if mask_token_id is None and require_mask:
+        raise ModelError(
+            f"model {name!r} declares no mask token: pass --mask-token-id "
+            "(mask_token_id=...), or set mask_token_id in its config.json, or give its "
+            "tokenizer a mask token"
+        )
+    eos = _as_ids(getattr(config, "eos_token_id", None))
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        eos = tuple(dict.fromkeys(eos + (int(tokenizer.eos_token_id),)))
+    pad = getattr(config, "pad_token_id", None)
+    if pad is None and tokenizer is not None:
+        pad = tokenizer.pad_token_id
+    if pad is None:
+        pad = eos[0] if eos else 0
+    if shift_logits is None:
+        shift_logits = bool(
+            section.get("shift", getattr(config, "model_type", "") in SHIFTED_MODEL_TYPES)
+        )
+    if attention is None:
+        attention = section.get("attention")
+    if attention is None:
+        causal = getattr(config, "is_causal", None)
+        attention = "causal" if causal or (causal is None and mask_token_id is None) else "bidirectional"
+    return ModelAdapter(
+        model=model,
+        mask_token_id=None if mask_token_id is None else int(mask_token_id),
+        eos_token_ids=eos,
+        pad_token_id=int(pad),
+        shift_logits=shift_logits,
+        attention=attention,
+        max_context=getattr(config, "max_position_embeddings", None),
+        tokenizer=tokenizer,
+        name=name,
+        default_gen_length=section.get("gen_length"),
+    )

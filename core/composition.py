@@ -1,0 +1,194 @@
+"""Turn a strategy spec (``"threshold"``, ``"spiffy+frechet"``, plugin objects) into one
+plugin manager, checking the composition when the decoder is built, never mid-decode."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence, Union
+
+import pluggy
+
+from dloom import hookspecs
+from dloom.errors import CompositionError, ConfigurationError
+from dloom.hookspecs import PROJECT_NAME, hookimpl
+from dloom.registry import DECODING_HOOKS, Registry, Strategy, get_registry, hooks_implemented_by
+from dloom.types import DraftGraph
+
+StrategySpec = Union[str, object, Sequence[Union[str, object]]]
+DEFAULTS_PLUGIN = "dloom.defaults"
+SPECULATION_HOOKS = ("dloom_draft", "dloom_build_mask", "dloom_verify")
+
+
+class CoreDefaults:
+    """Built-in fallbacks, registered ``trylast`` so that any strategy overrides them."""
+
+    @hookimpl(trylast=True)
+    def dloom_prune(self, graph: DraftGraph, budget: int) -> DraftGraph:
+        """Keep the whole graph (no pruning)."""
+        return graph
+
+
+@dataclass(frozen=True)
+class Component:
+    """One member of a composition: its display name, plugin object and parameters."""
+
+    name: str
+    plugin: object
+    params: Mapping[str, Any]
+    strategy: Strategy | None
+
+
+@dataclass(frozen=True)
+class Composition:
+    """A validated strategy composition (the ``+``-joined name and its components)."""
+
+    name: str
+    components: tuple[Component, ...]
+
+    def provider(self, hook: str) -> str | None:
+        """Name of the component that implements ``hook``, or ``None``."""
+        for component in self.components:
+            if hook in hooks_implemented_by(component.plugin):
+                return component.name
+        return None
+
+    def params(self) -> dict[str, dict[str, Any]]:
+        """The parameters each component runs with, by component name."""
+        return {c.name: dict(c.params) for c in self.components}
+
+    @property
+    def guarantees(self) -> dict[str, str]:
+        return {c.name: c.strategy.guarantee for c in self.components if c.strategy is not None}
+
+
+def _split(spec: StrategySpec) -> list[str | object]:
+    if isinstance(spec, str):
+        parts = [part.strip() for part in spec.split("+")]
+        if not all(parts):
+            raise ConfigurationError(f"malformed strategy {spec!r}: use names joined by '+'")
+        return list(parts)
+    if isinstance(spec, Sequence):
+        items: list[str | object] = []
+        for item in spec:
+            items.extend(_split(item) if isinstance(item, str) else [item])
+        return items
+    return [spec]
+
+
+def _route_params(
+    strategies: list[Strategy], params: Mapping[str, Any], spec_name: str
+) -> dict[str, dict[str, Any]]:
+    """Send each parameter to the strategies that declare it (``name`` or ``strategy.name``)."""
+    routed: dict[str, dict[str, Any]] = {s.name: {} for s in strategies}
+    by_name = {s.name: s for s in strategies}
+    for key, value in params.items():
+        target, _, pname = key.rpartition(".")
+        if target:
+            if target not in by_name:
+                raise ConfigurationError(
+                    f"parameter {key!r} names strategy {target!r}, which is not part of "
+                    f"{spec_name!r}; components: {', '.join(by_name)}"
+                )
+            owners = [by_name[target]]
+        else:
+            owners = list(strategies)
+        owners = [s for s in owners if any(p.name == pname for p in s.parameters)]
+        if not owners:
+            allowed = sorted(f"{p.name} ({s.name})" for s in strategies for p in s.parameters)
+            raise ConfigurationError(
+                f"unknown parameter {key!r} for strategy {spec_name!r}; allowed: "
+                + (", ".join(allowed) if allowed else "none")
+            )
+        for owner in owners:
+            parameter = next(p for p in owner.parameters if p.name == pname)
+            routed[owner.name][pname] = parameter.coerce(value, owner.name)
+    for strategy in strategies:
+        for parameter in strategy.parameters:
+            routed[strategy.name].setdefault(parameter.name, parameter.default)
+    return routed
+
+
+def compose(
+    spec: StrategySpec,
+    params: Mapping[str, Any] | None = None,
+    registry: Registry | None = None,
+) -> Composition:
+    """Resolve ``spec`` into plugin objects with validated parameters.
+
+    :param spec: a registered name, names joined with ``+``, a plugin object (any object
+        with ``@dloom.hookimpl`` methods), or a sequence of those.
+    :param params: strategy parameters; ``name`` goes to every component that declares it,
+        ``strategy.name`` to one component.
+    :raises UnknownStrategyError: for an unregistered name.
+    :raises ConfigurationError: for an unknown parameter or a value out of range.
+    :raises CompositionError: when two components answer the same decoding hook.
+    """
+    registry = registry or get_registry()
+    items = _split(spec)
+    strategies = [registry.get(item) for item in items if isinstance(item, str)]
+    names = [s.name for s in strategies]
+    duplicates = {n for n in names if names.count(n) > 1}
+    if duplicates:
+        raise CompositionError(f"strategy {sorted(duplicates)[0]!r} appears twice in the composition")
+    display = "+".join(
+        item if isinstance(item, str) else type(item).__name__ for item in items
+    )
+    routed = _route_params(strategies, params or {}, display)
+    components = []
+    for item in items:
+        if isinstance(item, str):
+            strategy = registry.get(item)
+            plugin = strategy.build(**routed[strategy.name])
+            components.append(Component(strategy.name, plugin, routed[strategy.name], strategy))
+        else:
+            if not hooks_implemented_by(item):
+                raise CompositionError(
+                    f"{item!r} implements no dloom hook; decorate its methods with @dloom.hookimpl"
+                )
+            components.append(Component(type(item).__name__, item, {}, None))
+    composition = Composition(display, tuple(components))
+    _check_single_answers(composition)
+    return composition
+
+
+def _check_single_answers(composition: Composition) -> None:
+    for hook in DECODING_HOOKS:
+        providers = [
+            c.name for c in composition.components if hook in hooks_implemented_by(c.plugin)
+        ]
+        if len(providers) > 1:
+            raise CompositionError(
+                f"strategies {providers[0]!r} and {providers[1]!r} both answer {hook}, a "
+                f"single-answer hook; a decoder takes one provider of each hook"
+            )
+    speculation = [h for h in SPECULATION_HOOKS if composition.provider(h) is not None]
+    if speculation and len(speculation) != len(SPECULATION_HOOKS):
+        missing = [h for h in SPECULATION_HOOKS if h not in speculation]
+        raise CompositionError(
+            f"composition {composition.name!r} speculates ({', '.join(speculation)}) but "
+            f"nothing provides {', '.join(missing)}"
+        )
+
+
+def _trace(hook_name: str, hook_impls: list, kwargs: dict) -> None:
+    providers = ", ".join(impl.plugin_name for impl in hook_impls if not impl.wrapper)
+    print(f"[dloom trace] {hook_name} -> {providers}", file=sys.stderr)
+
+
+def build_plugin_manager(composition: Composition, *extra: object) -> pluggy.PluginManager:
+    """A fresh plugin manager holding exactly the composition's plugins, the core defaults
+    and ``extra`` wrapper plugins (timing). ``DLOOM_TRACE=1`` prints every hook call and the
+    plugins that implement it."""
+    pm = pluggy.PluginManager(PROJECT_NAME)
+    pm.add_hookspecs(hookspecs)
+    for component in composition.components:
+        pm.register(component.plugin, name=component.name)
+    pm.register(CoreDefaults(), name=DEFAULTS_PLUGIN)
+    for plugin in extra:
+        pm.register(plugin)
+    pm.check_pending()
+    if os.environ.get("DLOOM_TRACE", "") not in ("", "0"):
+        pm.add_hookcall_monitoring(_trace, lambda *args: None)
+    return pm

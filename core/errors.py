@@ -1,0 +1,38 @@
+"""Exceptions raised by dloom. Every message names the bad value and what is allowed."""
+
+from __future__ import annotations
+
+
+class DloomError(Exception):
+    """Base class of every error dloom raises on purpose."""
+
+
+class ConfigurationError(DloomError, ValueError):
+    """A decoding setting is out of range or inconsistent (gen_length, steps, a parameter)."""
+
+
+class UnknownStrategyError(DloomError, KeyError):
+    """A strategy name that no loaded plugin registered."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+class CompositionError(DloomError):
+    """Strategies that cannot be combined into one decoder (raised when the decoder is built)."""
+
+
+class PluginLoadError(DloomError):
+    """A plugin failed to load or to register; fatal only under ``DLOOM_STRICT_PLUGINS=1``."""
+
+
+class ModelError(DloomError, ValueError):
+    """A model, tokenizer or prompt that dloom cannot decode with as asked."""
+
+
+class NonFiniteLogitsError(DloomError, FloatingPointError):
+    """The model returned NaN or infinite logits during decoding."""
+
+
+class HookContractError(DloomError):
+    """A plugin's hook returned something that breaks the hook's documented contract."""

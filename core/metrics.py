@@ -1,0 +1,138 @@
+"""Decoding metrics (one definition everywhere) and the hook-timing wrapper.
+
+- NFE: forward passes of the model being accelerated, per row while that row is decoding.
+- TPF: generated tokens per forward (aggregate: total generated / total row-forwards).
+- TPS: generated tokens per wall-clock second.
+- generated tokens: the tokens up to and including the first EOS, never prompt or padding.
+
+Timings are host wall-clock; on an asynchronous device (CUDA) a hook's time is the time to
+launch its work unless the decoder was built with ``sync_timing=True``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from dloom.hookspecs import hookimpl
+
+
+class HookTimer:
+    """A ``wrapper=True`` plugin that adds up the wall time of every decoding hook call."""
+
+    def __init__(self, synchronize: Callable[[], None] | None = None) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self._synchronize = synchronize or (lambda: None)
+
+    def _timed(self, name: str):  # generator used by each wrapper below
+        self._synchronize()
+        start = time.perf_counter()
+        try:
+            result = yield
+        finally:
+            self._synchronize()
+            self.seconds[name] += time.perf_counter() - start
+        return result
+
+    @hookimpl(wrapper=True)
+    def dloom_select_commit(self):
+        return (yield from self._timed("select_commit"))
+
+    @hookimpl(wrapper=True)
+    def dloom_draft(self):
+        return (yield from self._timed("draft"))
+
+    @hookimpl(wrapper=True)
+    def dloom_prune(self):
+        return (yield from self._timed("prune"))
+
+    @hookimpl(wrapper=True)
+    def dloom_build_mask(self):
+        return (yield from self._timed("build_mask"))
+
+    @hookimpl(wrapper=True)
+    def dloom_verify(self):
+        return (yield from self._timed("verify"))
+
+
+@dataclass
+class GenerationResult:
+    """What :meth:`dloom.DiffusionDecoder.generate` returns for a batch.
+
+    :ivar sequences: ``(B, L)`` long, prompt (left-padded) and generated region as decoded;
+        positions a finished row never needed stay masked.
+    :ivar generated: ``(B, G)`` long, the generated region alone (``G = gen_length``).
+    :ivar generated_lengths: ``(B,)`` long, tokens up to and including the first EOS (all of
+        ``G`` when no EOS was generated).
+    :ivar nfe: ``(B,)`` long, forwards each row took part in while still decoding.
+    :ivar forwards: forward calls the decoder made for the whole batch.
+    :ivar wall_seconds: wall time of the whole generation.
+    :ivar hook_seconds: wall time per hook plus ``"forward"`` for the model.
+    :ivar texts: decoded text up to the first EOS, one per row, when a tokenizer is known.
+    :ivar config: the settings the generation ran with.
+    """
+
+    sequences: torch.Tensor
+    generated: torch.Tensor
+    generated_lengths: torch.Tensor
+    nfe: torch.Tensor
+    forwards: int
+    wall_seconds: float
+    hook_seconds: dict[str, float]
+    config: dict[str, Any]
+    texts: list[str] | None = None
+    token_lists: list[list[int]] = field(default_factory=list)
+
+    @property
+    def total_generated(self) -> int:
+        return int(self.generated_lengths.sum())
+
+    @property
+    def tpf(self) -> float:
+        """Generated tokens per row-forward, over the whole batch."""
+        total_nfe = int(self.nfe.sum())
+        return self.total_generated / total_nfe if total_nfe else 0.0
+
+    @property
+    def tps(self) -> float:
+        """Generated tokens per wall-clock second."""
+        return self.total_generated / self.wall_seconds if self.wall_seconds > 0 else 0.0
+
+    @property
+    def hook_share(self) -> dict[str, float]:
+        """Each hook's (and the forward's) share of the wall time, in [0, 1]."""
+        if self.wall_seconds <= 0:
+            return {name: 0.0 for name in self.hook_seconds}
+        return {name: s / self.wall_seconds for name, s in self.hook_seconds.items()}
+
+    def row(self, index: int) -> dict[str, Any]:
+        """A JSON-ready summary of one row (``text``, ``tokens``, ``nfe``, ``tpf``, ``tps``)."""
+        nfe = int(self.nfe[index])
+        length = int(self.generated_lengths[index])
+        return {
+            "text": self.texts[index] if self.texts is not None else None,
+            "tokens": self.token_lists[index],
+            "nfe": nfe,
+            "tpf": length / nfe if nfe else 0.0,
+            "tps": self.tps,
+            "config": self.config,
+        }
+
+    def summary(self) -> dict[str, Any]:
+        """A JSON-ready summary of the batch."""
+        return {
+            "n": int(self.nfe.shape[0]),
+            "nfe_mean": float(self.nfe.double().mean()),
+            "forwards": self.forwards,
+            "generated_tokens": self.total_generated,
+            "tpf": self.tpf,
+            "tps": self.tps,
+            "wall_seconds": self.wall_seconds,
+            "hook_seconds": dict(self.hook_seconds),
+            "hook_share": self.hook_share,
+            "config": self.config,
+        }

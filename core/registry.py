@@ -1,0 +1,222 @@
+"""The global strategy registry, fed by the ``dloom`` entry-point group.
+
+Loading is isolated per entry point: a plugin that fails to import or to register is
+reported (a :class:`RuntimeWarning` and an entry in :attr:`Registry.failures`) and skipped,
+unless ``DLOOM_STRICT_PLUGINS=1``, which makes it fatal. ``DLOOM_PLUGINS`` selects the
+third-party plugins to load: unset loads all installed ones, a comma list loads those, an
+empty value loads the built-ins only.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.metadata
+import inspect
+import os
+import warnings
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Iterable
+
+import pluggy
+
+from dloom import hookspecs
+from dloom.errors import PluginLoadError, UnknownStrategyError
+from dloom.hookspecs import PROJECT_NAME
+from dloom.types import Parameter, StrategyRegistration
+
+BUILTIN_DISTRIBUTION = "dloom"
+DECODING_HOOKS = (
+    "dloom_select_commit",
+    "dloom_draft",
+    "dloom_prune",
+    "dloom_build_mask",
+    "dloom_verify",
+)
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """A registered strategy, stamped with the plugin that registered it."""
+
+    name: str
+    plugin: str
+    registration: StrategyRegistration
+
+    @property
+    def parameters(self) -> tuple[Parameter, ...]:
+        return tuple(self.registration.parameters)
+
+    @property
+    def guarantee(self) -> str:
+        return self.registration.guarantee
+
+    @property
+    def summary(self) -> str:
+        return self.registration.summary
+
+    @property
+    def hooks(self) -> tuple[str, ...]:
+        """The decoding hooks the strategy's plugin object implements."""
+        return hooks_implemented_by(self.registration.plugin_class)
+
+    def build(self, **params: object) -> object:
+        """Instantiate the plugin object with ``params`` (already validated)."""
+        return self.registration.plugin_class(**params)
+
+
+@dataclass(frozen=True)
+class PluginInfo:
+    """One loaded plugin, for ``dloom plugins``."""
+
+    name: str
+    version: str
+    builtin: bool
+    hooks: tuple[str, ...]
+    strategies: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PluginFailure:
+    """A plugin that was reported and skipped."""
+
+    name: str
+    error: str
+
+
+@dataclass
+class Registry:
+    """All strategies and plugins known to this process."""
+
+    strategies: dict[str, Strategy] = field(default_factory=dict)
+    plugins: dict[str, PluginInfo] = field(default_factory=dict)
+    failures: list[PluginFailure] = field(default_factory=list)
+
+    def get(self, name: str) -> Strategy:
+        """Return the strategy called ``name``.
+
+        :raises UnknownStrategyError: listing the known names and the closest match.
+        """
+        try:
+            return self.strategies[name]
+        except KeyError:
+            known = sorted(self.strategies)
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise UnknownStrategyError(
+                f"unknown strategy {name!r}; known strategies: {', '.join(known)}.{hint}"
+            ) from None
+
+
+def hooks_implemented_by(obj: object) -> tuple[str, ...]:
+    """Names of the ``dloom_*`` hooks that ``obj`` (a class, instance or module) implements."""
+    names = []
+    for attr in dir(obj):
+        if attr.startswith("dloom_") and hasattr(getattr(obj, attr, None), f"{PROJECT_NAME}_impl"):
+            names.append(attr)
+    return tuple(sorted(names))
+
+
+def _strict() -> bool:
+    return os.environ.get("DLOOM_STRICT_PLUGINS", "") not in ("", "0", "false", "no")
+
+
+def _selected_third_party() -> set[str] | None:
+    """Entry-point names selected by ``DLOOM_PLUGINS``; ``None`` means all of them."""
+    value = os.environ.get("DLOOM_PLUGINS")
+    if value is None:
+        return None
+    return {name.strip() for name in value.split(",") if name.strip()}
+
+
+def _report(registry: Registry, name: str, error: BaseException) -> None:
+    message = f"dloom plugin {name!r} was skipped: {type(error).__name__}: {error}"
+    if _strict():
+        raise PluginLoadError(message + " (DLOOM_STRICT_PLUGINS=1 makes this fatal)") from error
+    registry.failures.append(PluginFailure(name=name, error=f"{type(error).__name__}: {error}"))
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def _entry_points() -> Iterable[importlib.metadata.EntryPoint]:
+    selected = _selected_third_party()
+    seen: set[str] = set()
+    for ep in importlib.metadata.entry_points(group=PROJECT_NAME):
+        if ep.name in seen:  # the same distribution visible twice on sys.path
+            continue
+        seen.add(ep.name)
+        builtin = ep.dist is not None and ep.dist.name == BUILTIN_DISTRIBUTION
+        if builtin or selected is None or ep.name in selected:
+            yield ep
+
+
+def _register_plugin(
+    registry: Registry, name: str, module: ModuleType, version: str, builtin: bool
+) -> None:
+    """Run one plugin's ``dloom_register_strategies``, stamping what it registers."""
+    pm = pluggy.PluginManager(PROJECT_NAME)
+    pm.add_hookspecs(hookspecs)
+    pm.register(module, name=name)
+    pm.check_pending()
+    registered: list[Strategy] = []
+
+    def register(registration: StrategyRegistration) -> None:
+        if not isinstance(registration, StrategyRegistration):
+            raise TypeError(
+                f"register() takes a dloom.StrategyRegistration, got {type(registration).__name__}"
+            )
+        taken = registry.strategies.get(registration.name) or next(
+            (s for s in registered if s.name == registration.name), None
+        )
+        if taken is not None:
+            raise PluginLoadError(
+                f"strategy {registration.name!r} is already registered by plugin {taken.plugin!r}"
+            )
+        registered.append(Strategy(registration.name, name, registration))
+
+    for impl in pm.hook.dloom_register_strategies.get_hookimpls():
+        impl.function(register=register)
+    for strategy in registered:
+        registry.strategies[strategy.name] = strategy
+    hooks = set(hooks_implemented_by(module))
+    for strategy in registered:
+        hooks.update(strategy.hooks)
+    registry.plugins[name] = PluginInfo(
+        name=name,
+        version=version,
+        builtin=builtin,
+        hooks=tuple(sorted(hooks)),
+        strategies=tuple(s.name for s in registered),
+    )
+
+
+def load_registry() -> Registry:
+    """Load every selected plugin from the ``dloom`` entry-point group into a new registry."""
+    registry = Registry()
+    for ep in _entry_points():
+        builtin = ep.dist is not None and ep.dist.name == BUILTIN_DISTRIBUTION
+        version = ep.dist.version if ep.dist is not None else "unknown"
+        try:
+            module = ep.load()
+            if not inspect.ismodule(module):
+                raise TypeError(f"entry point {ep.value!r} must name a module")
+            _register_plugin(registry, ep.name, module, version, builtin)
+        except Exception as error:  # noqa: BLE001 - isolate every third-party plugin
+            _report(registry, ep.name, error)
+    return registry
+
+
+_REGISTRY: Registry | None = None
+
+
+def get_registry() -> Registry:
+    """The process-wide registry, loaded on first use."""
+    global _REGISTRY
+    if _REGISTRY is None:
+        _REGISTRY = load_registry()
+    return _REGISTRY
+
+
+def reset_registry() -> None:
+    """Forget the loaded registry so the next :func:`get_registry` loads plugins again."""
+    global _REGISTRY
+    _REGISTRY = None

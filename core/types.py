@@ -1,0 +1,202 @@
+"""Frozen dataclasses passed to and returned from the hooks.
+
+Shapes: ``B`` batch rows, ``L`` full sequence length (prompt + generation), ``K`` positions
+of the active block, ``V`` vocabulary, ``N`` draft nodes, ``R`` layout rows, ``S`` layout
+sequence length.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+from dloom.errors import ConfigurationError
+
+
+@dataclass(frozen=True)
+class BlockSchedule:
+    """Where the current step lies in the active block's step budget.
+
+    :ivar step_in_block: 0-based index of this step within the block.
+    :ivar steps_per_block: the step budget of one block (``steps / number of blocks``).
+    :ivar masked_at_block_start: ``(B,)`` long, masked positions of each row when the block
+        started; a quota rule spreads these over ``steps_per_block`` steps.
+    """
+
+    step_in_block: int
+    steps_per_block: int
+    masked_at_block_start: torch.Tensor
+
+
+@dataclass(frozen=True)
+class DecodeState:
+    """A snapshot of decoding at the start of a step.
+
+    :ivar tokens: ``(B, L)`` long, the current sequences (mask id where still masked).
+    :ivar attention_mask: ``(B, L)`` long, 0 on left padding.
+    :ivar block_start: first column of the active block.
+    :ivar block_end: one past its last column (``K = block_end - block_start``).
+    :ivar mask_token_id: the model's mask id.
+    :ivar active: ``(B,)`` bool, rows still decoding.
+    :ivar logits: ``(B, K, V)`` logits of the active block from the most recent forward, or
+        ``None`` at the start of a block.
+    """
+
+    tokens: torch.Tensor
+    attention_mask: torch.Tensor
+    block_start: int
+    block_end: int
+    mask_token_id: int
+    active: torch.Tensor
+    logits: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class DraftGraph:
+    """Speculated future states of a span, as a directed acyclic graph.
+
+    Node ``n`` is a guess of the span ``depth[n]`` steps after the root (the current state).
+    A node may have several parents when different orders of commits reach the same state.
+
+    :ivar tokens: ``(B, N, K)`` long, the span each node proposes, per row.
+    :ivar parents: ``(N, N)`` bool, ``parents[c, p]`` when ``p`` is a parent of ``c``; a node
+        with no parent is a child of the root.
+    :ivar depth: ``(N,)`` long, steps from the root (1 for the root's children).
+    :ivar score: ``(B, N)`` float, how likely each node is (higher is likelier).
+    :ivar valid: ``(B, N)`` bool, ``False`` where a row could not fill the node.
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    depth: torch.Tensor
+    score: torch.Tensor
+    valid: torch.Tensor
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.depth.shape[0])
+
+
+@dataclass(frozen=True)
+class VerificationLayout:
+    """One forward pass that evaluates the root and every draft node.
+
+    :ivar input_ids: ``(R, S)`` long.
+    :ivar attention_mask: ``(R, S)`` long padding mask, or ``(R, 1, S, S)`` bool block mask.
+    :ivar position_ids: ``(R, S)`` long.
+    :ivar node_rows: ``(B, N + 1)`` long, the layout row holding each row's node (column 0 is
+        the root).
+    :ivar node_offsets: ``(B, N + 1)`` long, the column where that node's span starts.
+    :ivar exact: whether every node's logits equal those of a standalone forward on its
+        state; ``False`` marks a near-lossless layout.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    node_rows: torch.Tensor
+    node_offsets: torch.Tensor
+    exact: bool
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a verification forward accepted.
+
+    :ivar tokens: ``(B, L)`` long, the new sequences after the accepted steps.
+    :ivar steps: ``(B,)`` long, kernel steps each row advanced (accepted drafts + 1).
+    :ivar logits: ``(B, K, V)`` logits of the new state if the forward already computed them
+        (an accepted node's), else ``None``.
+    """
+
+    tokens: torch.Tensor
+    steps: torch.Tensor
+    logits: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """One strategy parameter: its name, type, default and allowed values.
+
+    :ivar low: / :ivar high: bounds of the allowed interval (``None`` = unbounded).
+    :ivar low_open: / :ivar high_open: whether the bound itself is excluded.
+    :ivar choices: the allowed values, for categorical parameters.
+    """
+
+    name: str
+    default: Any
+    kind: type = float
+    help: str = ""
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    choices: tuple[Any, ...] | None = None
+
+    def allowed(self) -> str:
+        """Human-readable description of the allowed values, e.g. ``(0, 1)``."""
+        if self.choices is not None:
+            return "one of " + ", ".join(repr(c) for c in self.choices)
+        if self.low is None and self.high is None:
+            return f"any {self.kind.__name__}"
+        left = "(" if self.low_open or self.low is None else "["
+        right = ")" if self.high_open or self.high is None else "]"
+        low = "-inf" if self.low is None else f"{self.low:g}"
+        high = "inf" if self.high is None else f"{self.high:g}"
+        return f"{left}{low}, {high}{right}"
+
+    def coerce(self, value: Any, strategy: str) -> Any:
+        """Parse ``value`` (a string from the CLI or a Python value) and check its range.
+
+        :raises ConfigurationError: naming the strategy, the parameter, the value and the
+            allowed range.
+        """
+        where = f"parameter {self.name!r} of strategy {strategy!r}"
+        try:
+            if self.kind is bool and isinstance(value, str):
+                if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                    raise ValueError(value)
+                parsed: Any = value.lower() in ("true", "1", "yes")
+            else:
+                parsed = self.kind(value)
+        except (TypeError, ValueError):
+            raise ConfigurationError(
+                f"{where} must be a {self.kind.__name__}, got {value!r}"
+            ) from None
+        if self.choices is not None:
+            if parsed not in self.choices:
+                raise ConfigurationError(f"{where} is {parsed!r}; allowed: {self.allowed()}")
+            return parsed
+        if isinstance(parsed, float) and not math.isfinite(parsed):
+            raise ConfigurationError(f"{where} is {parsed!r}; allowed: {self.allowed()}")
+        too_low = self.low is not None and (
+            parsed < self.low or (self.low_open and parsed == self.low)
+        )
+        too_high = self.high is not None and (
+            parsed > self.high or (self.high_open and parsed == self.high)
+        )
+        if too_low or too_high:
+            raise ConfigurationError(f"{where} is {parsed!r}; allowed: {self.allowed()}")
+        return parsed
+
+
+@dataclass(frozen=True)
+class StrategyRegistration:
+    """What a plugin hands to ``register`` in :func:`dloom_register_strategies`.
+
+    :ivar name: the strategy's name, used with ``--strategy`` and in ``a+b`` compositions.
+    :ivar plugin_class: called with the strategy's parameters as keyword arguments; the
+        object it returns is registered in the decoder's plugin manager.
+    :ivar parameters: every keyword ``plugin_class`` accepts, with defaults and ranges.
+    :ivar guarantee: what the strategy promises, in one sentence.
+    :ivar summary: one line for ``dloom strategies``.
+    """
+
+    name: str
+    plugin_class: Callable[..., object]
+    parameters: Sequence[Parameter] = field(default_factory=tuple)
+    guarantee: str = ""
+    summary: str = ""
