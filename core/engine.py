@@ -255,14 +255,14 @@ class DiffusionDecoder:
             masked_at_start = (x[:, start:end] == mask_id).sum(-1)
             step = 0
             while True:
-                logits = self._forward(x, attn, pos, timings)[:, start:end]
-                forwards += 1
-                nfe.index_add_(0, rows, (~done).long())
-                candidates, confidence = propose(
-                    logits, self.temperature, self.remasking, generator
-                )
                 current = x[:, start:end]
                 selectable = (current == mask_id) & ~done.unsqueeze(1)
+                logits = self._forward(x, attn, pos, timings)[:, start:end]
+                forwards += 1
+                nfe.index_add_(0, rows, selectable.any(-1).long())
+                candidates, confidence = propose(
+                    logits, self.temperature, self.remasking, generator, mask_id
+                )
                 schedule = BlockSchedule(step, steps_per_block, masked_at_start)
                 commit = hooks.select_commit(self.pm, confidence, selectable, schedule)
                 x[:, start:end] = apply_commit(current, candidates, commit)

@@ -17,8 +17,12 @@ def propose(
     temperature: float,
     remasking: str,
     generator: torch.Generator | None,
+    mask_token_id: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Candidate token and confidence for every position of the block.
+
+    The mask token is never a candidate: its logit is set to ``-inf`` first (a trained dLLM
+    gives it no mass; an untrained one could otherwise "commit" a mask forever).
 
     Sampling is Gumbel-max in float64 as in LLaDA: LLaDA's
     ``argmax(exp(l) / (-log u) ** T)`` is computed as the equal
@@ -32,9 +36,11 @@ def propose(
     :param temperature: ``T >= 0``.
     :param remasking: one of :data:`REMASKING`.
     :param generator: random source for the Gumbel noise and ``random`` remasking.
+    :param mask_token_id: the mask token's id.
     :return: ``candidates`` ``(B, K)`` long and ``confidence`` ``(B, K)`` float64.
     """
-    logits64 = logits.to(torch.float64)
+    logits64 = logits.to(torch.float64).clone()
+    logits64[..., mask_token_id] = -torch.inf
     if temperature > 0:
         uniform = torch.rand(
             logits64.shape, dtype=torch.float64, generator=generator, device=logits64.device

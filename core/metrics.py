@@ -68,7 +68,8 @@ class GenerationResult:
     :ivar generated: ``(B, G)`` long, the generated region alone (``G = gen_length``).
     :ivar generated_lengths: ``(B,)`` long, tokens up to and including the first EOS (all of
         ``G`` when no EOS was generated).
-    :ivar nfe: ``(B,)`` long, forwards each row took part in while still decoding.
+    :ivar nfe: ``(B,)`` long, forwards in which each row still had masked positions to decode
+        (a row waiting for the rest of the batch to finish a block does not count).
     :ivar forwards: forward calls the decoder made for the whole batch.
     :ivar wall_seconds: wall time of the whole generation.
     :ivar hook_seconds: wall time per hook plus ``"forward"`` for the model.

@@ -1,0 +1,191 @@
+"""The ``dloom`` command line: generate, list plugins and strategies."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Iterator, List, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from dloom.errors import ConfigurationError, DloomError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="dloom: faster decoding for diffusion language models, without changing what they say.",
+)
+console = Console()
+err_console = Console(stderr=True)
+
+
+def fail(error: Exception) -> None:
+    """Print a dloom error and exit with status 2."""
+    err_console.print(f"[bold red]error:[/] {error}", highlight=False, markup=True)
+    raise typer.Exit(code=2)
+
+
+def parse_params(pairs: List[str]) -> dict[str, str]:
+    """``["tau=0.8", "spiffy.budget=3"]`` -> ``{"tau": "0.8", "spiffy.budget": "3"}``."""
+    params = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name.strip():
+            raise ConfigurationError(f"--param takes NAME=VALUE, got {pair!r}")
+        params[name.strip()] = value.strip()
+    return params
+
+
+def read_prompts(path: Path) -> list[str | list[int]]:
+    """Prompts from a JSONL file whose lines carry ``"prompt"`` (text) or ``"input_ids"``."""
+    prompts: list[str | list[int]] = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ConfigurationError(f"{path}:{number} is not valid JSON: {error}") from None
+        if isinstance(record, dict) and isinstance(record.get("prompt"), str):
+            prompts.append(record["prompt"])
+        elif isinstance(record, dict) and isinstance(record.get("input_ids"), list):
+            prompts.append([int(t) for t in record["input_ids"]])
+        else:
+            raise ConfigurationError(
+                f"{path}:{number} needs a \"prompt\" string or an \"input_ids\" list"
+            )
+    if not prompts:
+        raise ConfigurationError(f"{path} holds no prompts")
+    return prompts
+
+
+def batches(items: list[Any], size: int) -> Iterator[list[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _homogeneous(batch: list[Any]) -> bool:
+    return all(isinstance(p, str) for p in batch) or all(isinstance(p, list) for p in batch)
+
+
+@app.command()
+def generate(
+    prompt: Optional[List[str]] = typer.Argument(None, help="Prompt texts."),
+    model: str = typer.Option("toy-dllm", "--model", "-m", help="Toy-zoo name or local checkpoint directory."),
+    strategy: str = typer.Option("quota", "--strategy", "-s", help="Strategy name(s), joined with '+'."),
+    param: List[str] = typer.Option([], "--param", "-p", help="Strategy parameter NAME=VALUE (repeatable)."),
+    prompts_file: Optional[Path] = typer.Option(None, "--prompts", help="JSONL file of prompts.", exists=True, dir_okay=False),
+    gen_length: Optional[int] = typer.Option(None, help="Generated positions (default: the model's, else 128)."),
+    block_length: Optional[int] = typer.Option(None, help="Positions per block (default min(32, gen_length))."),
+    steps: Optional[int] = typer.Option(None, help="Step budget for quota rules (default gen_length)."),
+    temperature: float = typer.Option(0.0, help="0 = greedy; > 0 samples."),
+    seed: Optional[int] = typer.Option(None, help="Seed of the sampler."),
+    remasking: str = typer.Option("low_confidence", help="low_confidence, random, margin or entropy."),
+    batch_size: int = typer.Option(8, min=1, help="Prompts per forward batch."),
+    mask_token_id: Optional[int] = typer.Option(None, help="Override the model's mask token id."),
+    trust_remote_code: bool = typer.Option(False, help="Allow the checkpoint's own modelling code."),
+    device: str = typer.Option("cpu", help="torch device, e.g. cpu or cuda."),
+    dtype: str = typer.Option("float32", help="float32, float64, bfloat16 or float16."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per prompt."),
+) -> None:
+    """Decode prompts with a strategy and print the texts and metrics."""
+    from dloom import DiffusionDecoder, load_model
+
+    try:
+        if prompts_file is not None and prompt:
+            raise ConfigurationError("give prompts as arguments or with --prompts, not both")
+        prompts: list[Any] = read_prompts(prompts_file) if prompts_file else list(prompt or [])
+        if not prompts:
+            raise ConfigurationError("no prompts: pass PROMPT arguments or --prompts FILE.jsonl")
+        adapter = load_model(
+            model, mask_token_id=mask_token_id, trust_remote_code=trust_remote_code,
+            device=device, dtype=dtype,
+        )
+        decoder = DiffusionDecoder(
+            adapter, strategy, gen_length=gen_length, block_length=block_length, steps=steps,
+            temperature=temperature, remasking=remasking, seed=seed, params=parse_params(param),
+        )
+        rows = []
+        with Progress(console=err_console, transient=True, disable=len(prompts) <= batch_size) as bar:
+            task = bar.add_task("decoding", total=len(prompts))
+            for chunk in batches(prompts, batch_size):
+                if not _homogeneous(chunk):
+                    raise ConfigurationError("a batch mixes text prompts and input_ids; use one kind")
+                result = decoder.generate(chunk)
+                rows.extend(result.row(i) for i in range(len(chunk)))
+                bar.advance(task, len(chunk))
+    except DloomError as error:
+        fail(error)
+    if as_json:
+        for row in rows:
+            sys.stdout.write(json.dumps(row) + "\n")
+        return
+    table = Table("#", "text", "NFE", "TPF", "TPS")
+    for index, row in enumerate(rows):
+        text = row["text"] if row["text"] is not None else " ".join(map(str, row["tokens"]))
+        table.add_row(str(index), text, str(row["nfe"]), f"{row['tpf']:.2f}", f"{row['tps']:.1f}")
+    console.print(table)
+
+
+@app.command()
+def plugins(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
+    """List loaded plugins: name, version, hooks implemented, strategies registered."""
+    from dloom.registry import get_registry
+
+    try:
+        registry = get_registry()
+    except DloomError as error:
+        fail(error)
+    records = [
+        {"name": p.name, "version": p.version, "builtin": p.builtin, "hooks": list(p.hooks),
+         "strategies": list(p.strategies)}
+        for p in registry.plugins.values()
+    ]
+    failures = [{"name": f.name, "error": f.error} for f in registry.failures]
+    if as_json:
+        sys.stdout.write(json.dumps({"plugins": records, "failures": failures}, indent=2) + "\n")
+        return
+    table = Table("plugin", "version", "hooks", "strategies")
+    for record in records:
+        table.add_row(
+            record["name"] + ("" if record["builtin"] else " (third party)"), record["version"],
+            ", ".join(record["hooks"]), ", ".join(record["strategies"]),
+        )
+    console.print(table)
+    for failure in failures:
+        err_console.print(f"[yellow]skipped[/] {failure['name']}: {failure['error']}", highlight=False)
+
+
+@app.command()
+def strategies(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
+    """List strategies: name, plugin, parameters with defaults, guarantee."""
+    from dloom.registry import get_registry
+
+    try:
+        registry = get_registry()
+    except DloomError as error:
+        fail(error)
+    records = [
+        {
+            "name": s.name, "plugin": s.plugin, "summary": s.summary, "guarantee": s.guarantee,
+            "hooks": list(s.hooks),
+            "parameters": [
+                {"name": p.name, "default": p.default, "type": p.kind.__name__,
+                 "allowed": p.allowed(), "help": p.help}
+                for p in s.parameters
+            ],
+        }
+        for s in sorted(registry.strategies.values(), key=lambda s: s.name)
+    ]
+    if as_json:
+        sys.stdout.write(json.dumps(records, indent=2) + "\n")
+        return
+    table = Table("strategy", "plugin", "parameters", "guarantee")
+    for record in records:
+        params = ", ".join(f"{p['name']}={p['default']} {p['allowed']}" for p in record["parameters"])
+        table.add_row(record["name"], record["plugin"], params or "-", record["guarantee"])
+    console.print(table)

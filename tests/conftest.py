@@ -1,0 +1,76 @@
+"""Fixtures: tiny randomly initialised bidirectional models (float64) and their adapters."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from dloom import ModelAdapter
+from dloom.registry import reset_registry
+
+VOCAB = 40
+MASK_ID = 39
+EOS_ID = 2
+PAD_ID = 0
+
+
+def tiny_config(**overrides) -> LlamaConfig:
+    """A two-layer bidirectional Llama with a 40-token vocabulary."""
+    values = dict(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=96,
+        initializer_range=0.2, is_causal=False, mask_token_id=MASK_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
+    )
+    values.update(overrides)
+    return LlamaConfig(**values)
+
+
+def tiny_model(seed: int = 0, **overrides) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(tiny_config(**overrides)).eval().to(torch.float64)
+
+
+def sharpen(model: LlamaForCausalLM, factor: float = 2.0) -> LlamaForCausalLM:
+    """Scale the output head so that confidences spread over (0, 1) like a trained model's."""
+    with torch.no_grad():
+        model.lm_head.weight.mul_(factor)
+    return model
+
+
+@pytest.fixture
+def tiny_adapter() -> ModelAdapter:
+    """A float64 adapter over a tiny random bidirectional model (mask 39, EOS 2, pad 0)."""
+    return ModelAdapter(
+        tiny_model(), mask_token_id=MASK_ID, eos_token_ids=(EOS_ID,), pad_token_id=PAD_ID,
+        max_context=96, name="tiny",
+    )
+
+
+@pytest.fixture
+def sharp_adapter() -> ModelAdapter:
+    """Like ``tiny_adapter`` but with peaked, heterogeneous confidences."""
+    return ModelAdapter(
+        sharpen(tiny_model(seed=1, initializer_range=0.5)), mask_token_id=MASK_ID, eos_token_ids=(EOS_ID,),
+        pad_token_id=PAD_ID, max_context=96, name="sharp",
+    )
+
+
+@pytest.fixture
+def tiny_model_dir(tmp_path: Path) -> Path:
+    """A tiny bidirectional model saved with ``save_pretrained`` (no tokenizer)."""
+    path = tmp_path / "tiny-dllm"
+    tiny_model().to(torch.float32).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def fresh_registry(monkeypatch):
+    """Every test starts from a freshly loaded registry and no plugin env vars."""
+    for name in ("DLOOM_PLUGINS", "DLOOM_STRICT_PLUGINS", "DLOOM_TRACE"):
+        monkeypatch.delenv(name, raising=False)
+    reset_registry()
+    yield
+    reset_registry()

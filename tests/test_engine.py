@@ -1,0 +1,202 @@
+"""The reference diffusion decoder against an independent plain LLaDA loop, batching,
+per-row early stop and metrics."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import EOS_ID, MASK_ID, PAD_ID
+from dloom import DiffusionDecoder, ModelAdapter
+
+
+def llada_generate(model, prompt, *, steps, gen_length, block_length, temperature, remasking, generator):
+    """A plain transcription of LLaDA's reference ``generate`` loop (batch of one).
+
+    Differences, matching dloom's documented conventions: Gumbel noise and ``random``
+    remasking draws cover the active block only, come from ``generator``, and the mask
+    token is never a candidate.
+    """
+    x = torch.full((1, len(prompt) + gen_length), MASK_ID, dtype=torch.long)
+    x[0, : len(prompt)] = torch.tensor(prompt)
+    num_blocks = gen_length // block_length
+    steps_per_block = steps // num_blocks
+    for b in range(num_blocks):
+        start = len(prompt) + b * block_length
+        end = start + block_length
+        block_mask = x[:, start:end] == MASK_ID
+        mask_num = block_mask.sum(dim=1, keepdim=True)
+        num_transfer = torch.zeros(1, steps_per_block, dtype=torch.long) + mask_num // steps_per_block
+        for i in range(int((mask_num % steps_per_block)[0, 0])):
+            num_transfer[0, i] += 1
+        for i in range(steps_per_block):
+            mask_index = x == MASK_ID
+            with torch.no_grad():
+                logits = model(input_ids=x).logits[:, start:end].to(torch.float64)
+            logits[..., MASK_ID] = -torch.inf
+            if temperature > 0:
+                noise = torch.rand(logits.shape, dtype=torch.float64, generator=generator)
+                x0 = torch.argmax(logits.exp() / (-torch.log(noise)) ** temperature, dim=-1)
+            else:
+                x0 = torch.argmax(logits, dim=-1)
+            if remasking == "low_confidence":
+                p = F.softmax(logits, dim=-1)
+                x0_p = torch.gather(p, -1, x0.unsqueeze(-1)).squeeze(-1)
+            else:
+                x0_p = torch.rand(x0.shape, dtype=torch.float64, generator=generator)
+            block_masked = mask_index[:, start:end]
+            x0 = torch.where(block_masked, x0, x[:, start:end])
+            confidence = torch.where(block_masked, x0_p, torch.tensor(-torch.inf, dtype=torch.float64))
+            transfer = torch.zeros_like(x0, dtype=torch.bool)
+            _, select = torch.topk(confidence[0], k=int(num_transfer[0, i]))
+            transfer[0, select] = True
+            x[:, start:end][transfer] = x0[transfer]
+    return x[0, len(prompt):].tolist()
+
+
+def until_eos(tokens):
+    return tokens[: tokens.index(EOS_ID) + 1] if EOS_ID in tokens else tokens
+
+
+@pytest.mark.parametrize(
+    "temperature,remasking,steps",
+    [(0.0, "low_confidence", 16), (0.0, "low_confidence", 8), (1.0, "low_confidence", 16),
+     (0.7, "random", 8), (0.0, "random", 16)],
+)
+def test_quota_reproduces_plain_llada_loop(tiny_adapter, temperature, remasking, steps):
+    for seed, prompt in enumerate([[5, 6, 7], [11, 12, 13, 14, 15], [20]]):
+        decoder = DiffusionDecoder(
+            tiny_adapter, "quota", gen_length=16, block_length=4, steps=steps,
+            temperature=temperature, remasking=remasking, seed=seed,
+        )
+        ours = decoder.generate([prompt]).token_lists[0]
+        reference = llada_generate(
+            tiny_adapter.model, prompt, steps=steps, gen_length=16, block_length=4,
+            temperature=temperature, remasking=remasking,
+            generator=torch.Generator().manual_seed(seed),
+        )
+        assert ours == until_eos(reference)
+
+
+def test_reference_test_detects_a_different_schedule(tiny_adapter):
+    """Negative control: the comparison above is sensitive (two tokens per step differs)."""
+    prompt = [5, 6, 7]
+    reference = llada_generate(
+        tiny_adapter.model, prompt, steps=16, gen_length=16, block_length=4,
+        temperature=0.0, remasking="low_confidence", generator=None,
+    )
+    fewer_steps = DiffusionDecoder(tiny_adapter, "quota", gen_length=16, block_length=4, steps=4)
+    assert fewer_steps.generate([prompt]).token_lists[0] != until_eos(reference)
+
+
+@pytest.mark.parametrize("strategy", ["quota", "threshold", "factor"])
+def test_batch_rows_equal_single_decodes(sharp_adapter, strategy):
+    prompts = [[5, 6, 7], [8, 9, 10, 11, 12, 13], [14], [15, 16, 17, 18]]
+    decoder = DiffusionDecoder(sharp_adapter, strategy, gen_length=16, block_length=8)
+    batch = decoder.generate(prompts)
+    for index, prompt in enumerate(prompts):
+        alone = decoder.generate([prompt])
+        assert batch.token_lists[index] == alone.token_lists[0]
+        assert int(batch.nfe[index]) == int(alone.nfe[0])
+
+
+def test_padded_tensor_input_equals_lists(sharp_adapter):
+    decoder = DiffusionDecoder(sharp_adapter, "threshold", gen_length=8, block_length=8)
+    ids = torch.tensor([[PAD_ID, PAD_ID, 5, 6], [7, 8, 9, 10]])
+    mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
+    from_tensor = decoder.generate(ids, attention_mask=mask)
+    from_lists = decoder.generate([[5, 6], [7, 8, 9, 10]])
+    assert from_tensor.token_lists == from_lists.token_lists
+
+
+class ScriptedModel(torch.nn.Module):
+    """Fixed position-dependent logits; offsets 0 and 1 are confident, and rows whose prompt
+    starts with 7 put a near-certain EOS at offset 2. Records every forward's batch size."""
+
+    def __init__(self, prompt_len: int, vocab: int = 40) -> None:
+        super().__init__()
+        self.prompt_len = prompt_len
+        self.weight = torch.nn.Parameter(torch.zeros(1, dtype=torch.float64))
+        generator = torch.Generator().manual_seed(0)
+        self.table = torch.randn(64, vocab, generator=generator, dtype=torch.float64)
+        self.table[:, EOS_ID] = -10.0
+        self.table[prompt_len : prompt_len + 2, 4] = 20.0  # offsets 0 and 1 are confident
+        self.batch_sizes: list[int] = []
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None):
+        self.batch_sizes.append(input_ids.shape[0])
+        logits = self.table[: input_ids.shape[1]].expand(input_ids.shape[0], -1, -1).clone()
+        early = input_ids[:, 0] == 7
+        logits[early, self.prompt_len + 2, EOS_ID] = 50.0
+        return SimpleNamespace(logits=logits)
+
+
+def test_early_stop_freezes_row_and_stops_its_nfe():
+    model = ScriptedModel(prompt_len=3)
+    adapter = ModelAdapter(model, mask_token_id=MASK_ID, eos_token_ids=(EOS_ID,), pad_token_id=PAD_ID)
+    decoder = DiffusionDecoder(adapter, "quota", gen_length=16, block_length=8)
+    result = decoder.generate([[7, 1, 1], [8, 1, 1]])
+    # Row 0 commits EOS at offset 2 first, then offsets 0 and 1: finished after 3 forwards.
+    assert result.nfe.tolist() == [3, 16]
+    assert result.generated_lengths.tolist() == [3, 16]
+    assert result.token_lists[0][-1] == EOS_ID and len(result.token_lists[0]) == 3
+    # Its remaining positions were never decoded, and the second block ran on one row only.
+    assert (result.generated[0, 3:] == MASK_ID).all()
+    assert model.batch_sizes[:8] == [2] * 8 and model.batch_sizes[8:] == [1] * 8
+    assert result.forwards == 16
+    # Decoding the finished row alone gives the same tokens.
+    alone = decoder.generate([[7, 1, 1]])
+    assert alone.token_lists[0] == result.token_lists[0] and alone.forwards == 3
+
+
+def test_metrics_and_config(sharp_adapter):
+    decoder = DiffusionDecoder(sharp_adapter, "threshold", tau=0.5, gen_length=16, block_length=8, seed=1)
+    result = decoder.generate([[5, 6, 7], [8, 9]])
+    summary = result.summary()
+    assert summary["n"] == 2
+    assert result.tpf == pytest.approx(result.total_generated / int(result.nfe.sum()))
+    assert result.tps > 0 and result.wall_seconds > 0
+    assert set(result.hook_seconds) >= {"forward", "select_commit"}
+    assert 0 < sum(result.hook_share.values()) <= 1.0 + 1e-9
+    assert summary["config"]["strategy"] == "threshold"
+    assert summary["config"]["params"] == {"threshold": {"tau": 0.5}}
+    row = result.row(0)
+    assert set(row) == {"text", "tokens", "nfe", "tpf", "tps", "config"}
+
+
+def test_threshold_needs_fewer_forwards_than_one_token_per_step(sharp_adapter):
+    prompts = [[5, 6, 7], [8, 9, 10]]
+    quota = DiffusionDecoder(sharp_adapter, "quota", gen_length=16, block_length=8).generate(prompts)
+    fast = DiffusionDecoder(sharp_adapter, "threshold", tau=0.5, gen_length=16, block_length=8).generate(prompts)
+    assert int(quota.nfe.sum()) == 32
+    assert int(fast.nfe.sum()) < 32
+
+
+def test_seeded_sampling_is_reproducible(tiny_adapter):
+    def run(seed):
+        decoder = DiffusionDecoder(tiny_adapter, "quota", gen_length=8, block_length=8, temperature=1.0, seed=seed)
+        return decoder.generate([[5, 6, 7], [9, 9]]).token_lists
+
+    assert run(3) == run(3)
+    assert run(3) != run(4)
+
+
+@pytest.mark.parametrize("remasking", ["margin", "entropy"])
+def test_dream_confidences_decode(tiny_adapter, remasking):
+    decoder = DiffusionDecoder(tiny_adapter, "quota", gen_length=8, block_length=4, remasking=remasking)
+    result = decoder.generate([[5, 6, 7]])
+    assert len(result.token_lists[0]) >= 1 and MASK_ID not in result.token_lists[0]
+
+
+def test_shifted_logits_use_previous_position(tiny_adapter):
+    shifted = ModelAdapter(
+        tiny_adapter.model, mask_token_id=MASK_ID, eos_token_ids=(EOS_ID,), pad_token_id=PAD_ID,
+        shift_logits=True,
+    )
+    ids = torch.tensor([[5, 6, 7, MASK_ID]])
+    plain = tiny_adapter.logits(ids)
+    moved = shifted.logits(ids)
+    assert torch.equal(moved[:, 1:], plain[:, :-1])

@@ -1,0 +1,120 @@
+"""Every configuration, model and contract error names the bad value and what is allowed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import EOS_ID, MASK_ID, PAD_ID, tiny_model
+from dloom import DiffusionDecoder, ModelAdapter, hookimpl, load_model
+from dloom.errors import ConfigurationError, HookContractError, ModelError, NonFiniteLogitsError
+
+
+def test_gen_length_not_multiple_of_block(tiny_adapter):
+    with pytest.raises(ConfigurationError, match="gen_length 10 is not a multiple of block_length 4"):
+        DiffusionDecoder(tiny_adapter, gen_length=10, block_length=4)
+
+
+def test_steps_do_not_divide_over_blocks(tiny_adapter):
+    with pytest.raises(ConfigurationError, match="steps 5 do not divide over 2 blocks.*multiple of 2"):
+        DiffusionDecoder(tiny_adapter, gen_length=8, block_length=4, steps=5)
+
+
+def test_negative_temperature(tiny_adapter):
+    with pytest.raises(ConfigurationError, match=r"temperature is -1.0; allowed: >= 0"):
+        DiffusionDecoder(tiny_adapter, temperature=-1.0, gen_length=8)
+
+
+def test_unknown_remasking(tiny_adapter):
+    with pytest.raises(ConfigurationError, match="remasking is 'lowest'; allowed: low_confidence, random, margin, entropy"):
+        DiffusionDecoder(tiny_adapter, remasking="lowest", gen_length=8)
+
+
+def test_prompt_beyond_context(tiny_adapter):
+    decoder = DiffusionDecoder(tiny_adapter, gen_length=16, block_length=8)
+    with pytest.raises(ModelError, match="prompt of 90 tokens \\+ gen_length 16 = 106 exceeds the model's context of 96"):
+        decoder.generate([[5] * 90])
+
+
+def test_empty_prompt(tiny_adapter):
+    decoder = DiffusionDecoder(tiny_adapter, gen_length=8)
+    with pytest.raises(ModelError, match="prompt 1 is empty"):
+        decoder.generate([[5], []])
+
+
+def test_nan_logits(tiny_adapter):
+    with torch.no_grad():
+        tiny_adapter.model.lm_head.weight[3, 0] = float("nan")
+    decoder = DiffusionDecoder(tiny_adapter, gen_length=8)
+    with pytest.raises(NonFiniteLogitsError, match="NaN or inf logits at block 0, step 0"):
+        decoder.generate([[5, 6]])
+
+
+def test_causal_model_refused():
+    adapter = ModelAdapter(tiny_model(), mask_token_id=MASK_ID, eos_token_ids=(EOS_ID,), pad_token_id=PAD_ID, attention="causal", name="ar")
+    with pytest.raises(ModelError, match="'ar' has causal attention"):
+        DiffusionDecoder(adapter, gen_length=8)
+
+
+def test_unknown_attention_kind():
+    with pytest.raises(ModelError, match="attention kind 'sideways' is not supported; allowed: bidirectional, block-causal, causal"):
+        ModelAdapter(tiny_model(), mask_token_id=MASK_ID, eos_token_ids=(), pad_token_id=0, attention="sideways")
+
+
+def test_no_mask_token(tmp_path):
+    path = tmp_path / "nomask"
+    tiny_model(mask_token_id=None).save_pretrained(path)
+    with pytest.raises(ModelError, match="declares no mask token: pass --mask-token-id"):
+        load_model(path)
+    assert load_model(path, mask_token_id=MASK_ID).mask_token_id == MASK_ID
+
+
+def test_missing_model_directory(tmp_path):
+    with pytest.raises(ModelError, match="no model directory at .*toy-zoo name"):
+        load_model(tmp_path / "absent")
+
+
+def test_unknown_dtype(tiny_model_dir):
+    with pytest.raises(ModelError, match="dtype 'float8' is not supported; allowed: float32, float64"):
+        load_model(tiny_model_dir, dtype="float8")
+
+
+def test_text_prompt_without_tokenizer(tiny_model_dir):
+    decoder = DiffusionDecoder(load_model(tiny_model_dir), gen_length=8)
+    with pytest.raises(ModelError, match="has no tokenizer; pass token ids"):
+        decoder.generate(["hello"])
+
+
+def test_load_model_reads_conventions(tiny_model_dir):
+    adapter = load_model(tiny_model_dir, dtype="float64")
+    assert adapter.mask_token_id == MASK_ID
+    assert adapter.eos_token_ids == (EOS_ID,)
+    assert adapter.pad_token_id == PAD_ID
+    assert adapter.attention == "bidirectional"
+    assert adapter.shift_logits is False
+    assert adapter.max_context == 96
+    assert adapter.dtype == torch.float64
+
+
+class CommitsNothing:
+    @hookimpl
+    def dloom_select_commit(self, confidence, selectable, schedule):
+        return torch.zeros_like(selectable)
+
+
+class WrongShape:
+    @hookimpl
+    def dloom_select_commit(self, confidence, selectable, schedule):
+        return torch.zeros(1, dtype=torch.bool)
+
+
+def test_commit_rule_that_commits_nothing(tiny_adapter):
+    decoder = DiffusionDecoder(tiny_adapter, CommitsNothing(), gen_length=8)
+    with pytest.raises(HookContractError, match="'CommitsNothing' committed no position"):
+        decoder.generate([[5, 6]])
+
+
+def test_commit_rule_with_wrong_shape(tiny_adapter):
+    decoder = DiffusionDecoder(tiny_adapter, WrongShape(), gen_length=8)
+    with pytest.raises(HookContractError, match="must return a bool tensor of shape \\(1, 8\\)"):
+        decoder.generate([[5, 6]])
