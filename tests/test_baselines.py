@@ -47,7 +47,7 @@ def test_factor_follows_the_formula():
     assert commit(FactorCommit(1.0), conf, [[1, 1, 1, 1]]) == [[False, True, True, True]]
     assert commit(FactorCommit(0.79), conf, [[1, 1, 1, 1]]) == [[False, True, False, True]]  # 0.8 < 0.79 fails
     assert commit(FactorCommit(0.31), conf, [[1, 1, 1, 1]]) == [[False, True, False, True]]
-    assert commit(FactorCommit(0.3), conf, [[1, 1, 1, 1]]) == [[False, True, False, False]]
+    assert commit(FactorCommit(0.29), conf, [[1, 1, 1, 1]]) == [[False, True, False, False]]
 
 
 def test_factor_has_no_reference_off_by_one():
