@@ -1,0 +1,90 @@
+"""The toy model zoo: small trained models shipped inside the package, loaded offline.
+
+Models (``MODEL_NAMES``), transformers ``LlamaForCausalLM`` checkpoints (float16
+safetensors) with the character tokenizer in ``models/<name>/``:
+
+* ``toy-dllm`` — bidirectional masked-diffusion model (``is_causal=False``), ~1.8M params;
+* ``toy-ar`` — causal next-token model, ~3.8M params (the speculative-decoding target);
+* ``toy-ar-small`` — causal, ~0.5M params, clearly weaker.
+
+Each ``config.json`` carries ``mask_token_id`` (1), ``pad_token_id`` (0), ``eos_token_id``
+(2) and a plain-JSON ``dloom`` entry: ``{"kind": "dllm" | "ar", "attention":
+"bidirectional" | "causal", "shift": false | true, "gen_length": 32}`` (``shift``: logits
+at position ``i`` predict token ``i + 1``).  ``models/<name>/eval.json`` records how it was
+trained and its greedy held-out accuracy.
+
+Encoding contract (how prompts and answers are laid out; training used exactly this):
+
+* Tokens are characters (``tokenizer``); ``<pad>`` = 0, ``<mask>`` = 1, ``<eos>`` = 2; no BOS.
+* Input = prompt ids, then the answer region.  A batch LEFT-pads prompts with ``<pad>`` to a
+  common length; ``attention_mask`` is 0 on those pads and 1 elsewhere, and
+  ``position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)`` (always pass them: the
+  models were trained with random extra left padding under this convention).
+* dLLM: the answer region is ``GEN_LENGTH`` = 32 positions, the answer followed by ``<eos>``
+  repeated to fill them (at least one ``<eos>`` always follows the answer; answers are at
+  most 31 characters).  Decoding starts from 32 ``<mask>`` tokens after the prompt; logits
+  are not shifted (position ``i``'s logits predict position ``i``).
+* AR: prompt ids, answer ids, one ``<eos>``; next-token logits (shifted); generation stops
+  at ``<eos>``.
+* The answer text is everything before the first ``<eos>``; ``tasks.FAMILIES[f].check``
+  grades it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+__all__ = ["MODEL_NAMES", "ZOO_DIR", "load", "model_path"]
+
+ZOO_DIR = Path(__file__).resolve().parent / "models"
+"""Directory holding one sub-directory of weights and tokenizer files per model."""
+
+MODEL_NAMES = ("toy-dllm", "toy-ar", "toy-ar-small")
+
+
+def model_path(name: str) -> Path:
+    """The directory of zoo model ``name``.
+
+    :raises ValueError: ``name`` is not one of ``MODEL_NAMES``.
+    """
+    if name not in MODEL_NAMES:
+        raise ValueError(f"unknown zoo model {name!r}; known models: {', '.join(MODEL_NAMES)}")
+    return ZOO_DIR / name
+
+
+def load(
+    name_or_path: str | Path,
+    dtype: torch.dtype | None = None,
+    device: str | torch.device = "cpu",
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a zoo model (by name, or any local checkpoint directory) and its tokenizer.
+
+    Never touches the network (``local_files_only=True``).  The float16 weights on disk are
+    cast to ``dtype`` (default ``torch.float32``); the model is returned in eval mode on
+    ``device``.
+
+    :raises ValueError: an unknown name that is not an existing directory.
+    :raises FileNotFoundError: the model's files are missing (e.g. not yet trained).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if isinstance(name_or_path, str) and name_or_path in MODEL_NAMES:
+        path = model_path(name_or_path)
+    elif Path(name_or_path).is_dir():
+        path = Path(name_or_path)
+    else:
+        model_path(str(name_or_path))  # raises the ValueError listing known names
+        raise AssertionError("unreachable")
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"no checkpoint in {path} (run `python -m dloom.zoo.train`)")
+    model = AutoModelForCausalLM.from_pretrained(
+        path, local_files_only=True, dtype=torch.float32 if dtype is None else dtype
+    )
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return model.to(device).eval(), tokenizer

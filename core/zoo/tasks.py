@@ -1,0 +1,343 @@
+"""The toy task suite: deterministic generators and strict exact-match checkers.
+
+Every example is character-level text: a prompt of at most ``MAX_PROMPT_CHARS`` (28)
+characters and an answer of ``MIN_ANSWER_CHARS``..``MAX_ANSWER_CHARS`` (8..31) characters,
+so that the answer plus at least one ``<eos>`` fits in the decoder's ``GEN_LENGTH`` (32)
+positions.
+
+Families (``FAMILIES`` keys are API):
+
+========  ===========================  ==================================
+family    prompt                       answer
+========  ===========================  ==================================
+add       ``add 347 58``               ``347+58=405``
+sort      ``sort 9302718``             ``0123789`` (8..12 symbols)
+reverse   ``rev q7kd2mza``             ``azm2dk7q``
+copy      ``copy ab cd efg``           ``ab cd efg``
+lookup    ``k=31 b=72 x=15 d=94 ?xb``  ``x=15,b=72``
+code      ``def sq(x): square``        ``return x*x``
+story     ``story tom big cat``        ``tom fed the big cat today.``
+========  ===========================  ==================================
+
+``add`` adds a 2–3 digit number (10..299) to a 2 digit number; the answer restates the operands, so
+it mixes trivially copyable positions with carry positions.  ``story`` is the one family
+with genuine randomness: the verb and the optional closing word are sampled, and the
+checker accepts every continuation the grammar allows that uses the prompt's name,
+adjective and animal (``STORY_RE``).  All other checkers compare with the unique answer.
+
+Train / held-out separation: a prompt is *held out* iff
+``blake2b(family + "\\0" + prompt) % 10 == 0`` (``is_held_out``).  ``train_stream`` skips
+held-out prompts and ``held_out`` keeps only them, so the two splits never share a prompt,
+whatever the seeds.  Both are deterministic functions of their seed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+import string
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+__all__ = [
+    "ALPHABET",
+    "FAMILIES",
+    "GEN_LENGTH",
+    "MAX_ANSWER_CHARS",
+    "MAX_PROMPT_CHARS",
+    "MIN_ANSWER_CHARS",
+    "STORY_RE",
+    "Example",
+    "TaskFamily",
+    "held_out",
+    "is_held_out",
+    "train_stream",
+]
+
+GEN_LENGTH = 32
+"""Answer-region length the decoder generates: answer, then ``<eos>`` padding."""
+MAX_PROMPT_CHARS = 28
+MIN_ANSWER_CHARS = 8
+MAX_ANSWER_CHARS = GEN_LENGTH - 1
+
+ALPHABET = string.ascii_lowercase + string.digits + " +-*/%=<>(),.:;?!_"
+"""Every character a task string may contain (the tokenizer's non-special vocabulary)."""
+
+_LETTERS = string.ascii_lowercase
+_DIGITS = string.digits
+
+
+@dataclass(frozen=True)
+class Example:
+    """One task instance: ``answer`` is a (for ``story``: one) correct answer to ``prompt``."""
+
+    family: str
+    prompt: str
+    answer: str
+
+
+@dataclass(frozen=True)
+class TaskFamily:
+    """A named task: ``generate(rng)`` draws an example, ``check(prompt, answer)`` grades one.
+
+    ``generate`` draws from the whole prompt space (train and held-out alike); use
+    ``train_stream`` / ``held_out`` for the splits.
+    """
+
+    name: str
+    _generate: Callable[[random.Random], tuple[str, str]]
+    _check: Callable[[str, str], bool]
+
+    def generate(self, rng: random.Random) -> Example:
+        prompt, answer = self._generate(rng)
+        return Example(self.name, prompt, answer)
+
+    def check(self, prompt: str, answer: str) -> bool:
+        try:
+            return bool(self._check(prompt, answer))
+        except (ValueError, IndexError, KeyError):
+            return False
+
+
+def _strip_command(prompt: str, command: str) -> str:
+    """The prompt's argument after ``command``; raises ``ValueError`` on another command."""
+    if not prompt.startswith(command):
+        raise ValueError(f"not a {command.strip()!r} prompt: {prompt!r}")
+    return prompt[len(command) :]
+
+
+# ----------------------------------------------------------------------------- add
+def _gen_add(rng: random.Random) -> tuple[str, str]:
+    a = rng.randint(10, 299)
+    b = rng.randint(10, 99)
+    return f"add {a} {b}", f"{a}+{b}={a + b}"
+
+
+def _check_add(prompt: str, answer: str) -> bool:
+    a, b = _strip_command(prompt, "add ").split(" ")
+    return answer == f"{a}+{b}={int(a) + int(b)}"
+
+
+# ----------------------------------------------------------------------------- sort
+def _gen_sort(rng: random.Random) -> tuple[str, str]:
+    pool = _DIGITS if rng.random() < 0.5 else _LETTERS[:12]
+    items = "".join(rng.choice(pool) for _ in range(rng.randint(8, 12)))
+    return f"sort {items}", "".join(sorted(items))
+
+
+def _check_sort(prompt: str, answer: str) -> bool:
+    items = _strip_command(prompt, "sort ")
+    return bool(items) and answer == "".join(sorted(items))
+
+
+# -------------------------------------------------------------------------- reverse
+def _gen_reverse(rng: random.Random) -> tuple[str, str]:
+    s = "".join(rng.choice(_LETTERS + _DIGITS) for _ in range(rng.randint(8, 14)))
+    return f"rev {s}", s[::-1]
+
+
+def _check_reverse(prompt: str, answer: str) -> bool:
+    s = _strip_command(prompt, "rev ")
+    return bool(s) and answer == s[::-1]
+
+
+# ----------------------------------------------------------------------------- copy
+def _gen_copy(rng: random.Random) -> tuple[str, str]:
+    words: list[str] = []
+    while True:
+        word = "".join(rng.choice(_LETTERS) for _ in range(rng.randint(2, 5)))
+        if len(" ".join([*words, word])) > 20:
+            break
+        words.append(word)
+        if len(" ".join(words)) >= 8 and rng.random() < 0.35:
+            break
+    s = " ".join(words)
+    if len(s) < 8:  # pad a too-short draw with one more word
+        s = f"{s} {''.join(rng.choice(_LETTERS) for _ in range(8 - len(s)))}".strip()
+    return f"copy {s}", s
+
+
+def _check_copy(prompt: str, answer: str) -> bool:
+    s = _strip_command(prompt, "copy ")
+    return bool(s) and answer == s
+
+
+# --------------------------------------------------------------------------- lookup
+def _gen_lookup(rng: random.Random) -> tuple[str, str]:
+    keys = rng.sample(_LETTERS, 4)
+    values = [f"{rng.randint(10, 99)}" for _ in keys]
+    query = rng.sample(keys, 2)
+    table = dict(zip(keys, values, strict=True))
+    context = " ".join(f"{k}={v}" for k, v in table.items())
+    return f"{context} ?{''.join(query)}", ",".join(f"{k}={table[k]}" for k in query)
+
+
+_LOOKUP_PROMPT = re.compile(r"^(?:[a-z]=[0-9]+ )+\?[a-z]+$")
+
+
+def _check_lookup(prompt: str, answer: str) -> bool:
+    if _LOOKUP_PROMPT.match(prompt) is None:
+        return False
+    *pairs, query = prompt.split(" ")
+    table = dict(pair.split("=") for pair in pairs)
+    return answer == ",".join(f"{k}={table[k]}" for k in query.removeprefix("?"))
+
+
+# ----------------------------------------------------------------------------- code
+_CODE_UNARY = {  # description -> body template over the argument {x}
+    "square": "{x}*{x}",
+    "double": "{x}+{x}",
+    "triple": "3*{x}",
+    "inc": "{x}+1",
+    "dec": "{x}-1",
+    "half": "{x}//2",
+    "neg": "-{x}",
+    "abs": "abs({x})",
+    "even": "{x}%2==0",
+    "odd": "{x}%2==1",
+    "sign": "{x}>0",
+    "str": "str({x})",
+}
+_CODE_BINARY = {  # description -> body template over the arguments {x}, {y}
+    "add": "{x}+{y}",
+    "sub": "{x}-{y}",
+    "mul": "{x}*{y}",
+    "div": "{x}//{y}",
+    "mod": "{x}%{y}",
+    "max": "max({x},{y})",
+    "min": "min({x},{y})",
+    "less": "{x}<{y}",
+    "same": "{x}=={y}",
+    "pow": "{x}**{y}",
+}
+_CODE_NAMES = ("f", "g", "h", "fn", "op", "calc", "run", "sq", "go")
+_CODE_PROMPT = re.compile(r"^def ([a-z]+)\(([a-z])(?:,([a-z]))?\): ([a-z]+)$")
+
+
+def _code_body(desc: str, x: str, y: str | None) -> str:
+    template = _CODE_UNARY[desc] if y is None else _CODE_BINARY[desc]
+    return "return " + template.format(x=x, y=y)
+
+
+def _gen_code(rng: random.Random) -> tuple[str, str]:
+    name = rng.choice(_CODE_NAMES)
+    if rng.random() < 0.5:
+        x, y = rng.choice(_LETTERS), None
+        desc = rng.choice(sorted(_CODE_UNARY))
+        prompt = f"def {name}({x}): {desc}"
+    else:
+        x, y = rng.sample(_LETTERS, 2)
+        desc = rng.choice(sorted(_CODE_BINARY))
+        prompt = f"def {name}({x},{y}): {desc}"
+    return prompt, _code_body(desc, x, y)
+
+
+def _check_code(prompt: str, answer: str) -> bool:
+    match = _CODE_PROMPT.match(prompt)
+    if match is None:
+        return False
+    _, x, y, desc = match.groups()
+    if desc not in (_CODE_UNARY if y is None else _CODE_BINARY):
+        return False
+    return answer == _code_body(desc, x, y)
+
+
+# ---------------------------------------------------------------------------- story
+_STORY_NAMES = ("tom", "ann", "bob", "sue", "max", "eva", "leo", "mia", "sam", "zoe", "anna", "ben")
+_STORY_ADJS = ("big", "old", "red", "shy", "wet", "odd")
+_STORY_ANIMALS = ("cat", "dog", "fox", "owl", "hen", "cow", "bird", "frog")
+_STORY_VERBS = ("saw", "fed", "met", "hugged", "chased")
+_STORY_ENDINGS = ("", " again", " today")
+STORY_RE = re.compile(
+    r"^(?P<name>[a-z]+) (?:" + "|".join(_STORY_VERBS) + r") the (?P<adj>[a-z]+) "
+    r"(?P<animal>[a-z]+)(?:" + "|".join(e for e in _STORY_ENDINGS if e) + r")?\.$"
+)
+"""The story grammar: ``NAME VERB the ADJ ANIMAL [again|today].``"""
+
+
+def _gen_story(rng: random.Random) -> tuple[str, str]:
+    name = rng.choice(_STORY_NAMES)
+    adj = rng.choice(_STORY_ADJS)
+    animal = rng.choice(_STORY_ANIMALS)
+    verb = rng.choice(_STORY_VERBS)
+    ending = rng.choice(_STORY_ENDINGS)
+    return f"story {name} {adj} {animal}", f"{name} {verb} the {adj} {animal}{ending}."
+
+
+def _check_story(prompt: str, answer: str) -> bool:
+    name, adj, animal = _strip_command(prompt, "story ").split(" ")
+    match = STORY_RE.match(answer)
+    return match is not None and match.group("name", "adj", "animal") == (name, adj, animal)
+
+
+FAMILIES: dict[str, TaskFamily] = {
+    family.name: family
+    for family in (
+        TaskFamily("add", _gen_add, _check_add),
+        TaskFamily("sort", _gen_sort, _check_sort),
+        TaskFamily("reverse", _gen_reverse, _check_reverse),
+        TaskFamily("copy", _gen_copy, _check_copy),
+        TaskFamily("lookup", _gen_lookup, _check_lookup),
+        TaskFamily("code", _gen_code, _check_code),
+        TaskFamily("story", _gen_story, _check_story),
+    )
+}
+
+
+# --------------------------------------------------------------------------- splits
+def is_held_out(family: str, prompt: str) -> bool:
+    """Whether ``prompt`` belongs to the held-out split (about one prompt in ten)."""
+    digest = hashlib.blake2b(f"{family}\0{prompt}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % 10 == 0
+
+
+def _families(families: Sequence[str] | None) -> list[str]:
+    names = list(FAMILIES) if families is None else list(families)
+    unknown = [name for name in names if name not in FAMILIES]
+    if unknown:
+        raise ValueError(f"unknown task families {unknown}; known: {sorted(FAMILIES)}")
+    return names
+
+
+def train_stream(
+    seed: int,
+    families: Sequence[str] | None = None,
+    weights: Sequence[float] | None = None,
+) -> Iterator[Example]:
+    """Yield training examples forever: never a held-out prompt, deterministic in ``seed``.
+
+    :param seed: seeds the stream's private ``random.Random``.
+    :param families: families to draw from (default: all, in ``FAMILIES`` order).
+    :param weights: relative sampling weight per family (default: uniform).
+    """
+    names = _families(families)
+    rng = random.Random(f"train:{seed}")
+    while True:
+        family = FAMILIES[rng.choices(names, weights=weights)[0]]
+        example = family.generate(rng)
+        if not is_held_out(example.family, example.prompt):
+            yield example
+
+
+def held_out(n: int, seed: int = 0, families: Sequence[str] | None = None) -> list[Example]:
+    """``n`` held-out examples, balanced over ``families`` (round-robin), deterministic.
+
+    Prompts are distinct within the list as long as the family's held-out space allows.
+    """
+    names = _families(families)
+    rngs = {name: random.Random(f"held-out:{seed}:{name}") for name in names}
+    seen: set[tuple[str, str]] = set()
+    examples: list[Example] = []
+    for i in range(n):
+        name = names[i % len(names)]
+        for attempt in range(10_000):
+            example = FAMILIES[name].generate(rngs[name])
+            key = (name, example.prompt)
+            if is_held_out(name, example.prompt) and (key not in seen or attempt > 5_000):
+                seen.add(key)
+                examples.append(example)
+                break
+        else:  # pragma: no cover - every family has held-out prompts
+            raise RuntimeError(f"family {name!r} has no held-out prompts")
+    return examples
