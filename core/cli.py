@@ -9,6 +9,7 @@ from typing import Any, Iterator, List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
@@ -25,7 +26,7 @@ err_console = Console(stderr=True)
 
 def fail(error: Exception) -> None:
     """Print a dloom error and exit with status 2."""
-    err_console.print(f"[bold red]error:[/] {error}", highlight=False, markup=True)
+    err_console.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False)
     raise typer.Exit(code=2)
 
 
@@ -157,7 +158,10 @@ def plugins(as_json: bool = typer.Option(False, "--json", help="Machine-readable
         )
     console.print(table)
     for failure in failures:
-        err_console.print(f"[yellow]skipped[/] {failure['name']}: {failure['error']}", highlight=False)
+        err_console.print(
+            f"[yellow]skipped[/] {escape(failure['name'])}: {escape(failure['error'])}",
+            highlight=False,
+        )
 
 
 @app.command()

@@ -136,7 +136,7 @@ def compose(
         item if isinstance(item, str) else type(item).__name__ for item in items
     )
     routed = _route_params(strategies, params or {}, display)
-    components = []
+    components: list[Component] = []
     for item in items:
         if isinstance(item, str):
             strategy = registry.get(item)
@@ -147,7 +147,11 @@ def compose(
                 raise CompositionError(
                     f"{item!r} implements no dloom hook; decorate its methods with @dloom.hookimpl"
                 )
-            components.append(Component(type(item).__name__, item, {}, None))
+            taken = {c.name for c in components} | set(names)
+            name, suffix = type(item).__name__, 2
+            while name in taken:
+                name, suffix = f"{type(item).__name__}#{suffix}", suffix + 1
+            components.append(Component(name, item, {}, None))
     composition = Composition(display, tuple(components))
     _check_single_answers(composition)
     return composition

@@ -80,7 +80,7 @@ def dloom_draft(state: DecodeState) -> DraftGraph | None:
     speculate and runs one forward per step.
 
     :param state: the current decode state, including the most recent distribution over the
-        active block (``state.probs``, ``(B, K, V)``) when one is known.
+        active block (``state.logits``, ``(B, K, V)``) when one is known.
     :return: a :class:`~dloom.types.DraftGraph` whose nodes are guessed future states of the
         span, or ``None`` to decline (for example before any distribution is known).
     """

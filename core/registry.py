@@ -137,16 +137,25 @@ def _report(registry: Registry, name: str, error: BaseException) -> None:
     warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
+def _is_builtin(ep: importlib.metadata.EntryPoint) -> bool:
+    return ep.dist is not None and ep.dist.name == BUILTIN_DISTRIBUTION
+
+
 def _entry_points() -> Iterable[importlib.metadata.EntryPoint]:
+    """Built-in entry points first, then the selected third-party ones, each once."""
     selected = _selected_third_party()
-    seen: set[str] = set()
+    builtins, third_party = [], []
+    seen: set[tuple[str | None, str]] = set()
     for ep in importlib.metadata.entry_points(group=PROJECT_NAME):
-        if ep.name in seen:  # the same distribution visible twice on sys.path
+        key = (ep.dist.name if ep.dist is not None else None, ep.name)
+        if key in seen:  # the same distribution visible twice on sys.path
             continue
-        seen.add(ep.name)
-        builtin = ep.dist is not None and ep.dist.name == BUILTIN_DISTRIBUTION
-        if builtin or selected is None or ep.name in selected:
-            yield ep
+        seen.add(key)
+        if _is_builtin(ep):
+            builtins.append(ep)
+        elif selected is None or ep.name in selected:
+            third_party.append(ep)
+    return builtins + third_party
 
 
 def _register_plugin(
@@ -193,9 +202,14 @@ def load_registry() -> Registry:
     """Load every selected plugin from the ``dloom`` entry-point group into a new registry."""
     registry = Registry()
     for ep in _entry_points():
-        builtin = ep.dist is not None and ep.dist.name == BUILTIN_DISTRIBUTION
+        builtin = _is_builtin(ep)
         version = ep.dist.version if ep.dist is not None else "unknown"
         try:
+            if ep.name in registry.plugins:
+                raise PluginLoadError(
+                    f"plugin name {ep.name!r} is already taken by "
+                    f"{'the built-in' if registry.plugins[ep.name].builtin else 'another'} plugin"
+                )
             module = ep.load()
             if not inspect.ismodule(module):
                 raise TypeError(f"entry point {ep.value!r} must name a module")

@@ -164,7 +164,7 @@ class Parameter:
                 parsed = self.kind(value)
         except (TypeError, ValueError):
             raise ConfigurationError(
-                f"{where} must be a {self.kind.__name__}, got {value!r}"
+                f"{where} must be a {self.kind.__name__}, got {value!r}; allowed: {self.allowed()}"
             ) from None
         if self.choices is not None:
             if parsed not in self.choices:

@@ -22,15 +22,6 @@ B, K, V, L = 2, 4, 7, 6
 MASK = 6
 
 
-@pytest.fixture(autouse=True)
-def single_thread():
-    """Tiny forwards are fastest on one thread (and do not stall on a busy 2-CPU box)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 # --- small values of every argument type ---------------------------------------------------
 
 
@@ -372,11 +363,6 @@ def test_every_decoding_hook_has_a_typed_wrapper_with_its_arguments(name):
     assert wrapper.__doc__
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core bug: dloom_draft's docstring documents state.probs, but DecodeState has "
-    "'logits', not 'probs'",
-)
 def test_state_attributes_named_in_hook_docs_exist():
     known = {f.name for f in fields(DecodeState)}
     for name, spec in hookspec_functions().items():

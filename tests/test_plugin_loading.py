@@ -116,15 +116,6 @@ class FakeSite:
         return module
 
 
-@pytest.fixture(autouse=True)
-def single_thread():
-    """Tiny forwards are fastest on one thread (and do not stall on a busy 2-CPU box)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture
 def site(tmp_path, monkeypatch):
     root = tmp_path / "site"
@@ -327,12 +318,6 @@ def test_duplicate_strategy_name_is_skipped_when_builtins_load_first(tmp_path, m
             sys.modules.pop(module, None)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core bug: registry._entry_points loads entry points in sys.path order, so a "
-    "third-party plugin earlier on sys.path takes 'threshold' and the built-in 'baselines' "
-    "plugin is the one skipped (quota and factor vanish too)",
-)
 def test_duplicate_strategy_name_never_displaces_builtins(site):
     site.install("dupplug", DUPLICATE_SOURCE)
     with pytest.warns(RuntimeWarning, match="'threshold' is already registered by plugin 'baselines'"):
@@ -348,12 +333,6 @@ def test_duplicate_strategy_name_is_fatal_in_strict_mode(site, monkeypatch):
         get_registry()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core bug: registry._entry_points de-duplicates on the entry-point name alone, so a "
-    "third-party entry point called 'baselines' earlier on sys.path silently replaces the "
-    "built-in plugin (and under DLOOM_PLUGINS='' nothing loads at all)",
-)
 def test_third_party_entry_point_named_like_a_builtin_cannot_replace_it(site, monkeypatch):
     site.install("impostor", TOPONE_SOURCE, ep_name="baselines")
     monkeypatch.setenv("DLOOM_PLUGINS", "")
