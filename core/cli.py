@@ -1,4 +1,4 @@
-"""The ``dloom`` command line: generate, list plugins and strategies."""
+"""The ``dloom`` command line: generate, eval, demo, and list plugins and strategies."""
 
 from __future__ import annotations
 
@@ -73,42 +73,65 @@ def _homogeneous(batch: list[Any]) -> bool:
     return all(isinstance(p, str) for p in batch) or all(isinstance(p, list) for p in batch)
 
 
+ModelOption = typer.Option("toy-dllm", "--model", "-m", help="Toy-zoo name or local checkpoint directory.")
+StrategyOption = typer.Option("quota", "--strategy", "-s", help="Strategy name(s), joined with '+'.")
+ParamOption = typer.Option([], "--param", "-p", help="Strategy parameter NAME=VALUE (repeatable).")
+GenLengthOption = typer.Option(None, help="Generated positions (default: the model's, else 128).")
+BlockLengthOption = typer.Option(None, help="Positions per block (default min(32, gen_length)).")
+StepsOption = typer.Option(None, help="Step budget for quota rules (default gen_length).")
+TemperatureOption = typer.Option(0.0, help="0 = greedy; > 0 samples.")
+RemaskingOption = typer.Option("low_confidence", help="low_confidence, random, margin or entropy.")
+DeviceOption = typer.Option("cpu", help="torch device, e.g. cpu or cuda.")
+DtypeOption = typer.Option("float32", help="float32, float64, bfloat16 or float16.")
+JsonOption = typer.Option(False, "--json", help="Machine-readable output.")
+
+
+def build_decoder(
+    model: str, strategy: str, param: List[str], *, mask_token_id: Optional[int] = None,
+    trust_remote_code: bool = False, device: str = "cpu", dtype: str = "float32", **settings: Any,
+):
+    """Load ``model`` and build a :class:`~dloom.DiffusionDecoder` (shared by the commands)."""
+    from dloom import DiffusionDecoder, load_model
+
+    adapter = load_model(
+        model, mask_token_id=mask_token_id, trust_remote_code=trust_remote_code,
+        device=device, dtype=dtype,
+    )
+    return DiffusionDecoder(adapter, strategy, params=parse_params(param), **settings)
+
+
 @app.command()
 def generate(
     prompt: Optional[List[str]] = typer.Argument(None, help="Prompt texts."),
-    model: str = typer.Option("toy-dllm", "--model", "-m", help="Toy-zoo name or local checkpoint directory."),
-    strategy: str = typer.Option("quota", "--strategy", "-s", help="Strategy name(s), joined with '+'."),
-    param: List[str] = typer.Option([], "--param", "-p", help="Strategy parameter NAME=VALUE (repeatable)."),
+    model: str = ModelOption,
+    strategy: str = StrategyOption,
+    param: List[str] = ParamOption,
     prompts_file: Optional[Path] = typer.Option(None, "--prompts", help="JSONL file of prompts.", exists=True, dir_okay=False),
-    gen_length: Optional[int] = typer.Option(None, help="Generated positions (default: the model's, else 128)."),
-    block_length: Optional[int] = typer.Option(None, help="Positions per block (default min(32, gen_length))."),
-    steps: Optional[int] = typer.Option(None, help="Step budget for quota rules (default gen_length)."),
-    temperature: float = typer.Option(0.0, help="0 = greedy; > 0 samples."),
+    gen_length: Optional[int] = GenLengthOption,
+    block_length: Optional[int] = BlockLengthOption,
+    steps: Optional[int] = StepsOption,
+    temperature: float = TemperatureOption,
     seed: Optional[int] = typer.Option(None, help="Seed of the sampler."),
-    remasking: str = typer.Option("low_confidence", help="low_confidence, random, margin or entropy."),
+    remasking: str = RemaskingOption,
     batch_size: int = typer.Option(8, min=1, help="Prompts per forward batch."),
     mask_token_id: Optional[int] = typer.Option(None, help="Override the model's mask token id."),
     trust_remote_code: bool = typer.Option(False, help="Allow the checkpoint's own modelling code."),
-    device: str = typer.Option("cpu", help="torch device, e.g. cpu or cuda."),
-    dtype: str = typer.Option("float32", help="float32, float64, bfloat16 or float16."),
+    device: str = DeviceOption,
+    dtype: str = DtypeOption,
     as_json: bool = typer.Option(False, "--json", help="One JSON object per prompt."),
 ) -> None:
     """Decode prompts with a strategy and print the texts and metrics."""
-    from dloom import DiffusionDecoder, load_model
-
     try:
         if prompts_file is not None and prompt:
             raise ConfigurationError("give prompts as arguments or with --prompts, not both")
         prompts: list[Any] = read_prompts(prompts_file) if prompts_file else list(prompt or [])
         if not prompts:
             raise ConfigurationError("no prompts: pass PROMPT arguments or --prompts FILE.jsonl")
-        adapter = load_model(
-            model, mask_token_id=mask_token_id, trust_remote_code=trust_remote_code,
-            device=device, dtype=dtype,
-        )
-        decoder = DiffusionDecoder(
-            adapter, strategy, gen_length=gen_length, block_length=block_length, steps=steps,
-            temperature=temperature, remasking=remasking, seed=seed, params=parse_params(param),
+        decoder = build_decoder(
+            model, strategy, param, mask_token_id=mask_token_id,
+            trust_remote_code=trust_remote_code, device=device, dtype=dtype,
+            gen_length=gen_length, block_length=block_length, steps=steps,
+            temperature=temperature, remasking=remasking, seed=seed,
         )
         rows = []
         with Progress(console=err_console, transient=True, disable=len(prompts) <= batch_size) as bar:
@@ -130,6 +153,99 @@ def generate(
         text = row["text"] if row["text"] is not None else " ".join(map(str, row["tokens"]))
         table.add_row(str(index), text, str(row["nfe"]), f"{row['tpf']:.2f}", f"{row['tps']:.1f}")
     console.print(table)
+
+
+@app.command("eval")
+def eval_command(
+    model: str = ModelOption,
+    strategy: str = StrategyOption,
+    param: List[str] = ParamOption,
+    tasks: str = typer.Option("all", help="'all' or comma-separated task families."),
+    n: int = typer.Option(100, "-n", help="Held-out examples (balanced over families)."),
+    seed: int = typer.Option(0, help="Seeds the example selection and the sampler."),
+    gen_length: Optional[int] = GenLengthOption,
+    block_length: Optional[int] = BlockLengthOption,
+    steps: Optional[int] = StepsOption,
+    temperature: float = TemperatureOption,
+    remasking: str = RemaskingOption,
+    batch_size: int = typer.Option(32, min=1, help="Prompts per forward batch."),
+    device: str = DeviceOption,
+    dtype: str = DtypeOption,
+    outputs: bool = typer.Option(False, help="Include every decoded output in the JSON."),
+    as_json: bool = JsonOption,
+) -> None:
+    """Accuracy per task family, NFE, TPF and TPS of a strategy on the held-out task suite."""
+    from dloom.evaluation import evaluate, select_examples
+
+    try:
+        examples = select_examples(tasks, n, seed)
+        decoder = build_decoder(
+            model, strategy, param, device=device, dtype=dtype, gen_length=gen_length,
+            block_length=block_length, steps=steps, temperature=temperature,
+            remasking=remasking, seed=seed,
+        )
+        report = evaluate(decoder, examples, batch_size=batch_size)
+    except DloomError as error:
+        fail(error)
+    if as_json:
+        sys.stdout.write(json.dumps(report.to_json(with_outputs=outputs), indent=2) + "\n")
+        return
+    table = Table("task", "accuracy", "n", title=f"{report.config['strategy']} on {model}")
+    for family, stats in report.per_task.items():
+        table.add_row(family, f"{stats['accuracy']:.1%}", str(stats["n"]))
+    table.add_row("all", f"{report.accuracy:.1%}", str(report.n), style="bold")
+    console.print(table)
+    console.print(f"NFE/example {report.nfe_mean:.2f}   TPF {report.tpf:.2f}   TPS {report.tps:.1f}")
+
+
+@app.command()
+def demo(
+    model: str = ModelOption,
+    n: int = typer.Option(21, "-n", help="Held-out examples (balanced over families)."),
+    batch_size: int = typer.Option(32, min=1, help="Prompts per forward batch."),
+    as_json: bool = JsonOption,
+) -> None:
+    """Decode task prompts with the baseline and every strategy; compare speed and outputs."""
+    from dloom.evaluation import evaluate, select_examples
+    from dloom.registry import get_registry
+
+    baseline = "quota"
+    try:
+        examples = select_examples("all", n)
+        names = [baseline] + sorted(
+            s.name for s in get_registry().strategies.values()
+            if s.name != baseline and "dloom_select_commit" in s.hooks
+        )
+        reports = {}
+        for name in names:
+            reports[name] = evaluate(build_decoder(model, name, []), examples, batch_size=batch_size)
+    except DloomError as error:
+        fail(error)
+    base = reports[baseline]
+    rows = []
+    for name, report in reports.items():
+        same = sum(a["text"] == b["text"] for a, b in zip(report.outputs, base.outputs))
+        rows.append({
+            "strategy": name, "accuracy": report.accuracy, "nfe_mean": report.nfe_mean,
+            "tpf": report.tpf, "tps": report.tps,
+            "nfe_ratio_vs_baseline": base.nfe_mean / report.nfe_mean if report.nfe_mean else 0.0,
+            "identical_to_baseline": same / report.n, "n": report.n,
+        })
+    if as_json:
+        sys.stdout.write(json.dumps({"model": model, "baseline": baseline, "rows": rows}, indent=2) + "\n")
+        return
+    table = Table(
+        "strategy", "accuracy", "NFE", "TPF", "TPS", "fewer NFE", "identical to baseline",
+        title=f"dloom demo: {n} held-out task prompts on {model} (baseline: {baseline}, one token per step)",
+    )
+    for row in rows:
+        table.add_row(
+            row["strategy"], f"{row['accuracy']:.0%}", f"{row['nfe_mean']:.1f}", f"{row['tpf']:.2f}",
+            f"{row['tps']:.0f}", f"{row['nfe_ratio_vs_baseline']:.2f}x", f"{row['identical_to_baseline']:.0%}",
+        )
+    console.print(table)
+    first = base.outputs[0]
+    console.print(f"e.g. {first['prompt']!r} -> {first['text']!r}")
 
 
 @app.command()

@@ -1,0 +1,137 @@
+"""Task-suite evaluation: accuracy per family plus NFE, TPF and TPS, as ``dloom eval`` reports.
+
+Accuracy is exact match as judged by each family's checker (``dloom.zoo.tasks``) on the
+decoded text up to the first EOS.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+from rich.console import Console
+from rich.progress import Progress
+
+from dloom.engine import DiffusionDecoder
+from dloom.errors import ConfigurationError
+from dloom.zoo.tasks import FAMILIES, Example, held_out
+
+
+@dataclass
+class EvalReport:
+    """Aggregate results of decoding a list of task examples.
+
+    :ivar accuracy: share of examples answered correctly, in [0, 1].
+    :ivar per_task: ``{family: {"accuracy": float, "n": int}}``.
+    :ivar nfe_mean: mean forwards per example.
+    :ivar tpf: generated tokens per row-forward, over all examples.
+    :ivar tps: generated tokens per wall-clock second, over all batches.
+    :ivar n: number of examples.
+    :ivar hook_share: share of wall time per hook and for the forward.
+    :ivar config: the decoder's settings plus the evaluation's own.
+    :ivar outputs: one ``{"family", "prompt", "text", "correct", "nfe"}`` record per example.
+    """
+
+    accuracy: float
+    per_task: dict[str, dict[str, float]]
+    nfe_mean: float
+    tpf: float
+    tps: float
+    n: int
+    hook_share: dict[str, float]
+    config: dict[str, Any]
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self, with_outputs: bool = False) -> dict[str, Any]:
+        """The JSON object of ``dloom eval --json``."""
+        data = {
+            "accuracy": self.accuracy,
+            "per_task": self.per_task,
+            "nfe_mean": self.nfe_mean,
+            "tpf": self.tpf,
+            "tps": self.tps,
+            "n": self.n,
+            "hook_share": self.hook_share,
+            "config": self.config,
+        }
+        if with_outputs:
+            data["outputs"] = self.outputs
+        return data
+
+
+def select_examples(tasks: str, n: int, seed: int = 0) -> list[Example]:
+    """``n`` held-out examples from ``tasks`` (``"all"`` or comma-separated family names).
+
+    :raises ConfigurationError: for an unknown family or ``n < 1``.
+    """
+    if n < 1:
+        raise ConfigurationError(f"-n is {n}; allowed: a positive number of examples")
+    names = None if tasks == "all" else [t.strip() for t in tasks.split(",") if t.strip()]
+    unknown = [t for t in names or [] if t not in FAMILIES]
+    if unknown or names == []:
+        raise ConfigurationError(
+            f"unknown task family {unknown[0] if unknown else tasks!r}; known: all, "
+            + ", ".join(FAMILIES)
+        )
+    return held_out(n, seed=seed, families=names)
+
+
+def evaluate(
+    decoder: DiffusionDecoder,
+    examples: Sequence[Example],
+    batch_size: int = 32,
+    progress: bool = True,
+) -> EvalReport:
+    """Decode ``examples`` in batches and grade them.
+
+    :param decoder: a decoder over a model with a tokenizer.
+    :param examples: task examples (prompts and checkers).
+    :param batch_size: prompts per batch.
+    :param progress: show a progress bar on stderr.
+    """
+    if batch_size < 1:
+        raise ConfigurationError(f"batch size is {batch_size}; allowed: >= 1")
+    outputs: list[dict[str, Any]] = []
+    generated = nfe_total = 0
+    wall = 0.0
+    hook_seconds: dict[str, float] = defaultdict(float)
+    with Progress(console=Console(stderr=True), transient=True, disable=not progress) as bar:
+        task = bar.add_task(f"eval {decoder.composition.name}", total=len(examples))
+        for start in range(0, len(examples), batch_size):
+            chunk = examples[start : start + batch_size]
+            result = decoder.generate([e.prompt for e in chunk])
+            texts = result.texts or [""] * len(chunk)
+            for example, text, nfe in zip(chunk, texts, result.nfe.tolist()):
+                outputs.append(
+                    {
+                        "family": example.family,
+                        "prompt": example.prompt,
+                        "text": text,
+                        "correct": FAMILIES[example.family].check(example.prompt, text),
+                        "nfe": nfe,
+                    }
+                )
+            generated += result.total_generated
+            nfe_total += int(result.nfe.sum())
+            wall += result.wall_seconds
+            for name, seconds in result.hook_seconds.items():
+                hook_seconds[name] += seconds
+            bar.advance(task, len(chunk))
+    per_task: dict[str, dict[str, float]] = {}
+    for family in dict.fromkeys(o["family"] for o in outputs):
+        rows = [o for o in outputs if o["family"] == family]
+        per_task[family] = {"accuracy": sum(o["correct"] for o in rows) / len(rows), "n": len(rows)}
+    n = len(outputs)
+    return EvalReport(
+        accuracy=sum(o["correct"] for o in outputs) / n if n else 0.0,
+        per_task=per_task,
+        nfe_mean=nfe_total / n if n else 0.0,
+        tpf=generated / nfe_total if nfe_total else 0.0,
+        tps=generated / wall if wall > 0 else 0.0,
+        n=n,
+        hook_share={k: v / wall for k, v in hook_seconds.items()} if wall > 0 else {},
+        config={**decoder.config, "batch_size": batch_size, "torch_threads": torch.get_num_threads()},
+        outputs=outputs,
+    )

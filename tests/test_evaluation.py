@@ -1,0 +1,103 @@
+"""Task-suite evaluation and the ``dloom eval`` / ``dloom demo`` commands."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from conftest import tiny_model
+from dloom.cli import app
+from dloom.errors import ConfigurationError
+from dloom.evaluation import evaluate, select_examples
+from dloom.metrics import GenerationResult
+from dloom.zoo import tokenizer as zoo_tokenizer
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def char_model_dir(tmp_path: Path) -> Path:
+    """A tiny random bidirectional model with the zoo's character tokenizer."""
+    path = tmp_path / "char-dllm"
+    model = tiny_model(
+        vocab_size=len(zoo_tokenizer.vocab()), mask_token_id=zoo_tokenizer.MASK_ID,
+        eos_token_id=zoo_tokenizer.EOS_ID, pad_token_id=zoo_tokenizer.PAD_ID,
+    )
+    model.config.dloom = {"attention": "bidirectional", "gen_length": 8}
+    model.to(torch.float32).save_pretrained(path)
+    zoo_tokenizer.save(path)
+    return path
+
+
+class ScriptedDecoder:
+    """Answers every other example correctly, two forwards per row, 4 tokens per row."""
+
+    composition = SimpleNamespace(name="scripted")
+    config = {"strategy": "scripted"}
+
+    def generate(self, prompts):
+        texts = [self.answers[p] if i % 2 == 0 else "wrong" for i, p in enumerate(prompts)]
+        batch = len(prompts)
+        return GenerationResult(
+            sequences=torch.zeros(batch, 4), generated=torch.zeros(batch, 4),
+            generated_lengths=torch.full((batch,), 4), nfe=torch.full((batch,), 2), forwards=2,
+            wall_seconds=0.5, hook_seconds={"forward": 0.25}, config=self.config, texts=texts,
+        )
+
+
+def test_evaluate_counts_accuracy_nfe_tpf_tps():
+    examples = select_examples("add,sort", 8)
+    decoder = ScriptedDecoder()
+    decoder.answers = {e.prompt: e.answer for e in examples}
+    report = evaluate(decoder, examples, batch_size=4, progress=False)
+    assert report.n == 8
+    assert report.accuracy == pytest.approx(0.5)
+    assert set(report.per_task) == {"add", "sort"}
+    assert report.per_task["add"]["n"] == 4
+    assert report.nfe_mean == 2.0
+    assert report.tpf == pytest.approx(2.0)  # 4 tokens / 2 forwards
+    assert report.tps == pytest.approx(32 / 1.0)  # 8 rows x 4 tokens over 2 batches x 0.5 s
+    assert report.hook_share == {"forward": pytest.approx(0.5)}
+
+
+def test_select_examples_errors():
+    with pytest.raises(ConfigurationError, match="unknown task family 'poetry'; known: all, "):
+        select_examples("add,poetry", 4)
+    with pytest.raises(ConfigurationError, match="-n is 0; allowed: a positive number"):
+        select_examples("all", 0)
+
+
+def test_eval_json_schema(char_model_dir):
+    result = runner.invoke(
+        app, ["eval", "--model", str(char_model_dir), "--strategy", "threshold", "-n", "6",
+              "--tasks", "copy,reverse", "--json"],
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert set(data) >= {"accuracy", "per_task", "nfe_mean", "tpf", "tps", "n", "config"}
+    assert data["n"] == 6 and set(data["per_task"]) == {"copy", "reverse"}
+    assert 0.0 <= data["accuracy"] <= 1.0 and data["nfe_mean"] > 0 and data["tps"] > 0
+    assert data["config"]["strategy"] == "threshold"
+    assert data["config"]["params"] == {"threshold": {"tau": 0.9}}
+    assert data["config"]["gen_length"] == 8
+
+
+def test_eval_unknown_task_exits_2(char_model_dir):
+    result = runner.invoke(app, ["eval", "--model", str(char_model_dir), "--tasks", "poetry"])
+    assert result.exit_code == 2 and "unknown task family" in result.output
+
+
+def test_demo_compares_every_commit_rule_with_the_baseline(char_model_dir):
+    result = runner.invoke(app, ["demo", "--model", str(char_model_dir), "-n", "7", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    rows = {row["strategy"]: row for row in data["rows"]}
+    assert {"quota", "threshold", "factor"} <= set(rows)
+    assert rows["quota"]["identical_to_baseline"] == 1.0
+    assert rows["quota"]["nfe_ratio_vs_baseline"] == 1.0
+    assert rows["quota"]["nfe_mean"] == 8.0  # one token per step over gen_length 8
