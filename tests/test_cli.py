@@ -61,7 +61,7 @@ def test_strategies_json_lists_builtins_with_parameters_and_guarantees():
     result = invoke("strategies", "--json")
     assert result.exit_code == 0, result.output
     records = {r["name"]: r for r in json.loads(result.stdout)}
-    assert list(records) == ["factor", "quota", "threshold"]
+    assert list(records) == ["factor", "frechet", "quota", "threshold"]
     threshold = records["threshold"]
     assert threshold["plugin"] == "baselines"
     assert threshold["hooks"] == ["dloom_select_commit"]
@@ -109,7 +109,12 @@ def test_plugins_json():
                 "name": "baselines", "version": "0.1.0", "builtin": True,
                 "hooks": ["dloom_register_strategies", "dloom_select_commit"],
                 "strategies": ["quota", "threshold", "factor"],
-            }
+            },
+            {
+                "name": "frechet", "version": "0.1.0", "builtin": True,
+                "hooks": ["dloom_register_strategies", "dloom_select_commit"],
+                "strategies": ["frechet"],
+            },
         ],
         "failures": [],
     }

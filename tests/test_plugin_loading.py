@@ -26,7 +26,8 @@ from dloom.cli import app
 from dloom.errors import PluginLoadError
 from dloom.registry import get_registry, reset_registry
 
-BUILTIN_STRATEGIES = {"quota", "threshold", "factor"}
+BUILTIN_STRATEGIES = {"quota", "threshold", "factor", "frechet"}
+BUILTIN_PLUGINS = {"baselines", "frechet"}
 
 TOPONE_SOURCE = """
     import torch
@@ -201,7 +202,7 @@ def test_empty_allow_list_loads_builtins_only(fakeplug, monkeypatch):
     monkeypatch.setenv("DLOOM_PLUGINS", "")
     registry = get_registry()
     assert set(registry.strategies) == BUILTIN_STRATEGIES
-    assert set(registry.plugins) == {"baselines"}
+    assert set(registry.plugins) == BUILTIN_PLUGINS
     assert "fakeplug" not in {p["name"] for p in plugins_json()["plugins"]}
 
 
@@ -211,7 +212,7 @@ def test_allow_list_naming_the_plugin_loads_it(fakeplug, site, monkeypatch, allo
     monkeypatch.setenv("DLOOM_PLUGINS", allow)
     registry = get_registry()
     assert set(registry.strategies) == BUILTIN_STRATEGIES | {"topone"}
-    assert set(registry.plugins) == {"baselines", "fakeplug"}
+    assert set(registry.plugins) == BUILTIN_PLUGINS | {"fakeplug"}
 
 
 def test_without_allow_list_every_installed_plugin_loads(fakeplug, site):
