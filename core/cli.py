@@ -81,6 +81,9 @@ BlockLengthOption = typer.Option(None, help="Positions per block (default min(32
 StepsOption = typer.Option(None, help="Step budget for quota rules (default gen_length).")
 TemperatureOption = typer.Option(0.0, help="0 = greedy; > 0 samples.")
 RemaskingOption = typer.Option("low_confidence", help="low_confidence, random, margin or entropy.")
+CacheOption = typer.Option(
+    "none", "--cache", help="KV cache: none, prefix or dual (exact for block-causal models)."
+)
 DeviceOption = typer.Option("cpu", help="torch device, e.g. cpu or cuda.")
 DtypeOption = typer.Option("float32", help="float32, float64, bfloat16 or float16.")
 JsonOption = typer.Option(False, "--json", help="Machine-readable output.")
@@ -90,7 +93,11 @@ def build_decoder(
     model: str, strategy: str, param: List[str], *, mask_token_id: Optional[int] = None,
     trust_remote_code: bool = False, device: str = "cpu", dtype: str = "float32", **settings: Any,
 ):
-    """Load ``model`` and build a :class:`~dloom.DiffusionDecoder` (shared by the commands)."""
+    """Load ``model`` and build a :class:`~dloom.DiffusionDecoder` (shared by the commands).
+
+    ``settings`` go to the decoder: lengths, ``steps``, ``temperature``, ``remasking``,
+    ``seed`` and ``cache``.
+    """
     from dloom import DiffusionDecoder, load_model
 
     adapter = load_model(
@@ -113,6 +120,7 @@ def generate(
     temperature: float = TemperatureOption,
     seed: Optional[int] = typer.Option(None, help="Seed of the sampler."),
     remasking: str = RemaskingOption,
+    cache: str = CacheOption,
     batch_size: int = typer.Option(8, min=1, help="Prompts per forward batch."),
     mask_token_id: Optional[int] = typer.Option(None, help="Override the model's mask token id."),
     trust_remote_code: bool = typer.Option(False, help="Allow the checkpoint's own modelling code."),
@@ -131,7 +139,7 @@ def generate(
             model, strategy, param, mask_token_id=mask_token_id,
             trust_remote_code=trust_remote_code, device=device, dtype=dtype,
             gen_length=gen_length, block_length=block_length, steps=steps,
-            temperature=temperature, remasking=remasking, seed=seed,
+            temperature=temperature, remasking=remasking, seed=seed, cache=cache,
         )
         rows = []
         with Progress(console=err_console, transient=True, disable=len(prompts) <= batch_size) as bar:
@@ -168,6 +176,7 @@ def eval_command(
     steps: Optional[int] = StepsOption,
     temperature: float = TemperatureOption,
     remasking: str = RemaskingOption,
+    cache: str = CacheOption,
     batch_size: int = typer.Option(32, min=1, help="Prompts per forward batch."),
     device: str = DeviceOption,
     dtype: str = DtypeOption,
@@ -182,7 +191,7 @@ def eval_command(
         decoder = build_decoder(
             model, strategy, param, device=device, dtype=dtype, gen_length=gen_length,
             block_length=block_length, steps=steps, temperature=temperature,
-            remasking=remasking, seed=seed,
+            remasking=remasking, seed=seed, cache=cache,
         )
         report = evaluate(decoder, examples, batch_size=batch_size)
     except DloomError as error:

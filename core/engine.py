@@ -10,6 +10,11 @@ Its tokens never change afterwards, its NFE stops counting, and from the next bl
 dropped from the forward batch. The loop synchronises with the host once per step (to learn
 whether the block is done and to check the step's contracts) and once per block (to compact
 the batch); never per token or per row.
+
+Each step's forward goes through a :class:`dloom.cache.BlockForward`, built at block start
+for the rows still decoding: with ``cache="prefix"`` or ``"dual"`` it reuses the keys and
+values of the block-start forward (:mod:`dloom.cache`). For a block-causal model the decoder
+builds the block-causal attention mask itself (:func:`dloom.attention.block_causal_mask`).
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ import torch
 
 from dloom import hooks
 from dloom.adapter import ModelAdapter
+from dloom.attention import block_causal_mask
+from dloom.cache import CACHE_MODES, BlockForward, cache_argument
 from dloom.composition import StrategySpec, build_plugin_manager, compose
 from dloom.errors import ConfigurationError, HookContractError, ModelError, NonFiniteLogitsError
 from dloom.kernel import REMASKING, apply_commit, propose
@@ -70,11 +77,17 @@ class DiffusionDecoder:
     :param temperature: 0 for greedy, > 0 samples with float64 Gumbel-max.
     :param remasking: confidence kind, one of :data:`dloom.kernel.REMASKING`.
     :param seed: seeds the decoder's ``torch.Generator`` (``None``: nondeterministic).
+    :param cache: KV cache mode, one of :data:`dloom.cache.CACHE_MODES`: ``"none"``,
+        ``"prefix"`` (reuse the keys and values before the active block) or ``"dual"`` (also
+        those after it); exact for block-causal models, approximate for bidirectional ones.
     :param params: strategy parameters by name (``"tau"``) or by component (``"spiffy.budget"``).
     :param sync_timing: synchronise the device around timed sections (exact per-hook times
         on a GPU at some cost).
     :param strategy_params: more strategy parameters as keyword arguments.
-    :raises ConfigurationError: for inconsistent lengths, steps or parameters.
+    :raises ConfigurationError: for inconsistent lengths, steps or parameters, or an unknown
+        cache mode.
+    :raises ModelError: for a model without a mask token, with causal attention, or (with a
+        cache) whose forward takes no ``transformers`` cache.
     :raises CompositionError: when the strategies cannot be combined.
     """
 
@@ -89,6 +102,7 @@ class DiffusionDecoder:
         temperature: float = 0.0,
         remasking: str = "low_confidence",
         seed: int | None = None,
+        cache: str = "none",
         params: Mapping[str, Any] | None = None,
         sync_timing: bool = False,
         registry: Registry | None = None,
@@ -109,6 +123,7 @@ class DiffusionDecoder:
         self.temperature = float(temperature)
         self.remasking = remasking
         self.seed = seed
+        self.cache = cache
         self._validate()
         self.composition = compose(strategy, {**(params or {}), **strategy_params}, registry)
         if self.composition.provider("dloom_select_commit") is None:
@@ -145,6 +160,13 @@ class DiffusionDecoder:
             raise ConfigurationError(
                 f"remasking is {self.remasking!r}; allowed: {', '.join(REMASKING)}"
             )
+        if self.cache not in CACHE_MODES:
+            raise ConfigurationError(f"cache is {self.cache!r}; allowed: {', '.join(CACHE_MODES)}")
+        if self.cache != "none" and cache_argument(self.model.model) is None:
+            raise ModelError(
+                f"cache {self.cache!r} needs a model whose forward takes a transformers cache; "
+                f"model {self.model.name!r} takes none (use cache='none')"
+            )
 
     @property
     def config(self) -> dict[str, Any]:
@@ -159,7 +181,7 @@ class DiffusionDecoder:
             "temperature": self.temperature,
             "remasking": self.remasking,
             "seed": self.seed,
-            "cache": "none",
+            "cache": self.cache,
             "dtype": str(self.model.dtype).removeprefix("torch."),
             "device": str(self.model.device),
         }
@@ -193,11 +215,11 @@ class DiffusionDecoder:
         mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long)
         return ids.to(device), mask.to(device)
 
-    def _forward(self, tokens, attention_mask, position_ids, timings) -> torch.Tensor:
+    def _forward(self, block_forward: BlockForward, tokens, timings) -> torch.Tensor:
         if self._sync:
             self._sync()
         start = time.perf_counter()
-        logits = self.model.logits(tokens, attention_mask, position_ids)
+        logits = block_forward(tokens)
         if self._sync:
             self._sync()
         timings["forward"] += time.perf_counter() - start
@@ -251,13 +273,15 @@ class DiffusionDecoder:
             end = start + self.block_length
             x, done = tokens[rows], finished[rows]
             attn = full_mask[rows] if padded else None
-            pos = positions[rows]
+            if model.attention == "block-causal":
+                attn = block_causal_mask(full_mask[rows], prompt_len, self.block_length)
+            block_forward = BlockForward(model, self.cache, attn, positions[rows], start, end)
             masked_at_start = (x[:, start:end] == mask_id).sum(-1)
             step = 0
             while True:
                 current = x[:, start:end]
                 selectable = (current == mask_id) & ~done.unsqueeze(1)
-                logits = self._forward(x, attn, pos, timings)[:, start:end]
+                logits = self._forward(block_forward, x, timings)
                 forwards += 1
                 nfe.index_add_(0, rows, selectable.any(-1).long())
                 candidates, confidence = propose(

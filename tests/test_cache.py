@@ -1,0 +1,288 @@
+"""KV caching (prefix and dual) and the block-causal attention mask.
+
+The mechanism: a forward over part of the sequence that reads the other positions' keys and
+values from a ``transformers`` cache gives the full forward's logits for that part whenever
+the cached entries are exact. On a bidirectional model they are exact only at block start,
+so cached decoding drifts; the drift is reported here and measured on the toy model by
+``benchmarks/bench_cache.py``. Exactness on block-causal models is in
+``proofs_tests/test_cache_exact.py``.
+"""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import DynamicCache
+from typer.testing import CliRunner
+
+from conftest import EOS_ID, MASK_ID, PAD_ID, sharpen, tiny_model
+from dloom import DiffusionDecoder, ModelAdapter, engine
+from dloom.attention import block_causal_mask, block_ids, model_mask
+from dloom.cache import CACHE_MODES, BlockForward, cache_argument
+from dloom.cli import app
+from dloom.errors import ConfigurationError, ModelError
+
+PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13], [14], [15, 16, 17, 18]]
+
+
+def padded_state(prompts, gen_length: int, seed: int = 0):
+    """Left-padded ``(B, L)`` tokens (prompt + a random partly-decoded region), mask, positions."""
+    width = max(len(p) for p in prompts)
+    generator = torch.Generator().manual_seed(seed)
+    region = torch.randint(3, MASK_ID, (len(prompts), gen_length), generator=generator)
+    region[torch.rand(region.shape, generator=generator) < 0.5] = MASK_ID
+    ids = torch.tensor([[PAD_ID] * (width - len(p)) + p for p in prompts])
+    tokens = torch.cat([ids, region], dim=1)
+    mask = torch.cat([(ids != PAD_ID).long(), torch.ones_like(region)], dim=1)
+    return tokens, mask, (mask.cumsum(-1) - 1).clamp(min=0), width
+
+
+def shifted(adapter: ModelAdapter) -> ModelAdapter:
+    return ModelAdapter(
+        adapter.model, mask_token_id=MASK_ID, eos_token_ids=(EOS_ID,), pad_token_id=PAD_ID,
+        shift_logits=True, max_context=96, name="shifted",
+    )
+
+
+# --- the mechanism ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["prefix", "dual"])
+@pytest.mark.parametrize("prompts", [PROMPTS, [[5, 6, 7], [8, 9, 10]]], ids=["padded", "unpadded"])
+def test_cached_forward_of_a_window_equals_the_full_forward(tiny_adapter, mode, prompts):
+    """transformers' bidirectional mask with a cache covers cached and new keys: with exact
+    cached entries, the window's logits are the full forward's, with or without padding."""
+    model = tiny_adapter.model
+    tokens, mask, positions, width = padded_state(prompts, 12)
+    if mask.all():
+        mask = None  # what the decoder passes for an unpadded batch
+    length, start, end = tokens.shape[1], width + 4, width + 8
+    cache = DynamicCache()
+    with torch.no_grad():
+        full = model(input_ids=tokens, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True).logits
+        if mode == "prefix":
+            cache.crop(-(length - start))
+            window, key_order = slice(start, length), torch.arange(length)
+        else:
+            keep = lambda s: torch.cat([s[:, :, :start], s[:, :, end:]], dim=2)
+            cache = DynamicCache(ddp_cache_data=[(keep(l.keys), keep(l.values)) for l in cache.layers])
+            window = slice(start, end)
+            key_order = torch.cat([torch.arange(start), torch.arange(end, length), torch.arange(start, end)])
+        part = model(
+            input_ids=tokens[:, window], attention_mask=None if mask is None else mask[:, key_order],
+            position_ids=positions[:, window], cache=cache, use_cache=True,
+        ).logits
+    torch.testing.assert_close(part, full[:, window], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("mode", CACHE_MODES)
+@pytest.mark.parametrize("shift", [False, True])
+def test_block_forward_on_an_unchanged_state_repeats_the_full_forward(tiny_adapter, mode, shift):
+    adapter = shifted(tiny_adapter) if shift else tiny_adapter
+    tokens, mask, positions, width = padded_state(PROMPTS, 12)
+    start, end = width + 4, width + 8
+    reference = adapter.logits(tokens, mask, positions)[:, start:end]
+    forward = BlockForward(adapter, mode, mask, positions, start, end)
+    first = forward(tokens)
+    assert torch.equal(first, reference)  # the block-start forward is the uncached forward
+    assert forward.query_positions == tokens.shape[1]
+    again = forward(tokens)
+    torch.testing.assert_close(again, reference, rtol=0, atol=1e-12)
+    recomputed = {"none": tokens.shape[1], "prefix": tokens.shape[1] - start, "dual": end - start}
+    assert forward.query_positions == recomputed[mode] + (shift and mode != "none")
+
+
+def test_cached_step_sees_the_committed_block(sharp_adapter):
+    """After a commit the block's logits change, and the cache is not grown by the step."""
+    tokens, mask, positions, width = padded_state(PROMPTS, 12)
+    start, end = width + 4, width + 8
+    for mode in ("prefix", "dual"):
+        forward = BlockForward(sharp_adapter, mode, mask, positions, start, end)
+        first = forward(tokens)
+        committed = tokens.clone()
+        committed[:, start] = 7
+        changed = forward(committed)
+        assert not torch.allclose(changed, first)
+        assert forward._cache.get_seq_length() == forward.window_start + tokens.shape[1] - forward.window_end
+        torch.testing.assert_close(forward(committed), changed, rtol=0, atol=1e-12)
+
+
+# --- decoding with a cache -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["prefix", "dual"])
+@pytest.mark.parametrize("strategy", ["quota", "threshold"])
+def test_cached_decoding_of_padded_batches_is_valid(sharp_adapter, mode, strategy):
+    decoder = DiffusionDecoder(sharp_adapter, strategy, gen_length=16, block_length=4, cache=mode)
+    batch = decoder.generate(PROMPTS)
+    assert batch.config["cache"] == mode
+    for index, prompt in enumerate(PROMPTS):
+        tokens = batch.token_lists[index]
+        assert 1 <= len(tokens) <= 16 and MASK_ID not in tokens
+        assert 4 <= int(batch.nfe[index]) <= 16
+        alone = decoder.generate([prompt])  # padding and batching do not change a row
+        assert alone.token_lists[0] == tokens
+        assert int(alone.nfe[0]) == int(batch.nfe[index])
+
+
+def test_first_step_of_every_block_is_the_uncached_forward(monkeypatch, sharp_adapter):
+    """Spy on every block's first call: its logits are the full forward's on that state, and
+    later steps of the block recompute the window only."""
+    starts, widths = [], []
+
+    class Spy(BlockForward):
+        def __call__(self, tokens):
+            fresh = self._cache is None
+            logits = super().__call__(tokens)
+            if fresh:
+                starts.append((tokens.clone(), self._full_mask, self.position_ids, self.start, self.end, logits))
+            widths.append(self.query_positions)
+            return logits
+
+    monkeypatch.setattr(engine, "BlockForward", Spy)
+    decoder = DiffusionDecoder(sharp_adapter, "quota", gen_length=16, block_length=4, cache="prefix")
+    result = decoder.generate(PROMPTS)
+    assert len(starts) == 4 and len(widths) == result.forwards == 16
+    for tokens, mask, positions, start, end, logits in starts:
+        assert torch.equal(logits, sharp_adapter.logits(tokens, mask, positions)[:, start:end])
+    length = 6 + 16
+    assert widths == [w for block in range(4) for w in [length] + [length - 6 - 4 * block] * 3]
+
+
+@pytest.mark.parametrize("mode", ["prefix", "dual"])
+def test_drift_on_a_bidirectional_model_is_reported(sharp_adapter, mode):
+    """Caching is approximate for a bidirectional model: report how far it drifts. (On this
+    random tiny model the drift is large; the toy model's is in the benchmark.)"""
+    uncached = DiffusionDecoder(sharp_adapter, "quota", gen_length=16, block_length=4).generate(PROMPTS)
+    cached = DiffusionDecoder(sharp_adapter, "quota", gen_length=16, block_length=4, cache=mode).generate(PROMPTS)
+    differ = sum(a != b for a, b in zip(cached.token_lists, uncached.token_lists)) / len(PROMPTS)
+    agree = float((cached.generated == uncached.generated).double().mean())
+    print(f"cache={mode}: {differ:.0%} of outputs differ, {agree:.0%} of tokens agree")
+    assert cached.forwards == uncached.forwards  # one token per step either way
+    assert agree > 0.25  # far above chance (1 in 38)
+
+
+def test_early_stop_and_compaction_with_a_cache():
+    """A row that finishes is dropped at the next block; the cache is built for the rows left,
+    and the other rows decode as they would alone."""
+    model = sharpen(tiny_model(seed=0, initializer_range=0.5))
+    with torch.no_grad():
+        model.lm_head.weight[EOS_ID].mul_(1.5)  # EOS comes early
+    adapter = ModelAdapter(model, mask_token_id=MASK_ID, eos_token_ids=(EOS_ID,), pad_token_id=PAD_ID)
+    batch_sizes = []
+    model.register_forward_pre_hook(
+        lambda _, args, kwargs: batch_sizes.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+    )
+    for mode in ("prefix", "dual"):
+        decoder = DiffusionDecoder(adapter, "threshold", gen_length=16, block_length=4, cache=mode)
+        batch_sizes.clear()
+        result = decoder.generate(PROMPTS)
+        assert min(result.generated_lengths.tolist()) <= 4  # a row finished in the first block
+        assert batch_sizes[0] == 4 and batch_sizes[-1] < 4
+        for index, prompt in enumerate(PROMPTS):
+            assert decoder.generate([prompt]).token_lists[0] == result.token_lists[index]
+
+
+# --- configuration -----------------------------------------------------------------------
+
+
+def test_unknown_cache_mode_lists_the_modes(tiny_adapter):
+    with pytest.raises(ConfigurationError, match="cache is 'full'; allowed: none, prefix, dual"):
+        DiffusionDecoder(tiny_adapter, "quota", cache="full")
+    with pytest.raises(ConfigurationError, match="cache is 'full'; allowed: none, prefix, dual"):
+        BlockForward(tiny_adapter, "full", None, torch.zeros(1, 4, dtype=torch.long), 2, 4)
+
+
+def test_cache_needs_a_model_that_takes_one():
+    class NoCache(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, input_ids, attention_mask=None, position_ids=None):
+            return SimpleNamespace(logits=torch.zeros(*input_ids.shape, 40))
+
+    adapter = ModelAdapter(NoCache(), mask_token_id=MASK_ID, eos_token_ids=(EOS_ID,), pad_token_id=PAD_ID)
+    assert cache_argument(adapter.model) is None
+    assert DiffusionDecoder(adapter, "quota", gen_length=4).config["cache"] == "none"
+    with pytest.raises(ModelError, match="takes no"):
+        DiffusionDecoder(adapter, "quota", gen_length=4, cache="prefix")
+    with pytest.raises(ModelError, match="does not take a KV cache"):
+        BlockForward(adapter, "dual", None, torch.zeros(1, 4, dtype=torch.long), 2, 4)
+
+
+def test_cli_records_the_cache_mode(tiny_model_dir, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"input_ids": [5, 6, 7]}\n{"input_ids": [8, 9]}\n')
+    base = ["generate", "--model", str(tiny_model_dir), "--prompts", str(prompts), "--json",
+            "--gen-length", "8", "--block-length", "4"]
+    result = CliRunner().invoke(app, base + ["--cache", "dual"])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(rows) == 2 and {row["config"]["cache"] for row in rows} == {"dual"}
+    bad = CliRunner().invoke(app, base + ["--cache", "full"])
+    assert bad.exit_code == 2 and "allowed: none, prefix, dual" in " ".join(bad.stderr.split())
+
+
+# --- the block-causal mask -----------------------------------------------------------------
+
+
+def test_block_causal_mask_layout():
+    padding = torch.tensor([[0, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1]])
+    assert block_ids(7, 3, 2, torch.device("cpu")).tolist() == [-1, -1, -1, 0, 0, 1, 1]
+    mask = block_causal_mask(padding, prompt_len=3, block_length=2)
+    assert mask.shape == (2, 1, 7, 7) and mask.dtype == torch.bool
+    expected = torch.tensor([
+        [1, 1, 1, 0, 0, 0, 0],  # the prompt sees the prompt
+        [1, 1, 1, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0, 0],
+        [1, 1, 1, 1, 1, 0, 0],  # block 0 sees the prompt and itself
+        [1, 1, 1, 1, 1, 0, 0],
+        [1, 1, 1, 1, 1, 1, 1],  # block 1 sees everything before it and itself
+        [1, 1, 1, 1, 1, 1, 1],
+    ], dtype=torch.bool)
+    assert torch.equal(mask[1, 0], expected)
+    without_pad = expected.clone()
+    without_pad[:, 0] = False  # padding is never seen
+    assert torch.equal(mask[0, 0], without_pad)
+
+
+def test_model_mask_matches_the_attention_implementation(tiny_adapter):
+    mask = block_causal_mask(torch.ones(1, 5, dtype=torch.long), 2, 3)
+    assert model_mask(mask, tiny_adapter.model) is mask  # sdpa takes bool
+    eager = tiny_model(attn_implementation="eager")
+    additive = model_mask(mask, eager)
+    assert additive.dtype == torch.float64
+    assert torch.equal(additive == 0, mask) and (additive[~mask] == torch.finfo(torch.float64).min).all()
+    flash = SimpleNamespace(config=SimpleNamespace(_attn_implementation="flash_attention_2"))
+    with pytest.raises(ModelError, match="cannot take a block-causal"):
+        model_mask(mask, flash)
+
+
+def test_decoder_uses_the_block_causal_mask(tiny_adapter):
+    """For a block-causal model every forward gets the 4-D mask, and a block's logits do not
+    depend on the tokens after it (they do for the bidirectional model)."""
+    block_causal = ModelAdapter(
+        tiny_adapter.model, mask_token_id=MASK_ID, eos_token_ids=(EOS_ID,), pad_token_id=PAD_ID,
+        attention="block-causal",
+    )
+    masks = []
+    hook = tiny_adapter.model.register_forward_pre_hook(
+        lambda _, args, kwargs: masks.append(kwargs["attention_mask"]), with_kwargs=True
+    )
+    DiffusionDecoder(block_causal, "quota", gen_length=8, block_length=4).generate(PROMPTS)
+    hook.remove()
+    assert masks and all(m is not None and m.dim() == 4 for m in masks)
+
+    tokens, padding, positions, width = padded_state(PROMPTS, 12)
+    start, end = width, width + 4
+    later = tokens.clone()
+    later[:, end:] = 7
+    layout = block_causal_mask(padding, width, 4)
+    for adapter, mask, independent in ((block_causal, layout, True), (tiny_adapter, padding, False)):
+        before = BlockForward(adapter, "none", mask, positions, start, end)(tokens)
+        after = BlockForward(adapter, "none", mask, positions, start, end)(later)
+        assert torch.equal(before, after) is independent
