@@ -11,6 +11,7 @@ The public API: load a model, build a decoder from a strategy, generate::
 from dloom.hookspecs import hookimpl
 from dloom.types import (
     BlockSchedule,
+    Claim,
     DecodeState,
     DraftGraph,
     Parameter,
@@ -25,6 +26,7 @@ from dloom.registry import get_registry
 
 __all__ = [
     "BlockSchedule",
+    "Claim",
     "DecodeState",
     "DiffusionDecoder",
     "DraftGraph",

@@ -1,4 +1,4 @@
-"""The ``dloom`` command line: generate, eval, demo, and list plugins and strategies."""
+"""The ``dloom`` command line: generate, eval, demo, check claims, and list plugins and strategies."""
 
 from __future__ import annotations
 
@@ -291,8 +291,9 @@ def plugins(as_json: bool = typer.Option(False, "--json", help="Machine-readable
 
 @app.command()
 def strategies(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
-    """List strategies: name, plugin, parameters with defaults, guarantee."""
+    """List strategies: name, plugin, parameters with defaults, claim, guarantee."""
     from dloom.registry import get_registry
+    from dloom.types import Claim
 
     try:
         registry = get_registry()
@@ -301,6 +302,7 @@ def strategies(as_json: bool = typer.Option(False, "--json", help="Machine-reada
     records = [
         {
             "name": s.name, "plugin": s.plugin, "summary": s.summary, "guarantee": s.guarantee,
+            "claim": s.claim.to_json() if s.claim is not None else None,
             "hooks": list(s.hooks),
             "parameters": [
                 {"name": p.name, "default": p.default, "type": p.kind.__name__,
@@ -313,8 +315,65 @@ def strategies(as_json: bool = typer.Option(False, "--json", help="Machine-reada
     if as_json:
         sys.stdout.write(json.dumps(records, indent=2) + "\n")
         return
-    table = Table("strategy", "plugin", "parameters", "guarantee")
+    table = Table("strategy", "plugin", "parameters", "claim", "guarantee")
     for record in records:
         params = ", ".join(f"{p['name']}={p['default']} {p['allowed']}" for p in record["parameters"])
-        table.add_row(record["name"], record["plugin"], params or "-", record["guarantee"])
+        claim = Claim(**record["claim"]).describe(conditions=False) if record["claim"] else "-"
+        table.add_row(record["name"], record["plugin"], params or "-", claim, record["guarantee"])
     console.print(table)
+
+
+# --- dloom check -------------------------------------------------------------------------
+
+
+@app.command()
+def check(
+    strategy: str = typer.Option(..., "--strategy", "-s", help="Strategy name(s), joined with '+'."),
+    against: Optional[str] = typer.Option(
+        None, help="Reference strategy (or 'kernel'); default: the one the claim declares."
+    ),
+    model: Optional[str] = typer.Option(
+        None, "--model", "-m",
+        help="Model of the greedy check (zoo name or directory; default toy-dllm, else a tiny random model).",
+    ),
+    param: List[str] = ParamOption,
+    prompts_file: Optional[Path] = typer.Option(
+        None, "--prompts", help="JSONL prompts for the greedy check.", exists=True, dir_okay=False
+    ),
+    n: int = typer.Option(32, "-n", min=1, help="Prompts of the greedy check (default set)."),
+    gen_length: Optional[int] = typer.Option(None, help="Generated positions in the greedy check."),
+    block_length: Optional[int] = typer.Option(None, help="Block length in the greedy check."),
+    temperature: float = typer.Option(1.0, help="Temperature of the sampling test (0: greedy only)."),
+    samples: int = typer.Option(20_000, min=1, help="Samples per tiny model in the sampling test."),
+    seeds: int = typer.Option(3, min=1, help="Tiny models (seeds) in the sampling test."),
+    alpha: float = typer.Option(1e-3, help="Significance of the chi-square test."),
+    epsilon: float = typer.Option(0.05, help="Total-variation distance the power is stated for."),
+    as_json: bool = JsonOption,
+) -> None:
+    """Test the claim a strategy declares: lossless (greedy identity + exact sampling test),
+    a bound (soundness on random and adversarial joints), or nothing to test.
+
+    Exit status: 0 the claim holds or there is nothing to test, 1 refuted (not lossless,
+    unsound), 2 usage error, 3 inconclusive.
+    """
+    from dloom.check import check_strategy
+
+    try:
+        if not 0 < alpha < 1 or not 0 < epsilon <= 1 or temperature < 0:
+            raise ConfigurationError(
+                f"alpha {alpha}, epsilon {epsilon}, temperature {temperature}; allowed: "
+                "0 < alpha < 1, 0 < epsilon <= 1, temperature >= 0"
+            )
+        prompts = read_prompts(prompts_file) if prompts_file else None
+        report = check_strategy(
+            strategy, against, params=parse_params(param), model=model, prompts=prompts,
+            temperature=temperature, samples=samples, seeds=seeds, alpha=alpha, epsilon=epsilon,
+            prompt_count=n, gen_length=gen_length, block_length=block_length,
+        )
+    except DloomError as error:
+        fail(error)
+    if as_json:
+        sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
+    else:
+        console.print(escape(report.render()), highlight=False)
+    raise typer.Exit(code=report.exit_code)

@@ -23,7 +23,7 @@ import pluggy
 from dloom import hookspecs
 from dloom.errors import PluginLoadError, UnknownStrategyError
 from dloom.hookspecs import PROJECT_NAME
-from dloom.types import Parameter, StrategyRegistration
+from dloom.types import Claim, Parameter, StrategyRegistration
 
 BUILTIN_DISTRIBUTION = "dloom"
 DECODING_HOOKS = (
@@ -54,6 +54,11 @@ class Strategy:
     @property
     def summary(self) -> str:
         return self.registration.summary
+
+    @property
+    def claim(self) -> Claim | None:
+        """The testable claim, or ``None`` when the strategy declares none."""
+        return self.registration.claim
 
     @property
     def hooks(self) -> tuple[str, ...]:

@@ -183,6 +183,66 @@ class Parameter:
         return parsed
 
 
+CLAIM_KINDS = ("lossless", "bound", "approximate", "reference")
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What a strategy promises, in a form ``dloom check`` can test.
+
+    :ivar kind: one of :data:`CLAIM_KINDS`:
+
+        * ``"lossless"``: the output distribution equals ``against``'s (under ``T == 0``:
+          the same tokens);
+        * ``"bound"``: the commit rule is certified by the bound named ``bound``;
+        * ``"approximate"``: no exactness promise (``against``, if given, is the strategy it
+          approximates; ``dloom check`` measures the agreement);
+        * ``"reference"``: the strategy *is* a reference process (lossless claims are
+          measured against it).
+    :ivar against: for ``"lossless"`` (required) and ``"approximate"``: a registered
+        strategy name, or ``"kernel"`` for the strategy's own commit rule run one forward
+        per step (what a speculative strategy must reproduce).
+    :ivar bound: for ``"bound"`` (required): a bound known to :mod:`dloom.check.bounds`
+        (``"frechet"``) or an import path ``"package.module:function"`` of a function from a
+        sorted ``(B, K)`` confidence profile to ``(L, U, G)``.
+    :ivar conditions: when the claim holds, in words (temperature, remasking, cache).
+    """
+
+    kind: str
+    against: str | None = None
+    bound: str | None = None
+    conditions: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in CLAIM_KINDS:
+            raise ConfigurationError(
+                f"claim kind {self.kind!r} is not known; allowed: {', '.join(CLAIM_KINDS)}"
+            )
+        if self.kind == "lossless" and not self.against:
+            raise ConfigurationError(
+                "a 'lossless' claim needs against=: the strategy it is lossless with respect to"
+            )
+        if self.kind == "bound" and not self.bound:
+            raise ConfigurationError("a 'bound' claim needs bound=: the name of the bound")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind, "against": self.against, "bound": self.bound,
+            "conditions": self.conditions,
+        }
+
+    def describe(self, conditions: bool = True) -> str:
+        """One line, e.g. ``lossless against quota (any temperature)``; ``conditions=False``
+        leaves the parenthesis out."""
+        text = {
+            "lossless": f"lossless against {self.against}",
+            "bound": f"bound {self.bound}",
+            "approximate": "approximate" + (f" (of {self.against})" if self.against else ""),
+            "reference": "reference process",
+        }[self.kind]
+        return f"{text} ({self.conditions})" if conditions and self.conditions else text
+
+
 @dataclass(frozen=True)
 class StrategyRegistration:
     """What a plugin hands to ``register`` in :func:`dloom_register_strategies`.
@@ -193,6 +253,7 @@ class StrategyRegistration:
     :ivar parameters: every keyword ``plugin_class`` accepts, with defaults and ranges.
     :ivar guarantee: what the strategy promises, in one sentence.
     :ivar summary: one line for ``dloom strategies``.
+    :ivar claim: the guarantee in a form ``dloom check`` tests (``None``: no claim).
     """
 
     name: str
@@ -200,3 +261,4 @@ class StrategyRegistration:
     parameters: Sequence[Parameter] = field(default_factory=tuple)
     guarantee: str = ""
     summary: str = ""
+    claim: Claim | None = None

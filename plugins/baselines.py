@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from dloom import BlockSchedule, Parameter, StrategyRegistration, hookimpl
+from dloom import BlockSchedule, Claim, Parameter, StrategyRegistration, hookimpl
 from dloom.commit import commit_top, sorted_profile
 
 
@@ -71,6 +71,10 @@ def dloom_register_strategies(register) -> None:
             plugin_class=QuotaCommit,
             guarantee="reference kernel (LLaDA): the process every lossless claim is measured against",
             summary="LLaDA's fixed number of tokens per step (steps / blocks steps per block)",
+            claim=Claim(
+                "reference",
+                conditions="the transition kernel K itself, at every temperature and remasking",
+            ),
         )
     )
     register(
@@ -85,6 +89,10 @@ def dloom_register_strategies(register) -> None:
             ),
             guarantee="approximate: commits several tokens per forward; lossless only with respect to itself",
             summary="Fast-dLLM: commit every position with confidence > tau (at least one)",
+            claim=Claim(
+                "approximate", against="quota",
+                conditions="several tokens per forward; agrees with quota only where the model is confident",
+            ),
         )
     )
     register(
@@ -99,5 +107,9 @@ def dloom_register_strategies(register) -> None:
             ),
             guarantee="approximate: commits several tokens per forward; lossless only with respect to itself",
             summary="Fast-dLLM: largest prefix n of the sorted profile with (n + 1)(1 - c_(n)) < f",
+            claim=Claim(
+                "approximate", against="quota",
+                conditions="several tokens per forward; agrees with quota only where the model is confident",
+            ),
         )
     )

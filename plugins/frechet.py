@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import torch
 
-from dloom import BlockSchedule, Parameter, StrategyRegistration, hookimpl
+from dloom import BlockSchedule, Claim, Parameter, StrategyRegistration, hookimpl
 from dloom.commit import commit_top, sorted_profile
 
 
@@ -104,6 +104,13 @@ def dloom_register_strategies(register) -> None:
             summary=(
                 "Fast-dLLM++: largest prefix n of the sorted profile with "
                 "max(0, sum c - (n - 1)) - (1 - c_(n)) > delta"
+            ),
+            claim=Claim(
+                "bound", bound="frechet",
+                conditions=(
+                    "joint-mode certificate: temperature 0, low_confidence remasking (the "
+                    "confidence is the greedy token's probability)"
+                ),
             ),
         )
     )

@@ -1,0 +1,426 @@
+"""``dloom check``: test the claim a strategy declares, and report the evidence.
+
+:func:`check_strategy` reads the strategy's :class:`~dloom.types.Claim` and dispatches:
+
+* ``reference``: lossless with respect to itself by definition; nothing to test;
+* ``approximate``: no lossless claim to test; the greedy agreement with the strategy it
+  approximates (``against``) is measured and reported;
+* ``bound``: :func:`check_soundness` (:mod:`dloom.check.bounds`): ``sound`` / ``unsound``;
+* ``lossless``: :func:`check_lossless`: greedy token identity on a prompt set
+  (:mod:`dloom.check.greedy`), then, when ``temperature > 0``, the exact-distribution
+  chi-square test on tiny enumerable models (:mod:`dloom.check.sampling`):
+  ``lossless`` / ``not lossless`` / ``inconclusive``;
+* no claim: says so (and measures the agreement with ``against`` if one is given).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from dloom.adapter import ModelAdapter, load_model
+from dloom.check.bounds import check_bound
+from dloom.check.greedy import GreedyComparison, compare_greedy
+from dloom.check.resolve import Resolved, reference, resolve
+from dloom.check.sampling import sampling_test
+from dloom.check.tiny import tiny_dllm
+from dloom.errors import ConfigurationError
+
+REFUTED = ("not lossless", "unsound")
+EXIT_CODES = {"not lossless": 1, "unsound": 1, "inconclusive": 3}
+"""``dloom check`` exit status by verdict; every other verdict exits 0 (2: usage error)."""
+DEFAULT_PROMPTS = 32
+DEFAULT_SAMPLES = 20_000
+TINY_GREEDY = {"vocab": 16, "hidden": 32, "layers": 2, "init": 0.8}
+"""The tiny model of the greedy check when neither ``model`` nor the toy zoo's is there."""
+TINY_GREEDY_BLOCK_LENGTH = 4
+
+
+@dataclass
+class CheckReport:
+    """What ``dloom check`` found, JSON-ready (:meth:`to_json`).
+
+    :ivar strategy: the strategy checked.
+    :ivar claim: the claim tested (``Claim.to_json``), or ``None``.
+    :ivar claimed_by: the component of a composition that declared it.
+    :ivar verdict: ``lossless``, ``not lossless``, ``inconclusive``, ``sound``, ``unsound``,
+        ``reference``, ``approximate`` or ``no claim``.
+    :ivar reason: the verdict in one sentence.
+    :ivar evidence: ``greedy`` (agreement, first difference), ``sampling`` (per seed:
+        p-value, power, ...) and ``bound`` (joints tried, counterexample), as run.
+    :ivar notes: what was assumed or skipped.
+    """
+
+    strategy: str
+    claim: dict[str, Any] | None
+    claimed_by: str | None
+    verdict: str
+    reason: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def refuted(self) -> bool:
+        return self.verdict in REFUTED
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES.get(self.verdict, 0)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "strategy": self.strategy, "claim": self.claim, "claimed_by": self.claimed_by,
+            "verdict": self.verdict, "reason": self.reason, "exit_code": self.exit_code,
+            "evidence": self.evidence, "notes": self.notes,
+        }
+
+    def render(self) -> str:
+        """Plain text for a terminal or an assertion message."""
+        claim = "none declared" if self.claim is None else _claim_text(self.claim)
+        lines = [f"{self.strategy}: {self.verdict}", f"  claim: {claim}", f"  {self.reason}"]
+        greedy = self.evidence.get("greedy")
+        if greedy:
+            lines.append(
+                f"  greedy: {greedy['identical']}/{greedy['prompts']} prompts identical on "
+                f"{greedy['model']} ({greedy['dtype']})"
+            )
+            first = greedy["first_difference"]
+            if first:
+                lines.append(
+                    f"    first difference: prompt {first['prompt']}, position {first['position']}: "
+                    f"{first['strategy_tokens']} vs {first['against_tokens']}"
+                )
+        sampling = self.evidence.get("sampling")
+        if sampling:
+            lines.append(
+                f"  sampling (T={sampling['temperature']:g}, alpha={sampling['alpha']:g}, "
+                f"epsilon={sampling['epsilon']:g}): {sampling['verdict']}"
+            )
+            for s in sampling["seeds"]:
+                simulated = (
+                    f" (simulated, {s['replicates']} replicates; asymptotic {s['p_value_asymptotic']:.3g})"
+                    if s["replicates"] else ""
+                )
+                lines.append(
+                    f"    seed {s['seed']}: {s['samples']} samples, {s['bins']} bins, "
+                    f"chi2 {s['statistic']:.1f} (df {s['df']}), p = {s['p_value']:.3g}{simulated}, "
+                    f"power {s['power']:.3f}"
+                )
+        bound = self.evidence.get("bound")
+        if bound:
+            lines.append(
+                f"  bound: {bound['random_joints']} random + {bound['adversarial_joints']} "
+                f"adversarial joints, {bound['certified_commits']} multi-token commits checked"
+            )
+            if bound["counterexample"]:
+                c = bound["counterexample"]
+                lines.append(f"    counterexample (joint {c['joint']}, {c['kind']}, shape {c['shape']}): {c['problem']}")
+                lines.append(f"    confidences {[round(x, 6) for x in c['confidence']]}")
+        lines.extend(f"  note: {note}" for note in self.notes)
+        return "\n".join(lines)
+
+
+def _claim_text(claim: dict[str, Any]) -> str:
+    from dloom.types import Claim
+
+    return Claim(**claim).describe()
+
+
+# --- the greedy check's model and prompts ------------------------------------------------
+
+
+def _zoo_dllm_available() -> bool:
+    from dloom import zoo
+
+    return (zoo.model_path("toy-dllm") / "config.json").exists()
+
+
+def _random_prompts(model: ModelAdapter, count: int) -> list[list[int]]:
+    vocab = int(getattr(getattr(model.model, "config", None), "vocab_size", 0) or 0)
+    special = {model.mask_token_id, model.pad_token_id, *model.eos_token_ids}
+    plain = [t for t in range(min(vocab, 256)) if t not in special]
+    if not plain:
+        raise ConfigurationError(f"cannot make prompts for {model.name!r}: no vocab_size in its config; pass prompts")
+    picks = torch.randint(0, len(plain), (count, 4), generator=torch.Generator().manual_seed(0))
+    return [[plain[i] for i in row] for row in picks.tolist()]
+
+
+def greedy_setup(
+    model: ModelAdapter | str | None,
+    prompts: Sequence[Any] | None,
+    count: int = DEFAULT_PROMPTS,
+    gen_length: int | None = None,
+    block_length: int | None = None,
+) -> tuple[ModelAdapter, list[Any], dict[str, Any], list[str]]:
+    """The model, prompts and decoder settings of the greedy check, and notes about them.
+
+    ``model``: an adapter, a zoo name or checkpoint path (loaded in float64), or ``None``:
+    the toy zoo's ``toy-dllm`` when its weights are installed, else a tiny random model
+    (:data:`TINY_GREEDY`, two blocks of 4). Prompts default to ``count`` held-out task prompts
+    (models with a tokenizer) or random token ids. ``gen_length`` and ``block_length``
+    default to the decoder's defaults for the model.
+    """
+    notes: list[str] = []
+    settings: dict[str, Any] = {"gen_length": gen_length, "block_length": block_length}
+    if model is None:
+        if _zoo_dllm_available():
+            model = "toy-dllm"
+        else:
+            model = tiny_dllm(0, **TINY_GREEDY)
+            settings["block_length"] = block_length or TINY_GREEDY_BLOCK_LENGTH
+            notes.append(
+                "toy-dllm weights are not installed: the greedy check ran on a tiny random "
+                f"model (vocab {TINY_GREEDY['vocab']}, float64)"
+            )
+    if isinstance(model, str):
+        model = load_model(model, dtype="float64")
+    if prompts is None:
+        if model.tokenizer is not None:
+            from dloom.zoo.tasks import held_out
+
+            prompts = [example.prompt for example in held_out(count)]
+        else:
+            prompts = _random_prompts(model, count)
+    if str(model.dtype) != "torch.float64":
+        notes.append(f"the greedy check ran in {model.dtype}, not float64: near-ties may differ by rounding")
+    return model, list(prompts), settings, notes
+
+
+# --- the checks --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GreedyOptions:
+    """The greedy check's model, prompts and lengths (see :func:`greedy_setup`)."""
+
+    model: ModelAdapter | str | None = None
+    prompts: Sequence[Any] | None = None
+    prompt_count: int = DEFAULT_PROMPTS
+    gen_length: int | None = None
+    block_length: int | None = None
+
+    def run(self, ours: Resolved, ref: Resolved, notes: list[str]) -> GreedyComparison:
+        adapter, prompts, settings, setup_notes = greedy_setup(
+            self.model, self.prompts, self.prompt_count, self.gen_length, self.block_length
+        )
+        notes.extend(setup_notes)
+        return compare_greedy(ours, ref, adapter, prompts, **settings)
+
+
+@dataclass(frozen=True)
+class SamplingOptions:
+    """The sampling test's settings (see :func:`dloom.check.sampling.sampling_test`)."""
+
+    temperature: float = 1.0
+    samples: int = DEFAULT_SAMPLES
+    seeds: int = 3
+    alpha: float = 1e-3
+    epsilon: float = 0.05
+    min_power: float = 0.8
+
+
+def check_lossless(
+    strategy: Any,
+    against: Any,
+    *,
+    params: dict[str, Any] | None = None,
+    against_params: dict[str, Any] | None = None,
+    model: ModelAdapter | str | None = None,
+    prompts: Sequence[Any] | None = None,
+    prompt_count: int = DEFAULT_PROMPTS,
+    gen_length: int | None = None,
+    block_length: int | None = None,
+    temperature: float = 1.0,
+    samples: int = DEFAULT_SAMPLES,
+    seeds: int = 3,
+    alpha: float = 1e-3,
+    epsilon: float = 0.05,
+    min_power: float = 0.8,
+) -> CheckReport:
+    """Test "``strategy`` is lossless with respect to ``against``", declared or not.
+
+    Greedy token identity on ``prompts`` over ``model`` (:func:`greedy_setup`); then, when
+    ``temperature > 0`` and greedy found no difference, the sampling test on ``seeds`` tiny
+    enumerable models with ``samples`` samples each (:func:`dloom.check.sampling.sampling_test`).
+
+    :param strategy: a strategy name (``"a+b"``), :class:`~dloom.registry.Strategy`,
+        :class:`~dloom.StrategyRegistration` or plugin object; ``params`` are its parameters.
+    :param against: the reference, given the same ways, or ``"kernel"``.
+    """
+    ours = resolve(strategy, params)
+    ref = reference(against, ours, against_params)
+    greedy = GreedyOptions(model, prompts, prompt_count, gen_length, block_length)
+    sampling = SamplingOptions(temperature, samples, seeds, alpha, epsilon, min_power)
+    return _lossless(ours, ref, greedy, sampling, claim=None, notes=[])
+
+
+def _lossless(
+    ours: Resolved, ref: Resolved, greedy_options: GreedyOptions, options: SamplingOptions,
+    claim: dict[str, Any] | None, notes: list[str],
+) -> CheckReport:
+    greedy = greedy_options.run(ours, ref, notes)
+    evidence: dict[str, Any] = {"greedy": greedy.to_json()}
+    report = CheckReport(ours.name, claim, ours.claimed_by if claim else None, "", "", evidence, notes)
+    if greedy.first_difference is not None:
+        first = greedy.first_difference
+        report.verdict = "not lossless"
+        report.reason = (
+            f"greedy outputs differ from {ref.name}'s on {greedy.prompts - greedy.identical} of "
+            f"{greedy.prompts} prompts; first at prompt {first['prompt']}, position {first['position']}"
+        )
+        if options.temperature > 0:
+            notes.append("sampling test skipped: the greedy check already refutes the claim")
+        return report
+    if options.temperature <= 0:
+        report.verdict = "lossless"
+        report.reason = f"greedy outputs equal {ref.name}'s on all {greedy.prompts} prompts"
+        notes.append("temperature 0: the sampling test was not run (pass a temperature > 0)")
+        return report
+    test = sampling_test(ours, ref, **asdict(options))
+    evidence["sampling"] = test.to_json()
+    report.verdict = test.verdict
+    report.reason = (
+        f"greedy outputs equal {ref.name}'s on all {greedy.prompts} prompts; "
+        f"sampling at T={options.temperature:g}: {test.reason}"
+    )
+    return report
+
+
+def check_soundness(
+    strategy: Any,
+    bound: str | None = None,
+    *,
+    params: dict[str, Any] | None = None,
+    random_joints: int = 400,
+    adversarial_joints: int = 400,
+    seed: int = 0,
+) -> CheckReport:
+    """Test a commit rule's bound claim (:mod:`dloom.check.bounds`).
+
+    :param bound: the bound's name or import path; default: the one the strategy declares
+        (without one, only the rule's joint-mode certificate is tested).
+    """
+    ours = resolve(strategy, params)
+    if bound is None and ours.claim is not None:
+        bound = ours.claim.bound
+    return _sound(ours, bound, random_joints, adversarial_joints, seed, claim=None, notes=[])
+
+
+def _sound(
+    ours: Resolved, bound: str | None, random_joints: int, adversarial_joints: int, seed: int,
+    claim: dict[str, Any] | None, notes: list[str],
+) -> CheckReport:
+    result = check_bound(
+        ours, bound, random_joints=random_joints, adversarial_joints=adversarial_joints, seed=seed
+    )
+    if bound is None:
+        notes.append("no bound function named: only the joint-mode certificate of the commits was tested")
+    if result.verdict == "sound" and result.certified_commits == 0:
+        notes.append("the rule never committed two positions at once: the certificate was not exercised")
+    if result.counterexample is None:
+        reason = (
+            f"no counterexample on {random_joints + adversarial_joints} joints ({random_joints} "
+            f"random, {adversarial_joints} adversarial; seed {seed})"
+        )
+    else:
+        c = result.counterexample
+        reason = f"counterexample on joint {c['joint']} ({c['kind']}): {c['problem']}"
+    return CheckReport(
+        ours.name, claim, ours.claimed_by if claim else None, result.verdict, reason,
+        {"bound": result.to_json()}, notes,
+    )
+
+
+def check_strategy(
+    strategy: Any,
+    against: Any = None,
+    *,
+    params: dict[str, Any] | None = None,
+    against_params: dict[str, Any] | None = None,
+    model: ModelAdapter | str | None = None,
+    prompts: Sequence[Any] | None = None,
+    prompt_count: int = DEFAULT_PROMPTS,
+    gen_length: int | None = None,
+    block_length: int | None = None,
+    temperature: float = 1.0,
+    samples: int = DEFAULT_SAMPLES,
+    seeds: int = 3,
+    alpha: float = 1e-3,
+    epsilon: float = 0.05,
+    min_power: float = 0.8,
+    random_joints: int = 400,
+    adversarial_joints: int = 400,
+) -> CheckReport:
+    """Test the claim ``strategy`` declares (see the module docstring); the options are
+    those of :func:`check_lossless` and :func:`check_soundness`.
+
+    :param against: overrides the reference of a ``lossless`` claim (noted in the report);
+        for ``approximate``, ``reference`` or no claim, the strategy to measure greedy
+        agreement with (default: an ``approximate`` claim's own ``against``).
+    """
+    ours = resolve(strategy, params)
+    claim = ours.claim
+    notes: list[str] = []
+    claim_json = claim.to_json() if claim is not None else None
+    greedy_options = GreedyOptions(model, prompts, prompt_count, gen_length, block_length)
+    if claim is None or claim.kind in ("approximate", "reference"):
+        if claim is None:
+            verdict, target = "no claim", against
+            reason = (
+                f"{ours.name} declares no claim: nothing to test (declare one with "
+                "StrategyRegistration(claim=dloom.Claim(...)))"
+            )
+        elif claim.kind == "reference":
+            verdict, target = "reference", against
+            reason = (
+                f"{ours.name} is a reference process: lossless with respect to itself by "
+                "definition; nothing to test"
+            )
+        else:
+            verdict, target = "approximate", against if against is not None else claim.against
+            reason = f"{ours.name} is approximate: no lossless claim to test"
+        evidence = {}
+        if target is not None:
+            ref = reference(target, ours, against_params)
+            greedy = greedy_options.run(ours, ref, notes)
+            evidence["greedy"] = greedy.to_json()
+            reason += f"; greedy agreement with {ref.name}: {greedy.identical}/{greedy.prompts} prompts"
+        return CheckReport(ours.name, claim_json, ours.claimed_by, verdict, reason, evidence, notes)
+    if claim.kind == "bound":
+        if against is not None:
+            notes.append(
+                f"--against {against} ignored: {ours.name} declares a bound, not losslessness "
+                "(dloom.check.check_lossless tests losslessness anyway)"
+            )
+        return _sound(ours, claim.bound, random_joints, adversarial_joints, 0, claim_json, notes)
+    target = claim.against
+    if against is not None and against != claim.against:
+        notes.append(f"testing against {against}, not the declared {claim.against}")
+        target = against
+    ref = reference(target, ours, against_params)
+    sampling = SamplingOptions(temperature, samples, seeds, alpha, epsilon, min_power)
+    return _lossless(ours, ref, greedy_options, sampling, claim_json, notes)
+
+
+# --- assertions for plugin authors' tests --------------------------------------------------
+
+
+def assert_lossless(strategy: Any, against: Any, **options: Any) -> CheckReport:
+    """Fail (``AssertionError`` with the report) unless :func:`check_lossless` says
+    ``lossless``; return the report. ``options`` go to :func:`check_lossless`."""
+    report = check_lossless(strategy, against, **options)
+    if report.verdict != "lossless":
+        raise AssertionError("dloom check: expected lossless\n" + report.render())
+    return report
+
+
+def assert_sound(strategy: Any, bound: str | None = None, **options: Any) -> CheckReport:
+    """Fail unless :func:`check_soundness` says ``sound``; return the report."""
+    report = check_soundness(strategy, bound, **options)
+    if report.verdict != "sound":
+        raise AssertionError("dloom check: expected a sound bound\n" + report.render())
+    return report
+
+

@@ -1,0 +1,105 @@
+"""Turn what a user hands ``dloom check`` into decoder specs and the claim to test.
+
+A strategy may be given as a registered name (``"threshold"``, ``"spiffy+frechet"``), a
+:class:`~dloom.registry.Strategy`, a :class:`~dloom.types.StrategyRegistration` that was never
+registered (an author's work in progress, a negative control), or a bare plugin object.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from dloom.composition import StrategySpec, compose
+from dloom.errors import ConfigurationError
+from dloom.registry import Strategy, get_registry
+from dloom.types import Claim, StrategyRegistration
+
+KERNEL = "kernel"
+"""``Claim.against`` value: the strategy's own commit rule, one forward per step."""
+
+CLAIM_PRIORITY = ("lossless", "bound", "approximate", "reference")
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A strategy ready for :class:`~dloom.DiffusionDecoder`.
+
+    :ivar name: display name.
+    :ivar spec: what the decoder takes as ``strategy``.
+    :ivar params: what it takes as ``params``.
+    :ivar claim: the claim to test (``None``: none declared).
+    :ivar claimed_by: the component that declared it.
+    """
+
+    name: str
+    spec: StrategySpec
+    params: Mapping[str, Any]
+    claim: Claim | None
+    claimed_by: str | None
+
+
+def _build(registration: StrategyRegistration, params: Mapping[str, Any]) -> object:
+    known = {p.name: p for p in registration.parameters}
+    unknown = sorted(set(params) - set(known))
+    if unknown:
+        raise ConfigurationError(
+            f"unknown parameter {unknown[0]!r} for strategy {registration.name!r}; allowed: "
+            + (", ".join(known) or "none")
+        )
+    values = {
+        name: p.coerce(params[name], registration.name) if name in params else p.default
+        for name, p in known.items()
+    }
+    return registration.plugin_class(**values)
+
+
+def resolve(strategy: Any, params: Mapping[str, Any] | None = None) -> Resolved:
+    """Resolve ``strategy`` with ``params`` (names as for the decoder's ``params``).
+
+    For a composition the claim tested is the strongest its components declare, in the
+    order of :data:`CLAIM_PRIORITY` (a speculative strategy's ``lossless`` over its commit
+    rule's ``bound``).
+
+    :raises UnknownStrategyError: for an unregistered name.
+    :raises ConfigurationError: for bad parameters.
+    """
+    params = dict(params or {})
+    if isinstance(strategy, Strategy):
+        strategy = strategy.registration
+    if isinstance(strategy, StrategyRegistration):
+        registered = get_registry().strategies.get(strategy.name)
+        if registered is not None and registered.registration is strategy:
+            return resolve(strategy.name, params)
+        plugin = _build(strategy, params)
+        return Resolved(strategy.name, plugin, {}, strategy.claim, strategy.name)
+    if isinstance(strategy, str):
+        composition = compose(strategy, params)  # validates names and parameters early
+        claims = [
+            (c.name, c.strategy.claim) for c in composition.components
+            if c.strategy is not None and c.strategy.claim is not None
+        ]
+        claims.sort(key=lambda item: CLAIM_PRIORITY.index(item[1].kind))
+        claimed_by, claim = claims[0] if claims else (None, None)
+        return Resolved(composition.name, strategy, params, claim, claimed_by)
+    if params:
+        raise ConfigurationError("parameters cannot be routed to a bare plugin object; set them on it")
+    return Resolved(type(strategy).__name__, strategy, {}, None, None)
+
+
+def commit_rule_of(resolved: Resolved) -> Resolved:
+    """The strategy's commit rule alone (the reference of a ``lossless against kernel``
+    claim): the component that provides ``dloom_select_commit``, with its parameters."""
+    composition = compose(resolved.spec, resolved.params)
+    provider = composition.provider("dloom_select_commit")
+    if provider is None:
+        raise ConfigurationError(f"strategy {resolved.name!r} has no commit rule to run as the kernel")
+    component = next(c for c in composition.components if c.name == provider)
+    return Resolved(f"kernel({provider})", component.plugin, {}, None, None)
+
+
+def reference(against: Any, resolved: Resolved, params: Mapping[str, Any] | None = None) -> Resolved:
+    """The reference ``against`` names, for ``resolved``: ``"kernel"`` or any strategy."""
+    if against == KERNEL:
+        return commit_rule_of(resolved)
+    return resolve(against, params)
