@@ -4,7 +4,8 @@ A :class:`ModelAdapter` wraps any ``transformers`` model that returns logits and
 conventions a decoder depends on: the mask token, the EOS ids, whether logits are shifted by
 one (Dream-style: the output at position ``i`` predicts token ``i + 1``), the attention kind
 and the context length. :func:`load_model` builds one from a local directory or a toy-zoo
-name; it never downloads anything.
+name; it never downloads anything. The defaults of a known family (LLaDA, Dream, SDAR, ...)
+come from its :class:`dloom.profiles.ModelProfile`, recognised from the config alone.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, Sequence
 import torch
 
 from dloom.errors import ModelError
+from dloom.profiles import ModelProfile, config_dict, detect_profile, needs_remote_code, wrap_forward
 
 ATTENTION_KINDS = ("bidirectional", "block-causal", "causal")
 DTYPES = {
@@ -25,7 +27,6 @@ DTYPES = {
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
 }
-SHIFTED_MODEL_TYPES = ("dream",)
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -49,6 +50,9 @@ class ModelAdapter:
     :ivar tokenizer: the model's tokenizer, if one was found.
     :ivar name: where the model came from (a zoo name or a path).
     :ivar default_gen_length: the generation length the checkpoint recommends, if any.
+    :ivar default_block_length: the block length the model was trained with (block-causal
+        models), the decoder's default.
+    :ivar profile: name of the model family's :class:`dloom.profiles.ModelProfile`.
     """
 
     model: torch.nn.Module
@@ -61,6 +65,8 @@ class ModelAdapter:
     tokenizer: Any = None
     name: str = "model"
     default_gen_length: int | None = None
+    default_block_length: int | None = None
+    profile: str = "transformers"
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -69,6 +75,12 @@ class ModelAdapter:
                 f"attention kind {self.attention!r} is not supported; allowed: "
                 + ", ".join(ATTENTION_KINDS)
             )
+
+    @property
+    def can_pad(self) -> bool:
+        """Whether a left-padded batch can be decoded (not with LLaDA's released forward)."""
+        profile = getattr(self.model, "profile", None)
+        return not (isinstance(profile, ModelProfile) and profile.padding == "refuse")
 
     @property
     def device(self) -> torch.device:
@@ -112,6 +124,26 @@ class ModelAdapter:
             )
         return [list(self.tokenizer(p)["input_ids"]) for p in prompts]
 
+    def chat_prompts(self, prompts: Sequence[str]) -> list[str]:
+        """Each prompt as a single user turn in the tokenizer's chat template, ready for the
+        assistant's reply (``apply_chat_template(..., add_generation_prompt=True,
+        tokenize=False)``, as LLaDA's and Dream's instruct examples do); encode the result
+        as any text prompt.
+
+        :raises ModelError: without a tokenizer or a chat template.
+        """
+        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
+            raise ModelError(
+                f"model {self.name!r} has no tokenizer chat template; drop --chat or give the "
+                "checkpoint a tokenizer_config.json with a chat_template"
+            )
+        return [
+            self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False
+            )
+            for p in prompts
+        ]
+
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids`` without special tokens ('' when no tokenizer is known)."""
         if self.tokenizer is None:
@@ -142,6 +174,19 @@ def _as_ids(value: Any) -> tuple[int, ...]:
     return tuple(int(v) for v in value)
 
 
+def _mask_from_tokenizer(tokenizer: Any, profile: ModelProfile) -> int | None:
+    """The tokenizer's mask token, or the family's mask token text if the vocabulary has it."""
+    if tokenizer is None:
+        return None
+    if tokenizer.mask_token_id is not None:
+        return int(tokenizer.mask_token_id)
+    if profile.mask_token is not None:
+        found = tokenizer.get_vocab().get(profile.mask_token)
+        if found is not None:
+            return int(found)
+    return None
+
+
 def load_model(
     name_or_path: str | os.PathLike,
     *,
@@ -152,18 +197,27 @@ def load_model(
     shift_logits: bool | None = None,
     attention: str | None = None,
     require_mask: bool = True,
+    device_map: str | dict[str, Any] | None = None,
 ) -> ModelAdapter:
     """Load a model and its tokenizer from a local directory or a toy-zoo name.
 
-    Conventions come from, in order: the arguments, the config's ``dloom`` section, the
-    config's own fields (``mask_token_id``, ``eos_token_id``, ``is_causal``, ``model_type``)
-    and the tokenizer (``mask_token``, ``eos_token``).
+    The model's family is recognised from its ``config.json`` (:func:`dloom.profiles.
+    detect_profile`). Conventions come from, in order: the arguments, the config's ``dloom``
+    section (``mask_token_id``, ``eos_token_ids``, ``shift``, ``attention``,
+    ``block_length``, ``gen_length``), the config's own fields (``mask_token_id``,
+    ``eos_token_id``, ``is_causal``), the tokenizer (``mask_token``, ``eos_token``) and last
+    the family's profile. EOS ids from the config, the tokenizer and the profile are all
+    kept (unless the ``dloom`` section lists them).
 
-    :param mask_token_id: overrides the config's and the tokenizer's mask token.
+    :param mask_token_id: overrides every other source of the mask token.
     :param trust_remote_code: allow the checkpoint's own modelling code (only when asked).
     :param dtype: a name from :data:`DTYPES` or a ``torch.dtype``.
     :param require_mask: raise when no mask token is found (dLLMs); ``False`` for AR models.
-    :raises ModelError: for a missing directory, an unknown dtype or no mask token.
+    :param device_map: passed to ``from_pretrained`` (e.g. ``"auto"`` to spread a large model
+        over the visible GPUs); ``device`` is then ignored.
+    :raises ModelError: for a missing directory, an unknown dtype, no mask token, a
+        checkpoint with its own code without ``trust_remote_code``, or a family dloom cannot
+        decode (DiffusionGemma).
     """
     import transformers
 
@@ -173,42 +227,69 @@ def load_model(
         if dtype not in DTYPES:
             raise ModelError(f"dtype {dtype!r} is not supported; allowed: {', '.join(DTYPES)}")
         dtype = DTYPES[dtype]
+    raw = config_dict(path)
+    profile = detect_profile(raw)
+    if profile.unsupported:
+        raise ModelError(f"model {name!r} is {profile.family}; {profile.unsupported}")
+    if needs_remote_code(raw, profile) and not trust_remote_code:
+        raise ModelError(
+            f"model {name!r} ({profile.family if profile.trust_remote_code else 'model_type ' + repr(raw.get('model_type'))}) "
+            "ships its own modelling code (auto_map in config.json); dloom never runs it "
+            "unless asked: read the .py files in the checkpoint, then pass --trust-remote-code "
+            "(trust_remote_code=True)"
+        )
     kwargs = {"local_files_only": True, "trust_remote_code": trust_remote_code}
     config = transformers.AutoConfig.from_pretrained(path, **kwargs)
+    model_kwargs: dict[str, Any] = {"dtype": dtype, **kwargs}
+    if profile.attn_implementation:
+        model_kwargs["attn_implementation"] = profile.attn_implementation
+    if device_map is not None:
+        if not transformers.utils.is_accelerate_available():
+            raise ModelError(
+                f"device_map={device_map!r} needs the accelerate package (pip install "
+                "accelerate); or load on one device with --device"
+            )
+        model_kwargs["device_map"] = device_map
     try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, **model_kwargs)
     except ValueError:
-        model = transformers.AutoModel.from_pretrained(path, dtype=dtype, **kwargs)
-    model = model.to(device).eval()
+        model = transformers.AutoModel.from_pretrained(path, **model_kwargs)
+    if device_map is None:
+        model = model.to(device)
+    model = wrap_forward(model.eval(), profile)
     tokenizer = None
     if any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
         tokenizer = transformers.AutoTokenizer.from_pretrained(path, **kwargs)
     section = dict(getattr(config, "dloom", None) or {})
 
     if mask_token_id is None:
-        mask_token_id = getattr(config, "mask_token_id", None)
-    if mask_token_id is None and tokenizer is not None:
-        mask_token_id = tokenizer.mask_token_id
+        mask_token_id = section.get("mask_token_id", getattr(config, "mask_token_id", None))
+    if mask_token_id is None:
+        mask_token_id = _mask_from_tokenizer(tokenizer, profile)
+    if mask_token_id is None:
+        mask_token_id = profile.mask_token_id
     if mask_token_id is None and require_mask:
         raise ModelError(
             f"model {name!r} declares no mask token: pass --mask-token-id "
             "(mask_token_id=...), or set mask_token_id in its config.json, or give its "
             "tokenizer a mask token"
         )
-    eos = _as_ids(getattr(config, "eos_token_id", None))
-    if tokenizer is not None and tokenizer.eos_token_id is not None:
-        eos = tuple(dict.fromkeys(eos + (int(tokenizer.eos_token_id),)))
+    if "eos_token_ids" in section:
+        eos = _as_ids(section["eos_token_ids"])
+    else:
+        eos = _as_ids(getattr(config, "eos_token_id", None))
+        if tokenizer is not None and tokenizer.eos_token_id is not None:
+            eos += (int(tokenizer.eos_token_id),)
+        eos = tuple(dict.fromkeys(eos + profile.eos_token_ids))
     pad = getattr(config, "pad_token_id", None)
     if pad is None and tokenizer is not None:
         pad = tokenizer.pad_token_id
     if pad is None:
         pad = eos[0] if eos else 0
     if shift_logits is None:
-        shift_logits = bool(
-            section.get("shift", getattr(config, "model_type", "") in SHIFTED_MODEL_TYPES)
-        )
+        shift_logits = bool(section.get("shift", profile.shift_logits))
     if attention is None:
-        attention = section.get("attention")
+        attention = section.get("attention", profile.attention)
     if attention is None:
         causal = getattr(config, "is_causal", None)
         attention = "causal" if causal or (causal is None and mask_token_id is None) else "bidirectional"
@@ -223,4 +304,6 @@ def load_model(
         tokenizer=tokenizer,
         name=name,
         default_gen_length=section.get("gen_length"),
+        default_block_length=section.get("block_length", profile.block_length),
+        profile=profile.name,
     )

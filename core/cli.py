@@ -91,7 +91,8 @@ JsonOption = typer.Option(False, "--json", help="Machine-readable output.")
 
 def build_decoder(
     model: str, strategy: str, param: List[str], *, mask_token_id: Optional[int] = None,
-    trust_remote_code: bool = False, device: str = "cpu", dtype: str = "float32", **settings: Any,
+    trust_remote_code: bool = False, device: str = "cpu", dtype: str = "float32",
+    device_map: Optional[str] = None, **settings: Any,
 ):
     """Load ``model`` and build a :class:`~dloom.DiffusionDecoder` (shared by the commands).
 
@@ -102,7 +103,7 @@ def build_decoder(
 
     adapter = load_model(
         model, mask_token_id=mask_token_id, trust_remote_code=trust_remote_code,
-        device=device, dtype=dtype,
+        device=device, dtype=dtype, device_map=device_map,
     )
     return DiffusionDecoder(adapter, strategy, params=parse_params(param), **settings)
 
@@ -124,8 +125,10 @@ def generate(
     batch_size: int = typer.Option(8, min=1, help="Prompts per forward batch."),
     mask_token_id: Optional[int] = typer.Option(None, help="Override the model's mask token id."),
     trust_remote_code: bool = typer.Option(False, help="Allow the checkpoint's own modelling code."),
+    chat: bool = typer.Option(False, "--chat", help="Wrap each text prompt in the tokenizer's chat template."),
     device: str = DeviceOption,
     dtype: str = DtypeOption,
+    device_map: Optional[str] = typer.Option(None, help="from_pretrained device_map, e.g. auto (overrides --device)."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per prompt."),
 ) -> None:
     """Decode prompts with a strategy and print the texts and metrics."""
@@ -137,10 +140,20 @@ def generate(
             raise ConfigurationError("no prompts: pass PROMPT arguments or --prompts FILE.jsonl")
         decoder = build_decoder(
             model, strategy, param, mask_token_id=mask_token_id,
-            trust_remote_code=trust_remote_code, device=device, dtype=dtype,
+            trust_remote_code=trust_remote_code, device=device, dtype=dtype, device_map=device_map,
             gen_length=gen_length, block_length=block_length, steps=steps,
             temperature=temperature, remasking=remasking, seed=seed, cache=cache,
         )
+        if chat:
+            if not all(isinstance(p, str) for p in prompts):
+                raise ConfigurationError("--chat applies to text prompts; input_ids are used as given")
+            prompts = decoder.model.chat_prompts(prompts)
+        if batch_size > 1 and not decoder.model.can_pad:
+            err_console.print(
+                f"[yellow]note:[/] {escape(decoder.model.name)} cannot take a padded batch; "
+                "decoding one prompt at a time", highlight=False,
+            )
+            batch_size = 1
         rows = []
         with Progress(console=err_console, transient=True, disable=len(prompts) <= batch_size) as bar:
             task = bar.add_task("decoding", total=len(prompts))

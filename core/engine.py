@@ -69,7 +69,8 @@ class DiffusionDecoder:
     :param model: the model adapter (:func:`dloom.load_model`).
     :param strategy: a registered name, ``"a+b"``, a plugin object or a list of those.
     :param gen_length: generated positions per row (default: the checkpoint's, else 128).
-    :param block_length: positions per block; must divide ``gen_length`` (default
+    :param block_length: positions per block; must divide ``gen_length`` (default: the
+        block size the model was trained with, for block-causal models; else
         ``min(32, gen_length)``).
     :param steps: step budget over all blocks, a multiple of the number of blocks; quota
         rules spread each block's masks over ``steps / blocks`` steps (default
@@ -118,7 +119,9 @@ class DiffusionDecoder:
             )
         self.model = model
         self.gen_length = gen_length or model.default_gen_length or DEFAULT_GEN_LENGTH
-        self.block_length = block_length or min(DEFAULT_BLOCK_LENGTH, self.gen_length)
+        self.block_length = (
+            block_length or model.default_block_length or min(DEFAULT_BLOCK_LENGTH, self.gen_length)
+        )
         self.steps = steps or self.gen_length
         self.temperature = float(temperature)
         self.remasking = remasking
