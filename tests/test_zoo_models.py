@@ -1,0 +1,57 @@
+"""The shipped toy zoo: offline loading, sizes, smoke decodes and the demo command."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+from typer.testing import CliRunner
+
+import dloom
+from dloom import zoo
+from dloom.cli import app
+from dloom.zoo.tasks import FAMILIES, held_out
+
+MAX_ZOO_BYTES = 25 * 1024 * 1024
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Any attempt to open a socket fails the test."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the zoo tried to use the network")
+
+    monkeypatch.setattr(socket, "socket", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+
+
+def test_dllm_loads_offline_from_package_data(no_network):
+    model, tokenizer = zoo.load("toy-dllm")
+    assert model.config.mask_token_id == tokenizer.mask_token_id == 1
+    assert tokenizer.decode(tokenizer("copy ab c")["input_ids"]) == "copy ab c"
+    adapter = dloom.load_model("toy-dllm")
+    assert adapter.attention == "bidirectional" and adapter.default_gen_length == 32
+
+
+def test_zoo_fits_the_size_budget():
+    total = sum(f.stat().st_size for f in zoo.ZOO_DIR.rglob("*") if f.is_file())
+    assert total <= MAX_ZOO_BYTES
+
+
+def test_dllm_smoke_decode_answers_easy_families():
+    decoder = dloom.DiffusionDecoder(dloom.load_model("toy-dllm"), "threshold")
+    examples = held_out(14, families=["copy", "code"])
+    result = decoder.generate([e.prompt for e in examples])
+    correct = [FAMILIES[e.family].check(e.prompt, t) for e, t in zip(examples, result.texts)]
+    assert sum(correct) >= 10
+    assert result.tpf > 1.0
+
+
+def test_demo_command_runs():
+    result = CliRunner().invoke(app, ["demo", "-n", "7", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = {row["strategy"]: row for row in json.loads(result.stdout)["rows"]}
+    assert rows["quota"]["identical_to_baseline"] == 1.0
+    assert {"threshold", "factor", "frechet"} <= set(rows)
