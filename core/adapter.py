@@ -10,6 +10,8 @@ come from its :class:`dloom.profiles.ModelProfile`, recognised from the config a
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,6 +117,18 @@ class ModelAdapter:
         if self.shift_logits:
             logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
         return logits
+
+    @property
+    def tokenizer_sha256(self) -> str | None:
+        """SHA-256 of the tokenizer's vocabulary (token -> id, sorted), or ``None`` without
+        a tokenizer: two models can share drafts only when these agree."""
+        if self.tokenizer is None:
+            return None
+        if "tokenizer_sha256" not in self.extra:
+            vocab = sorted(self.tokenizer.get_vocab().items())
+            digest = hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()
+            self.extra["tokenizer_sha256"] = digest
+        return self.extra["tokenizer_sha256"]
 
     def encode(self, prompts: Sequence[str]) -> list[list[int]]:
         """Token ids of each prompt with the tokenizer's default special tokens."""

@@ -30,6 +30,7 @@ import torch
 from dloom.adapter import ModelAdapter
 from dloom.attention import model_mask
 from dloom.errors import ConfigurationError, ModelError
+from dloom.types import VerificationLayout
 
 CACHE_MODES = ("none", "prefix", "dual")
 
@@ -86,10 +87,12 @@ class BlockForward:
         self.start, self.end = start, end
         self.query_positions = 0
         length = position_ids.shape[1]
+        self._attention_mask = attention_mask
         self._full_mask = attention_mask
         if attention_mask is not None and attention_mask.dim() == 4:
             self._full_mask = model_mask(attention_mask, model.model)
         self._cache = None
+        self.window_start = start - int(model.shift_logits)
         if mode == "none":
             return
         self._argument = cache_argument(model.model)
@@ -99,7 +102,6 @@ class BlockForward:
             )
         device = position_ids.device
         # Recomputed window [window_start, window_end) of every cached step.
-        self.window_start = start - int(model.shift_logits)
         self.window_end = length if mode == "prefix" else end
         kept_before = torch.arange(self.window_start, device=device)
         kept_after = torch.arange(self.window_end, length, device=device)
@@ -168,3 +170,124 @@ class BlockForward:
         raw = self._run(tokens[:, window], self._step_mask, self.position_ids[:, window], self._cache)
         self._cache.crop(-(self.window_end - self.window_start))
         return raw[:, : self.end - self.start]
+
+    # --- verification forwards (speculative decoding) --------------------------------------
+
+    def evaluate(self, tokens: torch.Tensor, layout: VerificationLayout) -> torch.Tensor:
+        """One forward over a verification layout; its raw outputs at the layout's columns.
+
+        Must follow the block's first call (which, with a cache, fills it). The spans cover
+        ``[window_start, end)``: the block, and for a shifted model the column before it.
+
+        :param tokens: ``(B, L)`` long, the current state of the rows of this block.
+        :param layout: spans, their source rows and where they sit
+            (:class:`~dloom.types.VerificationLayout`).
+        :return: ``(R, S, V)``, the outputs at every layout column: the first ``K`` columns
+            of a span are its block's logits.
+        """
+        width = self.end - self.window_start
+        source = layout.source
+        primary = tokens[source].clone()
+        primary[:, self.window_start : self.end] = layout.input_ids[:, :width]
+        if not layout.packed:
+            return self._standalone(primary, source)[:, self.window_start - self._query_start :][:, :width]
+        return self._packed(primary, layout, width)
+
+    @property
+    def _query_start(self) -> int:
+        """First position a forward of this block recomputes (0 without a cache)."""
+        return 0 if self.mode == "none" else self.window_start
+
+    def _row_cache(self, source: torch.Tensor):
+        """A fresh cache holding the block-start keys and values of rows ``source``."""
+        from transformers import DynamicCache
+
+        return DynamicCache(
+            ddp_cache_data=[
+                (layer.keys[source], layer.values[source]) for layer in self._cache.layers
+            ]
+        )
+
+    def _standalone(self, sequences: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+        """Raw outputs of the rows' own forwards, computed exactly as a plain step would."""
+        if self.mode == "none":
+            mask = None if self._full_mask is None else self._full_mask[source]
+            self.query_positions = sequences.shape[1]
+            with torch.no_grad():
+                out = self.model.model(
+                    input_ids=sequences, attention_mask=mask,
+                    position_ids=self.position_ids[source],
+                )
+            return out.logits if hasattr(out, "logits") else out[0]
+        window = slice(self.window_start, self.window_end)
+        mask = None if self._step_mask is None else self._step_mask[source]
+        return self._run(
+            sequences[:, window], mask, self.position_ids[source][:, window], self._row_cache(source)
+        )
+
+    def _packed(self, primary: torch.Tensor, layout: VerificationLayout, width: int) -> torch.Tensor:
+        """Raw outputs of a packed layout: the context once, further spans appended to it."""
+        device = primary.device
+        length = primary.shape[1]
+        source = layout.source
+        appended = layout.input_ids[:, width:]
+        if self.mode == "none":
+            cached = torch.arange(0, device=device)
+            recomputed = torch.arange(length, device=device)
+        else:
+            cached = self._key_order[: self._key_order.numel() - (self.window_end - self.window_start)]
+            recomputed = torch.arange(self.window_start, self.window_end, device=device)
+        span_positions = self.window_start + layout.span_position[:, width:].clamp(0, width - 1)
+        # Absolute position of every query (R, Q) and key (R, C + Q).
+        query_abs = torch.cat([recomputed.expand(len(source), -1), span_positions], dim=1)
+        key_abs = torch.cat([cached.expand(len(source), -1), query_abs], dim=1)
+        n_cached, n_recomputed = cached.numel(), recomputed.numel()
+        # Segment of every query and key: 0 for the context and the first span, the node
+        # index + 1 for appended spans (-1 + 1 = 0 never occurs: padding gets -1).
+        query_segment = torch.cat(
+            [torch.zeros(len(source), n_recomputed, dtype=torch.long, device=device),
+             torch.where(layout.segment[:, width:] >= 0, layout.segment[:, width:] + 1, -1)],
+            dim=1,
+        )
+        key_segment = torch.cat(
+            [torch.zeros(len(source), n_cached, dtype=torch.long, device=device), query_segment], dim=1
+        )
+        base = self._bool_mask(source, length)
+        allowed = torch.gather(
+            torch.gather(base, 1, query_abs.unsqueeze(-1).expand(-1, -1, length)),
+            2, key_abs.unsqueeze(1).expand(-1, query_abs.shape[1], -1),
+        )
+        in_window = (key_abs >= self.window_start) & (key_abs < self.end)
+        from_context = (key_segment == 0).unsqueeze(1) & (
+            (query_segment == 0).unsqueeze(2) | ~in_window.unsqueeze(1)
+        )
+        own_span = (key_segment.unsqueeze(1) == query_segment.unsqueeze(2)) & (
+            query_segment != 0
+        ).unsqueeze(2)
+        mask = (allowed & (from_context | own_span)).unsqueeze(1)
+        inputs = torch.cat([primary[:, recomputed], appended], dim=1)
+        positions = torch.gather(self.position_ids[source], 1, query_abs)
+        model_input = model_mask(mask, self.model.model)
+        self.query_positions = inputs.shape[1]
+        with torch.no_grad():
+            if self.mode == "none":
+                out = self.model.model(
+                    input_ids=inputs, attention_mask=model_input, position_ids=positions
+                )
+            else:
+                out = self.model.model(
+                    input_ids=inputs, attention_mask=model_input, position_ids=positions,
+                    use_cache=True, **{self._argument: self._row_cache(source)},
+                )
+        raw = out.logits if hasattr(out, "logits") else out[0]
+        first = raw[:, self.window_start - recomputed[0] :][:, :width]
+        return torch.cat([first, raw[:, n_recomputed:]], dim=1)
+
+    def _bool_mask(self, source: torch.Tensor, length: int) -> torch.Tensor:
+        """``(R, L, L)`` bool, the model's attention over the whole sequence for ``source``."""
+        mask = self._attention_mask
+        if mask is None:
+            return torch.ones(len(source), length, length, dtype=torch.bool, device=source.device)
+        if mask.dim() == 2:
+            return mask[source].bool()[:, None, :].expand(-1, length, -1)
+        return mask[source][:, 0].bool()

@@ -87,12 +87,15 @@ CacheOption = typer.Option(
 DeviceOption = typer.Option("cpu", help="torch device, e.g. cpu or cuda.")
 DtypeOption = typer.Option("float32", help="float32, float64, bfloat16 or float16.")
 JsonOption = typer.Option(False, "--json", help="Machine-readable output.")
+TargetOption = typer.Option(None, "--target", help="AR target of --strategy failfast (default toy-ar).")
+DrafterOption = typer.Option(None, "--drafter", help="dLLM drafter of --strategy failfast (default toy-dllm).")
 
 
 def build_decoder(
     model: str, strategy: str, param: List[str], *, mask_token_id: Optional[int] = None,
     trust_remote_code: bool = False, device: str = "cpu", dtype: str = "float32",
-    device_map: Optional[str] = None, **settings: Any,
+    device_map: Optional[str] = None, target: Optional[str] = None, drafter: Optional[str] = None,
+    **settings: Any,
 ):
     """Load ``model`` and build a :class:`~dloom.DiffusionDecoder` (shared by the commands).
 
@@ -100,7 +103,18 @@ def build_decoder(
     ``seed`` and ``cache``.
     """
     from dloom import DiffusionDecoder, load_model
+    from dloom.failfast import build_failfast_decoder, uses_failfast
 
+    if uses_failfast(strategy):  # an AR target with a dLLM drafter, not a diffusion decoder
+        if device_map is not None:
+            raise ConfigurationError("--device-map does not apply to failfast; use --device")
+        return build_failfast_decoder(
+            target or "toy-ar", drafter or "toy-dllm", strategy, parse_params(param),
+            device=device, dtype=dtype, mask_token_id=mask_token_id,
+            trust_remote_code=trust_remote_code, **settings,
+        )
+    if target is not None or drafter is not None:
+        raise ConfigurationError("--target and --drafter apply to --strategy failfast only")
     adapter = load_model(
         model, mask_token_id=mask_token_id, trust_remote_code=trust_remote_code,
         device=device, dtype=dtype, device_map=device_map,
@@ -130,6 +144,8 @@ def generate(
     dtype: str = DtypeOption,
     device_map: Optional[str] = typer.Option(None, help="from_pretrained device_map, e.g. auto (overrides --device)."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per prompt."),
+    target: Optional[str] = TargetOption,
+    drafter: Optional[str] = DrafterOption,
 ) -> None:
     """Decode prompts with a strategy and print the texts and metrics."""
     try:
@@ -143,6 +159,7 @@ def generate(
             trust_remote_code=trust_remote_code, device=device, dtype=dtype, device_map=device_map,
             gen_length=gen_length, block_length=block_length, steps=steps,
             temperature=temperature, remasking=remasking, seed=seed, cache=cache,
+            target=target, drafter=drafter,
         )
         if chat:
             if not all(isinstance(p, str) for p in prompts):
@@ -195,6 +212,8 @@ def eval_command(
     dtype: str = DtypeOption,
     outputs: bool = typer.Option(False, help="Include every decoded output in the JSON."),
     as_json: bool = JsonOption,
+    target: Optional[str] = TargetOption,
+    drafter: Optional[str] = DrafterOption,
 ) -> None:
     """Accuracy per task family, NFE, TPF and TPS of a strategy on the held-out task suite."""
     from dloom.evaluation import evaluate, select_examples
@@ -204,20 +223,90 @@ def eval_command(
         decoder = build_decoder(
             model, strategy, param, device=device, dtype=dtype, gen_length=gen_length,
             block_length=block_length, steps=steps, temperature=temperature,
-            remasking=remasking, seed=seed, cache=cache,
+            remasking=remasking, seed=seed, cache=cache, target=target, drafter=drafter,
         )
         report = evaluate(decoder, examples, batch_size=batch_size)
     except DloomError as error:
         fail(error)
+    speculation = decoder.totals() if hasattr(decoder, "totals") else None  # failfast's counts
     if as_json:
-        sys.stdout.write(json.dumps(report.to_json(with_outputs=outputs), indent=2) + "\n")
+        data = report.to_json(with_outputs=outputs)
+        if speculation is not None:
+            data["failfast"] = speculation
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
         return
-    table = Table("task", "accuracy", "n", title=f"{report.config['strategy']} on {model}")
+    table = Table("task", "accuracy", "n", title=f"{report.config['strategy']} on {report.config['model']}")
     for family, stats in report.per_task.items():
         table.add_row(family, f"{stats['accuracy']:.1%}", str(stats["n"]))
     table.add_row("all", f"{report.accuracy:.1%}", str(report.n), style="bold")
     console.print(table)
     console.print(f"NFE/example {report.nfe_mean:.2f}   TPF {report.tpf:.2f}   TPS {report.tps:.1f}")
+    if report.speculation is not None:
+        console.print(
+            f"accepted drafts per verification {report.speculation['accepted_per_verification']:.2f}"
+            f"   guarantee {report.speculation['guarantee']}"
+        )
+    if speculation is not None:
+        console.print(
+            f"target forwards {speculation['target_forwards']}   drafter forwards "
+            f"{speculation['drafter_forwards']}   accepted/round {speculation['accepted_per_round']:.2f}"
+        )
+
+
+@app.command()
+def calibrate(
+    model: str = ModelOption,
+    strategy: str = StrategyOption,
+    param: List[str] = ParamOption,
+    budget: int = typer.Option(10, "--budget", "-D", min=1, help="D: draft nodes to keep."),
+    output: Path = typer.Option(..., "--output", "-o", help="Where to write the graph (JSON)."),
+    tasks: str = typer.Option("all", help="'all' or comma-separated task families (training split)."),
+    n: int = typer.Option(70, "-n", help="Task prompts to calibrate on."),
+    prompts_file: Optional[Path] = typer.Option(
+        None, "--prompts", help="JSONL prompts instead of the task suite.", exists=True, dir_okay=False
+    ),
+    seed: int = typer.Option(0, help="Seeds the example selection and the sampler."),
+    token_ranks: int = typer.Option(4, min=1, help="Vocabulary ranks a draft formula may use."),
+    score: str = typer.Option("own", help="Node selection score: own or own+parents (the paper's)."),
+    gen_length: Optional[int] = GenLengthOption,
+    block_length: Optional[int] = BlockLengthOption,
+    steps: Optional[int] = StepsOption,
+    temperature: float = TemperatureOption,
+    remasking: str = RemaskingOption,
+    batch_size: int = typer.Option(16, min=1, help="Prompts per forward batch."),
+    device: str = DeviceOption,
+    dtype: str = DtypeOption,
+) -> None:
+    """Record the base strategy's transitions and write a Spiffy draft graph of D nodes."""
+    from dloom.evaluation import select_examples
+    from dloom.plugins.spiffy.calibrate import calibrate as run_calibration
+
+    try:
+        if prompts_file is not None:
+            prompts, description = read_prompts(prompts_file), {"prompts_file": str(prompts_file)}
+        else:
+            prompts = [e.prompt for e in select_examples(tasks, n, seed, split="train")]
+            description = {"tasks": tasks, "split": "train", "seed": seed}
+        decoder = build_decoder(
+            model, strategy, param, device=device, dtype=dtype, gen_length=gen_length,
+            block_length=block_length, steps=steps, temperature=temperature,
+            remasking=remasking, seed=seed,
+        )
+        with Progress(console=err_console, transient=True) as bar:
+            task = bar.add_task("calibrating", total=len(prompts))
+            graph = run_calibration(
+                decoder, prompts, budget, token_ranks=token_ranks, score=score, batch_size=batch_size,
+                description=description, progress=lambda done: bar.update(task, completed=done),
+            )
+        graph.save(output)
+    except DloomError as error:
+        fail(error)
+    info = graph.calibration
+    console.print(
+        f"wrote {output}: {graph.budget} nodes from {info['paths']} paths over {len(prompts)} "
+        f"prompts ({info['distinct_formulas']} distinct formulas), base {decoder.composition.name}, "
+        f"block {graph.block_length}"
+    )
 
 
 @app.command()
@@ -234,10 +323,15 @@ def demo(
     baseline = "quota"
     try:
         examples = select_examples("all", n)
+        strategies = get_registry().strategies.values()
         names = [baseline] + sorted(
-            s.name for s in get_registry().strategies.values()
-            if s.name != baseline and "dloom_select_commit" in s.hooks
+            s.name for s in strategies if s.name != baseline and "dloom_select_commit" in s.hooks
         )
+        # speculators run over the baseline and over the fastest approximate rule
+        names += [
+            f"{s.name}+{rule}" for s in sorted(strategies, key=lambda s: s.name)
+            if "dloom_draft" in s.hooks for rule in (baseline, "threshold")
+        ]
         reports = {}
         for name in names:
             reports[name] = evaluate(build_decoder(model, name, []), examples, batch_size=batch_size)

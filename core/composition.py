@@ -128,6 +128,8 @@ def compose(
     registry = registry or get_registry()
     items = _split(spec)
     strategies = [registry.get(item) for item in items if isinstance(item, str)]
+    items += _default_commit_rule(items, strategies, registry)
+    strategies = [registry.get(item) for item in items if isinstance(item, str)]
     names = [s.name for s in strategies]
     duplicates = {n for n in names if names.count(n) > 1}
     if duplicates:
@@ -155,6 +157,22 @@ def compose(
     composition = Composition(display, tuple(components))
     _check_single_answers(composition)
     return composition
+
+
+def _default_commit_rule(
+    items: list[str | object], strategies: list[Strategy], registry: Registry
+) -> list[str]:
+    """The commit rule to add when no member provides one and a member names a default
+    (``spiffy`` alone runs over ``quota``)."""
+    commits = [
+        item for item in items
+        if "dloom_select_commit" in hooks_implemented_by(
+            registry.get(item).registration.plugin_class if isinstance(item, str) else item
+        )
+    ]
+    defaults = [s.registration.default_commit_rule for s in strategies]
+    default = next((d for d in defaults if d), None)
+    return [] if commits or default is None else [default]
 
 
 def _check_single_answers(composition: Composition) -> None:

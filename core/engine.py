@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -31,10 +32,11 @@ from dloom.attention import block_causal_mask
 from dloom.cache import CACHE_MODES, BlockForward, cache_argument
 from dloom.composition import StrategySpec, build_plugin_manager, compose
 from dloom.errors import ConfigurationError, HookContractError, ModelError, NonFiniteLogitsError
-from dloom.kernel import REMASKING, apply_commit, propose
+from dloom.kernel import REMASKING
 from dloom.metrics import GenerationResult, HookTimer
 from dloom.registry import Registry
-from dloom.types import BlockSchedule
+from dloom.speculation import KernelStep, layout_is_exact, node_logits, selectable_positions
+from dloom.types import DecodeState
 
 Prompts = Sequence[str] | Sequence[Sequence[int]] | torch.Tensor
 DEFAULT_GEN_LENGTH = 128
@@ -81,6 +83,8 @@ class DiffusionDecoder:
     :param cache: KV cache mode, one of :data:`dloom.cache.CACHE_MODES`: ``"none"``,
         ``"prefix"`` (reuse the keys and values before the active block) or ``"dual"`` (also
         those after it); exact for block-causal models, approximate for bidirectional ones.
+    :param draft_budget: the most drafts per row one verification forward may evaluate
+        (speculative strategies; ``None``: the strategy's own budget).
     :param params: strategy parameters by name (``"tau"``) or by component (``"spiffy.budget"``).
     :param sync_timing: synchronise the device around timed sections (exact per-hook times
         on a GPU at some cost).
@@ -104,6 +108,7 @@ class DiffusionDecoder:
         remasking: str = "low_confidence",
         seed: int | None = None,
         cache: str = "none",
+        draft_budget: int | None = None,
         params: Mapping[str, Any] | None = None,
         sync_timing: bool = False,
         registry: Registry | None = None,
@@ -127,6 +132,7 @@ class DiffusionDecoder:
         self.remasking = remasking
         self.seed = seed
         self.cache = cache
+        self.draft_budget = draft_budget
         self._validate()
         self.composition = compose(strategy, {**(params or {}), **strategy_params}, registry)
         if self.composition.provider("dloom_select_commit") is None:
@@ -139,6 +145,8 @@ class DiffusionDecoder:
         )
         self.timer = HookTimer(self._sync)
         self.pm = build_plugin_manager(self.composition, self.timer)
+        self._speculates = self.composition.provider("dloom_draft") is not None
+        hooks.configure(self.pm, self.setup)
 
     def _validate(self) -> None:
         g, k, s = self.gen_length, self.block_length, self.steps
@@ -163,6 +171,8 @@ class DiffusionDecoder:
             raise ConfigurationError(
                 f"remasking is {self.remasking!r}; allowed: {', '.join(REMASKING)}"
             )
+        if self.draft_budget is not None and self.draft_budget < 0:
+            raise ConfigurationError(f"draft_budget is {self.draft_budget!r}; allowed: >= 0 or None")
         if self.cache not in CACHE_MODES:
             raise ConfigurationError(f"cache is {self.cache!r}; allowed: {', '.join(CACHE_MODES)}")
         if self.cache != "none" and cache_argument(self.model.model) is None:
@@ -170,6 +180,21 @@ class DiffusionDecoder:
                 f"cache {self.cache!r} needs a model whose forward takes a transformers cache; "
                 f"model {self.model.name!r} takes none (use cache='none')"
             )
+
+    @property
+    def setup(self) -> dict[str, Any]:
+        """What :func:`dloom.hookspecs.dloom_configure` receives."""
+        commit_rule = self.composition.provider("dloom_select_commit")
+        return {
+            **self.config,
+            "tokenizer_sha256": self.model.tokenizer_sha256,
+            "commit_rule": commit_rule,
+            "commit_params": self.composition.params().get(commit_rule, {}),
+            "steps_per_block": self.steps // (self.gen_length // self.block_length),
+            "attention": self.model.attention,
+            "shift_logits": self.model.shift_logits,
+            "takes_attention_mask": self.model.can_pad,
+        }
 
     @property
     def config(self) -> dict[str, Any]:
@@ -185,6 +210,7 @@ class DiffusionDecoder:
             "remasking": self.remasking,
             "seed": self.seed,
             "cache": self.cache,
+            "draft_budget": self.draft_budget,
             "dtype": str(self.model.dtype).removeprefix("torch."),
             "device": str(self.model.device),
         }
@@ -218,30 +244,141 @@ class DiffusionDecoder:
         mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long)
         return ids.to(device), mask.to(device)
 
-    def _forward(self, block_forward: BlockForward, tokens, timings) -> torch.Tensor:
+    def _timed_forward(self, call, *args) -> torch.Tensor:
+        """Run one model forward (``call(*args)``), adding its time to the ``forward`` share."""
         if self._sync:
             self._sync()
         start = time.perf_counter()
-        logits = block_forward(tokens)
+        logits = call(*args)
         if self._sync:
             self._sync()
-        timings["forward"] += time.perf_counter() - start
+        self._forward_seconds += time.perf_counter() - start
         return logits
 
+    def _decode_block(
+        self,
+        block: int,
+        rows: torch.Tensor,
+        x: torch.Tensor,
+        attention_mask: torch.Tensor,
+        block_forward: BlockForward,
+        generator: torch.Generator | None,
+        eos_ids: torch.Tensor,
+        counters: _Counters,
+        observer: Callable[[StepRecord], None] | None,
+    ) -> None:
+        """Decode the active block of the rows ``x`` (``(B, L)``, updated in place; ``rows``
+        are their indices in the whole batch).
+
+        A plain step is one forward and one kernel step. Once a distribution of the block is
+        known, a speculative composition drafts future states from it; one verification
+        forward evaluates the current state and the drafts, and the verifier takes kernel
+        steps along the drafts for as long as they match (:mod:`dloom.speculation`).
+        Host synchronisation: once per forward, to learn whether the block is done.
+        """
+        mask_id = self.model.mask_token_id
+        start, end = block_forward.start, block_forward.end
+        kernel = KernelStep(
+            self.pm, self.temperature, self.remasking, generator, mask_id, eos_ids,
+            self.steps // (self.gen_length // self.block_length),
+            (x[:, start:end] == mask_id).sum(-1),
+        )
+        counters.block_nfe = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
+        previous = None  # the distribution of the current state's predecessor
+        every_row = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
+        forward = 0
+        while True:
+            current = x[:, start:end]
+            decoding = selectable_positions(current, mask_id, eos_ids).any(-1)
+            state = DecodeState(
+                tokens=x, attention_mask=attention_mask, block_start=start, block_end=end,
+                mask_token_id=mask_id, active=decoding, logits=previous,
+                span_start=block_forward.window_start,
+            )
+            speculate = previous is not None and self._speculates
+            graph = hooks.draft(self.pm, state) if speculate else None
+            if graph is None:
+                logits = self._timed_forward(block_forward, x)
+                x[:, start:end] = kernel(current, logits, every_row)
+                previous, root_logits, accepted = logits, logits, None
+                if observer is not None:
+                    observer(StepRecord(block, rows, current, logits, x[:, start:end].clone()))
+            else:
+                verdict, root_logits, exact = self._verification_step(state, graph, block_forward, kernel)
+                x[:, start:end] = verdict.block
+                previous, accepted = verdict.logits, verdict.accepted
+                counters.record_layout(exact)
+            counters.forwards += 1
+            counters.block_nfe += decoding.long()
+            if not self._synchronise(block, forward, x[:, start:end], root_logits, kernel, accepted, decoding, counters):
+                return
+            forward += 1
+
+    def _verification_step(
+        self, state: DecodeState, graph, block_forward: BlockForward, kernel: KernelStep
+    ):
+        """Prune, lay out, run one forward over the root and the drafts, and verify.
+
+        :return: the :class:`~dloom.types.Verdict`, the root's ``(B, K, V)`` logits, and
+            whether the layout gave exact draft distributions.
+        """
+        graph = hooks.prune(self.pm, graph, self.draft_budget)
+        layout = hooks.build_mask(self.pm, state, graph)
+        outputs = self._timed_forward(block_forward.evaluate, state.tokens, layout)
+        all_logits = node_logits(outputs, layout, state.block_end - state.block_start)
+        verdict = hooks.verify(self.pm, state, graph, all_logits, kernel)
+        return verdict, all_logits[:, 0], layout_is_exact(layout, self.cache, self.model.attention)
+
+    def _synchronise(
+        self, block, forward, current, root_logits, kernel, accepted, decoding, counters
+    ) -> bool:
+        """The step's one host synchronisation: check its contracts, count accepted drafts,
+        and return whether the block still has positions to decode."""
+        mask_id, eos_ids = self.model.mask_token_id, kernel.eos_ids
+        status = [
+            selectable_positions(current, mask_id, eos_ids).any(),
+            ~torch.isfinite(root_logits).all(),
+            kernel.idle,
+        ]
+        if accepted is not None:
+            status += [accepted.sum(), decoding.sum()]
+        values = torch.stack([v.long() for v in status]).tolist()
+        more, non_finite, idle = values[:3]
+        if accepted is not None:
+            counters.accepted += values[3]
+            counters.verifications += values[4]
+        if non_finite:
+            raise NonFiniteLogitsError(
+                f"model {self.model.name!r} returned NaN or inf logits at block {block}, "
+                f"forward {forward}; try dtype='float32' or check the checkpoint"
+            )
+        if idle:
+            raise HookContractError(
+                f"commit rule {self.composition.provider('dloom_select_commit')!r} "
+                f"committed no position in a row that had masked positions "
+                f"(block {block}, forward {forward}); every step must commit at least one"
+            )
+        return bool(more)
+
     def generate(
-        self, prompts: Prompts, attention_mask: torch.Tensor | None = None
+        self,
+        prompts: Prompts,
+        attention_mask: torch.Tensor | None = None,
+        observer: Callable[[StepRecord], None] | None = None,
     ) -> GenerationResult:
         """Decode a batch of prompts.
 
         :param prompts: texts, token-id lists (left-padded here), or a ``(B, P)`` tensor of
             left-padded ids with its ``attention_mask``.
+        :param observer: called after every plain step with a :class:`StepRecord` (the
+            reference process as it runs; ``dloom calibrate`` records it).
         :return: the decoded batch with its metrics.
         :raises ModelError: for empty prompts or a sequence beyond the model's context.
         :raises NonFiniteLogitsError: when the model returns NaN or inf.
         """
         start_time = time.perf_counter()
         self.timer.seconds.clear()
-        timings: dict[str, float] = {"forward": 0.0}
+        self._forward_seconds = 0.0
         model, mask_id = self.model, self.model.mask_token_id
         prompt_ids, prompt_mask = self._batch(prompts, attention_mask)
         batch, prompt_len = prompt_ids.shape
@@ -264,60 +401,27 @@ class DiffusionDecoder:
             generator = torch.Generator(device=device).manual_seed(self.seed)
         nfe = torch.zeros(batch, dtype=torch.long, device=device)
         finished = torch.zeros(batch, dtype=torch.bool, device=device)
-        forwards = 0
+        counters = _Counters(device)
         blocks = self.gen_length // self.block_length
-        steps_per_block = self.steps // blocks
-
         for block in range(blocks):
             rows = torch.nonzero(~finished).squeeze(1)
             if rows.numel() == 0:
                 break
             start = prompt_len + block * self.block_length
-            end = start + self.block_length
-            x, done = tokens[rows], finished[rows]
             attn = full_mask[rows] if padded else None
             if model.attention == "block-causal":
                 attn = block_causal_mask(full_mask[rows], prompt_len, self.block_length)
-            block_forward = BlockForward(model, self.cache, attn, positions[rows], start, end)
-            masked_at_start = (x[:, start:end] == mask_id).sum(-1)
-            step = 0
-            while True:
-                current = x[:, start:end]
-                selectable = (current == mask_id) & ~done.unsqueeze(1)
-                logits = self._forward(block_forward, x, timings)
-                forwards += 1
-                nfe.index_add_(0, rows, selectable.any(-1).long())
-                candidates, confidence = propose(
-                    logits, self.temperature, self.remasking, generator, mask_id
-                )
-                schedule = BlockSchedule(step, steps_per_block, masked_at_start)
-                commit = hooks.select_commit(self.pm, confidence, selectable, schedule)
-                x[:, start:end] = apply_commit(current, candidates, commit)
-                done = done | finished_rows(x[:, prompt_len:], mask_id, eos_ids)
-                status = torch.stack(
-                    [
-                        ((x[:, start:end] == mask_id) & ~done.unsqueeze(1)).any(),
-                        ~torch.isfinite(logits).all(),
-                        (selectable.any(-1) & ~commit.any(-1)).any(),
-                    ]
-                ).tolist()
-                more, non_finite, idle = status
-                if non_finite:
-                    raise NonFiniteLogitsError(
-                        f"model {model.name!r} returned NaN or inf logits at block {block}, "
-                        f"step {step}; try dtype='float32' or check the checkpoint"
-                    )
-                if idle:
-                    raise HookContractError(
-                        f"commit rule {self.composition.provider('dloom_select_commit')!r} "
-                        f"committed no position in a row that had masked positions "
-                        f"(block {block}, step {step}); every step must commit at least one"
-                    )
-                step += 1
-                if not more:
-                    break
+            block_forward = BlockForward(
+                model, self.cache, attn, positions[rows], start, start + self.block_length
+            )
+            x = tokens[rows]
+            self._decode_block(
+                block, rows, x, full_mask[rows], block_forward, generator, eos_ids, counters,
+                observer,
+            )
+            nfe.index_add_(0, rows, counters.block_nfe)
             tokens[rows] = x
-            finished[rows] = done
+            finished[rows] = finished_rows(x[:, prompt_len:], mask_id, eos_ids)
 
         generated = tokens[:, prompt_len:]
         lengths = generated_lengths(generated, eos_ids)
@@ -327,16 +431,52 @@ class DiffusionDecoder:
         texts = None
         if model.tokenizer is not None:
             texts = [model.decode([t for t in row if t not in model.eos_token_ids]) for row in token_lists]
-        hook_seconds = {**timings, **self.timer.seconds}
+        hook_seconds = {"forward": self._forward_seconds, **self.timer.seconds}
         return GenerationResult(
             sequences=tokens,
             generated=generated,
             generated_lengths=lengths,
             nfe=nfe,
-            forwards=forwards,
+            forwards=counters.forwards,
+            verifications=counters.verifications,
+            accepted_drafts=counters.accepted,
+            layout_exact=counters.exact,
             wall_seconds=time.perf_counter() - start_time,
             hook_seconds=hook_seconds,
             config=self.config,
             texts=texts,
             token_lists=token_lists,
         )
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One plain step of the reference process, as an observer of
+    :meth:`DiffusionDecoder.generate` sees it (``B`` rows of the block, ``K``, ``V``).
+
+    :ivar block: the block's index.
+    :ivar rows: ``(B,)`` long, the rows' indices in the batch passed to ``generate``.
+    :ivar before: ``(B, K)`` long, the block before the step.
+    :ivar logits: ``(B, K, V)``, the distribution the step sampled from.
+    :ivar after: ``(B, K)`` long, the block after it.
+    """
+
+    block: int
+    rows: torch.Tensor
+    before: torch.Tensor
+    logits: torch.Tensor
+    after: torch.Tensor
+
+
+class _Counters:
+    """Per-generation tallies the decoder keeps while decoding blocks."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.forwards = 0
+        self.verifications = 0  # row-verifications: rows decoding in a verification forward
+        self.accepted = 0  # drafts accepted, over all rows
+        self.exact: bool | None = None  # whether every verification layout was exact
+        self.block_nfe = torch.zeros(0, dtype=torch.long, device=device)
+
+    def record_layout(self, exact: bool) -> None:
+        self.exact = exact if self.exact is None else self.exact and exact

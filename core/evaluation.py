@@ -6,6 +6,7 @@ decoded text up to the first EOS.
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -16,7 +17,7 @@ from rich.progress import Progress
 
 from dloom.engine import DiffusionDecoder
 from dloom.errors import ConfigurationError
-from dloom.zoo.tasks import FAMILIES, Example, held_out
+from dloom.zoo.tasks import FAMILIES, Example, held_out, train_stream
 
 
 @dataclass
@@ -32,6 +33,8 @@ class EvalReport:
     :ivar hook_share: share of wall time per hook and for the forward.
     :ivar config: the decoder's settings plus the evaluation's own.
     :ivar outputs: one ``{"family", "prompt", "text", "correct", "nfe"}`` record per example.
+    :ivar speculation: acceptance over all batches for a speculative strategy (``None``
+        otherwise); see :attr:`dloom.metrics.GenerationResult.speculation`.
     """
 
     accuracy: float
@@ -43,6 +46,7 @@ class EvalReport:
     hook_share: dict[str, float]
     config: dict[str, Any]
     outputs: list[dict[str, Any]] = field(default_factory=list)
+    speculation: dict[str, Any] | None = None
 
     def to_json(self, with_outputs: bool = False) -> dict[str, Any]:
         """The JSON object of ``dloom eval --json``."""
@@ -54,6 +58,7 @@ class EvalReport:
             "tps": self.tps,
             "n": self.n,
             "hook_share": self.hook_share,
+            "speculation": self.speculation,
             "config": self.config,
         }
         if with_outputs:
@@ -61,11 +66,15 @@ class EvalReport:
         return data
 
 
-def select_examples(tasks: str, n: int, seed: int = 0) -> list[Example]:
-    """``n`` held-out examples from ``tasks`` (``"all"`` or comma-separated family names).
+def select_examples(tasks: str, n: int, seed: int = 0, split: str = "held-out") -> list[Example]:
+    """``n`` examples from ``tasks`` (``"all"`` or comma-separated family names).
 
-    :raises ConfigurationError: for an unknown family or ``n < 1``.
+    :param split: ``"held-out"`` (balanced over families, what evaluations use) or
+        ``"train"`` (the training stream, what calibrations use, never a held-out prompt).
+    :raises ConfigurationError: for an unknown family or split, or ``n < 1``.
     """
+    if split not in ("held-out", "train"):
+        raise ConfigurationError(f"split is {split!r}; allowed: 'held-out', 'train'")
     if n < 1:
         raise ConfigurationError(f"-n is {n}; allowed: a positive number of examples")
     names = None if tasks == "all" else [t.strip() for t in tasks.split(",") if t.strip()]
@@ -75,6 +84,8 @@ def select_examples(tasks: str, n: int, seed: int = 0) -> list[Example]:
             f"unknown task family {unknown[0] if unknown else tasks!r}; known: all, "
             + ", ".join(FAMILIES)
         )
+    if split == "train":
+        return list(itertools.islice(train_stream(seed, families=names), n))
     return held_out(n, seed=seed, families=names)
 
 
@@ -97,6 +108,7 @@ def evaluate(
     generated = nfe_total = 0
     wall = 0.0
     hook_seconds: dict[str, float] = defaultdict(float)
+    speculation: dict[str, Any] | None = None
     with Progress(console=Console(stderr=True), transient=True, disable=not progress) as bar:
         task = bar.add_task(f"eval {decoder.composition.name}", total=len(examples))
         for start in range(0, len(examples), batch_size):
@@ -118,6 +130,7 @@ def evaluate(
             wall += result.wall_seconds
             for name, seconds in result.hook_seconds.items():
                 hook_seconds[name] += seconds
+            speculation = _add_speculation(speculation, getattr(result, "speculation", None))
             bar.advance(task, len(chunk))
     per_task: dict[str, dict[str, float]] = {}
     for family in dict.fromkeys(o["family"] for o in outputs):
@@ -134,4 +147,22 @@ def evaluate(
         hook_share={k: v / wall for k, v in hook_seconds.items()} if wall > 0 else {},
         config={**decoder.config, "batch_size": batch_size, "torch_threads": torch.get_num_threads()},
         outputs=outputs,
+        speculation=speculation,
     )
+
+
+def _add_speculation(total: dict[str, Any] | None, batch: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Acceptance figures summed over batches (the guarantee is the weakest seen)."""
+    if batch is None:
+        return total
+    if total is None:
+        return dict(batch)
+    verifications = total["verifications"] + batch["verifications"]
+    accepted = total["accepted_drafts"] + batch["accepted_drafts"]
+    lossless = total["guarantee"] == batch["guarantee"] == "lossless"
+    return {
+        "verifications": verifications,
+        "accepted_drafts": accepted,
+        "accepted_per_verification": accepted / verifications if verifications else 0.0,
+        "guarantee": "lossless" if lossless else "near-lossless",
+    }

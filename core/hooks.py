@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 import pluggy
 import torch
@@ -42,18 +42,36 @@ def select_commit(
     return commit & selectable
 
 
+def configure(pm: pluggy.PluginManager, config: Mapping[str, Any]) -> None:
+    """Let every plugin of the decoder check its settings (they raise on a mismatch)."""
+    pm.hook.dloom_configure(config=config)
+
+
 def draft(pm: pluggy.PluginManager, state: DecodeState) -> DraftGraph | None:
     """A draft graph, or ``None`` when no plugin speculates this step."""
-    return pm.hook.dloom_draft(state=state)
+    graph = pm.hook.dloom_draft(state=state)
+    if graph is not None:
+        rows, width = state.block.shape
+        nodes = graph.depth.shape[0]
+        if graph.tokens.shape != (rows, nodes, width) or graph.parents.shape != (nodes, nodes):
+            raise HookContractError(
+                f"dloom_draft returned tokens {tuple(graph.tokens.shape)} and parents "
+                f"{tuple(graph.parents.shape)} for {nodes} nodes; expected "
+                f"{(rows, nodes, width)} and {(nodes, nodes)} (node 0 is the root)"
+            )
+    return graph
 
 
-def prune(pm: pluggy.PluginManager, graph: DraftGraph, budget: int) -> DraftGraph:
-    """The graph cut to at most ``budget`` nodes (the core default keeps it whole)."""
+def prune(pm: pluggy.PluginManager, graph: DraftGraph, budget: int | None) -> DraftGraph:
+    """The graph with at most ``budget`` valid drafts per row (the core default keeps it
+    whole: without a pruning plugin a budget is not enforced)."""
     pruned = _answer(pm.hook.dloom_prune(graph=graph, budget=budget), "dloom_prune")
-    if pruned.num_nodes > max(budget, 0) and pruned is not graph:
-        raise HookContractError(
-            f"dloom_prune returned {pruned.num_nodes} nodes for a budget of {budget}"
-        )
+    if budget is not None and pruned is not graph:
+        kept = int(pruned.valid[:, 1:].sum(-1).max()) if pruned.num_nodes else 0
+        if kept > max(budget, 0):
+            raise HookContractError(
+                f"dloom_prune kept {kept} drafts in a row for a budget of {budget}"
+            )
     return pruned
 
 
@@ -61,21 +79,31 @@ def build_mask(
     pm: pluggy.PluginManager, state: DecodeState, graph: DraftGraph
 ) -> VerificationLayout:
     """The verification layout for ``graph`` rooted at ``state``."""
-    return _answer(pm.hook.dloom_build_mask(state=state, graph=graph), "dloom_build_mask")
+    layout = _answer(pm.hook.dloom_build_mask(state=state, graph=graph), "dloom_build_mask")
+    expected = tuple(graph.valid.shape)
+    if tuple(layout.node_rows.shape) != expected or tuple(layout.node_offsets.shape) != expected:
+        raise HookContractError(
+            f"dloom_build_mask returned node_rows {tuple(layout.node_rows.shape)} and "
+            f"node_offsets {tuple(layout.node_offsets.shape)}; expected {expected}"
+        )
+    return layout
 
 
 def verify(
     pm: pluggy.PluginManager,
     state: DecodeState,
     graph: DraftGraph,
-    layout: VerificationLayout,
     logits: torch.Tensor,
-    kernel: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    kernel: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
 ) -> Verdict:
     """The accepted path of one verification forward."""
-    return _answer(
-        pm.hook.dloom_verify(
-            state=state, graph=graph, layout=layout, logits=logits, kernel=kernel
-        ),
+    verdict = _answer(
+        pm.hook.dloom_verify(state=state, graph=graph, logits=logits, kernel=kernel),
         "dloom_verify",
     )
+    if verdict.block.shape != state.block.shape:
+        raise HookContractError(
+            f"dloom_verify returned a block of shape {tuple(verdict.block.shape)}; expected "
+            f"{tuple(state.block.shape)}"
+        )
+    return verdict

@@ -9,13 +9,16 @@ composition error, raised when the decoder is built.
 The core calls these hooks only through the typed functions in :mod:`dloom.hooks`.
 
 Shapes used below: ``B`` rows in the batch, ``K`` positions in the active block (or draft
-span), ``V`` vocabulary size, ``N`` draft-graph nodes, ``R`` rows of a verification layout,
-``S`` its sequence length.
+span), ``V`` vocabulary size, ``N`` drafts of a draft graph (plus the root, node 0), ``R`` rows
+of a verification layout, ``S`` its width.
+
+Besides the five decoding hooks, ``dloom_register_strategies`` registers strategies and
+``dloom_configure`` lets the plugins of a decoder check its settings once.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import pluggy
 
@@ -72,43 +75,66 @@ def dloom_select_commit(
     """
 
 
-@hookspec(firstresult=True)
-def dloom_draft(state: DecodeState) -> DraftGraph | None:
-    """Speculate future states and return them as a draft graph.
+@hookspec
+def dloom_configure(config: Mapping[str, Any]) -> None:
+    """Check the decoder this plugin was composed into, once, when the decoder is built.
 
-    Stops at the first non-``None`` result; with no implementation the decoder does not
-    speculate and runs one forward per step.
+    Every implementation is called (not single-answer). Raise
+    :class:`~dloom.errors.ConfigurationError` for a setting the plugin cannot work with, so
+    that the error comes before any decoding: a draft graph calibrated for another model,
+    for example.
 
-    :param state: the current decode state, including the most recent distribution over the
-        active block (``state.logits``, ``(B, K, V)``) when one is known.
-    :return: a :class:`~dloom.types.DraftGraph` whose nodes are guessed future states of the
-        span, or ``None`` to decline (for example before any distribution is known).
+    :param config: the decoder's settings: ``model``, ``tokenizer_sha256`` (``None`` without
+        a tokenizer), ``strategy``, ``params`` (by component), ``commit_rule`` (the component
+        answering :func:`dloom_select_commit`) and ``commit_params``, ``gen_length``,
+        ``block_length``, ``steps_per_block``, ``temperature``, ``remasking``, ``cache``,
+        ``attention``, ``shift_logits``, ``takes_attention_mask`` (``False`` for a forward
+        that ignores attention masks, like LLaDA's released one).
     """
 
 
 @hookspec(firstresult=True)
-def dloom_prune(graph: DraftGraph, budget: int) -> DraftGraph | None:
-    """Shrink a draft graph to at most ``budget`` nodes, keeping every node reachable.
+def dloom_draft(state: DecodeState) -> DraftGraph | None:
+    """Speculate future states of the active block and return them as a draft graph.
 
-    Stops at the first non-``None`` result; the core's default keeps the graph as it is.
+    Stops at the first non-``None`` result; with no implementation the decoder does not
+    speculate and runs one forward per step. Called only once a distribution of the block
+    is known (never on a block's first step).
+
+    :param state: the current decode state; ``state.logits`` ``(B, K, V)`` is the most
+        recent known distribution, that of the current state's predecessor.
+    :return: a :class:`~dloom.types.DraftGraph` whose node 0 is the current block and whose
+        drafts are guessed future blocks, or ``None`` to decline this step (the decoder then
+        runs a plain step).
+    """
+
+
+@hookspec(firstresult=True)
+def dloom_prune(graph: DraftGraph, budget: int | None) -> DraftGraph | None:
+    """Shrink a draft graph to at most ``budget`` drafts per row.
+
+    Every kept draft must stay reachable from the root through kept drafts. Stops at the first non-``None`` result; the core's default keeps the graph as it is.
 
     :param graph: the graph from :func:`dloom_draft`.
-    :param budget: the most nodes the verification forward may evaluate (``D*``).
-    :return: a graph with ``N <= budget`` nodes, or ``None`` to leave the choice to the
-        next implementation.
+    :param budget: the most drafts per row one verification forward may evaluate (the
+        decoder's ``draft_budget``), or ``None`` when the decoder sets no limit and the
+        strategy's own budget applies.
+    :return: the graph with ``valid`` cleared on dropped drafts, or ``None`` to leave the
+        choice to the next implementation.
     """
 
 
 @hookspec(firstresult=True)
 def dloom_build_mask(state: DecodeState, graph: DraftGraph) -> VerificationLayout | None:
-    """Lay out one forward pass that evaluates the current state and every draft node.
+    """Lay out one forward pass that evaluates the current state and every valid draft.
 
     Stops at the first non-``None`` result.
 
     :param state: the current decode state (the root of the graph).
     :param graph: the (pruned) draft graph.
-    :return: a :class:`~dloom.types.VerificationLayout`: ``(R, S)`` input ids, attention
-        mask and position ids, and where each ``(row, node)`` span sits in it.
+    :return: a :class:`~dloom.types.VerificationLayout`: the spans of ``R`` layout rows,
+        the batch row each row takes its context from, and where each ``(row, node)`` span
+        sits.
     """
 
 
@@ -116,22 +142,24 @@ def dloom_build_mask(state: DecodeState, graph: DraftGraph) -> VerificationLayou
 def dloom_verify(
     state: DecodeState,
     graph: DraftGraph,
-    layout: VerificationLayout,
     logits: torch.Tensor,
-    kernel: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    kernel: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
 ) -> Verdict | None:
     """Decide which draft steps the verification forward accepts.
 
     Stops at the first non-``None`` result. A lossless implementation samples the real next
-    state with ``kernel`` and follows the graph only while the sample equals a draft node.
+    state with ``kernel`` and follows the graph only while the sample equals a draft
+    (:func:`dloom.speculation.follow_graph`).
 
     :param state: the state the forward started from.
     :param graph: the graph that was evaluated.
-    :param layout: the layout the forward ran on.
-    :param logits: ``(R, S, V)`` logits of that forward, already aligned so that
-        ``logits[:, i]`` is the distribution of token ``i``.
-    :param kernel: one step of the transition kernel: ``kernel(tokens, logits)`` maps a
-        ``(B, K)`` span state and its ``(B, K, V)`` logits to the next span state.
-    :return: a :class:`~dloom.types.Verdict` with the new state and how many steps each row
-        advanced.
+    :param logits: ``(B, N + 1, K, V)``, the distribution of every node's block as the
+        forward computed it (node 0: the root); meaningless where ``graph.valid`` is
+        ``False``.
+    :param kernel: one step of the transition kernel: ``kernel(block, logits, advance)``
+        maps ``(B, K)`` blocks and their ``(B, K, V)`` logits to the next blocks; rows where
+        the ``(B,)`` bool ``advance`` is ``False`` are returned unchanged and take no step.
+        The decoder counts the steps it takes.
+    :return: a :class:`~dloom.types.Verdict`: the new block, the distribution it was
+        sampled from, and how many drafts each row accepted.
     """

@@ -71,6 +71,12 @@ class GenerationResult:
     :ivar nfe: ``(B,)`` long, forwards in which each row still had masked positions to decode
         (a row waiting for the rest of the batch to finish a block does not count).
     :ivar forwards: forward calls the decoder made for the whole batch.
+    :ivar verifications: row-verifications: rows still decoding in a verification forward
+        of a speculative strategy (0 without speculation).
+    :ivar accepted_drafts: drafts those verifications accepted, over all rows; each saved
+        one forward.
+    :ivar layout_exact: whether every verification layout gave exact draft distributions
+        (``None`` without speculation; ``False``: the run was near-lossless).
     :ivar wall_seconds: wall time of the whole generation.
     :ivar hook_seconds: wall time per hook plus ``"forward"`` for the model.
     :ivar texts: decoded text up to the first EOS, one per row, when a tokenizer is known.
@@ -87,6 +93,26 @@ class GenerationResult:
     config: dict[str, Any]
     texts: list[str] | None = None
     token_lists: list[list[int]] = field(default_factory=list)
+    verifications: int = 0
+    accepted_drafts: int = 0
+    layout_exact: bool | None = None
+
+    @property
+    def speculation(self) -> dict[str, Any] | None:
+        """Acceptance figures of a speculative run (``None`` without speculation):
+        ``accepted_per_verification`` is accepted drafts per row-verification, and
+        ``guarantee`` is ``"lossless"`` or ``"near-lossless"`` (a packed layout whose
+        context depends on the active block)."""
+        if self.layout_exact is None:
+            return None
+        return {
+            "verifications": self.verifications,
+            "accepted_drafts": self.accepted_drafts,
+            "accepted_per_verification": (
+                self.accepted_drafts / self.verifications if self.verifications else 0.0
+            ),
+            "guarantee": "lossless" if self.layout_exact else "near-lossless",
+        }
 
     @property
     def total_generated(self) -> int:
@@ -111,7 +137,8 @@ class GenerationResult:
         return {name: s / self.wall_seconds for name, s in self.hook_seconds.items()}
 
     def row(self, index: int) -> dict[str, Any]:
-        """A JSON-ready summary of one row (``text``, ``tokens``, ``nfe``, ``tpf``, ``tps``)."""
+        """A JSON-ready summary of one row (``text``, ``tokens``, ``nfe``, ``tpf``, ``tps``,
+        and the batch's ``speculation`` figures)."""
         nfe = int(self.nfe[index])
         length = int(self.generated_lengths[index])
         return {
@@ -120,6 +147,7 @@ class GenerationResult:
             "nfe": nfe,
             "tpf": length / nfe if nfe else 0.0,
             "tps": self.tps,
+            "speculation": self.speculation,
             "config": self.config,
         }
 
@@ -135,5 +163,6 @@ class GenerationResult:
             "wall_seconds": self.wall_seconds,
             "hook_seconds": dict(self.hook_seconds),
             "hook_share": self.hook_share,
+            "speculation": self.speculation,
             "config": self.config,
         }

@@ -20,13 +20,14 @@ from dloom.errors import ConfigurationError
 class BlockSchedule:
     """Where the current step lies in the active block's step budget.
 
-    :ivar step_in_block: 0-based index of this step within the block.
+    :ivar step_in_block: ``(B,)`` long, 0-based index of this step within the block, per
+        row (rows advance at different rates when a speculative strategy accepts drafts).
     :ivar steps_per_block: the step budget of one block (``steps / number of blocks``).
     :ivar masked_at_block_start: ``(B,)`` long, masked positions of each row when the block
         started; a quota rule spreads these over ``steps_per_block`` steps.
     """
 
-    step_in_block: int
+    step_in_block: torch.Tensor
     steps_per_block: int
     masked_at_block_start: torch.Tensor
 
@@ -41,8 +42,13 @@ class DecodeState:
     :ivar block_end: one past its last column (``K = block_end - block_start``).
     :ivar mask_token_id: the model's mask id.
     :ivar active: ``(B,)`` bool, rows still decoding.
-    :ivar logits: ``(B, K, V)`` logits of the active block from the most recent forward, or
-        ``None`` at the start of a block.
+    :ivar logits: ``(B, K, V)`` logits of the active block from the most recent forward
+        whose distribution is known: that of the current state's predecessor (the state one
+        kernel step earlier), or ``None`` at the start of a block.
+    :ivar span_start: first column of the span a draft node occupies in a verification
+        layout: ``block_start``, or ``block_start - 1`` for a shifted model (whose block
+        logits come from the outputs one position earlier). A span covers
+        ``[span_start, block_end)``, ``W = block_end - span_start`` columns.
     """
 
     tokens: torch.Tensor
@@ -52,21 +58,36 @@ class DecodeState:
     mask_token_id: int
     active: torch.Tensor
     logits: torch.Tensor | None = None
+    span_start: int | None = None
+
+    @property
+    def block(self) -> torch.Tensor:
+        """``(B, K)`` long, the active block's tokens."""
+        return self.tokens[:, self.block_start : self.block_end]
+
+    @property
+    def span(self) -> torch.Tensor:
+        """``(B, W)`` long, the columns of a verification span (:attr:`span_start` on)."""
+        start = self.block_start if self.span_start is None else self.span_start
+        return self.tokens[:, start : self.block_end]
 
 
 @dataclass(frozen=True)
 class DraftGraph:
-    """Speculated future states of a span, as a directed acyclic graph.
+    """Speculated future states of the active block, as a directed acyclic graph.
 
-    Node ``n`` is a guess of the span ``depth[n]`` steps after the root (the current state).
-    A node may have several parents when different orders of commits reach the same state.
+    Node ``0`` is the root, the current state; nodes ``1 .. N`` are drafts. Draft ``n`` is a
+    guess of the block ``depth[n]`` kernel steps after the root. A draft may have several
+    parents when different orders of commits reach the same state.
 
-    :ivar tokens: ``(B, N, K)`` long, the span each node proposes, per row.
-    :ivar parents: ``(N, N)`` bool, ``parents[c, p]`` when ``p`` is a parent of ``c``; a node
-        with no parent is a child of the root.
-    :ivar depth: ``(N,)`` long, steps from the root (1 for the root's children).
-    :ivar score: ``(B, N)`` float, how likely each node is (higher is likelier).
-    :ivar valid: ``(B, N)`` bool, ``False`` where a row could not fill the node.
+    :ivar tokens: ``(B, N + 1, K)`` long, the block each node proposes, per row
+        (``tokens[:, 0]`` is the root's block).
+    :ivar parents: ``(N + 1, N + 1)`` bool, ``parents[c, p]`` when ``c`` is one kernel step
+        after ``p``; every draft has at least one parent, the root none.
+    :ivar depth: ``(N + 1,)`` long, the fewest steps from the root (``depth[0] == 0``).
+    :ivar score: ``(B, N + 1)`` float, how likely each node is (higher is likelier).
+    :ivar valid: ``(B, N + 1)`` bool, ``False`` where a row could not fill a node or pruned
+        it; ``valid[:, 0]`` marks the rows still decoding.
     """
 
     tokens: torch.Tensor
@@ -77,44 +98,67 @@ class DraftGraph:
 
     @property
     def num_nodes(self) -> int:
-        return int(self.depth.shape[0])
+        """``N``, the number of drafts (the root not counted)."""
+        return int(self.depth.shape[0]) - 1
+
+    def children(self, node: torch.Tensor) -> torch.Tensor:
+        """``(B, N + 1)`` bool, the children of each row's ``node`` (``(B,)`` long)."""
+        return self.parents.T[node]
 
 
 @dataclass(frozen=True)
 class VerificationLayout:
-    """One forward pass that evaluates the root and every draft node.
+    """How one forward pass evaluates the root and the draft nodes of every row.
 
-    :ivar input_ids: ``(R, S)`` long.
-    :ivar attention_mask: ``(R, S)`` long padding mask, or ``(R, 1, S, S)`` bool block mask.
-    :ivar position_ids: ``(R, S)`` long.
-    :ivar node_rows: ``(B, N + 1)`` long, the layout row holding each row's node (column 0 is
-        the root).
+    The forward has ``R`` layout rows. Each holds one or more *spans* of ``W`` columns (the
+    tokens of a node over ``[span_start, block_end)``, see :class:`DecodeState`), next to
+    the context of batch row ``source[r]``: the prompt, the earlier blocks and the masked
+    blocks after the active one. The first span of a layout row sits in the context, where
+    the active block is; further spans are appended after it with the positions of the
+    block, attend to the context (never to the first span) and to their own span, and are
+    seen by nothing else.
+
+    One span per row (``packed == False``) is exact for every model and cache mode: each
+    row is a standalone forward on its node's state. With several spans per row
+    (``packed == True``) the context is computed once, next to the first span: exact only
+    when the context's keys and values do not depend on the active block (dual cache, or a
+    block-causal model), near-lossless anywhere else. The decoder decides which and
+    reports it.
+
+    :ivar input_ids: ``(R, S)`` long, the spans of every layout row, side by side.
+    :ivar source: ``(R,)`` long, the batch row whose context each layout row uses.
+    :ivar segment: ``(R, S)`` long, which node each column belongs to (``-1`` on padding).
+    :ivar span_position: ``(R, S)`` long, each column's offset in its span (``0 .. W - 1``;
+        any value on padding).
+    :ivar node_rows: ``(B, N + 1)`` long, the layout row holding each row's node, ``-1``
+        where the node is not evaluated.
     :ivar node_offsets: ``(B, N + 1)`` long, the column where that node's span starts.
-    :ivar exact: whether every node's logits equal those of a standalone forward on its
-        state; ``False`` marks a near-lossless layout.
+    :ivar packed: whether some layout row holds more than one span.
     """
 
     input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    position_ids: torch.Tensor
+    source: torch.Tensor
+    segment: torch.Tensor
+    span_position: torch.Tensor
     node_rows: torch.Tensor
     node_offsets: torch.Tensor
-    exact: bool
+    packed: bool
 
 
 @dataclass(frozen=True)
 class Verdict:
     """What a verification forward accepted.
 
-    :ivar tokens: ``(B, L)`` long, the new sequences after the accepted steps.
-    :ivar steps: ``(B,)`` long, kernel steps each row advanced (accepted drafts + 1).
-    :ivar logits: ``(B, K, V)`` logits of the new state if the forward already computed them
-        (an accepted node's), else ``None``.
+    :ivar block: ``(B, K)`` long, the active block after the accepted steps and the first
+        missed one (the next forward's state).
+    :ivar logits: ``(B, K, V)``, the distribution the last kernel step sampled from (that of
+        the new state's predecessor); the next drafts are filled from it.
+    :ivar accepted: ``(B,)`` long, drafts accepted per row (kernel steps taken minus one).
     """
 
-    tokens: torch.Tensor
-    steps: torch.Tensor
-    logits: torch.Tensor | None = None
+    block: torch.Tensor
+    logits: torch.Tensor
+    accepted: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -254,6 +298,8 @@ class StrategyRegistration:
     :ivar guarantee: what the strategy promises, in one sentence.
     :ivar summary: one line for ``dloom strategies``.
     :ivar claim: the guarantee in a form ``dloom check`` tests (``None``: no claim).
+    :ivar default_commit_rule: for a strategy without a commit rule (a speculator): the
+        strategy composed in when a composition has no commit rule, e.g. ``"quota"``.
     """
 
     name: str
@@ -262,3 +308,4 @@ class StrategyRegistration:
     guarantee: str = ""
     summary: str = ""
     claim: Claim | None = None
+    default_commit_rule: str | None = None

@@ -49,7 +49,7 @@ def proof(examples: int):
 
 
 def commit(rule, confidence: torch.Tensor, selectable: torch.Tensor) -> torch.Tensor:
-    schedule = BlockSchedule(0, 1, selectable.sum(-1))
+    schedule = BlockSchedule(torch.zeros_like(selectable.sum(-1)), 1, selectable.sum(-1))
     return rule.dloom_select_commit(confidence=confidence, selectable=selectable, schedule=schedule)
 
 

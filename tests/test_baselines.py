@@ -9,7 +9,8 @@ from dloom.plugins.baselines import FactorCommit, QuotaCommit, ThresholdCommit
 
 
 def schedule(step=0, steps_per_block=4, masked=(4,)):
-    return BlockSchedule(step, steps_per_block, torch.tensor(masked))
+    masked = torch.tensor(masked)
+    return BlockSchedule(torch.full_like(masked, step), steps_per_block, masked)
 
 
 def commit(rule, confidence, selectable, sched=None):

@@ -61,7 +61,8 @@ def test_strategies_json_lists_builtins_with_parameters_and_guarantees():
     result = invoke("strategies", "--json")
     assert result.exit_code == 0, result.output
     records = {r["name"]: r for r in json.loads(result.stdout)}
-    assert list(records) == ["factor", "frechet", "quota", "threshold"]
+    assert {"factor", "frechet", "quota", "spiffy", "threshold"} <= set(records)
+    assert list(records) == sorted(records)
     threshold = records["threshold"]
     assert threshold["plugin"] == "baselines"
     assert threshold["hooks"] == ["dloom_select_commit"]
@@ -111,9 +112,22 @@ def test_plugins_json():
                 "strategies": ["quota", "threshold", "factor"],
             },
             {
+                "name": "failfast", "version": "0.1.0", "builtin": True,
+                "hooks": ["dloom_register_strategies"],
+                "strategies": ["failfast"],
+            },
+            {
                 "name": "frechet", "version": "0.1.0", "builtin": True,
                 "hooks": ["dloom_register_strategies", "dloom_select_commit"],
                 "strategies": ["frechet"],
+            },
+            {
+                "name": "spiffy", "version": "0.1.0", "builtin": True,
+                "hooks": [
+                    "dloom_build_mask", "dloom_configure", "dloom_draft", "dloom_prune",
+                    "dloom_register_strategies", "dloom_verify",
+                ],
+                "strategies": ["spiffy"],
             },
         ],
         "failures": [],
@@ -134,7 +148,8 @@ def test_generate_json_one_object_per_prompt(tiny_model_dir, prompts_file):
     rows = [json.loads(line) for line in result.stdout.splitlines()]
     assert len(rows) == 2
     for row in rows:
-        assert set(row) == {"text", "tokens", "nfe", "tpf", "tps", "config"}
+        assert set(row) == {"text", "tokens", "nfe", "tpf", "tps", "speculation", "config"}
+        assert row["speculation"] is None
         assert row["text"] is None  # the checkpoint has no tokenizer
         assert 1 <= len(row["tokens"]) <= 8
         assert MASK_ID not in row["tokens"]

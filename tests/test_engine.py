@@ -164,7 +164,7 @@ def test_metrics_and_config(sharp_adapter):
     assert summary["config"]["strategy"] == "threshold"
     assert summary["config"]["params"] == {"threshold": {"tau": 0.5}}
     row = result.row(0)
-    assert set(row) == {"text", "tokens", "nfe", "tpf", "tps", "config"}
+    assert set(row) == {"text", "tokens", "nfe", "tpf", "tps", "speculation", "config"}
 
 
 def test_threshold_needs_fewer_forwards_than_one_token_per_step(sharp_adapter):

@@ -22,7 +22,7 @@ from dloom.registry import get_registry
 def commit(rule, confidence, selectable):
     c = torch.tensor(confidence, dtype=torch.float64)
     s = torch.tensor(selectable, dtype=torch.bool)
-    schedule = BlockSchedule(0, 1, s.sum(-1))
+    schedule = BlockSchedule(torch.zeros_like(s.sum(-1)), 1, s.sum(-1))
     return rule.dloom_select_commit(confidence=c, selectable=s, schedule=schedule).tolist()
 
 
@@ -107,7 +107,7 @@ def test_rows_are_independent_and_empty_rows_commit_nothing():
 def test_float32_confidence_is_accepted():
     c = torch.tensor([[0.3, 0.95, 0.8, 0.9]], dtype=torch.float32)
     s = torch.ones(1, 4, dtype=torch.bool)
-    out = FrechetCommit(0.0).dloom_select_commit(confidence=c, selectable=s, schedule=BlockSchedule(0, 1, s.sum(-1)))
+    out = FrechetCommit(0.0).dloom_select_commit(confidence=c, selectable=s, schedule=BlockSchedule(torch.zeros_like(s.sum(-1)), 1, s.sum(-1)))
     assert out.tolist() == [[False, True, True, True]]
 
 

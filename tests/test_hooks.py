@@ -25,11 +25,15 @@ MASK = 6
 # --- small values of every argument type ---------------------------------------------------
 
 
-def make_graph(nodes: int) -> DraftGraph:
+def make_graph(drafts: int) -> DraftGraph:
+    """The root and ``drafts`` children of it."""
+    nodes = drafts + 1
+    parents = torch.zeros(nodes, nodes, dtype=torch.bool)
+    parents[1:, 0] = True
     return DraftGraph(
         tokens=torch.zeros(B, nodes, K, dtype=torch.long),
-        parents=torch.zeros(nodes, nodes, dtype=torch.bool),
-        depth=torch.ones(nodes, dtype=torch.long),
+        parents=parents,
+        depth=torch.cat([torch.zeros(1, dtype=torch.long), torch.ones(drafts, dtype=torch.long)]),
         score=torch.zeros(B, nodes),
         valid=torch.ones(B, nodes, dtype=torch.bool),
     )
@@ -48,19 +52,21 @@ def make_state() -> DecodeState:
 
 
 def make_layout(graph: DraftGraph) -> VerificationLayout:
-    rows = graph.num_nodes + 1
+    """Every node of every row packed into that row."""
+    nodes = graph.num_nodes + 1
     return VerificationLayout(
-        input_ids=torch.zeros(rows, L, dtype=torch.long),
-        attention_mask=torch.ones(rows, L, dtype=torch.long),
-        position_ids=torch.arange(L).expand(rows, L),
-        node_rows=torch.arange(rows).expand(B, rows),
-        node_offsets=torch.full((B, rows), 2),
-        exact=True,
+        input_ids=torch.zeros(B, nodes * K, dtype=torch.long),
+        source=torch.arange(B),
+        segment=torch.arange(nodes).repeat_interleave(K).expand(B, -1),
+        span_position=torch.arange(K).repeat(nodes).expand(B, -1),
+        node_rows=torch.arange(B).unsqueeze(1).expand(B, nodes),
+        node_offsets=(torch.arange(nodes) * K).expand(B, nodes),
+        packed=True,
     )
 
 
 def schedule() -> BlockSchedule:
-    return BlockSchedule(0, 4, torch.tensor([4, 3]))
+    return BlockSchedule(torch.zeros(2, dtype=torch.long), 4, torch.tensor([4, 3]))
 
 
 SELECTABLE = torch.tensor([[True, True, True, False], [False, True, True, True]])
@@ -101,8 +107,8 @@ class Speculator:
         return self.layout
 
     @dloom.hookimpl
-    def dloom_verify(self, state, graph, layout, logits, kernel):
-        self.seen["verify"] = dict(state=state, graph=graph, layout=layout, logits=logits, kernel=kernel)
+    def dloom_verify(self, state, graph, logits, kernel):
+        self.seen["verify"] = dict(state=state, graph=graph, logits=logits, kernel=kernel)
         return self.verdict
 
 
@@ -120,10 +126,22 @@ def manager(*plugins, extra=()):
 
 
 def keep_first(graph: DraftGraph, budget: int) -> DraftGraph:
-    return DraftGraph(
-        graph.tokens[:, :budget], graph.parents[:budget, :budget], graph.depth[:budget],
-        graph.score[:, :budget], graph.valid[:, :budget],
-    )
+    """Keep the root and the first ``budget`` drafts of every row."""
+    valid = graph.valid.clone()
+    valid[:, budget + 1 :] = False
+    return DraftGraph(graph.tokens, graph.parents, graph.depth, graph.score, valid)
+
+
+def keep_row_counts(*counts: int):
+    """A pruner keeping ``counts[b]`` drafts in row ``b``, whatever the budget."""
+
+    def prune(graph: DraftGraph, budget: int) -> DraftGraph:
+        valid = graph.valid.clone()
+        for row, count in enumerate(counts):
+            valid[row, count + 1 :] = False
+        return DraftGraph(graph.tokens, graph.parents, graph.depth, graph.score, valid)
+
+    return prune
 
 
 # --- select_commit -----------------------------------------------------------------------
@@ -197,7 +215,14 @@ def test_prune_default_keeps_the_graph():
 
 def test_prune_by_a_plugin_within_budget():
     pruned = hooks.prune(manager("quota", Pruner(keep_first)), make_graph(5), budget=2)
-    assert pruned.num_nodes == 2
+    assert pruned.valid.sum(-1).tolist() == [3, 3]  # the root and two drafts per row
+
+
+def test_prune_without_a_budget_passes_none():
+    seen = []
+    pm = manager("quota", Pruner(lambda graph, budget: seen.append(budget) or graph))
+    hooks.prune(pm, make_graph(2), budget=None)
+    assert seen == [None]
 
 
 def test_prune_declining_falls_back_to_the_default():
@@ -205,12 +230,20 @@ def test_prune_declining_falls_back_to_the_default():
     assert hooks.prune(manager("quota", Pruner(None)), graph, budget=1) is graph
 
 
-@pytest.mark.parametrize("budget, nodes", [(2, 3), (0, 1), (-1, 1)])
-def test_prune_returning_more_nodes_than_budget_is_a_contract_error(budget, nodes):
-    pm = manager("quota", Pruner(lambda graph, budget: make_graph(nodes)))
+@pytest.mark.parametrize("budget, counts, kept", [(2, (1, 3), 3), (0, (0, 1), 1), (-1, (1, 0), 1)])
+def test_prune_keeping_more_drafts_in_a_row_than_budget_is_a_contract_error(budget, counts, kept):
+    pm = manager("quota", Pruner(keep_row_counts(*counts)))
     with pytest.raises(HookContractError) as raised:
         hooks.prune(pm, make_graph(5), budget=budget)
-    assert str(raised.value) == f"dloom_prune returned {nodes} nodes for a budget of {budget}"
+    assert str(raised.value) == f"dloom_prune kept {kept} drafts in a row for a budget of {budget}"
+
+
+def test_draft_with_inconsistent_shapes_is_a_contract_error():
+    graph = make_graph(2)
+    broken = DraftGraph(graph.tokens[:, 1:], graph.parents, graph.depth, graph.score, graph.valid)
+    pm = manager("quota", Speculator(broken, None, None))
+    with pytest.raises(HookContractError, match="node 0 is the root"):
+        hooks.draft(pm, make_state())
 
 
 # --- build_mask and verify ---------------------------------------------------------------
@@ -219,25 +252,41 @@ def test_prune_returning_more_nodes_than_budget_is_a_contract_error(budget, node
 def test_build_mask_and_verify_pass_their_results_through():
     graph, state = make_graph(2), make_state()
     layout = make_layout(graph)
-    verdict = Verdict(tokens=state.tokens.clone(), steps=torch.tensor([2, 1]))
+    verdict = Verdict(block=state.block.clone(), logits=torch.zeros(B, K, V), accepted=torch.tensor([1, 0]))
     spec = Speculator(graph, layout, verdict)
     pm = manager("quota", spec)
     assert hooks.build_mask(pm, state, graph) is layout
     assert spec.seen["build_mask"] == dict(state=state, graph=graph)
-    logits = torch.zeros(graph.num_nodes + 1, L, V)
+    logits = torch.zeros(B, graph.num_nodes + 1, K, V)
 
-    def kernel(tokens, logits):
-        return tokens
+    def kernel(block, logits, advance):
+        return block
 
-    assert hooks.verify(pm, state, graph, layout, logits, kernel) is verdict
-    assert spec.seen["verify"] == dict(state=state, graph=graph, layout=layout, logits=logits, kernel=kernel)
+    assert hooks.verify(pm, state, graph, logits, kernel) is verdict
+    assert spec.seen["verify"] == dict(state=state, graph=graph, logits=logits, kernel=kernel)
+
+
+def test_verify_returning_a_block_of_the_wrong_shape_is_a_contract_error():
+    graph, state = make_graph(1), make_state()
+    verdict = Verdict(block=state.tokens, logits=torch.zeros(B, K, V), accepted=torch.zeros(B))
+    pm = manager("quota", Speculator(graph, make_layout(graph), verdict))
+    with pytest.raises(HookContractError, match=r"block of shape \(2, 6\); expected \(2, 4\)"):
+        hooks.verify(pm, state, graph, torch.zeros(B, 2, K, V), lambda b, l, a: b)
+
+
+def test_build_mask_with_node_rows_of_the_wrong_shape_is_a_contract_error():
+    graph = make_graph(2)
+    layout = make_layout(make_graph(1))
+    pm = manager("quota", Speculator(graph, layout, None))
+    with pytest.raises(HookContractError, match=r"expected \(2, 3\)"):
+        hooks.build_mask(pm, make_state(), graph)
 
 
 def test_verify_returning_none_is_a_contract_error():
     graph = make_graph(2)
     pm = manager("quota", Speculator(graph, make_layout(graph), None))
     with pytest.raises(HookContractError, match="no plugin answered dloom_verify"):
-        hooks.verify(pm, make_state(), graph, make_layout(graph), torch.zeros(3, L, V), lambda t, l: t)
+        hooks.verify(pm, make_state(), graph, torch.zeros(B, 3, K, V), lambda b, l, a: b)
 
 
 def test_build_mask_returning_none_is_a_contract_error():
@@ -263,7 +312,7 @@ def run_all_hooks(pm) -> None:
     hooks.draft(pm, state)
     hooks.prune(pm, graph, 2)
     layout = hooks.build_mask(pm, state, graph)
-    hooks.verify(pm, state, graph, layout, torch.zeros(3, L, V), lambda t, l: t)
+    hooks.verify(pm, state, graph, torch.zeros(B, 3, K, V), lambda b, l, a: b)
 
 
 def test_hook_timer_wraps_every_decoding_hook():
@@ -272,7 +321,7 @@ def test_hook_timer_wraps_every_decoding_hook():
 
 def test_hook_timer_records_each_hook_called():
     graph = make_graph(2)
-    verdict = Verdict(tokens=make_state().tokens, steps=torch.tensor([1, 1]))
+    verdict = Verdict(block=make_state().block, logits=torch.zeros(B, K, V), accepted=torch.zeros(B))
     syncs: list[int] = []
     timer = HookTimer(synchronize=lambda: syncs.append(1))
     pm = manager(
@@ -328,7 +377,7 @@ def hookspec_functions() -> dict[str, object]:
 
 
 def test_every_hook_is_specified():
-    assert set(hookspec_functions()) == {*DECODING_HOOKS, "dloom_register_strategies"}
+    assert set(hookspec_functions()) == {*DECODING_HOOKS, "dloom_register_strategies", "dloom_configure"}
 
 
 @pytest.mark.parametrize("name", sorted(hookspec_functions()))

@@ -180,3 +180,30 @@ def test_model_syncs_are_attributed_to_the_model(monkeypatch):
     counter, result = count(monkeypatch, decoder, [[5, 6]])
     assert counter.model["__bool__"] == result.forwards
     assert_bounded(counter, result, blocks=2)
+
+
+# Per verification forward of a speculative strategy, beyond the step's own sync: the
+# layout (``torch.nonzero`` over the kept drafts), the pruning order and the graph depth
+# (host tensors, counted all the same), and one per kernel step of the verifier's walk
+# (at most the graph's depth plus one), whatever the number of rows or tokens.
+PER_VERIFICATION = 3
+DEFAULT_GRAPH_DEPTH = 6  # dloom.plugins.spiffy.graph.DEFAULT_CHAIN for blocks of 8
+
+
+@pytest.mark.parametrize("layout, cache", [("rows", "none"), ("packed", "dual"), ("rows", "prefix")])
+@pytest.mark.parametrize("prompts", [[[5, 6, 7]], PADDED], ids=["one-row", "five-rows-padded"])
+def test_speculation_syncs_a_constant_per_verification(monkeypatch, layout, cache, prompts):
+    with pytest.warns(UserWarning, match="uncalibrated default graph"):
+        decoder = DiffusionDecoder(
+            adapter(), "spiffy", gen_length=32, block_length=8, cache=cache, layout=layout
+        )
+    counter, result = count(monkeypatch, decoder, prompts)
+    blocks = 4
+    verifications = result.forwards - blocks  # a block's first step is a plain one
+    assert result.accepted_drafts > 0 and verifications > 0
+    total = sum(counter.decoder.values())
+    bound = (
+        result.forwards + verifications * (PER_VERIFICATION + DEFAULT_GRAPH_DEPTH + 1)
+        + PER_BLOCK * blocks + PER_CALL
+    )
+    assert total <= bound, f"{total} syncs, bound {bound}: {dict(counter.decoder)}"

@@ -26,8 +26,8 @@ from dloom.cli import app
 from dloom.errors import PluginLoadError
 from dloom.registry import get_registry, reset_registry
 
-BUILTIN_STRATEGIES = {"quota", "threshold", "factor", "frechet"}
-BUILTIN_PLUGINS = {"baselines", "frechet"}
+BUILTIN_STRATEGIES = {"quota", "threshold", "factor", "frechet", "spiffy", "failfast"}
+BUILTIN_PLUGINS = {"baselines", "frechet", "spiffy", "failfast"}
 
 TOPONE_SOURCE = """
     import torch

@@ -571,8 +571,8 @@ def test_run_papers_plan_lists_pending_strategies(capsys):
     module = run_papers_module()
     assert module.main(["--plan", "--llada", "/l", "--dream", "/d", "--qwen", "/q"]) == 0
     runs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert len([r for r in runs if r["model"] == "llada" and "pending" not in r]) == 9
-    assert {r["strategy"] for r in runs if "pending" in r} == {"spiffy", "failfast", "failfast target"}
+    assert len([r for r in runs if r["model"] == "llada" and "pending" not in r]) == 15
+    assert {r["strategy"] for r in runs if "pending" in r} == {"failfast", "failfast target"}
     assert module.final_number("so 3 + 4 = 7\n#### 1,234.") == "1234"
     assert module.main([]) == 2
 
@@ -594,12 +594,13 @@ def test_run_papers_end_to_end_on_stand_ins(llada_dir, dream_echo_dir, qwen_dir,
     assert run_papers_module().main([str(a) for a in args]) == 0
     runs = json.loads(out.read_text())["runs"]
     ran = {(r["model"], r["strategy"], r["cache"]): r for r in runs if "accuracy" in r}
-    assert set(ran) == {(m, s, c) for m in ("llada", "dream") for s in ("quota", "threshold", "frechet")
+    strategies = ("quota", "threshold", "frechet", "spiffy", "spiffy+threshold")
+    assert set(ran) == {(m, s, c) for m in ("llada", "dream") for s in strategies
                         for c in (("none",) if m == "llada" else ("none", "prefix", "dual"))}
     assert all(r["n"] == 2 and r["nfe_mean"] > 0 for r in ran.values())
     skipped = [r for r in runs if "skipped" in r]
-    assert len(skipped) == 6 and all(r["model"] == "llada" for r in skipped)
-    assert {r["strategy"] for r in runs if "pending" in r} == {"spiffy", "failfast", "failfast target"}
+    assert len(skipped) == 10 and all(r["model"] == "llada" for r in skipped), skipped
+    assert {r["strategy"] for r in runs if "pending" in r} == {"failfast", "failfast target"}
     target = next(r for r in runs if r["model"] == "qwen")
     assert target["loaded"] == {"profile": "causal-lm", "attention": "causal", "dtype": "torch.float32"}
 

@@ -35,6 +35,35 @@ def test_dllm_loads_offline_from_package_data(no_network):
     assert adapter.attention == "bidirectional" and adapter.default_gen_length == 32
 
 
+def n_params(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("name", ["toy-ar", "toy-ar-small"])
+def test_ar_models_load_offline_with_the_dllms_tokenizer(no_network, name):
+    model, tokenizer = zoo.load(name)
+    _, dllm_tokenizer = zoo.load("toy-dllm")
+    assert model.config.dloom["kind"] == "ar" and model.config.dloom["attention"] == "causal"
+    assert tokenizer.get_vocab() == dllm_tokenizer.get_vocab()
+    assert dloom.load_model(name).tokenizer_sha256 == dloom.load_model("toy-dllm").tokenizer_sha256
+
+
+def test_ar_sizes_bracket_the_dllm():
+    """toy-ar is the target (2-4x the dLLM), toy-ar-small the smaller AR drafter."""
+    dllm, ar, small = (n_params(zoo.load(name)[0]) for name in ("toy-dllm", "toy-ar", "toy-ar-small"))
+    assert 2 * dllm <= ar <= 4 * dllm
+    assert small < dllm
+
+
+def test_ar_smoke_decode_answers_easy_families():
+    from dloom.zoo.train import decode_ar
+
+    model, _ = zoo.load("toy-ar")
+    examples = held_out(14, families=["code", "story"])
+    texts = decode_ar(model, [e.prompt for e in examples])
+    assert sum(FAMILIES[e.family].check(e.prompt, t) for e, t in zip(examples, texts)) >= 12
+
+
 def test_zoo_fits_the_size_budget():
     total = sum(f.stat().st_size for f in zoo.ZOO_DIR.rglob("*") if f.is_file())
     assert total <= MAX_ZOO_BYTES

@@ -162,7 +162,7 @@ def check_bound(
             tokens, confidence = J.greedy(joint)
             width = len(tokens)
             selectable = torch.ones(1, width, dtype=torch.bool)
-            schedule = BlockSchedule(0, 1, torch.tensor([width]))
+            schedule = BlockSchedule(torch.zeros(1, dtype=torch.long), 1, torch.tensor([width]))
             commit = hooks.select_commit(pm, torch.tensor(confidence)[None], selectable, schedule)
             positions = np.flatnonzero(commit[0].numpy())
             if len(positions) >= 2:

@@ -104,7 +104,10 @@ def _step(
     confidence = probs.max(-1).values.expand(count, width).clone()
     confidence[:, masked] = probs[masked.unsqueeze(0), grid]
     selectable = (block == mask_id).expand(count, width)
-    schedule = BlockSchedule(step, steps_per_block, torch.full((count,), width, dtype=torch.long))
+    schedule = BlockSchedule(
+        torch.full((count,), step, dtype=torch.long), steps_per_block,
+        torch.full((count,), width, dtype=torch.long),
+    )
     commit = hooks.select_commit(decoder.pm, confidence, selectable.clone(), schedule)
     if not bool(commit.any(-1).all()):
         raise HookContractError(

@@ -32,6 +32,8 @@ REFUTED = ("not lossless", "unsound")
 EXIT_CODES = {"not lossless": 1, "unsound": 1, "inconclusive": 3}
 """``dloom check`` exit status by verdict; every other verdict exits 0 (2: usage error)."""
 DEFAULT_PROMPTS = 32
+TARGET = "target"
+"""``Claim.against`` value: the AR target of a speculative decoder (FailFast)."""
 DEFAULT_SAMPLES = 20_000
 TINY_GREEDY = {"vocab": 16, "hidden": 32, "layers": 2, "init": 0.8}
 """The tiny model of the greedy check when neither ``model`` nor the toy zoo's is there."""
@@ -395,6 +397,17 @@ def check_strategy(
                 "(dloom.check.check_lossless tests losslessness anyway)"
             )
         return _sound(ours, claim.bound, random_joints, adversarial_joints, 0, claim_json, notes)
+    if claim.against == TARGET:  # a speculative decoder of an AR target (FailFast)
+        from dloom.check.target import check_target_lossless, failfast_factory
+
+        if against is not None:
+            notes.append(f"--against {against} ignored: {ours.name} is lossless against its AR target")
+        return check_target_lossless(
+            failfast_factory(ours.spec, ours.params), ours.name, claim=claim_json,
+            claimed_by=ours.claimed_by, prompt_count=prompt_count, gen_length=gen_length,
+            temperature=temperature, samples=samples, seeds=seeds, alpha=alpha, epsilon=epsilon,
+            min_power=min_power, notes=notes,
+        )
     target = claim.against
     if against is not None and against != claim.against:
         notes.append(f"testing against {against}, not the declared {claim.against}")

@@ -1,0 +1,202 @@
+"""The decoder's side of speculation: the kernel step drafts are verified with, following a
+draft graph losslessly, and reading every node's logits out of a verification forward.
+
+Lossless verification (DESIGN.md, "The reference process"): from the root, take one kernel
+step with the root's distribution; if the new block equals a draft exactly, that draft's
+distribution is the one a forward on that state would give, so the next kernel step uses it
+without a forward; continue along that draft's children and stop at the first state that is
+no draft. Every kernel step is the reference kernel's, so the sequence of states has the
+reference distribution (and, with one row and the same seed, the very same random numbers).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dloom import hooks
+from dloom.kernel import apply_commit, propose
+from dloom.types import BlockSchedule, DecodeState, DraftGraph, Verdict, VerificationLayout
+
+
+def eos_clear(block: torch.Tensor, mask_token_id: int, eos_ids: torch.Tensor) -> torch.Tensor:
+    """``(B,)`` bool, blocks holding an EOS with nothing masked before it.
+
+    For a row still decoding at the start of its block (earlier blocks are complete and hold
+    no EOS), this is exactly "the row has finished" while that block is active.
+    """
+    clear_before = (block == mask_token_id).long().cumsum(-1) == 0
+    return (torch.isin(block, eos_ids) & clear_before).any(-1)
+
+
+def selectable_positions(
+    block: torch.Tensor, mask_token_id: int, eos_ids: torch.Tensor
+) -> torch.Tensor:
+    """``(B, K)`` bool, the positions a kernel step may commit: masked, in unfinished rows."""
+    finished = eos_clear(block, mask_token_id, eos_ids)
+    return (block == mask_token_id) & ~finished.unsqueeze(1)
+
+
+class KernelStep:
+    """One step of the transition kernel ``K`` on the active block, for the rows of a block.
+
+    Propose candidates and confidences (:func:`dloom.kernel.propose`), ask the commit rule
+    (``dloom_select_commit``) and commit. Counts each row's steps (the quota schedule's
+    ``step_in_block``) and records contract violations on the device, for the decoder to
+    check at its next host synchronisation.
+
+    :param pm: the decoder's plugin manager.
+    :param temperature: / :param remasking: / :param generator: as in :func:`propose`.
+    :param mask_token_id: the mask id.
+    :param eos_ids: ``(E,)`` long.
+    :param steps_per_block: the block's step budget.
+    :param masked_at_start: ``(B,)`` long, masked positions per row at block start.
+
+    :ivar steps: ``(B,)`` long, kernel steps each row has taken in this block.
+    :ivar idle: ``()`` bool, some row with a selectable position committed nothing.
+    """
+
+    def __init__(
+        self, pm, temperature, remasking, generator, mask_token_id, eos_ids, steps_per_block,
+        masked_at_start,
+    ) -> None:
+        self.pm = pm
+        self.temperature, self.remasking, self.generator = temperature, remasking, generator
+        self.mask_token_id, self.eos_ids = mask_token_id, eos_ids
+        self.steps_per_block = steps_per_block
+        self.masked_at_start = masked_at_start
+        self.steps = torch.zeros_like(masked_at_start)
+        self.idle = torch.zeros((), dtype=torch.bool, device=masked_at_start.device)
+
+    def __call__(
+        self, block: torch.Tensor, logits: torch.Tensor, advance: torch.Tensor
+    ) -> torch.Tensor:
+        """The next ``(B, K)`` blocks; rows where ``advance`` (``(B,)`` bool) is ``False``,
+        and finished rows, are returned unchanged and take no step."""
+        selectable = selectable_positions(block, self.mask_token_id, self.eos_ids)
+        selectable &= advance.unsqueeze(1)
+        candidates, confidence = propose(
+            logits, self.temperature, self.remasking, self.generator, self.mask_token_id
+        )
+        schedule = BlockSchedule(self.steps, self.steps_per_block, self.masked_at_start)
+        commit = hooks.select_commit(self.pm, confidence, selectable, schedule)
+        stepping = selectable.any(-1)
+        self.idle = self.idle | (stepping & ~commit.any(-1)).any()
+        self.steps = self.steps + stepping.long()
+        return apply_commit(block, candidates, commit)
+
+
+def follow_graph(graph: DraftGraph, node_logits: torch.Tensor, kernel: KernelStep) -> Verdict:
+    """Take kernel steps from the root while each new block equals a draft (lossless).
+
+    Vectorised over rows: a Python loop over depth only (at most the longest path), each
+    iteration one kernel step of the whole batch with the rows that are still on the graph;
+    it stops as soon as no row is (so that, for one row, the sampler is drawn exactly as
+    often as the reference process draws it).
+
+    :param graph: the evaluated graph; ``graph.tokens[:, 0]`` is the root's block.
+    :param node_logits: ``(B, N + 1, K, V)``, every node's distribution from the forward.
+    :param kernel: the decoder's :class:`KernelStep` (the ``kernel`` argument of
+        ``dloom_verify``).
+    :return: the new block (the first state that was no draft, or the finished block), the
+        distribution its last step sampled from, and the drafts each row accepted.
+    """
+    rows = torch.arange(graph.tokens.shape[0], device=graph.tokens.device)
+    node = torch.zeros_like(rows)
+    block = graph.tokens[:, 0]
+    logits = node_logits[:, 0]
+    on_graph = graph.valid[:, 0].clone()
+    accepted = torch.zeros_like(rows)
+    for _ in range(int(graph.depth.max()) + 1 if graph.num_nodes else 1):
+        if not bool(on_graph.any()):  # one host sync per kernel step, as in a plain step
+            break
+        block = kernel(block, logits, on_graph)
+        children = graph.children(node) & graph.valid
+        same = (graph.tokens == block.unsqueeze(1)).all(-1)
+        hits = children & same
+        still_masked = selectable_positions(block, kernel.mask_token_id, kernel.eos_ids).any(-1)
+        on_graph = on_graph & hits.any(-1) & still_masked
+        node = torch.where(on_graph, hits.long().argmax(-1), node)
+        logits = torch.where(on_graph[:, None, None], node_logits[rows, node], logits)
+        accepted = accepted + on_graph.long()
+    return Verdict(block=block, logits=logits, accepted=accepted)
+
+
+def node_logits(
+    outputs: torch.Tensor, layout: VerificationLayout, block_length: int
+) -> torch.Tensor:
+    """Every node's block distribution out of a verification forward.
+
+    :param outputs: ``(R, S, V)``, the forward's raw outputs at the layout's columns; the
+        first ``K`` columns of a span give its block's logits (for a shifted model the span
+        starts one column early, so this holds for it too).
+    :return: ``(B, N + 1, K, V)``; rows of nodes that were not evaluated are copies of some
+        other output and must be ignored.
+    """
+    span = torch.arange(block_length, device=outputs.device)
+    rows = layout.node_rows.clamp(min=0).unsqueeze(-1)
+    columns = layout.node_offsets.unsqueeze(-1) + span
+    return outputs[rows.expand_as(columns), columns]
+
+
+def layout_is_exact(layout: VerificationLayout, cache: str, attention: str) -> bool:
+    """Whether every node's logits equal a standalone forward's (see
+    :class:`~dloom.types.VerificationLayout`)."""
+    return not layout.packed or cache == "dual" or attention == "block-causal"
+
+
+def layout_drafts(state: DecodeState, graph: DraftGraph, packed: bool = False) -> VerificationLayout:
+    """The layout of the root and every valid draft: one batch row each
+    (:func:`rows_layout`, exact everywhere) or packed per row (:func:`packed_layout`).
+
+    A span covers ``[state.span_start, block_end)``: for a shifted model the column before
+    the block leads every node's tokens. The root is always evaluated (it carries the
+    row's context), even for a finished row.
+    """
+    lead = state.span[:, : state.span.shape[1] - graph.tokens.shape[2]]  # (B, shift)
+    spans = torch.cat(
+        [lead.unsqueeze(1).expand(-1, graph.tokens.shape[1], -1), graph.tokens], dim=2
+    )  # (B, N + 1, W)
+    evaluated = graph.valid.clone()
+    evaluated[:, 0] = True
+    return packed_layout(spans, evaluated) if packed else rows_layout(spans, evaluated)
+
+
+def rows_layout(spans: torch.Tensor, evaluated: torch.Tensor) -> VerificationLayout:
+    """One layout row per evaluated ``(row, node)``: ``R = evaluated.sum()``, ``S = W``."""
+    batch_rows, nodes = torch.nonzero(evaluated, as_tuple=True)
+    count, width = batch_rows.shape[0], spans.shape[2]
+    node_rows = torch.full(evaluated.shape, -1, dtype=torch.long, device=spans.device)
+    node_rows[batch_rows, nodes] = torch.arange(count, device=spans.device)
+    return VerificationLayout(
+        input_ids=spans[batch_rows, nodes],
+        source=batch_rows,
+        segment=nodes.unsqueeze(1).expand(-1, width),
+        span_position=torch.arange(width, device=spans.device).expand(count, -1),
+        node_rows=node_rows,
+        node_offsets=torch.zeros_like(node_rows),
+        packed=False,
+    )
+
+
+def packed_layout(spans: torch.Tensor, evaluated: torch.Tensor) -> VerificationLayout:
+    """One layout row per batch row: the root's span, then the row's evaluated drafts, then
+    padding up to the longest row: ``R = B``, ``S = W * max evaluated``."""
+    batch, nodes, width = spans.shape
+    device = spans.device
+    slots = int(evaluated.sum(-1).max())
+    order = torch.argsort((~evaluated).long(), dim=-1, stable=True)[:, :slots]  # node per slot
+    filled = torch.gather(evaluated, 1, order)  # (B, slots)
+    slot_of = torch.zeros(batch, nodes, dtype=torch.long, device=device)
+    slot_of.scatter_(1, order, torch.arange(slots, device=device).expand(batch, -1))
+    rows = torch.arange(batch, device=device)
+    input_ids = spans[rows[:, None], order].reshape(batch, slots * width)
+    segment = torch.where(filled, order, -1).repeat_interleave(width, dim=1)
+    return VerificationLayout(
+        input_ids=input_ids,
+        source=rows,
+        segment=segment,
+        span_position=torch.arange(width, device=device).repeat(slots).expand(batch, -1),
+        node_rows=torch.where(evaluated, rows[:, None], -1),
+        node_offsets=torch.where(evaluated, slot_of * width, 0),
+        packed=slots > 1,
+    )

@@ -1,0 +1,48 @@
+"""Spiffy: lossless speculative decoding of a dLLM with calibrated draft graphs of its own
+future states (ALGORITHMS.md §3).
+
+``dloom calibrate`` (:mod:`dloom.plugins.spiffy.calibrate`) records the reference process
+and keeps the most frequent transitions as a draft graph (:mod:`dloom.plugins.spiffy.graph`);
+at run time the plugin (:mod:`dloom.plugins.spiffy.plugin`) fills that graph from the latest
+distribution, prunes it, lays it out for one forward and verifies it with the kernel.
+"""
+
+from __future__ import annotations
+
+from dloom import Claim, Parameter, StrategyRegistration, hookimpl
+
+from .graph import CalibratedGraph
+from .plugin import LAYOUTS, Spiffy
+
+__all__ = ["CalibratedGraph", "Spiffy", "dloom_register_strategies"]
+
+GUARANTEE = (
+    "lossless against its commit rule run one forward per step (same tokens under T = 0, "
+    "same distribution under sampling) with layout=rows, for every model and cache mode, and "
+    "with layout=packed under the dual cache or on block-causal models; layout=packed on a "
+    "bidirectional model without the dual cache is near-lossless (reported as such)"
+)
+
+
+@hookimpl
+def dloom_register_strategies(register) -> None:
+    register(
+        StrategyRegistration(
+            name="spiffy",
+            plugin_class=Spiffy,
+            parameters=(
+                Parameter("graph", "", str, "draft-graph file from `dloom calibrate` ('' = built-in)"),
+                Parameter("budget", 10, int, "D*: drafts per row in one verification forward", low=0),
+                Parameter("layout", "rows", str, "drafts as batch rows or packed in one sequence",
+                          choices=LAYOUTS),
+            ),
+            guarantee=GUARANTEE,
+            summary="speculates the dLLM's own future states from a calibrated draft graph",
+            claim=Claim(
+                "lossless", against="kernel",
+                conditions="layout=rows any model and cache; layout=packed with cache=dual or "
+                "block-causal models",
+            ),
+            default_commit_rule="quota",
+        )
+    )

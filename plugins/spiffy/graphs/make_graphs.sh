@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Recalibrate the built-in Spiffy draft graphs of toy-dllm (see README.md here).
+# Usage: bash plugins/spiffy/graphs/make_graphs.sh   (from the repository root)
+set -euo pipefail
+out=plugins/spiffy/graphs
+budget=${BUDGET:-10}
+n=${N:-70}
+score=${SCORE:-own}
+for block in 32 8; do
+    dloom calibrate --model toy-dllm --strategy quota --block-length "$block" --budget "$budget" \
+        --score "$score" -n "$n" -o "$out/toy-dllm__quota__b$block.json"
+    dloom calibrate --model toy-dllm --strategy threshold --param tau=0.9 --block-length "$block" \
+        --budget "$budget" --score "$score" -n "$n" -o "$out/toy-dllm__threshold-0.9__b$block.json"
+    dloom calibrate --model toy-dllm --strategy factor --param f=1.0 --block-length "$block" \
+        --budget "$budget" --score "$score" -n "$n" -o "$out/toy-dllm__factor-1__b$block.json"
+    dloom calibrate --model toy-dllm --strategy frechet --block-length "$block" \
+        --budget "$budget" --score "$score" -n "$n" -o "$out/toy-dllm__frechet__b$block.json"
+done

@@ -1,0 +1,168 @@
+"""Spiffy's four speculation hooks: draft, prune, build_mask and verify.
+
+* ``dloom_draft`` fills the calibrated graph's formulas from the most recent known
+  distribution (the current state's predecessor's): every draft is the current block with
+  its pairs' positions set to their ranked tokens (:mod:`dloom.plugins.spiffy.frame`). A
+  draft is valid in a row when that row has enough masked positions for its pairs.
+* ``dloom_prune`` scores each draft by the geometric mean of the probabilities of the tokens
+  it sets, combines that with its children's combined scores by a geometric mean (a draft
+  that leads to likely drafts is worth more), and keeps the ``budget`` best drafts of each
+  row while every kept draft stays reachable from the root through kept drafts.
+* ``dloom_build_mask`` lays the root and the kept drafts out as batch rows (``"rows"``:
+  exact for every model and cache mode) or packed into one sequence per row behind a block
+  attention mask (``"packed"``: exact with the dual cache or a block-causal model,
+  near-lossless elsewhere; the decoder reports which in ``result.speculation``).
+* ``dloom_verify`` follows the graph with the decoder's kernel
+  (:func:`dloom.speculation.follow_graph`): lossless whenever the layout is exact.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Mapping
+
+import torch
+
+from dloom import hookimpl
+from dloom.errors import ConfigurationError
+from dloom.speculation import follow_graph, layout_drafts
+from dloom.types import DecodeState, DraftGraph, Verdict, VerificationLayout
+
+from .frame import rank_frame
+from .graph import CalibratedGraph, GraphTemplate, default_graph, find_builtin
+
+LAYOUTS = ("rows", "packed")
+
+
+class Spiffy:
+    """Auto-speculative decoding of a dLLM with a calibrated draft graph.
+
+    :param graph: a graph file from ``dloom calibrate``; ``""`` picks the built-in graph for
+        the decoder's model, base rule and block length, or, with a warning, the
+        uncalibrated default graph (:func:`~dloom.plugins.spiffy.graph.default_graph`).
+    :param budget: ``D*``, the most drafts per row one verification forward evaluates.
+    :param layout: one of :data:`LAYOUTS`.
+    """
+
+    def __init__(self, graph: str = "", budget: int = 10, layout: str = "rows") -> None:
+        if layout not in LAYOUTS:
+            raise ConfigurationError(f"layout is {layout!r}; allowed: {', '.join(LAYOUTS)}")
+        self.graph_path = graph
+        self.budget = budget
+        self.layout = layout
+        self.graph: CalibratedGraph | None = None
+        self._templates: dict[torch.device, GraphTemplate] = {}
+
+    # --- setup -------------------------------------------------------------------------
+
+    @hookimpl
+    def dloom_configure(self, config: Mapping[str, Any]) -> None:
+        """Load the graph and refuse one calibrated for another model, tokenizer, block
+        length or base rule, and the packed layout on a model that takes no attention mask."""
+        if self.layout == "packed" and not config["takes_attention_mask"]:
+            raise ConfigurationError(
+                f"layout 'packed' needs a model whose forward takes a 4-D attention mask; "
+                f"model {config['model']!r} ignores attention masks: use layout 'rows'"
+            )
+        if self.graph_path:
+            graph = CalibratedGraph.load(self.graph_path)
+            found = graph.mismatches(config)
+            if found:
+                raise ConfigurationError(
+                    f"draft graph {self.graph_path!r} does not fit this decoder: it was "
+                    f"calibrated for {'; '.join(found)}"
+                )
+        else:
+            graph = find_builtin(config)
+            if graph is None:
+                warnings.warn(
+                    f"no built-in draft graph fits model {config['model']!r} with base rule "
+                    f"{config['commit_rule']!r} {dict(config['commit_params'])} and block_length "
+                    f"{config['block_length']}: using the uncalibrated default graph (still "
+                    f"lossless, fewer drafts accepted). Calibrate one with `dloom calibrate "
+                    f"--model {config['model']} --strategy {config['commit_rule']} -o graph.json` "
+                    "and pass --param graph=graph.json",
+                    stacklevel=2,
+                )
+                graph = default_graph(config)
+        if graph.temperature != config["temperature"] or graph.remasking != config["remasking"]:
+            warnings.warn(
+                f"draft graph calibrated at temperature {graph.temperature} with "
+                f"{graph.remasking!r} remasking, decoding at {config['temperature']} with "
+                f"{config['remasking']!r}: still lossless, but fewer drafts may be accepted",
+                stacklevel=2,
+            )
+        self.graph = graph
+        self._templates.clear()
+
+    def _template(self, device: torch.device) -> GraphTemplate:
+        if self.graph is None:
+            raise ConfigurationError(
+                "Spiffy has no draft graph: build it through a DiffusionDecoder, which "
+                "configures its plugins"
+            )
+        if device not in self._templates:
+            self._templates[device] = self.graph.template(device)
+        return self._templates[device]
+
+    # --- the four speculation hooks ----------------------------------------------------
+
+    @hookimpl
+    def dloom_draft(self, state: DecodeState) -> DraftGraph | None:
+        if state.logits is None:
+            return None
+        block = state.block
+        template = self._template(block.device)
+        frame = rank_frame(state.logits, block, state.mask_token_id, template.token_ranks)
+        real = template.position_rank >= 0  # (N, P)
+        ranks = template.position_rank.clamp(min=0)
+        rows = torch.arange(block.shape[0], device=block.device)[:, None, None]
+        positions = frame.position_by_rank[:, ranks]  # (B, N, P)
+        token_rank = template.token_rank.clamp(min=0).expand_as(positions)
+        tokens = frame.tokens[rows, positions, token_rank]
+        log_probs = torch.log(frame.probs[rows, positions, token_rank].clamp_min(1e-300))
+        # Padding pairs repeat the node's first pair, so scattering them changes nothing.
+        positions = torch.where(real, positions, positions[..., :1])
+        tokens = torch.where(real, tokens, tokens[..., :1])
+        drafts = block.unsqueeze(1).expand(-1, real.shape[0], -1).clone()
+        drafts.scatter_(2, positions, tokens)
+        fillable = ((template.position_rank < frame.masked[:, None, None]) | ~real).all(-1)
+        score = torch.exp((log_probs * real).sum(-1) / real.sum(-1))
+        one = torch.ones_like(score[:, :1])
+        return DraftGraph(
+            tokens=torch.cat([block.unsqueeze(1), drafts], dim=1),
+            parents=template.parents,
+            depth=template.depth,
+            score=torch.cat([one, score], dim=1),
+            valid=torch.cat([state.active.unsqueeze(1), fillable & state.active.unsqueeze(1)], dim=1),
+        )
+
+    @hookimpl
+    def dloom_prune(self, graph: DraftGraph, budget: int | None) -> DraftGraph:
+        keep = self.budget if budget is None else min(self.budget, budget)
+        nodes = graph.num_nodes + 1
+        valid = graph.valid
+        log_own = torch.log(graph.score.clamp_min(1e-300))
+        combined = log_own.clone()
+        # Children before parents: deepest first (a child is always deeper than its parent).
+        for node in torch.argsort(graph.depth, descending=True, stable=True).tolist()[:-1]:
+            children = graph.parents[:, node].to(log_own.dtype) * valid  # (B, N + 1)
+            total = log_own[:, node] + (children * combined).sum(-1)
+            combined[:, node] = total / (1 + children.sum(-1))
+        kept = torch.zeros_like(valid)
+        kept[:, 0] = valid[:, 0]
+        parents = graph.parents.unsqueeze(0)
+        for _ in range(min(keep, nodes - 1)):
+            frontier = valid & ~kept & (parents & kept.unsqueeze(1)).any(-1)
+            best = torch.where(frontier, combined, torch.full_like(combined, -torch.inf)).argmax(-1)
+            pick = torch.zeros_like(kept).scatter_(1, best.unsqueeze(1), frontier.any(-1, keepdim=True))
+            kept |= pick
+        return DraftGraph(graph.tokens, graph.parents, graph.depth, graph.score, kept)
+
+    @hookimpl
+    def dloom_build_mask(self, state: DecodeState, graph: DraftGraph) -> VerificationLayout:
+        return layout_drafts(state, graph, packed=self.layout == "packed")
+
+    @hookimpl
+    def dloom_verify(self, state: DecodeState, graph: DraftGraph, logits: torch.Tensor, kernel) -> Verdict:
+        return follow_graph(graph, logits, kernel)

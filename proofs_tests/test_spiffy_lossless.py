@@ -1,0 +1,229 @@
+"""Spiffy is lossless: it decodes what its commit rule decodes one forward per step.
+
+Claim (ALGORITHMS.md §3, DESIGN.md "The reference process"): a verification forward gives
+every draft the distribution a standalone forward on that draft's state would give (batch
+rows always; packed spans under the dual cache or on block-causal models), and the verifier
+takes every step with the reference kernel, continuing from a draft only when the sampled
+state *equals* it. So the output distribution is the base strategy's, and under greedy
+decoding (float64) the tokens are the same.
+
+Checked here:
+
+* greedy: token identity with the base strategy alone, on tiny random models (bidirectional
+  and block-causal) for every base rule and every exact layout and cache combination, and
+  on the shipped ``toy-dllm`` with its built-in graphs on held-out task prompts; the runs
+  must actually accept drafts, or identity would prove nothing;
+* sampling: ``dloom.check``'s chi-square test against the exact output distribution
+  obtained by enumerating the kernel, on tiny models with vocabulary 6 and 3-4 generated
+  positions, 20,000 samples per seed, three seeds (``slow``: about three minutes);
+* negative controls, each detected: a verifier that reuses a draft's distribution for a
+  state that differs from it, and the packed layout on a bidirectional model without cache.
+"""
+
+from __future__ import annotations
+
+import warnings
+from functools import cache
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from dloom import DiffusionDecoder, ModelAdapter, hookimpl
+from dloom.check.report import check_lossless
+from dloom.plugins.spiffy import Spiffy
+from dloom.plugins.spiffy.calibrate import calibrate
+from dloom.types import Verdict
+from dloom.zoo import model_path
+
+torch.set_num_threads(1)
+
+VOCAB, MASK_ID, EOS_ID, PAD_ID = 40, 39, 2, 0
+GEN_LENGTH, BLOCK_LENGTH = 16, 8
+PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13], [14], [15, 16, 17, 18], [20, 21, 22, 23, 24]]
+BASES = {"quota": {}, "threshold": {"tau": 0.5}, "factor": {"f": 1.5}, "frechet": {"delta": 0.0}}
+EXACT = [
+    ("bidirectional", "rows", "none"),
+    ("bidirectional", "rows", "prefix"),
+    ("bidirectional", "rows", "dual"),
+    ("bidirectional", "packed", "dual"),
+    ("block-causal", "rows", "none"),
+    ("block-causal", "packed", "none"),
+    ("block-causal", "packed", "prefix"),
+    ("block-causal", "packed", "dual"),
+]
+
+
+@cache
+def tiny(attention: str, shift: bool = False) -> ModelAdapter:
+    """A float64 two-layer Llama with a sharpened head (confident, uneven profiles)."""
+    torch.manual_seed(3)
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=96,
+        initializer_range=0.5, is_causal=False, mask_token_id=MASK_ID, eos_token_id=EOS_ID,
+        pad_token_id=PAD_ID,
+    )
+    model = LlamaForCausalLM(config).eval().to(torch.float64)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(3.0)
+    return ModelAdapter(
+        model, mask_token_id=MASK_ID, eos_token_ids=(EOS_ID,), pad_token_id=PAD_ID,
+        shift_logits=shift, attention=attention, max_context=96, name=f"tiny-{attention}",
+    )
+
+
+def decoder(model, strategy, params=None, **options) -> DiffusionDecoder:
+    settings = {"gen_length": GEN_LENGTH, "block_length": BLOCK_LENGTH, **options}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # uncalibrated-graph and temperature notes
+        return DiffusionDecoder(model, strategy, params=params or {}, **settings)
+
+
+@cache
+def graph_file(attention: str, base: str, tmp: str) -> str:
+    """A graph calibrated on the tiny model itself (its own prompts, then a file)."""
+    model = tiny(attention)
+    prompts = [[t % 30 + 3, (t * 7) % 30 + 3, (t * 13) % 30 + 3] for t in range(12)]
+    graph = calibrate(decoder(model, base, BASES[base]), prompts, budget=8)
+    path = f"{tmp}/{attention}-{base}.json"
+    graph.save(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def graph_dir(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("graphs"))
+
+
+@pytest.mark.parametrize("attention, layout, mode", EXACT)
+def test_greedy_output_is_the_base_strategys_for_every_exact_layout_and_cache(
+    attention, layout, mode, graph_dir
+):
+    model = tiny(attention)
+    accepted = 0
+    for base, params in BASES.items():
+        reference = decoder(model, base, params, cache=mode).generate(PROMPTS)
+        spiffy = decoder(
+            model, f"spiffy+{base}",
+            {**params, "graph": graph_file(attention, base, graph_dir), "layout": layout, "budget": 5},
+            cache=mode,
+        ).generate(PROMPTS)
+        assert spiffy.token_lists == reference.token_lists, (base, layout, mode)
+        assert torch.equal(spiffy.sequences, reference.sequences)
+        assert spiffy.speculation["guarantee"] == "lossless"
+        assert spiffy.nfe.sum() + spiffy.accepted_drafts == reference.nfe.sum()
+        accepted += spiffy.accepted_drafts
+    assert accepted > 0  # drafts were accepted, so identity is evidence
+
+
+def test_greedy_identity_for_a_shifted_model_and_left_padded_batch(graph_dir):
+    model = tiny("bidirectional", shift=True)
+    for layout, mode in [("rows", "none"), ("packed", "dual"), ("rows", "prefix")]:
+        reference = decoder(model, "quota", cache=mode).generate(PROMPTS)
+        spiffy = decoder(model, "spiffy", {"layout": layout}, cache=mode).generate(PROMPTS)
+        assert spiffy.token_lists == reference.token_lists, (layout, mode)
+        assert spiffy.accepted_drafts > 0
+
+
+def test_seeded_sampling_of_one_row_draws_the_same_tokens(graph_dir):
+    """One row, same seed: every kernel step consumes the sampler exactly as the base's does,
+    so even the sampled tokens agree (a stronger statement than equal distributions)."""
+    model = tiny("bidirectional")
+    for prompt in PROMPTS:
+        options = dict(temperature=1.0, seed=11)
+        reference = decoder(model, "quota", **options).generate([prompt])
+        spiffy = decoder(model, "spiffy+quota", {"graph": graph_file("bidirectional", "quota", graph_dir)},
+                         **options).generate([prompt])
+        assert spiffy.token_lists == reference.token_lists
+
+
+TOY_INSTALLED = (model_path("toy-dllm") / "model.safetensors").exists()
+
+
+def assert_identical_on_toy_dllm(base: str, layout: str, mode: str, prompts: int) -> None:
+    from dloom import load_model
+    from dloom.zoo.tasks import held_out
+
+    model = load_model("toy-dllm", dtype="float64")
+    texts = [example.prompt for example in held_out(prompts)]
+    options = dict(block_length=8, cache=mode)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a built-in graph must fit: no fallback warning
+        spiffy = DiffusionDecoder(model, f"spiffy+{base}", layout=layout, **options)
+    reference = DiffusionDecoder(model, base, **options).generate(texts)
+    result = spiffy.generate(texts)
+    assert result.token_lists == reference.token_lists
+    assert result.accepted_drafts > 0.3 * result.verifications
+
+
+@pytest.mark.skipif(not TOY_INSTALLED, reason="toy-dllm not installed")
+@pytest.mark.parametrize("base, layout, mode", [
+    ("quota", "packed", "dual"), ("threshold", "rows", "prefix"), ("frechet", "rows", "dual"),
+])
+def test_greedy_identity_on_the_toy_dllm_with_its_built_in_graphs(base, layout, mode):
+    assert_identical_on_toy_dllm(base, layout, mode, prompts=21)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not TOY_INSTALLED, reason="toy-dllm not installed")
+@pytest.mark.parametrize("layout, mode", [("rows", "none"), ("packed", "dual")])
+@pytest.mark.parametrize("base", list(BASES))
+def test_greedy_identity_on_140_held_out_prompts(base, layout, mode):
+    assert_identical_on_toy_dllm(base, layout, mode, prompts=140)
+
+
+@pytest.mark.slow
+def test_sampled_output_distribution_equals_the_kernels():
+    report = check_lossless("spiffy", "quota", samples=20_000, seeds=3, prompt_count=8)
+    assert report.verdict == "lossless", report.render()
+    assert all(s["samples"] == 20_000 for s in report.evidence["sampling"]["seeds"])
+
+
+# --- negative controls -------------------------------------------------------------------
+
+
+CONTROL_SAMPLES = 4_000
+"""Enough to refute the broken verifier below (its bias is large); the full-power test of
+the correct one is :func:`test_sampled_output_distribution_equals_the_kernels`."""
+
+
+class ReusesAMismatchedDraft(Spiffy):
+    """Broken on purpose: after the first kernel step, continue from the first valid child
+    that committed the same *positions*, whatever tokens it holds (its distribution is then
+    that of another state)."""
+
+    @hookimpl
+    def dloom_verify(self, state, graph, logits, kernel) -> Verdict:
+        block = kernel(graph.tokens[:, 0], logits[:, 0], graph.valid[:, 0])
+        mask = state.mask_token_id
+        same_positions = ((graph.tokens == mask) == (block == mask).unsqueeze(1)).all(-1)
+        hits = graph.children(torch.zeros_like(block[:, 0])) & graph.valid & same_positions
+        found = hits.any(-1) & (block == mask).any(-1)
+        node = hits.long().argmax(-1)
+        rows = torch.arange(block.shape[0])
+        wrong = torch.where(found[:, None, None], logits[rows, node], logits[:, 0])
+        nxt = kernel(block, wrong, found)
+        return Verdict(block=nxt, logits=wrong, accepted=found.long())
+
+
+def test_a_verifier_reusing_a_mismatched_draft_is_caught_by_the_sampling_test():
+    broken = [ReusesAMismatchedDraft(), "quota"]
+    report = check_lossless(broken, "quota", samples=CONTROL_SAMPLES, seeds=2, prompt_count=4)
+    assert report.verdict == "not lossless", report.render()
+
+
+def test_the_same_check_passes_the_correct_verifier():
+    """Same test, same budget, correct verifier: not refuted (the control's failure is the
+    verifier's, not the test's)."""
+    report = check_lossless([Spiffy(), "quota"], "quota", samples=CONTROL_SAMPLES, seeds=2, prompt_count=4)
+    assert report.verdict != "not lossless", report.render()
+    assert min(s["p_value"] for s in report.evidence["sampling"]["seeds"]) > 1e-3
+
+
+def test_packed_layout_on_a_bidirectional_model_without_cache_is_detected_and_labelled():
+    model = tiny("bidirectional")
+    reference = decoder(model, "quota").generate(PROMPTS)
+    packed = decoder(model, "spiffy", {"layout": "packed"}).generate(PROMPTS)
+    assert packed.speculation["guarantee"] == "near-lossless"
+    assert packed.token_lists != reference.token_lists

@@ -1,0 +1,362 @@
+"""Spiffy's pieces: the graph file, calibration, drafting, pruning, layouts and errors.
+
+Losslessness itself is proved in ``proofs_tests/test_spiffy_lossless.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections import Counter
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from dloom import DiffusionDecoder
+from dloom import hookimpl as dloom_hookimpl
+from dloom.cli import app
+from dloom.composition import compose
+from dloom.errors import ConfigurationError
+from dloom.plugins.spiffy import CalibratedGraph, Spiffy
+from dloom.plugins.spiffy.calibrate import ROOT, calibrate, select_nodes
+from dloom.plugins.spiffy.frame import rank_frame
+from dloom.plugins.spiffy.graph import GraphNode, default_graph
+from dloom.types import DecodeState
+
+MASK = 9
+
+
+def config(**overrides):
+    values = dict(
+        model="tiny", tokenizer_sha256=None, commit_rule="quota", commit_params={},
+        steps_per_block=4, block_length=4, temperature=0.0, remasking="low_confidence",
+        takes_attention_mask=True,
+    )
+    values.update(overrides)
+    return values
+
+
+def chain_graph(**overrides) -> CalibratedGraph:
+    """Root -> {(0,0)} -> {(0,0),(1,0)}, and {(0,1)} -> its child {(0,1),(1,0)}."""
+    nodes = (
+        GraphNode(((0, 0),), (0,)),
+        GraphNode(((0, 1),), (0,)),
+        GraphNode(((0, 0), (1, 0)), (1,)),
+        GraphNode(((0, 1), (1, 0)), (2,)),
+    )
+    values = dict(
+        model="tiny", tokenizer_sha256=None, base={"strategy": "quota", "params": {}, "steps_per_block": 4},
+        block_length=4, temperature=0.0, remasking="low_confidence", nodes=nodes,
+    )
+    values.update(overrides)
+    return CalibratedGraph(**values)
+
+
+def configured(graph: CalibratedGraph, tmp_path, **options) -> Spiffy:
+    path = tmp_path / "graph.json"
+    graph.save(path)
+    plugin = Spiffy(graph=str(path), **options)
+    plugin.dloom_configure(config())
+    return plugin
+
+
+# --- the file format ---------------------------------------------------------------------
+
+
+def test_graph_file_round_trips(tmp_path):
+    graph = chain_graph(calibration={"prompts": 3})
+    graph.save(tmp_path / "g.json")
+    assert CalibratedGraph.load(tmp_path / "g.json") == graph
+    data = json.loads((tmp_path / "g.json").read_text())
+    assert data["format"] == "dloom-draft-graph" and data["version"] == 1 and data["budget"] == 4
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: d.update(format="other"), "'format' is 'other'"),
+    (lambda d: d.update(version=7), "this dloom reads version 1"),
+    (lambda d: d.pop("block_length"), "missing 'block_length'"),
+    (lambda d: d["nodes"][0].update(id=5), "node 1 has id 5"),
+    (lambda d: d["nodes"][2].update(parents=[3]), "must be an earlier node id"),
+    (lambda d: d["nodes"][2].update(parents=[2]), "do not strictly contain those of its parent 2"),
+    (lambda d: d["nodes"][1].update(pairs=[[0, 1], [0, 2]]), "fills one position rank twice"),
+    (lambda d: d["nodes"][1].update(pairs=[[4, 0]]), "position rank >= block_length 4"),
+    (lambda d: d["nodes"][1].update(pairs="x"), "needs 'id', 'pairs'"),
+    (lambda d: d.update(budget=9), "'budget' is 9 but the file has 4 nodes"),
+    (lambda d: d.update(nodes=[]), "'nodes' must be a non-empty list"),
+])
+def test_malformed_graph_files_are_refused_with_the_reason(tmp_path, mutate, message):
+    data = chain_graph().to_json()
+    mutate(data)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigurationError, match="malformed draft graph") as raised:
+        CalibratedGraph.load(path)
+    assert message in str(raised.value)
+
+
+def test_unreadable_and_missing_files_are_refused(tmp_path):
+    (tmp_path / "x.json").write_text("{not json")
+    with pytest.raises(ConfigurationError, match="malformed draft graph"):
+        CalibratedGraph.load(tmp_path / "x.json")
+    with pytest.raises(ConfigurationError, match="does not exist"):
+        CalibratedGraph.load(tmp_path / "none.json")
+
+
+@pytest.mark.parametrize("setting, message", [
+    (dict(model="other"), "model 'tiny' (decoder: 'other')"),
+    (dict(tokenizer_sha256="abc"), "tokenizer sha256 None (decoder: 'abc')"),
+    (dict(block_length=8), "block_length 4 (decoder: 8)"),
+    (dict(commit_rule="threshold", commit_params={"tau": 0.9}), "base rule"),
+    (dict(steps_per_block=2), "base rule"),
+])
+def test_a_graph_calibrated_for_something_else_is_refused(tmp_path, setting, message):
+    chain_graph().save(tmp_path / "g.json")
+    with pytest.raises(ConfigurationError, match="does not fit this decoder") as raised:
+        Spiffy(graph=str(tmp_path / "g.json")).dloom_configure(config(**setting))
+    assert message in str(raised.value)
+
+
+def test_without_a_fitting_built_in_graph_the_default_graph_is_used_with_a_warning():
+    plugin = Spiffy()
+    with pytest.warns(UserWarning, match="uncalibrated default graph"):
+        plugin.dloom_configure(config(block_length=4))
+    assert plugin.graph.calibration == {"uncalibrated": True}
+    assert plugin.graph.nodes[0].pairs == ((0, 0),)
+
+
+@pytest.mark.parametrize("width", [1, 2, 3, 8, 32])
+def test_default_graphs_are_valid_for_every_block_length(width):
+    graph = default_graph(config(block_length=width))
+    assert CalibratedGraph.from_json(graph.to_json()) == graph
+    assert all(i < width for node in graph.nodes for i, _ in node.pairs)
+
+
+def test_packed_layout_is_refused_for_a_model_that_takes_no_attention_mask():
+    with pytest.raises(ConfigurationError, match="use layout 'rows'"):
+        Spiffy(layout="packed").dloom_configure(config(takes_attention_mask=False))
+
+
+def test_bad_layout_and_budget_name_the_allowed_values(tiny_adapter):
+    with pytest.raises(ConfigurationError, match="allowed: one of 'rows', 'packed'"):
+        compose("spiffy", {"layout": "diagonal"})
+    with pytest.raises(ConfigurationError, match=r"'budget' of strategy 'spiffy' is -1; allowed: \[0, inf\)"):
+        compose("spiffy", {"budget": -1})
+
+
+# --- composition -------------------------------------------------------------------------
+
+
+def test_spiffy_alone_runs_over_quota_and_over_any_named_rule():
+    assert compose("spiffy").name == "spiffy+quota"
+    assert compose("spiffy+threshold").name == "spiffy+threshold"
+    assert compose("frechet+spiffy").provider("dloom_select_commit") == "frechet"
+
+
+# --- the frame and drafting --------------------------------------------------------------
+
+
+def test_frame_ranks_masked_positions_by_confidence_and_tokens_by_probability():
+    block = torch.tensor([[MASK, 3, MASK, MASK]])
+    probs = torch.full((1, 4, 10), 0.01)
+    probs[0, 0, 4], probs[0, 0, 5] = 0.5, 0.3  # confidence 0.5
+    probs[0, 2, 6], probs[0, 2, 7] = 0.8, 0.1  # confidence 0.8 (rank 0)
+    probs[0, 3, 7], probs[0, 3, 8] = 0.3, 0.2  # confidence 0.3
+    probs[0, 1, 3] = 0.99  # not masked: never ranked among the masked
+    probs[..., MASK] = 0.9  # the mask token is never a candidate
+    frame = rank_frame(probs.log(), block, MASK, token_ranks=2)
+    assert frame.position_by_rank[0, :3].tolist() == [2, 0, 3]
+    assert frame.masked.tolist() == [3]
+    assert frame.tokens[0, 2].tolist() == [6, 7] and frame.tokens[0, 0].tolist() == [4, 5]
+
+
+def drafting_state(block, logits, active=None):
+    tokens = torch.cat([torch.tensor([[5, 6]] * block.shape[0]), block], dim=1)
+    return DecodeState(
+        tokens=tokens, attention_mask=torch.ones_like(tokens), block_start=2, block_end=6,
+        mask_token_id=MASK, active=torch.ones(block.shape[0], dtype=torch.bool) if active is None else active,
+        logits=logits, span_start=2,
+    )
+
+
+def test_draft_fills_the_formulas_per_row(tmp_path):
+    plugin = configured(chain_graph(), tmp_path)
+    block = torch.tensor([[MASK, MASK, MASK, MASK], [MASK, 4, 4, 4], [1, 1, 1, 1]])
+    logits = torch.zeros(3, 4, 10)
+    logits[:, :, 3] = torch.tensor([1.0, 4.0, 2.0, 0.0])  # token 3: best at position 1, then 2
+    logits[:, :, 8] = 0.5  # second-best token everywhere
+    graph = plugin.dloom_draft(drafting_state(block, logits))
+    assert graph.tokens.shape == (3, 5, 4) and graph.num_nodes == 4
+    assert torch.equal(graph.tokens[:, 0], block)
+    assert graph.tokens[0, 1].tolist() == [MASK, 3, MASK, MASK]  # {(0,0)}
+    assert graph.tokens[0, 2].tolist() == [MASK, 8, MASK, MASK]  # {(0,1)}
+    assert graph.tokens[0, 3].tolist() == [MASK, 3, 3, MASK]  # {(0,0),(1,0)}
+    assert graph.tokens[1, 1].tolist() == [3, 4, 4, 4]  # one masked position
+    # row 1 has one masked position: drafts needing two are invalid; row 2 has none
+    assert graph.valid.tolist() == [[True] * 5, [True, True, True, False, False], [True] + [False] * 4]
+    assert graph.depth.tolist() == [0, 1, 1, 2, 2]
+    assert torch.all((graph.score > 0) & (graph.score <= 1))
+
+
+def test_draft_declines_without_a_distribution(tmp_path):
+    plugin = configured(chain_graph(), tmp_path)
+    assert plugin.dloom_draft(drafting_state(torch.full((1, 4), MASK), None)) is None
+
+
+def test_prune_keeps_the_best_reachable_drafts_per_row(tmp_path):
+    plugin = configured(chain_graph(), tmp_path, budget=2)
+    block = torch.full((2, 4), MASK)
+    logits = torch.zeros(2, 4, 10)
+    logits[0, :, 3] = 5.0  # row 0: top tokens sure -> the (0,0) chain scores best
+    logits[1, :, 3], logits[1, :, 8] = 1.0, 1.0  # row 1: a tie between ranks 0 and 1
+    graph = plugin.dloom_draft(drafting_state(block, logits))
+    pruned = plugin.dloom_prune(graph, None)
+    assert pruned.valid.sum(-1).tolist() == [3, 3]  # root + 2 per row
+    assert pruned.valid[0].tolist() == [True, True, False, True, False]
+    for row in range(2):  # every kept draft has a kept parent
+        kept = pruned.valid[row]
+        assert all((pruned.parents[n] & kept).any() for n in range(1, 5) if kept[n])
+    assert plugin.dloom_prune(graph, 1).valid.sum(-1).tolist() == [2, 2]  # the decoder's cap wins
+    assert plugin.dloom_prune(graph, 0).valid.sum(-1).tolist() == [1, 1]
+
+
+@pytest.mark.parametrize("layout", ["rows", "packed"])
+def test_layouts_place_every_evaluated_node(tmp_path, layout):
+    plugin = configured(chain_graph(), tmp_path, layout=layout)
+    block = torch.tensor([[MASK, MASK, MASK, MASK], [MASK, 4, 4, 4]])
+    state = drafting_state(block, torch.zeros(2, 4, 10))
+    graph = plugin.dloom_draft(state)
+    result = plugin.dloom_build_mask(state, graph)
+    assert result.packed == (layout == "packed")
+    evaluated = graph.valid
+    assert torch.equal(result.node_rows >= 0, evaluated)
+    for row, node in evaluated.nonzero().tolist():
+        r, offset = result.node_rows[row, node], result.node_offsets[row, node]
+        assert result.source[r] == row
+        assert torch.equal(result.input_ids[r, offset : offset + 4], graph.tokens[row, node])
+        assert (result.segment[r, offset : offset + 4] == node).all()
+        assert result.span_position[r, offset : offset + 4].tolist() == [0, 1, 2, 3]
+    if layout == "rows":
+        assert result.input_ids.shape == (int(evaluated.sum()), 4)
+    else:
+        assert result.input_ids.shape == (2, 5 * 4) and (result.segment[1, 12:] == -1).all()
+
+
+# --- calibration -------------------------------------------------------------------------
+
+
+def test_selection_is_connected_ordered_and_scores_own_plus_parents():
+    a, b = frozenset({(0, 0)}), frozenset({(0, 1)})
+    ab = frozenset({(0, 0), (1, 0)})
+    rare = frozenset({(0, 0), (2, 3)})
+    orphan = frozenset({(0, 0), (1, 0), (2, 0)})
+    frequency = Counter({a: 10, b: 4, ab: 6, rare: 1, orphan: 50})
+    parents = {a: {ROOT}, b: {ROOT}, ab: {a, b}, rare: {a}, orphan: {ab}}
+    nodes = select_nodes(frequency, parents, budget=3, score_kind="own+parents")
+    # a (10), then ab (6 + 10 + 4 = 20), then orphan (50 + 6), not b (4) or rare (1 + 10)
+    assert [n.pairs for n in nodes] == [((0, 0),), ((0, 0), (1, 0)), ((0, 0), (1, 0), (2, 0))]
+    assert [n.parents for n in nodes] == [(0,), (1,), (2,)]  # b was not kept: not a parent
+    assert [n.score for n in nodes] == [10.0, 20.0, 56.0]
+    assert select_nodes(frequency, parents, budget=0) == []
+    # by own frequency: a (10), then ab (6, reachable once a is kept, beats b's 4), then
+    # orphan (50, reachable once ab is kept)
+    own = select_nodes(frequency, parents, budget=3)
+    assert [n.pairs for n in own] == [((0, 0),), ((0, 0), (1, 0)), ((0, 0), (1, 0), (2, 0))]
+    assert [n.score for n in own] == [10.0, 6.0, 50.0]
+    rare_first = select_nodes(Counter({**frequency, b: 7}), parents, budget=2)
+    assert [n.pairs for n in rare_first] == [((0, 0),), ((0, 1),)]  # b (7) before ab (6)
+    with pytest.raises(ConfigurationError, match="allowed: own, own\+parents"):
+        select_nodes(frequency, parents, budget=2, score_kind="best")
+
+
+def test_calibration_records_the_reference_process_and_its_graph_loads(sharp_adapter, tmp_path):
+    decoder = DiffusionDecoder(sharp_adapter, "quota", gen_length=8, block_length=4)
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
+    graph = calibrate(decoder, prompts, budget=5, description={"note": "test"})
+    assert 1 <= graph.budget <= 5
+    assert graph.base == {"strategy": "quota", "params": {}, "steps_per_block": 4}
+    # one token per step: depth-d formulas have d pairs, every path starts with one pair
+    assert all(len(node.pairs) == 1 for node in graph.nodes if node.parents == (0,))
+    assert graph.calibration["paths"] > 0 and graph.calibration["note"] == "test"
+    graph.save(tmp_path / "g.json")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        spiffy = DiffusionDecoder(
+            sharp_adapter, "spiffy", gen_length=8, block_length=4, graph=str(tmp_path / "g.json")
+        )
+    assert spiffy.generate(prompts).token_lists == decoder.generate(prompts).token_lists
+
+
+def test_calibration_refuses_a_speculative_base_and_bad_budgets(tiny_adapter):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        spiffy = DiffusionDecoder(tiny_adapter, "spiffy", gen_length=4, block_length=4)
+    with pytest.raises(ConfigurationError, match="calibrate the base strategy alone"):
+        calibrate(spiffy, [[5]], budget=3)
+    quota = DiffusionDecoder(tiny_adapter, "quota", gen_length=4, block_length=4)
+    with pytest.raises(ConfigurationError, match="allowed: an integer >= 1"):
+        calibrate(quota, [[5]], budget=0)
+    with pytest.raises(ConfigurationError, match="no calibration prompts"):
+        calibrate(quota, [], budget=2)
+
+
+def test_cli_calibrate_then_generate_with_the_graph(tmp_path):
+    runner = CliRunner()
+    out = tmp_path / "graph.json"
+    result = runner.invoke(app, [
+        "calibrate", "--strategy", "quota", "-n", "6", "--budget", "4", "--block-length", "8",
+        "--tasks", "copy,add", "-o", str(out),
+    ])
+    assert result.exit_code == 0, result.output
+    assert f"wrote {out}" in result.output.replace("\n", "")
+    graph = CalibratedGraph.load(out)
+    assert graph.model == "toy-dllm" and graph.block_length == 8 and graph.budget <= 4
+    assert graph.calibration["split"] == "train" and graph.calibration["tasks"] == "copy,add"
+    result = runner.invoke(app, [
+        "generate", "copy: abcd", "--strategy", "spiffy", "--block-length", "8",
+        "--param", f"graph={out}", "--json",
+    ])
+    assert result.exit_code == 0, result.output
+    bad = runner.invoke(app, [
+        "generate", "copy: abcd", "--strategy", "spiffy", "--block-length", "16",
+        "--param", f"graph={out}",
+    ])
+    assert bad.exit_code == 2 and "block_length 8 (decoder: 16)" in bad.output.replace("\n", " ")
+
+
+def test_the_speculator_example_in_the_plugin_docs_is_lossless(sharp_adapter):
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).parents[1] / "docs" / "plugins.md").read_text()
+    source = next(b for b in re.findall(r"```python\n(.*?)```", page, re.S) if "guess_top_token" in b)
+    namespace: dict = {}
+    exec(compile(source, "guess_top_token.py", "exec"), namespace)
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
+    options = dict(gen_length=16, block_length=8)
+    reference = DiffusionDecoder(sharp_adapter, "quota", **options).generate(prompts)
+    result = DiffusionDecoder(sharp_adapter, [namespace["GuessTopToken"](), "quota"], **options).generate(prompts)
+    assert result.token_lists == reference.token_lists
+    assert result.accepted_drafts > 0 and result.forwards < reference.forwards
+
+
+def test_the_decoders_draft_budget_caps_the_drafts_per_forward(sharp_adapter):
+    prompts = [[5, 6, 7], [8, 9]]
+    options = dict(gen_length=16, block_length=8)
+    seen = []
+
+    class Recording(Spiffy):
+        def dloom_prune(self, graph, budget):
+            pruned = super().dloom_prune(graph, budget)
+            seen.append(int(pruned.valid[:, 1:].sum(-1).max()))
+            return pruned
+
+    Recording.dloom_prune = dloom_hookimpl(Recording.dloom_prune)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reference = DiffusionDecoder(sharp_adapter, "quota", **options).generate(prompts)
+        capped = DiffusionDecoder(sharp_adapter, [Recording(budget=8), "quota"], draft_budget=1, **options)
+    assert capped.generate(prompts).token_lists == reference.token_lists
+    assert seen and max(seen) == 1
+    with pytest.raises(ConfigurationError, match="draft_budget is -1; allowed: >= 0 or None"):
+        DiffusionDecoder(sharp_adapter, "quota", draft_budget=-1, **options)
