@@ -6,7 +6,7 @@ a Markdown table that compares the rules at matched accuracy (within one point o
 0.9)::
 
     python benchmarks/sweep_commit_rules.py --model toy-dllm -n 500 \\
-        --json benchmarks/results/commit_rules.json \\
+        --json benchmarks/results/commit_rules_n500.json \\
         --plot docs/assets/commit_rules.png --table docs/benchmarks/commit_rules.md
 """
 

@@ -36,6 +36,37 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def left_pad_prompts(
+    model: ModelAdapter, prompts: Any, attention_mask: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded ``(B, P)`` prompt ids and their ``(B, P)`` padding mask on the model's device.
+
+    :param prompts: texts (encoded with the model's tokenizer), token-id lists, or a
+        ``(B, P)`` tensor of left-padded ids with its ``attention_mask``.
+    :raises ModelError: for no prompts, an empty prompt or a tensor that is not 2-D.
+    """
+    device = model.device
+    if isinstance(prompts, torch.Tensor):
+        if prompts.dim() != 2:
+            raise ModelError(f"prompt tensor must be (B, P); got shape {tuple(prompts.shape)}")
+        ids = prompts.to(device=device, dtype=torch.long)
+        mask = torch.ones_like(ids) if attention_mask is None else attention_mask.to(device).long()
+        return ids, mask
+    if len(prompts) == 0:
+        raise ModelError("no prompts given")
+    rows = (
+        model.encode(prompts) if isinstance(prompts[0], str) else [list(map(int, p)) for p in prompts]
+    )
+    empty = [i for i, r in enumerate(rows) if not r]
+    if empty:
+        raise ModelError(f"prompt {empty[0]} is empty; every prompt needs at least one token")
+    width = max(len(r) for r in rows)
+    pad = model.pad_token_id
+    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], dtype=torch.long)
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long)
+    return ids.to(device), mask.to(device)
+
+
 @dataclass
 class ModelAdapter:
     """A model plus the conventions needed to decode with it.

@@ -338,26 +338,32 @@ def demo(
     except DloomError as error:
         fail(error)
     base = reports[baseline]
+
+    def identical(report, other) -> float:
+        return sum(a["text"] == b["text"] for a, b in zip(report.outputs, other.outputs)) / report.n
+
     rows = []
     for name, report in reports.items():
-        same = sum(a["text"] == b["text"] for a, b in zip(report.outputs, base.outputs))
+        rule = name.split("+")[-1]  # a speculator's commit rule: its outputs must equal them
         rows.append({
             "strategy": name, "accuracy": report.accuracy, "nfe_mean": report.nfe_mean,
             "tpf": report.tpf, "tps": report.tps,
             "nfe_ratio_vs_baseline": base.nfe_mean / report.nfe_mean if report.nfe_mean else 0.0,
-            "identical_to_baseline": same / report.n, "n": report.n,
+            "identical_to_baseline": identical(report, base), "n": report.n,
+            "identical_to_commit_rule": identical(report, reports[rule]) if "+" in name else None,
         })
     if as_json:
         sys.stdout.write(json.dumps({"model": model, "baseline": baseline, "rows": rows}, indent=2) + "\n")
         return
     table = Table(
         "strategy", "accuracy", "NFE", "TPF", "TPS", "fewer NFE", "identical to baseline",
-        title=f"dloom demo: {n} held-out task prompts on {model} (baseline: {baseline}, one token per step)",
+        "identical to its rule", title=f"dloom demo: {n} held-out task prompts on {model} (baseline: {baseline}, one token per step)",
     )
     for row in rows:
         table.add_row(
             row["strategy"], f"{row['accuracy']:.0%}", f"{row['nfe_mean']:.1f}", f"{row['tpf']:.2f}",
             f"{row['tps']:.0f}", f"{row['nfe_ratio_vs_baseline']:.2f}x", f"{row['identical_to_baseline']:.0%}",
+            "" if row["identical_to_commit_rule"] is None else f"{row['identical_to_commit_rule']:.0%}",
         )
     console.print(table)
     first = base.outputs[0]

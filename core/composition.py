@@ -196,7 +196,7 @@ def _check_single_answers(composition: Composition) -> None:
 
 def _trace(hook_name: str, hook_impls: list, kwargs: dict) -> None:
     providers = ", ".join(impl.plugin_name for impl in hook_impls if not impl.wrapper)
-    print(f"[dloom trace] {hook_name} -> {providers}", file=sys.stderr)
+    print(f"[dloom trace] {hook_name} -> {providers or '(no plugin)'}", file=sys.stderr)
 
 
 def build_plugin_manager(composition: Composition, *extra: object) -> pluggy.PluginManager:

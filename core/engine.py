@@ -27,7 +27,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from dloom import hooks
-from dloom.adapter import ModelAdapter
+from dloom.adapter import ModelAdapter, left_pad_prompts
 from dloom.attention import block_causal_mask
 from dloom.cache import CACHE_MODES, BlockForward, cache_argument
 from dloom.composition import StrategySpec, build_plugin_manager, compose
@@ -135,6 +135,14 @@ class DiffusionDecoder:
         self.draft_budget = draft_budget
         self._validate()
         self.composition = compose(strategy, {**(params or {}), **strategy_params}, registry)
+        for component in self.composition.components:
+            claim = component.strategy.claim if component.strategy is not None else None
+            if claim is not None and claim.against == "target":
+                raise ConfigurationError(
+                    f"strategy {component.name!r} decodes an autoregressive target with a "
+                    "dLLM drafter, not a dLLM alone: use dloom.failfast.FailFastDecoder, or "
+                    f"`dloom generate --strategy {component.name} --target ... --drafter ...`"
+                )
         if self.composition.provider("dloom_select_commit") is None:
             raise ConfigurationError(
                 f"strategy {self.composition.name!r} has no commit rule (dloom_select_commit); "
@@ -214,35 +222,6 @@ class DiffusionDecoder:
             "dtype": str(self.model.dtype).removeprefix("torch."),
             "device": str(self.model.device),
         }
-
-    def _batch(
-        self, prompts: Prompts, attention_mask: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Left-padded ``(B, P)`` prompt ids and their ``(B, P)`` padding mask."""
-        device = self.model.device
-        if isinstance(prompts, torch.Tensor):
-            ids = prompts.to(device=device, dtype=torch.long)
-            if ids.dim() != 2:
-                raise ModelError(f"prompt tensor must be (B, P); got shape {tuple(ids.shape)}")
-            mask = (
-                torch.ones_like(ids) if attention_mask is None else attention_mask.to(device).long()
-            )
-            return ids, mask
-        if len(prompts) == 0:
-            raise ModelError("no prompts given")
-        rows = (
-            self.model.encode(prompts)  # type: ignore[arg-type]
-            if isinstance(prompts[0], str)
-            else [list(map(int, p)) for p in prompts]  # type: ignore[arg-type]
-        )
-        empty = [i for i, r in enumerate(rows) if not r]
-        if empty:
-            raise ModelError(f"prompt {empty[0]} is empty; every prompt needs at least one token")
-        width = max(len(r) for r in rows)
-        pad = self.model.pad_token_id
-        ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], dtype=torch.long)
-        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long)
-        return ids.to(device), mask.to(device)
 
     def _timed_forward(self, call, *args) -> torch.Tensor:
         """Run one model forward (``call(*args)``), adding its time to the ``forward`` share."""
@@ -380,7 +359,7 @@ class DiffusionDecoder:
         self.timer.seconds.clear()
         self._forward_seconds = 0.0
         model, mask_id = self.model, self.model.mask_token_id
-        prompt_ids, prompt_mask = self._batch(prompts, attention_mask)
+        prompt_ids, prompt_mask = left_pad_prompts(self.model, prompts, attention_mask)
         batch, prompt_len = prompt_ids.shape
         total = prompt_len + self.gen_length
         if model.max_context is not None and total > model.max_context:

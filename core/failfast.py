@@ -73,7 +73,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from dloom import hooks
-from dloom.adapter import ModelAdapter
+from dloom.adapter import ModelAdapter, left_pad_prompts
 from dloom.ar import ARTarget
 from dloom.cache import cache_argument
 from dloom.composition import build_plugin_manager, compose
@@ -584,31 +584,6 @@ class FailFastDecoder:
             "device": str(self.model.device),
         }
 
-    def _batch(self, prompts: Prompts, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Left-padded ``(B, P)`` prompt ids and padding mask on the target's device."""
-        device = self.model.device
-        if isinstance(prompts, torch.Tensor):
-            if prompts.dim() != 2:
-                raise ModelError(f"prompt tensor must be (B, P); got shape {tuple(prompts.shape)}")
-            ids = prompts.to(device=device, dtype=torch.long)
-            mask = torch.ones_like(ids) if attention_mask is None else attention_mask.to(device).long()
-            return ids, mask
-        if len(prompts) == 0:
-            raise ModelError("no prompts given")
-        rows = (
-            self.model.encode(prompts)  # type: ignore[arg-type]
-            if isinstance(prompts[0], str)
-            else [list(map(int, p)) for p in prompts]  # type: ignore[arg-type]
-        )
-        empty = [i for i, r in enumerate(rows) if not r]
-        if empty:
-            raise ModelError(f"prompt {empty[0]} is empty; every prompt needs at least one token")
-        width = max(len(r) for r in rows)
-        pad = self.model.pad_token_id
-        ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], dtype=torch.long)
-        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long)
-        return ids.to(device), mask.to(device)
-
     def generate(self, prompts: Prompts, attention_mask: torch.Tensor | None = None) -> FailFastResult:
         """Decode a batch of prompts.
 
@@ -622,7 +597,7 @@ class FailFastDecoder:
         start_time = time.perf_counter()
         self.timer.seconds.clear()
         timings = {"target_forward": 0.0, "drafter_forward": 0.0, "draft": 0.0, "verify": 0.0}
-        prompt_ids, prompt_mask = self._batch(prompts, attention_mask)
+        prompt_ids, prompt_mask = left_pad_prompts(self.model, prompts, attention_mask)
         batch, prompt_len = prompt_ids.shape
         total = prompt_len + self.max_new_tokens
         if self.drafter.max_context is not None and total > self.drafter.max_context:

@@ -324,8 +324,9 @@ def test_dloom_trace_prints_each_hook_call_with_its_plugin(tiny_adapter, monkeyp
     result = decoder.generate([[5, 6, 7]])
     lines = capsys.readouterr().err.splitlines()
     assert lines, "DLOOM_TRACE=1 printed nothing"
-    assert set(lines) == {"[dloom trace] dloom_select_commit -> threshold"}
-    assert len(lines) == result.forwards  # one commit decision per forward
+    assert lines[0] == "[dloom trace] dloom_configure -> (no plugin)"  # once, when built
+    assert set(lines[1:]) == {"[dloom trace] dloom_select_commit -> threshold"}
+    assert len(lines) - 1 == result.forwards  # one commit decision per forward
 
 
 def test_no_trace_without_dloom_trace(tiny_adapter, monkeypatch, capsys):

@@ -46,7 +46,7 @@ def test_nan_logits(tiny_adapter):
     with torch.no_grad():
         tiny_adapter.model.lm_head.weight[3, 0] = float("nan")
     decoder = DiffusionDecoder(tiny_adapter, gen_length=8)
-    with pytest.raises(NonFiniteLogitsError, match="NaN or inf logits at block 0, step 0"):
+    with pytest.raises(NonFiniteLogitsError, match="NaN or inf logits at block 0, forward 0"):
         decoder.generate([[5, 6]])
 
 

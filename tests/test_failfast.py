@@ -455,3 +455,11 @@ def test_at_most_one_sync_per_drafter_step_and_per_round(monkeypatch, target, dr
     total = sum(counter.decoder.values())
     assert total <= result.drafter_forwards + rounds + per_call, dict(counter.decoder)
     assert result.drafter_forwards >= 10 and rounds >= 3  # a per-row or per-token sync would show
+
+
+def test_a_diffusion_decoder_refuses_failfast_with_a_pointer_to_the_right_decoder(tiny_adapter):
+    from dloom import DiffusionDecoder
+    from dloom.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="use dloom.failfast.FailFastDecoder"):
+        DiffusionDecoder(tiny_adapter, "failfast")

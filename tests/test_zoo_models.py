@@ -84,3 +84,6 @@ def test_demo_command_runs():
     rows = {row["strategy"]: row for row in json.loads(result.stdout)["rows"]}
     assert rows["quota"]["identical_to_baseline"] == 1.0
     assert {"threshold", "factor", "frechet"} <= set(rows)
+    assert rows["spiffy+quota"]["identical_to_baseline"] == 1.0  # lossless
+    assert rows["spiffy+threshold"]["identical_to_commit_rule"] == 1.0
+    assert rows["spiffy+quota"]["nfe_mean"] < rows["quota"]["nfe_mean"]
