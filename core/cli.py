@@ -89,6 +89,16 @@ DtypeOption = typer.Option("float32", help="float32, float64, bfloat16 or float1
 JsonOption = typer.Option(False, "--json", help="Machine-readable output.")
 TargetOption = typer.Option(None, "--target", help="AR target of --strategy failfast (default toy-ar).")
 DrafterOption = typer.Option(None, "--drafter", help="dLLM drafter of --strategy failfast (default toy-dllm).")
+GraphOption = typer.Option(None, "--graph", help="Spiffy: draft-graph file (default: the built-in one).")
+BudgetOption = typer.Option(None, "--budget", min=0, help="Spiffy: D*, drafts per verification forward.")
+LayoutOption = typer.Option(None, "--layout", help="Spiffy: rows (exact everywhere) or packed.")
+
+
+def spiffy_params(graph: Optional[Path], budget: Optional[int], layout: Optional[str]) -> list[str]:
+    """``--graph``, ``--budget`` and ``--layout`` as ``spiffy.NAME=VALUE`` parameters (a
+    strategy without ``spiffy`` then refuses them, naming its components)."""
+    given = {"graph": graph, "budget": budget, "layout": layout}
+    return [f"spiffy.{name}={value}" for name, value in given.items() if value is not None]
 
 
 def build_decoder(
@@ -146,6 +156,9 @@ def generate(
     as_json: bool = typer.Option(False, "--json", help="One JSON object per prompt."),
     target: Optional[str] = TargetOption,
     drafter: Optional[str] = DrafterOption,
+    graph: Optional[Path] = GraphOption,
+    budget: Optional[int] = BudgetOption,
+    layout: Optional[str] = LayoutOption,
 ) -> None:
     """Decode prompts with a strategy and print the texts and metrics."""
     try:
@@ -155,7 +168,7 @@ def generate(
         if not prompts:
             raise ConfigurationError("no prompts: pass PROMPT arguments or --prompts FILE.jsonl")
         decoder = build_decoder(
-            model, strategy, param, mask_token_id=mask_token_id,
+            model, strategy, [*param, *spiffy_params(graph, budget, layout)], mask_token_id=mask_token_id,
             trust_remote_code=trust_remote_code, device=device, dtype=dtype, device_map=device_map,
             gen_length=gen_length, block_length=block_length, steps=steps,
             temperature=temperature, remasking=remasking, seed=seed, cache=cache,
@@ -214,6 +227,9 @@ def eval_command(
     as_json: bool = JsonOption,
     target: Optional[str] = TargetOption,
     drafter: Optional[str] = DrafterOption,
+    graph: Optional[Path] = GraphOption,
+    budget: Optional[int] = BudgetOption,
+    layout: Optional[str] = LayoutOption,
 ) -> None:
     """Accuracy per task family, NFE, TPF and TPS of a strategy on the held-out task suite."""
     from dloom.evaluation import evaluate, select_examples
@@ -221,7 +237,7 @@ def eval_command(
     try:
         examples = select_examples(tasks, n, seed)
         decoder = build_decoder(
-            model, strategy, param, device=device, dtype=dtype, gen_length=gen_length,
+            model, strategy, [*param, *spiffy_params(graph, budget, layout)], device=device, dtype=dtype, gen_length=gen_length,
             block_length=block_length, steps=steps, temperature=temperature,
             remasking=remasking, seed=seed, cache=cache, target=target, drafter=drafter,
         )

@@ -360,3 +360,26 @@ def test_the_decoders_draft_budget_caps_the_drafts_per_forward(sharp_adapter):
     assert seen and max(seen) == 1
     with pytest.raises(ConfigurationError, match="draft_budget is -1; allowed: >= 0 or None"):
         DiffusionDecoder(sharp_adapter, "quota", draft_budget=-1, **options)
+
+
+def test_cli_graph_budget_and_layout_options_reach_spiffy(tmp_path):
+    runner = CliRunner()
+    graph = chain_graph(model="toy-dllm", block_length=8, base={"strategy": "quota", "params": {}, "steps_per_block": 8})
+    path = tmp_path / "g.json"
+    graph.save(path)
+    result = runner.invoke(app, [
+        "generate", "copy: abcd", "--strategy", "spiffy", "--block-length", "8", "--graph", str(path),
+        "--budget", "2", "--layout", "packed", "--cache", "dual", "--json",
+    ], catch_exceptions=False)
+    assert result.exit_code == 2, result.output  # the toy tokenizer's hash is not the file's None
+    assert "tokenizer sha256 None" in result.output.replace("\n", " ")
+    ok = runner.invoke(app, [
+        "eval", "--strategy", "spiffy", "--budget", "2", "--layout", "packed", "--cache", "dual",
+        "-n", "7", "--block-length", "8", "--json",
+    ])
+    assert ok.exit_code == 0, ok.output
+    report = json.loads(ok.stdout)
+    assert report["config"]["params"]["spiffy"] == {"graph": "", "budget": 2, "layout": "packed"}
+    assert report["speculation"]["guarantee"] == "lossless"
+    wrong = runner.invoke(app, ["generate", "copy: ab", "--strategy", "threshold", "--budget", "2"])
+    assert wrong.exit_code == 2 and "names strategy 'spiffy', which is not part of" in wrong.output.replace("\n", " ")
