@@ -265,7 +265,7 @@ def test_selection_is_connected_ordered_and_scores_own_plus_parents():
     assert [n.score for n in own] == [10.0, 6.0, 50.0]
     rare_first = select_nodes(Counter({**frequency, b: 7}), parents, budget=2)
     assert [n.pairs for n in rare_first] == [((0, 0),), ((0, 1),)]  # b (7) before ab (6)
-    with pytest.raises(ConfigurationError, match="allowed: own, own\+parents"):
+    with pytest.raises(ConfigurationError, match=r"allowed: own, own\+parents"):
         select_nodes(frequency, parents, budget=2, score_kind="best")
 
 
