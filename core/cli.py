@@ -348,9 +348,11 @@ def demo(
             f"{s.name}+{rule}" for s in sorted(strategies, key=lambda s: s.name)
             if "dloom_draft" in s.hooks for rule in (baseline, "threshold")
         ]
-        reports = {}
+        reports, rules = {}, {}
         for name in names:
-            reports[name] = evaluate(build_decoder(model, name, []), examples, batch_size=batch_size)
+            decoder = build_decoder(model, name, [])
+            rules[name] = decoder.composition.provider("dloom_select_commit")
+            reports[name] = evaluate(decoder, examples, batch_size=batch_size)
     except DloomError as error:
         fail(error)
     base = reports[baseline]
@@ -360,13 +362,13 @@ def demo(
 
     rows = []
     for name, report in reports.items():
-        rule = name.split("+")[-1]  # a speculator's commit rule: its outputs must equal them
+        rule = rules[name]  # a speculator's outputs must equal its commit rule's alone
         rows.append({
             "strategy": name, "accuracy": report.accuracy, "nfe_mean": report.nfe_mean,
             "tpf": report.tpf, "tps": report.tps,
             "nfe_ratio_vs_baseline": base.nfe_mean / report.nfe_mean if report.nfe_mean else 0.0,
             "identical_to_baseline": identical(report, base), "n": report.n,
-            "identical_to_commit_rule": identical(report, reports[rule]) if "+" in name else None,
+            "identical_to_commit_rule": identical(report, reports[rule]) if rule != name else None,
         })
     if as_json:
         sys.stdout.write(json.dumps({"model": model, "baseline": baseline, "rows": rows}, indent=2) + "\n")

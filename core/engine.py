@@ -245,9 +245,9 @@ class DiffusionDecoder:
         eos_ids: torch.Tensor,
         counters: _Counters,
         observer: Callable[[StepRecord], None] | None,
-    ) -> None:
+    ) -> torch.Tensor:
         """Decode the active block of the rows ``x`` (``(B, L)``, updated in place; ``rows``
-        are their indices in the whole batch).
+        are their indices in the whole batch) and return each row's NFE in it (``(B,)``).
 
         A plain step is one forward and one kernel step. Once a distribution of the block is
         known, a speculative composition drafts future states from it; one verification
@@ -262,7 +262,7 @@ class DiffusionDecoder:
             self.steps // (self.gen_length // self.block_length),
             (x[:, start:end] == mask_id).sum(-1),
         )
-        counters.block_nfe = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
+        nfe = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
         previous = None  # the distribution of the current state's predecessor
         every_row = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
         forward = 0
@@ -288,9 +288,9 @@ class DiffusionDecoder:
                 previous, accepted = verdict.logits, verdict.accepted
                 counters.record_layout(exact)
             counters.forwards += 1
-            counters.block_nfe += decoding.long()
+            nfe += decoding.long()
             if not self._synchronise(block, forward, x[:, start:end], root_logits, kernel, accepted, decoding, counters):
-                return
+                return nfe
             forward += 1
 
     def _verification_step(
@@ -380,7 +380,7 @@ class DiffusionDecoder:
             generator = torch.Generator(device=device).manual_seed(self.seed)
         nfe = torch.zeros(batch, dtype=torch.long, device=device)
         finished = torch.zeros(batch, dtype=torch.bool, device=device)
-        counters = _Counters(device)
+        counters = _Counters()
         blocks = self.gen_length // self.block_length
         for block in range(blocks):
             rows = torch.nonzero(~finished).squeeze(1)
@@ -394,11 +394,11 @@ class DiffusionDecoder:
                 model, self.cache, attn, positions[rows], start, start + self.block_length
             )
             x = tokens[rows]
-            self._decode_block(
+            block_nfe = self._decode_block(
                 block, rows, x, full_mask[rows], block_forward, generator, eos_ids, counters,
                 observer,
             )
-            nfe.index_add_(0, rows, counters.block_nfe)
+            nfe.index_add_(0, rows, block_nfe)
             tokens[rows] = x
             finished[rows] = finished_rows(x[:, prompt_len:], mask_id, eos_ids)
 
@@ -450,12 +450,11 @@ class StepRecord:
 class _Counters:
     """Per-generation tallies the decoder keeps while decoding blocks."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self) -> None:
         self.forwards = 0
         self.verifications = 0  # row-verifications: rows decoding in a verification forward
         self.accepted = 0  # drafts accepted, over all rows
         self.exact: bool | None = None  # whether every verification layout was exact
-        self.block_nfe = torch.zeros(0, dtype=torch.long, device=device)
 
     def record_layout(self, exact: bool) -> None:
         self.exact = exact if self.exact is None else self.exact and exact

@@ -17,6 +17,7 @@ from rich.progress import Progress
 
 from dloom.engine import DiffusionDecoder
 from dloom.errors import ConfigurationError
+from dloom.metrics import speculation_summary
 from dloom.zoo.tasks import FAMILIES, Example, held_out, train_stream
 
 
@@ -153,16 +154,10 @@ def evaluate(
 
 def _add_speculation(total: dict[str, Any] | None, batch: dict[str, Any] | None) -> dict[str, Any] | None:
     """Acceptance figures summed over batches (the guarantee is the weakest seen)."""
-    if batch is None:
-        return total
-    if total is None:
-        return dict(batch)
-    verifications = total["verifications"] + batch["verifications"]
-    accepted = total["accepted_drafts"] + batch["accepted_drafts"]
-    lossless = total["guarantee"] == batch["guarantee"] == "lossless"
-    return {
-        "verifications": verifications,
-        "accepted_drafts": accepted,
-        "accepted_per_verification": accepted / verifications if verifications else 0.0,
-        "guarantee": "lossless" if lossless else "near-lossless",
-    }
+    if batch is None or total is None:
+        return total if batch is None else dict(batch)
+    return speculation_summary(
+        total["verifications"] + batch["verifications"],
+        total["accepted_drafts"] + batch["accepted_drafts"],
+        total["guarantee"] == batch["guarantee"] == "lossless",
+    )

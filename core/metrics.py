@@ -59,6 +59,16 @@ class HookTimer:
         return (yield from self._timed("verify"))
 
 
+def speculation_summary(verifications: int, accepted_drafts: int, exact: bool) -> dict[str, Any]:
+    """The acceptance figures every speculative result reports (JSON-ready)."""
+    return {
+        "verifications": verifications,
+        "accepted_drafts": accepted_drafts,
+        "accepted_per_verification": accepted_drafts / verifications if verifications else 0.0,
+        "guarantee": "lossless" if exact else "near-lossless",
+    }
+
+
 @dataclass
 class GenerationResult:
     """What :meth:`dloom.DiffusionDecoder.generate` returns for a batch.
@@ -105,14 +115,7 @@ class GenerationResult:
         context depends on the active block)."""
         if self.layout_exact is None:
             return None
-        return {
-            "verifications": self.verifications,
-            "accepted_drafts": self.accepted_drafts,
-            "accepted_per_verification": (
-                self.accepted_drafts / self.verifications if self.verifications else 0.0
-            ),
-            "guarantee": "lossless" if self.layout_exact else "near-lossless",
-        }
+        return speculation_summary(self.verifications, self.accepted_drafts, self.layout_exact)
 
     @property
     def total_generated(self) -> int:

@@ -74,29 +74,31 @@ class TransitionRecorder:
         self._steps.clear()
 
     def _count_paths_from(self, states: Sequence[tuple[torch.Tensor, ...]], start: int) -> None:
+        """Count the path of formulas from root ``states[start]`` to the block's end."""
         root, rank_of_position, top_tokens = states[start]
         masked = root == self.mask_token_id
         if not bool(masked.any()):
             return
-        previous, counted = ROOT, False
+        previous = ROOT
         for later, _, _ in states[start + 1 :]:
-            committed = torch.nonzero(masked & (later != self.mask_token_id)).flatten().tolist()
-            pairs = []
-            for position in committed:
-                hits = torch.nonzero(top_tokens[position] == later[position]).flatten()
-                if hits.numel() == 0:
-                    break
-                pairs.append((int(rank_of_position[position]), int(hits[0])))
-            else:
-                formula = frozenset(pairs)
-                if formula == previous:  # the row stopped changing (finished)
-                    break
-                self.frequency[formula] += 1
-                self.parents[formula].add(previous)
-                previous, counted = formula, True
-                continue
-            break
-        self.paths += counted
+            formula = self._formula(masked, later, rank_of_position, top_tokens)
+            if formula is None or formula == previous:  # outside the ranks, or row finished
+                break
+            self.frequency[formula] += 1
+            self.parents[formula].add(previous)
+            previous = formula
+        self.paths += previous != ROOT
+
+    def _formula(self, masked, later, rank_of_position, top_tokens) -> Formula | None:
+        """``later``'s commits since the root as ``(i, j)`` pairs, or ``None`` when a token
+        is not among its position's ``token_ranks`` likeliest."""
+        pairs = []
+        for position in torch.nonzero(masked & (later != self.mask_token_id)).flatten().tolist():
+            hits = torch.nonzero(top_tokens[position] == later[position]).flatten()
+            if hits.numel() == 0:
+                return None
+            pairs.append((int(rank_of_position[position]), int(hits[0])))
+        return frozenset(pairs)
 
 
 def select_nodes(
