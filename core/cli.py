@@ -490,11 +490,6 @@ def check(
     from dloom.check import check_strategy
 
     try:
-        if not 0 < alpha < 1 or not 0 < epsilon <= 1 or temperature < 0:
-            raise ConfigurationError(
-                f"alpha {alpha}, epsilon {epsilon}, temperature {temperature}; allowed: "
-                "0 < alpha < 1, 0 < epsilon <= 1, temperature >= 0"
-            )
         prompts = read_prompts(prompts_file) if prompts_file else None
         report = check_strategy(
             strategy, against, params=parse_params(param), model=model, prompts=prompts,

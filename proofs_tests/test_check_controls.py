@@ -6,6 +6,13 @@
   the same step, every sampled token less likely than 0.06, which never happens at ``T == 0``
   on a vocabulary of at most 16): only the exact-distribution chi-square test can see it, and
   it says ``not lossless``;
+* a stale-draft verify: a Spiffy verifier that continues from a draft whose tokens differ
+  from the sampled state (``ReusesAMismatchedDraft`` of ``test_spiffy_lossless.py``),
+  declared lossless against its kernel: ``not lossless``, from the greedy check, and from the
+  sampling test on a prompt where its greedy output happens to be right;
+* a biased ratio test: FailFast's ``min(1, p/q)`` rejection sampling that, after a
+  rejection, draws the target's ``p`` instead of the residual ``max(0, p - q)``: greedy it
+  is exact, sampled it is ``not lossless`` against the AR target;
 * bounds that are wrong on purpose (the negative controls of ``test_frechet_bound.py``,
   reused through an import path, as a third-party plugin would name its bound), and a rule
   that commits more than its sound bound certifies: ``unsound``, with a counterexample that
@@ -23,10 +30,11 @@ import torch
 
 import dloom
 from dloom import Claim, Parameter, StrategyRegistration
-from dloom.check import check_lossless, check_strategy
+from dloom.check import check_lossless, check_strategy, tiny
 from dloom.check import joints as J
-from dloom.check import report as report_module
 from dloom.commit import commit_top, sorted_profile
+from dloom.failfast import decoder as failfast_decoder
+from dloom.failfast.verification import gumbel_argmax, verify_ratio
 from dloom.plugins.frechet import FrechetCommit, frechet_bounds
 
 from test_frechet_bound import (
@@ -34,12 +42,13 @@ from test_frechet_bound import (
     rival_bound_from_the_most_confident,
     without_the_n_minus_one_term,
 )
+from test_spiffy_lossless import ReusesAMismatchedDraft
 
 
 @pytest.fixture(autouse=True)
 def tiny_greedy_model(monkeypatch):
-    """The greedy check runs on the tiny random model even once toy-dllm is trained."""
-    monkeypatch.setattr(report_module, "_zoo_dllm_available", lambda: False)
+    """The greedy checks run on tiny random models even once the toy zoo is trained."""
+    monkeypatch.setattr(tiny, "zoo_installed", lambda *names: False)
 
 
 class TopTwo:
@@ -121,6 +130,55 @@ def test_the_same_rule_passes_when_it_cannot_misbehave():
     report = check_lossless(EagerOutliers(0.0), "quota", samples=10_000)
     assert min(s["p_value"] for s in report.evidence["sampling"]["seeds"]) > 1e-3
     assert report.verdict == "lossless", report.render()
+
+
+STALE = StrategyRegistration(
+    "stale-draft", ReusesAMismatchedDraft, claim=Claim("lossless", against="kernel"),
+    default_commit_rule="quota",
+)
+
+
+@pytest.mark.filterwarnings("ignore:no built-in draft graph fits")
+def test_a_stale_draft_verify_is_caught_by_the_greedy_check():
+    report = check_strategy(STALE, prompt_count=4)
+    assert report.verdict == "not lossless" and report.exit_code == 1, report.render()
+    assert report.claimed_by == "stale-draft"
+    assert "greedy outputs differ from kernel(quota)'s on 1 of 4 prompts" in report.reason
+
+
+@pytest.mark.filterwarnings("ignore:no built-in draft graph fits")
+def test_a_stale_draft_verify_is_caught_by_the_sampling_test_where_greedy_is_blind():
+    """On the first prompt alone its greedy output is right: the sampling test refutes it."""
+    report = check_strategy(STALE, samples=4_000, seeds=2, prompt_count=1)
+    assert report.verdict == "not lossless", report.render()
+    assert report.evidence["greedy"]["identical"] == 1
+    assert "chi-square p = " in report.reason
+
+
+def resampling_the_target_after_a_rejection(draft, draft_len, logits, draft_probs, temperature, generator):
+    """The ratio test with a classic slip: after rejecting ``x_i`` it draws from ``p_i``, not
+    from the residual ``max(0, p_i - q_i)`` (the bonus draw from ``p_k`` stays right)."""
+    accepted, _ = verify_ratio(draft, draft_len, logits, draft_probs, temperature, generator)
+    p_at = logits[torch.arange(len(accepted)), accepted].to(torch.float64)
+    return accepted, gumbel_argmax(p_at / temperature, generator)
+
+
+RATIO = dict(verification="ratio", small_block=1, initial_length=1, n=1, n_max=3)
+"""Ratio verification of strictly left-to-right drafts: exact when the ratio test is."""
+
+
+def test_a_biased_ratio_test_is_caught_against_the_ar_target(monkeypatch):
+    monkeypatch.setattr(failfast_decoder, "verify_ratio", resampling_the_target_after_a_rejection)
+    report = check_strategy("failfast", params=RATIO, samples=4_000, seeds=2, prompt_count=8)
+    assert report.verdict == "not lossless" and report.exit_code == 1, report.render()
+    assert report.evidence["greedy"]["identical"] == 8  # greedy never runs the ratio test
+    assert "chi-square p = " in report.reason
+
+
+def test_the_same_budget_does_not_refute_the_correct_ratio_test():
+    report = check_strategy("failfast", params=RATIO, samples=4_000, seeds=2, prompt_count=8)
+    assert report.verdict != "not lossless", report.render()
+    assert min(s["p_value"] for s in report.evidence["sampling"]["seeds"]) > 1e-3
 
 
 def assert_real_counterexample(counterexample, bounds) -> None:

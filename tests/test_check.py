@@ -19,11 +19,10 @@ from typer.testing import CliRunner
 import dloom
 from dloom import Claim, DiffusionDecoder, StrategyRegistration
 from dloom import cli
-from dloom.check import KERNEL, check_lossless, check_soundness, check_strategy
-from dloom.check import report as report_module
+from dloom.check import KERNEL, TARGET, check_lossless, check_soundness, check_strategy, tiny
 from dloom.check.enumerate import exact_distribution
 from dloom.check.resolve import commit_rule_of, resolve
-from dloom.check.sampling import SETTINGS, sampling_test
+from dloom.check.sampling import SETTINGS, SamplingOptions, sampling_test
 from dloom.check.stats import (
     chi2_isf,
     chi2_sf,
@@ -40,11 +39,14 @@ from dloom.registry import Strategy, get_registry
 
 pytest_plugins = ["pytester"]
 
+ZOO_INSTALLED = tiny.zoo_installed
+"""The real test, kept before :func:`tiny_greedy_model` replaces it in every test."""
+
 
 @pytest.fixture(autouse=True)
 def tiny_greedy_model(monkeypatch):
-    """The greedy check runs on the tiny random model even once toy-dllm is trained."""
-    monkeypatch.setattr(report_module, "_zoo_dllm_available", lambda: False)
+    """The greedy checks run on tiny random models even once the toy zoo is trained."""
+    monkeypatch.setattr(tiny, "zoo_installed", lambda *names: False)
 
 
 class TopOne:
@@ -229,7 +231,7 @@ def test_enumeration_agrees_with_the_decoders_samples(strategy, params):
     """The enumerated kernel is the distribution the engine samples, for every built-in rule
     (chi-square on three tiny models and settings; power >= 0.99 against TV >= 0.1)."""
     resolved = resolve(strategy, params)
-    test = sampling_test(resolved, resolved, **FAST)
+    test = sampling_test(resolved, resolved, SamplingOptions(**FAST))
     assert test.verdict == "lossless", test.reason
     assert min(s.power for s in test.seeds) > 0.99
 
@@ -263,11 +265,22 @@ def test_tiny_models_are_seeded_and_leave_the_global_random_state_alone():
 # --- the checks --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "strategy, verdict", [("quota", "reference"), ("threshold", "approximate"), ("factor", "approximate"), ("frechet", "sound")]
-)
+BUILTIN_VERDICTS = {
+    "quota": "reference", "threshold": "approximate", "factor": "approximate", "frechet": "sound",
+    "spiffy": "lossless", "failfast": "lossless",
+}
+
+
+def test_the_builtin_verdicts_cover_every_builtin_strategy():
+    registry = get_registry()
+    builtin = {p.name for p in registry.plugins.values() if p.builtin}
+    assert {s.name for s in registry.strategies.values() if s.plugin in builtin} == set(BUILTIN_VERDICTS)
+
+
+@pytest.mark.filterwarnings("ignore:no built-in draft graph fits")
+@pytest.mark.parametrize("strategy, verdict", BUILTIN_VERDICTS.items())
 def test_every_builtins_declared_claim_passes(strategy, verdict):
-    report = check_strategy(strategy)
+    report = check_strategy(strategy, **FAST)
     assert report.verdict == verdict, report.render()
     assert report.exit_code == 0 and not report.refuted
     assert report.claim == get_registry().get(strategy).claim.to_json()
@@ -276,6 +289,41 @@ def test_every_builtins_declared_claim_passes(strategy, verdict):
         bound = report.evidence["bound"]
         assert bound["certified_commits"] > 300
         assert (bound["random_joints"], bound["adversarial_joints"]) == (400, 400)
+    if verdict == "lossless":  # both checks ran and passed
+        assert report.evidence["greedy"]["identical"] == 32
+        assert report.evidence["sampling"]["verdict"] == "lossless"
+
+
+def test_failfast_is_checked_against_its_ar_target():
+    report = check_lossless("failfast", TARGET, temperature=0, prompt_count=4, model="toy-dllm")
+    assert report.verdict == "lossless", report.render()
+    greedy = report.evidence["greedy"]
+    assert greedy["model"].startswith("tiny-ar(seed=0") and greedy["prompts"] == greedy["identical"] == 4
+    assert "greedy outputs equal the target's on all 4 prompts" in report.reason
+    assert any(note.startswith("model ignored: the greedy check against an AR target") for note in report.notes)
+    declared = check_strategy("failfast", against="quota", temperature=0, prompt_count=4)
+    assert any("--against quota ignored" in note for note in declared.notes)
+
+
+def test_options_are_checked_before_anything_runs():
+    with pytest.raises(TypeError, match="unexpected option 'sample'; allowed: .*samples"):
+        check_strategy("quota", sample=10)
+    with pytest.raises(TypeError, match="unexpected option 'samples'; allowed: adversarial_joints"):
+        check_soundness("frechet", samples=10)
+    with pytest.raises(ConfigurationError, match="allowed: 0 < alpha < 1"):
+        check_lossless("quota", "quota", alpha=2)
+    with pytest.raises(ConfigurationError, match="samples 0, seeds 3; allowed: at least 1 each"):
+        check_lossless("quota", "quota", samples=0)
+
+
+def test_an_unregistered_speculator_runs_over_its_default_commit_rule():
+    from dloom.plugins.spiffy import Spiffy
+
+    claim = Claim("lossless", against="kernel")
+    resolved = resolve(StrategyRegistration("my-spiffy", Spiffy, claim=claim, default_commit_rule="quota"))
+    assert isinstance(resolved.spec[0], Spiffy) and resolved.spec[1] == "quota"
+    assert commit_rule_of(resolved).name == "kernel(quota)"
+    assert resolve(StrategyRegistration("plain", TopOne, default_commit_rule="quota")).spec.__class__ is TopOne
 
 
 def test_approximate_strategies_report_their_greedy_agreement():
@@ -370,7 +418,7 @@ def fake_zoo_dllm(tmp_path, monkeypatch):
     LlamaForCausalLM(config).save_pretrained(path)
     tokenizer.save(path)
     monkeypatch.setattr(zoo, "model_path", lambda name: path)
-    monkeypatch.setattr(report_module, "_zoo_dllm_available", lambda: True)
+    monkeypatch.setattr(tiny, "zoo_installed", lambda *names: names == ("toy-dllm",))
     return path
 
 
@@ -468,6 +516,29 @@ def test_plugin_fixtures(dloom_tiny_dllm, dloom_enumerable_dllm, dloom_tiny_ar):
     decoder = DiffusionDecoder(dloom_enumerable_dllm, "quota", gen_length=2, temperature=1.0)
     assert math.fsum(exact_distribution(decoder, [3]).values()) == pytest.approx(1.0)
     assert dloom_tiny_ar.attention == "causal" and dloom_tiny_ar.mask_token_id is None
+
+
+def test_zoo_fixtures_skip_when_the_zoo_is_missing(pytester):
+    pytester.makepyfile(
+        """
+        def test_ar(dloom_zoo_ar):
+            pass
+
+        def test_any(dloom_zoo_model):
+            dloom_zoo_model("toy-ar-small")
+        """
+    )
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(skipped=2)
+
+
+def test_zoo_fixtures_load_the_zoo_models_in_float64(monkeypatch, request):
+    monkeypatch.setattr(tiny, "zoo_installed", ZOO_INSTALLED)
+    if not ZOO_INSTALLED("toy-ar", "toy-dllm"):
+        pytest.skip("toy-ar / toy-dllm weights are not installed")
+    ar, dllm = request.getfixturevalue("dloom_zoo_ar"), request.getfixturevalue("dloom_zoo_dllm")
+    assert (ar.name, ar.attention, ar.dtype) == ("toy-ar", "causal", torch.float64)
+    assert (dllm.name, dllm.attention, dllm.dtype) == ("toy-dllm", "bidirectional", torch.float64)
 
 
 def test_plugin_authors_get_the_checks_in_three_lines(pytester):

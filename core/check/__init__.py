@@ -3,18 +3,20 @@
 * :func:`check_strategy` tests the declared :class:`~dloom.Claim` and returns a
   :class:`CheckReport` (what ``dloom check`` prints);
 * :func:`check_lossless` / :func:`assert_lossless`: greedy token identity plus the exact
-  sampling test against a reference, declared or not;
+  sampling test against a reference (a strategy, :data:`KERNEL` or an AR :data:`TARGET`),
+  declared or not;
 * :func:`check_soundness` / :func:`assert_sound`: a commit rule's bound on random and
   adversarial joint distributions.
 
 Building blocks: :mod:`dloom.check.enumerate` (exact output distributions of the kernel),
 :mod:`dloom.check.tiny` (tiny random models), :mod:`dloom.check.greedy`,
-:mod:`dloom.check.sampling`, :mod:`dloom.check.bounds`, :mod:`dloom.check.joints`,
-:mod:`dloom.check.stats`; :mod:`dloom.check.pytest_plugin` gives plugin authors fixtures.
+:mod:`dloom.check.sampling`, :mod:`dloom.check.target` (AR targets), :mod:`dloom.check.bounds`,
+:mod:`dloom.check.joints`, :mod:`dloom.check.stats`; :mod:`dloom.check.pytest_plugin` gives plugin authors fixtures.
 """
 
 from dloom.check.report import (
     EXIT_CODES,
+    TARGET,
     CheckReport,
     assert_lossless,
     assert_sound,
@@ -27,6 +29,7 @@ from dloom.check.resolve import KERNEL
 __all__ = [
     "EXIT_CODES",
     "KERNEL",
+    "TARGET",
     "CheckReport",
     "assert_lossless",
     "assert_sound",

@@ -98,6 +98,15 @@ def random_joint(kind: str, rng: np.random.Generator) -> J.Joint:
 
 
 @dataclass(frozen=True)
+class BoundOptions:
+    """How many joints :func:`check_bound` tries, and the seed of their generator."""
+
+    random_joints: int = 400
+    adversarial_joints: int = 400
+    seed: int = 0
+
+
+@dataclass(frozen=True)
 class BoundCheck:
     """The outcome of :func:`check_bound`.
 
@@ -137,19 +146,17 @@ def _describe(joint: J.Joint, kind: str, index: int, problem: str, **more: Any) 
 def check_bound(
     strategy: Resolved,
     bound: str | None,
-    *,
-    random_joints: int = 400,
-    adversarial_joints: int = 400,
-    seed: int = 0,
+    options: BoundOptions = BoundOptions(),
     tolerance: float = 1e-12,
 ) -> BoundCheck:
     """Try ``strategy``'s commit rule and the bound ``bound`` (skipped when ``None``) on
-    ``random_joints + adversarial_joints`` joints; report the smallest counterexample."""
+    ``options.random_joints + options.adversarial_joints`` joints; report the smallest
+    counterexample."""
     bound_function = resolve_bound(bound) if bound is not None else None
     pm = build_plugin_manager(compose(strategy.spec, strategy.params))
-    rng = np.random.default_rng(seed)
-    kinds = [RANDOM_KINDS[i % len(RANDOM_KINDS)] for i in range(random_joints)]
-    kinds += [ADVERSARIAL_KINDS[i % len(ADVERSARIAL_KINDS)] for i in range(adversarial_joints)]
+    rng = np.random.default_rng(options.seed)
+    kinds = [RANDOM_KINDS[i % len(RANDOM_KINDS)] for i in range(options.random_joints)]
+    kinds += [ADVERSARIAL_KINDS[i % len(ADVERSARIAL_KINDS)] for i in range(options.adversarial_joints)]
     certified, found, smallest = 0, 0, None
     for index, kind in enumerate(kinds):
         joint = random_joint(kind, rng)
@@ -177,10 +184,11 @@ def check_bound(
             found += 1
             if smallest is None or joint.size < smallest[0].size:
                 smallest = (joint, kind, index, failure)
+    counterexample = None
     if smallest is not None:
         joint, kind, index, (problem, more) = smallest
         counterexample = _describe(joint, kind, index, problem, **more)
-        return BoundCheck(
-            "unsound", bound, random_joints, adversarial_joints, certified, seed, found, counterexample
-        )
-    return BoundCheck("sound", bound, random_joints, adversarial_joints, certified, seed, 0, None)
+    return BoundCheck(
+        "sound" if counterexample is None else "unsound", bound, options.random_joints,
+        options.adversarial_joints, certified, options.seed, found, counterexample,
+    )

@@ -10,7 +10,7 @@ can part ways on a near-tie, which is rounding, not a broken strategy.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from dloom.adapter import ModelAdapter
 from dloom.check.resolve import Resolved
@@ -53,6 +53,30 @@ def _first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def compare_outputs(
+    decode: Callable[[list[Any]], Sequence[Sequence[int]]],
+    reference: Callable[[list[Any]], Sequence[Sequence[int]]],
+    prompts: Sequence[Any],
+    batch_size: int = 32,
+) -> tuple[int, dict[str, Any] | None]:
+    """Run ``decode`` and ``reference`` (a batch of prompts to one token list each) on the
+    same batches of ``prompts``; return how many outputs are identical and the first
+    difference (as :attr:`GreedyComparison.first_difference`)."""
+    identical, first = 0, None
+    for start in range(0, len(prompts), batch_size):
+        chunk = list(prompts[start : start + batch_size])
+        for offset, (x, y) in enumerate(zip(decode(chunk), reference(chunk))):
+            position = _first_difference(x, y)
+            if position is None:
+                identical += 1
+            elif first is None:
+                first = {
+                    "prompt": start + offset, "position": position,
+                    "strategy_tokens": list(x), "against_tokens": list(y),
+                }
+    return identical, first
+
+
 def compare_greedy(
     strategy: Resolved,
     against: Resolved,
@@ -71,20 +95,11 @@ def compare_greedy(
     settings = dict(gen_length=gen_length, block_length=block_length, steps=steps, temperature=0.0)
     ours = DiffusionDecoder(model, strategy.spec, params=strategy.params, **settings)
     theirs = DiffusionDecoder(model, against.spec, params=against.params, **settings)
-    identical, first = 0, None
-    for start in range(0, len(prompts), batch_size):
-        chunk = list(prompts[start : start + batch_size])
-        a = ours.generate(chunk).token_lists
-        b = theirs.generate(chunk).token_lists
-        for offset, (x, y) in enumerate(zip(a, b)):
-            position = _first_difference(x, y)
-            if position is None:
-                identical += 1
-            elif first is None:
-                first = {
-                    "prompt": start + offset, "position": position,
-                    "strategy_tokens": list(x), "against_tokens": list(y),
-                }
+    identical, first = compare_outputs(
+        lambda chunk: ours.generate(chunk).token_lists,
+        lambda chunk: theirs.generate(chunk).token_lists,
+        prompts, batch_size,
+    )
     return GreedyComparison(
         prompts=len(prompts), identical=identical, first_difference=first, model=model.name,
         dtype=str(model.dtype).removeprefix("torch."),

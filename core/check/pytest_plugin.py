@@ -7,8 +7,9 @@ Installed with dloom and active in every pytest run; it only defines fixtures, a
   mask 1, EOS 2), the model of ``dloom check``'s greedy test when the toy zoo is missing;
 * ``dloom_enumerable_dllm``: a tiny dLLM small enough for exact enumeration (vocabulary 6);
 * ``dloom_tiny_ar``: a tiny random causal next-token model (an AR target, no mask token);
-* ``dloom_zoo_dllm``: the toy zoo's ``toy-dllm`` in float64 (the test is skipped when its
-  weights are not installed).
+* ``dloom_zoo_model``: a loader of the toy zoo's models in float64
+  (``dloom_zoo_model("toy-ar-small")``), which skips the test when the model's weights are
+  not installed; ``dloom_zoo_dllm`` and ``dloom_zoo_ar`` are ``toy-dllm`` and ``toy-ar``.
 
 The assertion helpers are plain functions, importable from here or from :mod:`dloom.check`::
 
@@ -61,10 +62,28 @@ def dloom_tiny_ar():
 
 
 @pytest.fixture
-def dloom_zoo_dllm():
-    """The toy zoo's ``toy-dllm`` in float64; skips the test when its weights are missing."""
-    from dloom import load_model, zoo
+def dloom_zoo_model():
+    """``load(name)``: the toy zoo's model ``name`` (:data:`dloom.zoo.MODEL_NAMES`) as a float64
+    :class:`dloom.ModelAdapter`; skips the test when its weights are not installed."""
+    from dloom import load_model
+    from dloom.check.tiny import zoo_installed
 
-    if not (zoo.model_path("toy-dllm") / "config.json").exists():
-        pytest.skip("toy-dllm weights are not installed")
-    return load_model("toy-dllm", dtype="float64")
+    def load(name: str):
+        if not zoo_installed(name):
+            pytest.skip(f"{name} weights are not installed")
+        return load_model(name, dtype="float64", require_mask=False)
+
+    return load
+
+
+@pytest.fixture
+def dloom_zoo_dllm(dloom_zoo_model):
+    """The toy zoo's ``toy-dllm`` in float64; skips the test when its weights are missing."""
+    return dloom_zoo_model("toy-dllm")
+
+
+@pytest.fixture
+def dloom_zoo_ar(dloom_zoo_model):
+    """The toy zoo's ``toy-ar`` (an AR target) in float64; skips the test when its weights are
+    missing."""
+    return dloom_zoo_model("toy-ar")

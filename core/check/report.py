@@ -9,23 +9,28 @@
 * ``lossless``: :func:`check_lossless`: greedy token identity on a prompt set
   (:mod:`dloom.check.greedy`), then, when ``temperature > 0``, the exact-distribution
   chi-square test on tiny enumerable models (:mod:`dloom.check.sampling`):
-  ``lossless`` / ``not lossless`` / ``inconclusive``;
+  ``lossless`` / ``not lossless`` / ``inconclusive``; against an AR target (``against``
+  :data:`TARGET`, FailFast) the same two checks on model pairs (:mod:`dloom.check.target`);
 * no claim: says so (and measures the agreement with ``against`` if one is given).
+
+The checks take their options as keywords: the fields of :class:`GreedyOptions`,
+:class:`~dloom.check.sampling.SamplingOptions` and :class:`~dloom.check.bounds.BoundOptions`.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from dataclasses import dataclass, field, fields
+from functools import partial
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
 from dloom.adapter import ModelAdapter, load_model
-from dloom.check.bounds import check_bound
+from dloom.check import tiny
+from dloom.check.bounds import BoundOptions, check_bound
 from dloom.check.greedy import GreedyComparison, compare_greedy
 from dloom.check.resolve import Resolved, reference, resolve
-from dloom.check.sampling import sampling_test
-from dloom.check.tiny import tiny_dllm
+from dloom.check.sampling import SamplingOptions, SamplingTest, sampling_test
 from dloom.errors import ConfigurationError
 
 REFUTED = ("not lossless", "unsound")
@@ -34,7 +39,6 @@ EXIT_CODES = {"not lossless": 1, "unsound": 1, "inconclusive": 3}
 DEFAULT_PROMPTS = 32
 TARGET = "target"
 """``Claim.against`` value: the AR target of a speculative decoder (FailFast)."""
-DEFAULT_SAMPLES = 20_000
 TINY_GREEDY = {"vocab": 16, "hidden": 32, "layers": 2, "init": 0.8}
 """The tiny model of the greedy check when neither ``model`` nor the toy zoo's is there."""
 TINY_GREEDY_BLOCK_LENGTH = 4
@@ -133,12 +137,6 @@ def _claim_text(claim: dict[str, Any]) -> str:
 # --- the greedy check's model and prompts ------------------------------------------------
 
 
-def _zoo_dllm_available() -> bool:
-    from dloom import zoo
-
-    return (zoo.model_path("toy-dllm") / "config.json").exists()
-
-
 def _random_prompts(model: ModelAdapter, count: int) -> list[list[int]]:
     vocab = int(getattr(getattr(model.model, "config", None), "vocab_size", 0) or 0)
     special = {model.mask_token_id, model.pad_token_id, *model.eos_token_ids}
@@ -167,10 +165,10 @@ def greedy_setup(
     notes: list[str] = []
     settings: dict[str, Any] = {"gen_length": gen_length, "block_length": block_length}
     if model is None:
-        if _zoo_dllm_available():
+        if tiny.zoo_installed("toy-dllm"):
             model = "toy-dllm"
         else:
-            model = tiny_dllm(0, **TINY_GREEDY)
+            model = tiny.tiny_dllm(0, **TINY_GREEDY)
             settings["block_length"] = block_length or TINY_GREEDY_BLOCK_LENGTH
             notes.append(
                 "toy-dllm weights are not installed: the greedy check ran on a tiny random "
@@ -190,12 +188,17 @@ def greedy_setup(
     return model, list(prompts), settings, notes
 
 
-# --- the checks --------------------------------------------------------------------------
+# --- options -----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class GreedyOptions:
-    """The greedy check's model, prompts and lengths (see :func:`greedy_setup`)."""
+    """The greedy check's model, prompts and lengths (see :func:`greedy_setup`).
+
+    Against an AR target only ``prompt_count`` and ``gen_length`` (the most new tokens)
+    apply: the check runs on the toy zoo's or a tiny random model pair
+    (:func:`dloom.check.target.greedy_pair`).
+    """
 
     model: ModelAdapter | str | None = None
     prompts: Sequence[Any] | None = None
@@ -204,23 +207,41 @@ class GreedyOptions:
     block_length: int | None = None
 
     def run(self, ours: Resolved, ref: Resolved, notes: list[str]) -> GreedyComparison:
+        """Compare ``ours`` with ``ref`` (:func:`dloom.check.greedy.compare_greedy`)."""
         adapter, prompts, settings, setup_notes = greedy_setup(
             self.model, self.prompts, self.prompt_count, self.gen_length, self.block_length
         )
         notes.extend(setup_notes)
         return compare_greedy(ours, ref, adapter, prompts, **settings)
 
+    def run_against_target(self, make_decoder: Callable[..., Any], notes: list[str]) -> GreedyComparison:
+        """Compare the decoder ``make_decoder`` builds with its AR target's greedy decoding."""
+        from dloom.check.target import compare_target_greedy, greedy_pair
 
-@dataclass(frozen=True)
-class SamplingOptions:
-    """The sampling test's settings (see :func:`dloom.check.sampling.sampling_test`)."""
+        ignored = [name for name in ("model", "prompts", "block_length") if getattr(self, name) is not None]
+        if ignored:
+            notes.append(f"{', '.join(ignored)} ignored: the greedy check against an AR target runs on a model pair")
+        target, drafter, prompts, length, setup_notes = greedy_pair(self.prompt_count, self.gen_length)
+        notes.extend(setup_notes)
+        return compare_target_greedy(make_decoder, target, drafter, prompts, length)
 
-    temperature: float = 1.0
-    samples: int = DEFAULT_SAMPLES
-    seeds: int = 3
-    alpha: float = 1e-3
-    epsilon: float = 0.05
-    min_power: float = 0.8
+
+def _split(options: Mapping[str, Any], *kinds: type) -> tuple[Any, ...]:
+    """One instance of each options dataclass in ``kinds``, from the keyword ``options``
+    that it declares.
+
+    :raises TypeError: for a keyword none of them declares (as Python does for an unknown
+        keyword argument).
+    """
+    names = [{f.name for f in fields(kind)} for kind in kinds]
+    allowed = set().union(*names)
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise TypeError(f"unexpected option {unknown[0]!r}; allowed: {', '.join(sorted(allowed))}")
+    return tuple(kind(**{k: v for k, v in options.items() if k in n}) for kind, n in zip(kinds, names))
+
+
+# --- the checks --------------------------------------------------------------------------
 
 
 def check_lossless(
@@ -229,17 +250,7 @@ def check_lossless(
     *,
     params: dict[str, Any] | None = None,
     against_params: dict[str, Any] | None = None,
-    model: ModelAdapter | str | None = None,
-    prompts: Sequence[Any] | None = None,
-    prompt_count: int = DEFAULT_PROMPTS,
-    gen_length: int | None = None,
-    block_length: int | None = None,
-    temperature: float = 1.0,
-    samples: int = DEFAULT_SAMPLES,
-    seeds: int = 3,
-    alpha: float = 1e-3,
-    epsilon: float = 0.05,
-    min_power: float = 0.8,
+    **options: Any,
 ) -> CheckReport:
     """Test "``strategy`` is lossless with respect to ``against``", declared or not.
 
@@ -249,27 +260,42 @@ def check_lossless(
 
     :param strategy: a strategy name (``"a+b"``), :class:`~dloom.registry.Strategy`,
         :class:`~dloom.StrategyRegistration` or plugin object; ``params`` are its parameters.
-    :param against: the reference, given the same ways, or ``"kernel"``.
+    :param against: the reference, given the same ways, or ``"kernel"``, or ``"target"``
+        (a FailFast strategy's AR target: :mod:`dloom.check.target`).
+    :param options: fields of :class:`GreedyOptions` (``model``, ``prompts``,
+        ``prompt_count``, ``gen_length``, ``block_length``) and of
+        :class:`~dloom.check.sampling.SamplingOptions` (``temperature``, ``samples``,
+        ``seeds``, ``alpha``, ``epsilon``, ``min_power``).
     """
+    greedy, sampling = _split(options, GreedyOptions, SamplingOptions)
     ours = resolve(strategy, params)
-    ref = reference(against, ours, against_params)
-    greedy = GreedyOptions(model, prompts, prompt_count, gen_length, block_length)
-    sampling = SamplingOptions(temperature, samples, seeds, alpha, epsilon, min_power)
-    return _lossless(ours, ref, greedy, sampling, claim=None, notes=[])
+    return _lossless(ours, against, against_params, greedy, sampling, claim=None, notes=[])
 
 
 def _lossless(
-    ours: Resolved, ref: Resolved, greedy_options: GreedyOptions, options: SamplingOptions,
-    claim: dict[str, Any] | None, notes: list[str],
+    ours: Resolved, against: Any, against_params: dict[str, Any] | None, greedy_options: GreedyOptions,
+    options: SamplingOptions, claim: dict[str, Any] | None, notes: list[str],
 ) -> CheckReport:
-    greedy = greedy_options.run(ours, ref, notes)
+    sample: Callable[[], SamplingTest]
+    if against == TARGET:
+        from dloom.check.target import failfast_factory, target_sampling_test
+
+        make_decoder = failfast_factory(ours.spec, ours.params)
+        ref_name = "the target"
+        greedy = greedy_options.run_against_target(make_decoder, notes)
+        sample = partial(target_sampling_test, make_decoder, options)
+    else:
+        ref = reference(against, ours, against_params)
+        ref_name = ref.name
+        greedy = greedy_options.run(ours, ref, notes)
+        sample = partial(sampling_test, ours, ref, options)
     evidence: dict[str, Any] = {"greedy": greedy.to_json()}
     report = CheckReport(ours.name, claim, ours.claimed_by if claim else None, "", "", evidence, notes)
     if greedy.first_difference is not None:
         first = greedy.first_difference
         report.verdict = "not lossless"
         report.reason = (
-            f"greedy outputs differ from {ref.name}'s on {greedy.prompts - greedy.identical} of "
+            f"greedy outputs differ from {ref_name}'s on {greedy.prompts - greedy.identical} of "
             f"{greedy.prompts} prompts; first at prompt {first['prompt']}, position {first['position']}"
         )
         if options.temperature > 0:
@@ -277,14 +303,14 @@ def _lossless(
         return report
     if options.temperature <= 0:
         report.verdict = "lossless"
-        report.reason = f"greedy outputs equal {ref.name}'s on all {greedy.prompts} prompts"
+        report.reason = f"greedy outputs equal {ref_name}'s on all {greedy.prompts} prompts"
         notes.append("temperature 0: the sampling test was not run (pass a temperature > 0)")
         return report
-    test = sampling_test(ours, ref, **asdict(options))
+    test = sample()
     evidence["sampling"] = test.to_json()
     report.verdict = test.verdict
     report.reason = (
-        f"greedy outputs equal {ref.name}'s on all {greedy.prompts} prompts; "
+        f"greedy outputs equal {ref_name}'s on all {greedy.prompts} prompts; "
         f"sampling at T={options.temperature:g}: {test.reason}"
     )
     return report
@@ -295,36 +321,35 @@ def check_soundness(
     bound: str | None = None,
     *,
     params: dict[str, Any] | None = None,
-    random_joints: int = 400,
-    adversarial_joints: int = 400,
-    seed: int = 0,
+    **options: Any,
 ) -> CheckReport:
     """Test a commit rule's bound claim (:mod:`dloom.check.bounds`).
 
     :param bound: the bound's name or import path; default: the one the strategy declares
         (without one, only the rule's joint-mode certificate is tested).
+    :param options: fields of :class:`~dloom.check.bounds.BoundOptions` (``random_joints``,
+        ``adversarial_joints``, ``seed``).
     """
+    (bound_options,) = _split(options, BoundOptions)
     ours = resolve(strategy, params)
     if bound is None and ours.claim is not None:
         bound = ours.claim.bound
-    return _sound(ours, bound, random_joints, adversarial_joints, seed, claim=None, notes=[])
+    return _sound(ours, bound, bound_options, claim=None, notes=[])
 
 
 def _sound(
-    ours: Resolved, bound: str | None, random_joints: int, adversarial_joints: int, seed: int,
-    claim: dict[str, Any] | None, notes: list[str],
+    ours: Resolved, bound: str | None, options: BoundOptions, claim: dict[str, Any] | None,
+    notes: list[str],
 ) -> CheckReport:
-    result = check_bound(
-        ours, bound, random_joints=random_joints, adversarial_joints=adversarial_joints, seed=seed
-    )
+    result = check_bound(ours, bound, options)
     if bound is None:
         notes.append("no bound function named: only the joint-mode certificate of the commits was tested")
     if result.verdict == "sound" and result.certified_commits == 0:
         notes.append("the rule never committed two positions at once: the certificate was not exercised")
     if result.counterexample is None:
         reason = (
-            f"no counterexample on {random_joints + adversarial_joints} joints ({random_joints} "
-            f"random, {adversarial_joints} adversarial; seed {seed})"
+            f"no counterexample on {options.random_joints + options.adversarial_joints} joints "
+            f"({options.random_joints} random, {options.adversarial_joints} adversarial; seed {options.seed})"
         )
     else:
         c = result.counterexample
@@ -341,19 +366,7 @@ def check_strategy(
     *,
     params: dict[str, Any] | None = None,
     against_params: dict[str, Any] | None = None,
-    model: ModelAdapter | str | None = None,
-    prompts: Sequence[Any] | None = None,
-    prompt_count: int = DEFAULT_PROMPTS,
-    gen_length: int | None = None,
-    block_length: int | None = None,
-    temperature: float = 1.0,
-    samples: int = DEFAULT_SAMPLES,
-    seeds: int = 3,
-    alpha: float = 1e-3,
-    epsilon: float = 0.05,
-    min_power: float = 0.8,
-    random_joints: int = 400,
-    adversarial_joints: int = 400,
+    **options: Any,
 ) -> CheckReport:
     """Test the claim ``strategy`` declares (see the module docstring); the options are
     those of :func:`check_lossless` and :func:`check_soundness`.
@@ -362,11 +375,13 @@ def check_strategy(
         for ``approximate``, ``reference`` or no claim, the strategy to measure greedy
         agreement with (default: an ``approximate`` claim's own ``against``).
     """
+    greedy_options, sampling_options, bound_options = _split(
+        options, GreedyOptions, SamplingOptions, BoundOptions
+    )
     ours = resolve(strategy, params)
     claim = ours.claim
     notes: list[str] = []
     claim_json = claim.to_json() if claim is not None else None
-    greedy_options = GreedyOptions(model, prompts, prompt_count, gen_length, block_length)
     if claim is None or claim.kind in ("approximate", "reference"):
         if claim is None:
             verdict, target = "no claim", against
@@ -396,25 +411,15 @@ def check_strategy(
                 f"--against {against} ignored: {ours.name} declares a bound, not losslessness "
                 "(dloom.check.check_lossless tests losslessness anyway)"
             )
-        return _sound(ours, claim.bound, random_joints, adversarial_joints, 0, claim_json, notes)
-    if claim.against == TARGET:  # a speculative decoder of an AR target (FailFast)
-        from dloom.check.target import check_target_lossless, failfast_factory
-
-        if against is not None:
-            notes.append(f"--against {against} ignored: {ours.name} is lossless against its AR target")
-        return check_target_lossless(
-            failfast_factory(ours.spec, ours.params), ours.name, claim=claim_json,
-            claimed_by=ours.claimed_by, prompt_count=prompt_count, gen_length=gen_length,
-            temperature=temperature, samples=samples, seeds=seeds, alpha=alpha, epsilon=epsilon,
-            min_power=min_power, notes=notes,
-        )
+        return _sound(ours, claim.bound, bound_options, claim_json, notes)
     target = claim.against
-    if against is not None and against != claim.against:
-        notes.append(f"testing against {against}, not the declared {claim.against}")
-        target = against
-    ref = reference(target, ours, against_params)
-    sampling = SamplingOptions(temperature, samples, seeds, alpha, epsilon, min_power)
-    return _lossless(ours, ref, greedy_options, sampling, claim_json, notes)
+    if against is not None and against != target:
+        if target == TARGET:
+            notes.append(f"--against {against} ignored: {ours.name} is lossless against its AR target")
+        else:
+            notes.append(f"testing against {against}, not the declared {target}")
+            target = against
+    return _lossless(ours, target, against_params, greedy_options, sampling_options, claim_json, notes)
 
 
 # --- assertions for plugin authors' tests --------------------------------------------------
@@ -435,5 +440,3 @@ def assert_sound(strategy: Any, bound: str | None = None, **options: Any) -> Che
     if report.verdict != "sound":
         raise AssertionError("dloom check: expected a sound bound\n" + report.render())
     return report
-
-

@@ -2,7 +2,8 @@
 
 A strategy may be given as a registered name (``"threshold"``, ``"spiffy+frechet"``), a
 :class:`~dloom.registry.Strategy`, a :class:`~dloom.types.StrategyRegistration` that was never
-registered (an author's work in progress, a negative control), or a bare plugin object.
+registered (an author's work in progress, a negative control; composed with its
+``default_commit_rule`` as a registered one would be), or a bare plugin object.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any, Mapping
 
 from dloom.composition import StrategySpec, compose
 from dloom.errors import ConfigurationError
-from dloom.registry import Strategy, get_registry
+from dloom.registry import Strategy, get_registry, hooks_implemented_by
 from dloom.types import Claim, StrategyRegistration
 
 KERNEL = "kernel"
@@ -72,6 +73,10 @@ def resolve(strategy: Any, params: Mapping[str, Any] | None = None) -> Resolved:
         if registered is not None and registered.registration is strategy:
             return resolve(strategy.name, params)
         plugin = _build(strategy, params)
+        default_rule = strategy.default_commit_rule
+        if default_rule is not None and "dloom_select_commit" not in hooks_implemented_by(plugin):
+            # as its registration would compose: a speculator runs over its default rule
+            return Resolved(strategy.name, [plugin, default_rule], {}, strategy.claim, strategy.name)
         return Resolved(strategy.name, plugin, {}, strategy.claim, strategy.name)
     if isinstance(strategy, str):
         composition = compose(strategy, params)  # validates names and parameters early

@@ -20,6 +20,9 @@ Verdict, with ``alpha`` the significance and ``K`` seeds:
   (:func:`~dloom.check.stats.power`);
 * ``inconclusive``: otherwise (too little power: raise ``samples``; or a p-value between
   ``alpha / K`` and ``alpha``: rerun with more samples or seeds).
+
+:class:`SamplingOptions` declares the test's settings; :func:`seed_result` (one seed's test)
+and :func:`conclude` (the verdict) serve the AR-target test of :mod:`dloom.check.target` too.
 """
 
 from __future__ import annotations
@@ -27,13 +30,14 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Mapping, Sequence
 
-from dloom.check.enumerate import exact_distribution
+from dloom.check.enumerate import Output, exact_distribution
 from dloom.check.resolve import Resolved
 from dloom.check.stats import pooled_chi_square, power
 from dloom.check.tiny import tiny_dllm, tiny_prompts
 from dloom.engine import DiffusionDecoder
+from dloom.errors import ConfigurationError
 
 SETTINGS = (
     {"gen_length": 3, "block_length": 3, "steps": 3},
@@ -46,9 +50,38 @@ CHUNK = 20_000
 """Rows per ``generate`` call (each chunk has its own sampler seed)."""
 
 
-def replicates(alpha: float, seeds: int) -> int:
-    """Simulations of a small p-value: about 20 exceedances expected at ``alpha / seeds``."""
-    return max(10_000, math.ceil(20 * seeds / alpha))
+@dataclass(frozen=True)
+class SamplingOptions:
+    """The sampling test's settings, for every lossless check (against a strategy, the
+    kernel or an AR target).
+
+    :ivar temperature: the sampling temperature (``0``: the checks run greedy identity only).
+    :ivar samples: samples per seed; :ivar seeds: tiny models (``K``).
+    :ivar alpha: the significance; :ivar epsilon: the total-variation distance the power is
+        stated for; :ivar min_power: the power a ``lossless`` verdict needs.
+    :raises ConfigurationError: a value outside its range.
+    """
+
+    temperature: float = 1.0
+    samples: int = 20_000
+    seeds: int = 3
+    alpha: float = 1e-3
+    epsilon: float = 0.05
+    min_power: float = 0.8
+
+    def __post_init__(self) -> None:
+        if not 0 < self.alpha < 1 or not 0 < self.epsilon <= 1 or self.temperature < 0:
+            raise ConfigurationError(
+                f"alpha {self.alpha}, epsilon {self.epsilon}, temperature {self.temperature}; "
+                "allowed: 0 < alpha < 1, 0 < epsilon <= 1, temperature >= 0"
+            )
+        if self.samples < 1 or self.seeds < 1:
+            raise ConfigurationError(f"samples {self.samples}, seeds {self.seeds}; allowed: at least 1 each")
+
+    @property
+    def replicates(self) -> int:
+        """Simulations of a small p-value: about 20 exceedances expected at ``alpha / seeds``."""
+        return max(10_000, math.ceil(20 * self.seeds / self.alpha))
 
 
 @dataclass(frozen=True)
@@ -75,7 +108,7 @@ class SeedResult:
 
 @dataclass(frozen=True)
 class SamplingTest:
-    """The outcome of :func:`sampling_test`; ``reason`` says why in one sentence."""
+    """The outcome of a sampling test; ``reason`` says why in one sentence."""
 
     verdict: str
     reason: str
@@ -89,6 +122,37 @@ class SamplingTest:
         return asdict(self)
 
 
+def seed_result(
+    seed: int, model: str, prompt: Sequence[int], settings: Mapping[str, int],
+    counts: Mapping[Output, int], exact: Mapping[Output, float], options: SamplingOptions,
+) -> SeedResult:
+    """One seed's pooled chi-square test of the sampled ``counts`` (``options.samples`` in
+    all) against the ``exact`` distribution, with the test's power and the observed
+    total-variation distance."""
+    test = pooled_chi_square(
+        counts, exact, simulate_below=options.alpha, replicates=options.replicates, seed=seed
+    )
+    observed_tv = 0.5 * sum(
+        abs(counts.get(k, 0) / options.samples - exact.get(k, 0.0)) for k in set(counts) | set(exact)
+    )
+    return SeedResult(
+        seed=seed, model=model, prompt=list(prompt), settings=dict(settings), samples=options.samples,
+        outputs=len(exact), bins=test.bins, pooled_mass=test.pooled_mass,
+        statistic=test.statistic, df=test.df, p_value=test.p_value,
+        p_value_asymptotic=test.p_value_asymptotic, replicates=test.replicates,
+        power=power(test.df, options.samples, options.alpha, options.epsilon),
+        observed_tv=observed_tv, impossible=[list(k) for k in test.impossible],
+    )
+
+
+def conclude(results: list[SeedResult], options: SamplingOptions) -> SamplingTest:
+    """The verdict on the seeds' results (rules in the module docstring)."""
+    verdict, reason = _verdict(results, options.alpha, options.epsilon, options.min_power)
+    return SamplingTest(
+        verdict, reason, options.temperature, options.alpha, options.epsilon, options.min_power, results
+    )
+
+
 def _sample(decoder: DiffusionDecoder, prompt: list[int], samples: int, seed: int) -> Counter:
     counts: Counter = Counter()
     for chunk, start in enumerate(range(0, samples, CHUNK)):
@@ -99,43 +163,21 @@ def _sample(decoder: DiffusionDecoder, prompt: list[int], samples: int, seed: in
 
 
 def sampling_test(
-    strategy: Resolved,
-    against: Resolved,
-    *,
-    temperature: float = 1.0,
-    samples: int = 20_000,
-    seeds: int = 3,
-    alpha: float = 1e-3,
-    epsilon: float = 0.05,
-    min_power: float = 0.8,
+    strategy: Resolved, against: Resolved, options: SamplingOptions = SamplingOptions()
 ) -> SamplingTest:
     """Test whether ``strategy`` samples ``against``'s exact output distribution."""
     results = []
-    for seed in range(seeds):
+    for seed in range(options.seeds):
         model = tiny_dllm(seed)
         prompt = tiny_prompts(1, seed=seed)[0]
         settings = SETTINGS[seed % len(SETTINGS)]
-        common = dict(temperature=temperature, **settings)
+        common = dict(temperature=options.temperature, **settings)
         ref = DiffusionDecoder(model, against.spec, params=against.params, **common)
         exact = exact_distribution(ref, prompt)
         ours = DiffusionDecoder(model, strategy.spec, params=strategy.params, **common)
-        counts = _sample(ours, prompt, samples, seed)
-        test = pooled_chi_square(
-            counts, exact, simulate_below=alpha, replicates=replicates(alpha, seeds), seed=seed
-        )
-        observed_tv = 0.5 * sum(
-            abs(counts.get(k, 0) / samples - exact.get(k, 0.0)) for k in set(counts) | set(exact)
-        )
-        results.append(SeedResult(
-            seed=seed, model=model.name, prompt=prompt, settings=dict(settings), samples=samples,
-            outputs=len(exact), bins=test.bins, pooled_mass=test.pooled_mass,
-            statistic=test.statistic, df=test.df, p_value=test.p_value,
-            p_value_asymptotic=test.p_value_asymptotic, replicates=test.replicates,
-            power=power(test.df, samples, alpha, epsilon), observed_tv=observed_tv,
-            impossible=[list(k) for k in test.impossible],
-        ))
-    verdict, reason = _verdict(results, alpha, epsilon, min_power)
-    return SamplingTest(verdict, reason, temperature, alpha, epsilon, min_power, results)
+        counts = _sample(ours, prompt, options.samples, seed)
+        results.append(seed_result(seed, model.name, prompt, settings, counts, exact, options))
+    return conclude(results, options)
 
 
 def _verdict(results: list[SeedResult], alpha: float, epsilon: float, min_power: float) -> tuple[str, str]:

@@ -11,6 +11,8 @@ or together changes the output distribution visibly.
 * :func:`tiny_dllm`: bidirectional (``is_causal=False``), a masked-diffusion model.
 * :func:`tiny_ar`: causal, no mask token, next-token logits (an AR target).
 * :func:`tiny_prompts`: random prompts of plain tokens.
+* :func:`zoo_installed`: whether the toy zoo's trained models, which the greedy checks prefer
+  to these, are there.
 
 A model with ``vocab <= 8`` and ``gen_length <= 4`` is small enough for
 :func:`dloom.check.enumerate.exact_distribution`.
@@ -81,3 +83,10 @@ def tiny_prompts(count: int, vocab: int = 6, length: int = 3, seed: int = 0) -> 
     generator = torch.Generator().manual_seed(seed)
     ids = torch.randint(FIRST_PLAIN_ID, vocab, (count, length), generator=generator)
     return ids.tolist()
+
+
+def zoo_installed(*names: str) -> bool:
+    """Whether the weights of every toy zoo model ``names`` are installed."""
+    from dloom import zoo
+
+    return all((zoo.model_path(name) / "model.safetensors").exists() for name in names)

@@ -287,8 +287,8 @@ def evaluate(model: LlamaForCausalLM, kind: str, examples: Sequence[Example], ba
 
 
 # --------------------------------------------------------------------------- training
-def _batches(seed: int) -> Iterator[tuple[list[Example], int]]:
-    stream = train_stream(seed, families=list(TRAIN_WEIGHTS), weights=list(TRAIN_WEIGHTS.values()))
+def _batches(seed: int, weights: dict[str, float]) -> Iterator[tuple[list[Example], int]]:
+    stream = train_stream(seed, families=list(weights), weights=list(weights.values()))
     pad_rng = random.Random(f"pad:{seed}")
     while True:
         yield [next(stream) for _ in range(BATCH)], pad_rng.randint(0, MAX_EXTRA_PAD)
@@ -309,7 +309,7 @@ def save_model(model: LlamaForCausalLM, directory: Path) -> None:
     tok.save(directory)
 
 
-_HISTORY_KEYS = ("seed", "peak_lr", "steps", "batch", "train_seconds", "final_loss_avg", "overall", "per_family")
+_HISTORY_KEYS = ("seed", "peak_lr", "steps", "batch", "train_weights", "train_seconds", "final_loss_avg", "overall", "per_family")
 
 
 def train_one(
@@ -321,14 +321,17 @@ def train_one(
     eval_n: int,
     resume: bool = False,
     lr: float | None = None,
+    weights: dict[str, float] | None = None,
 ) -> dict:
     """Train (or, with ``resume``, continue training) one model, save it, evaluate it.
 
     A resumed run starts from the weights in ``out/name`` with a fresh optimizer (warm-up
     and cosine again, peak ``lr``); use another ``seed`` so it sees new data.  Its
-    ``eval.json`` lists the earlier runs under ``history``.
+    ``eval.json`` lists the earlier runs under ``history``.  ``weights`` overrides the
+    training mix (``TRAIN_WEIGHTS``) family by family.
     """
     spec = SPECS[name]
+    mix = {**TRAIN_WEIGHTS, **(weights or {})}
     peak = spec.lr if lr is None else lr
     directory = out / name
     torch.manual_seed(seed)
@@ -343,7 +346,7 @@ def train_one(
     print(f"[{name}] {n_params(model):,} parameters, kind={spec.kind}, resume={resume}", flush=True)
     opt = torch.optim.AdamW(model.parameters(), lr=peak, betas=(0.9, 0.98), weight_decay=0.01)
     gen = torch.Generator().manual_seed(seed)
-    batches = _batches(seed)
+    batches = _batches(seed, mix)
     monitor = held_out(7 * 10, seed=1)
     budget = None if minutes is None else minutes * 60
     total = steps
@@ -389,6 +392,7 @@ def train_one(
         "peak_lr": peak,
         "steps": step,
         "batch": BATCH,
+        "train_weights": mix,
         "train_seconds": round(train_seconds, 1),
         "final_loss_avg": running,
         "eval_seconds": round(time.time() - t0, 1),
@@ -400,6 +404,22 @@ def train_one(
     print(f"[{name}] eval overall {result['overall']:.3f} "
           + " ".join(f"{f}={a:.2f}" for f, a in result["per_family"].items()), flush=True)
     return summary
+
+
+def _family_weights(text: str) -> dict[str, float]:
+    """Parse ``--weights lookup=4,sort=2`` into ``{"lookup": 4.0, "sort": 2.0}``."""
+    weights: dict[str, float] = {}
+    for item in text.split(","):
+        family, _, value = item.partition("=")
+        if family not in TRAIN_WEIGHTS:
+            raise argparse.ArgumentTypeError(f"unknown task family {family!r}; known: {', '.join(TRAIN_WEIGHTS)}")
+        try:
+            weights[family] = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"weight of {family!r} must be a number, got {value!r}") from None
+        if weights[family] < 0:
+            raise argparse.ArgumentTypeError(f"weight of {family!r} must be >= 0, got {value!r}")
+    return weights
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -415,13 +435,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--resume", action="store_true",
                         help="continue from the checkpoint in OUT/<model> (fresh optimizer and schedule)")
     parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default: SPECS[...].lr)")
+    parser.add_argument("--weights", type=_family_weights, default=None, metavar="FAMILY=W,...",
+                        help="override the training mix for some families, e.g. lookup=4,sort=2")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     names = list(SPECS) if args.model == "all" else [args.model]
     for name in names:
         share = SPECS[name].share if args.model == "all" else 1.0
         minutes = None if args.steps is not None else args.minutes * share
-        train_one(name, minutes, args.steps, args.seed, args.out, args.eval_n, args.resume, args.lr)
+        train_one(name, minutes, args.steps, args.seed, args.out, args.eval_n, args.resume, args.lr, args.weights)
 
 
 if __name__ == "__main__":
