@@ -19,6 +19,7 @@ from dloom.zoo.tasks import (
     Example,
     held_out,
     is_held_out,
+    lookup_curriculum,
     train_stream,
 )
 
@@ -161,6 +162,38 @@ def test_train_stream_weights_and_families():
     adds = sum(e.family == "add" for e in drawn)
     assert {e.family for e in drawn} == {"add", "sort"}
     assert 0.65 < adds / len(drawn) < 0.85
+
+
+@pytest.mark.parametrize("pairs", [2, 3])
+def test_lookup_curriculum_has_fewer_pairs_and_the_same_checker(pairs):
+    drawn = list(itertools.islice(train_stream(0, families=[lookup_curriculum(pairs)]), 200))
+    assert {e.family for e in drawn} == {"lookup"}
+    assert {e.prompt.count("=") for e in drawn} == {pairs}
+    assert all(FAMILIES["lookup"].check(e.prompt, e.answer) for e in drawn)
+    assert not any(is_held_out(e.family, e.prompt) for e in drawn)
+
+
+@pytest.mark.parametrize("pairs", [1, 4])
+def test_lookup_curriculum_refuses_pair_counts_outside_the_range(pairs):
+    with pytest.raises(ValueError, match=f"got {pairs}"):
+        lookup_curriculum(pairs)
+
+
+def test_train_stream_refuses_unknown_family():
+    with pytest.raises(ValueError, match="unknown task families.*known"):
+        next(train_stream(0, families=["ad"]))
+
+
+def test_training_mix_option_names_bad_families_and_weights():
+    import argparse
+
+    from dloom.zoo.train import _family_weights
+
+    assert _family_weights("lookup=4,lookup2=1.5") == {"lookup": 4.0, "lookup2": 1.5}
+    for bad, message in [("lokup=1", "unknown task family 'lokup'"), ("sort=x", "must be a number"),
+                         ("sort=-1", "must be >= 0")]:
+        with pytest.raises(argparse.ArgumentTypeError, match=message):
+            _family_weights(bad)
 
 
 @pytest.fixture(scope="module")

@@ -52,6 +52,7 @@ __all__ = [
     "TaskFamily",
     "held_out",
     "is_held_out",
+    "lookup_curriculum",
     "train_stream",
 ]
 
@@ -164,13 +165,20 @@ def _check_copy(prompt: str, answer: str) -> bool:
 
 
 # --------------------------------------------------------------------------- lookup
-def _gen_lookup(rng: random.Random) -> tuple[str, str]:
-    keys = rng.sample(_LETTERS, 4)
-    values = [f"{rng.randint(10, 99)}" for _ in keys]
-    query = rng.sample(keys, 2)
-    table = dict(zip(keys, values, strict=True))
-    context = " ".join(f"{k}={v}" for k, v in table.items())
-    return f"{context} ?{''.join(query)}", ",".join(f"{k}={table[k]}" for k in query)
+LOOKUP_PAIRS = 4
+"""Key-value pairs in a ``lookup`` prompt's context (two of them are queried)."""
+
+
+def _lookup_generator(pairs: int) -> Callable[[random.Random], tuple[str, str]]:
+    def generate(rng: random.Random) -> tuple[str, str]:
+        keys = rng.sample(_LETTERS, pairs)
+        values = [f"{rng.randint(10, 99)}" for _ in keys]
+        query = rng.sample(keys, 2)
+        table = dict(zip(keys, values, strict=True))
+        context = " ".join(f"{k}={v}" for k, v in table.items())
+        return f"{context} ?{''.join(query)}", ",".join(f"{k}={table[k]}" for k in query)
+
+    return generate
 
 
 _LOOKUP_PROMPT = re.compile(r"^(?:[a-z]=[0-9]+ )+\?[a-z]+$")
@@ -278,11 +286,22 @@ FAMILIES: dict[str, TaskFamily] = {
         TaskFamily("sort", _gen_sort, _check_sort),
         TaskFamily("reverse", _gen_reverse, _check_reverse),
         TaskFamily("copy", _gen_copy, _check_copy),
-        TaskFamily("lookup", _gen_lookup, _check_lookup),
+        TaskFamily("lookup", _lookup_generator(LOOKUP_PAIRS), _check_lookup),
         TaskFamily("code", _gen_code, _check_code),
         TaskFamily("story", _gen_story, _check_story),
     )
 }
+
+
+
+
+def lookup_curriculum(pairs: int) -> TaskFamily:
+    """``lookup`` over ``pairs`` (2 or 3) key-value pairs: fewer distractors than the suite's
+    :data:`LOOKUP_PAIRS`, for a training curriculum.  Its examples are graded by the same
+    checker and named ``lookup``, so the held-out split still excludes their prompts."""
+    if not 2 <= pairs < LOOKUP_PAIRS:
+        raise ValueError(f"pairs must be in [2, {LOOKUP_PAIRS}), got {pairs}")
+    return TaskFamily("lookup", _lookup_generator(pairs), _check_lookup)
 
 
 # --------------------------------------------------------------------------- splits
@@ -302,19 +321,24 @@ def _families(families: Sequence[str] | None) -> list[str]:
 
 def train_stream(
     seed: int,
-    families: Sequence[str] | None = None,
+    families: Sequence[str | TaskFamily] | None = None,
     weights: Sequence[float] | None = None,
 ) -> Iterator[Example]:
     """Yield training examples forever: never a held-out prompt, deterministic in ``seed``.
 
     :param seed: seeds the stream's private ``random.Random``.
-    :param families: families to draw from (default: all, in ``FAMILIES`` order).
+    :param families: families to draw from, by name or as :class:`TaskFamily` objects such
+        as :func:`lookup_curriculum` (default: all, in ``FAMILIES`` order).
     :param weights: relative sampling weight per family (default: uniform).
     """
-    names = _families(families)
+    names = [family for family in families or () if not isinstance(family, TaskFamily)]
+    _families(names or None)  # refuses unknown names
+    population = [
+        family if isinstance(family, TaskFamily) else FAMILIES[family] for family in families or FAMILIES
+    ]
     rng = random.Random(f"train:{seed}")
     while True:
-        family = FAMILIES[rng.choices(names, weights=weights)[0]]
+        family = rng.choices(population, weights=weights)[0]
         example = family.generate(rng)
         if not is_held_out(example.family, example.prompt):
             yield example

@@ -80,7 +80,7 @@ import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from . import tokenizer as tok
-from .tasks import FAMILIES, GEN_LENGTH, Example, held_out, train_stream
+from .tasks import FAMILIES, GEN_LENGTH, Example, held_out, lookup_curriculum, train_stream
 
 __all__ = ["SPECS", "ModelSpec", "build_model", "decode_ar", "decode_dllm", "evaluate", "main"]
 
@@ -106,6 +106,9 @@ SPECS: dict[str, ModelSpec] = {
 
 # Training mix: addition and lookup are the slowest to learn, so they are drawn more often.
 TRAIN_WEIGHTS = {"add": 2.5, "sort": 1.0, "reverse": 1.0, "copy": 0.8, "lookup": 1.5, "code": 1.0, "story": 0.8}
+CURRICULUM = {"lookup2": lookup_curriculum(2), "lookup3": lookup_curriculum(3)}
+"""Training-only families, drawn only when ``--weights`` gives them a weight: ``lookup``
+with two or three key-value pairs instead of four (fewer distractors)."""
 BATCH = 64  # the notes' recipe used 128; halved for twice the updates on contended cores
 WARMUP = 100
 MIN_LR_FRACTION = 0.05
@@ -288,7 +291,8 @@ def evaluate(model: LlamaForCausalLM, kind: str, examples: Sequence[Example], ba
 
 # --------------------------------------------------------------------------- training
 def _batches(seed: int, weights: dict[str, float]) -> Iterator[tuple[list[Example], int]]:
-    stream = train_stream(seed, families=list(weights), weights=list(weights.values()))
+    families = [CURRICULUM.get(name, name) for name in weights]
+    stream = train_stream(seed, families=families, weights=list(weights.values()))
     pad_rng = random.Random(f"pad:{seed}")
     while True:
         yield [next(stream) for _ in range(BATCH)], pad_rng.randint(0, MAX_EXTRA_PAD)
@@ -411,8 +415,9 @@ def _family_weights(text: str) -> dict[str, float]:
     weights: dict[str, float] = {}
     for item in text.split(","):
         family, _, value = item.partition("=")
-        if family not in TRAIN_WEIGHTS:
-            raise argparse.ArgumentTypeError(f"unknown task family {family!r}; known: {', '.join(TRAIN_WEIGHTS)}")
+        if family not in TRAIN_WEIGHTS and family not in CURRICULUM:
+            known = ", ".join([*TRAIN_WEIGHTS, *CURRICULUM])
+            raise argparse.ArgumentTypeError(f"unknown task family {family!r}; known: {known}")
         try:
             weights[family] = float(value)
         except ValueError:
@@ -436,7 +441,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="continue from the checkpoint in OUT/<model> (fresh optimizer and schedule)")
     parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default: SPECS[...].lr)")
     parser.add_argument("--weights", type=_family_weights, default=None, metavar="FAMILY=W,...",
-                        help="override the training mix for some families, e.g. lookup=4,sort=2")
+                        help="override the training mix for some families, e.g. lookup=4,sort=2; "
+                        "lookup2/lookup3 (training-only, fewer key-value pairs) join the mix this way")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     names = list(SPECS) if args.model == "all" else [args.model]
