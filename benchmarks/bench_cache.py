@@ -9,6 +9,8 @@ times its length, within the model's context):
 - drift: the share of outputs whose text differs from the uncached output;
 - TPS (generated tokens per second; the median of ``--repeats`` timed passes, modes
   interleaved) and its ratio to ``none``;
+- with ``--refresh K``: the same for ``prefix`` and ``dual`` rebuilt by a full forward every
+  ``K`` forwards of a block (rows ``prefix/K``, ``dual/K``);
 - query positions per forward: how many positions each forward recomputes, averaged over
   the forwards (counted by a hook on the model). This is the work caching saves, whatever
   the hardware.
@@ -51,6 +53,11 @@ def random_toy_model(directory: Path) -> Path:
     build_model("toy-dllm").save_pretrained(directory)
     tokenizer.save(directory)
     return directory
+
+
+def label(mode: str, refresh: int | None) -> str:
+    """A row's name: the cache mode, with ``/k`` when it is refreshed every ``k`` forwards."""
+    return mode if refresh is None else f"{mode}/{refresh}"
 
 
 def resolve_model(name: str | None, scratch: Path) -> str:
@@ -100,20 +107,23 @@ def measure(args: argparse.Namespace, model_name: str) -> dict[str, Any]:
     room = (adapter.max_context or 4 * short_width + gen_length) - gen_length
     long_width = min(4 * short_width, room)
     variants = {"short": examples, "long": lengthen(examples, long_width)}
+    variants = {name: variants[name] for name in args.lengths}
     counter = ForwardCounter(adapter.model)
+    settings = [(mode, None) for mode in CACHE_MODES]
+    settings += [(mode, k) for k in args.refresh for mode in CACHE_MODES if mode != "none"]
     decoders = {
-        mode: DiffusionDecoder(
+        label(mode, refresh): DiffusionDecoder(
             adapter, args.strategy, params=dict(p.split("=", 1) for p in args.param),
-            gen_length=gen_length, block_length=args.block_length, cache=mode,
+            gen_length=gen_length, block_length=args.block_length, cache=mode, cache_refresh=refresh,
         )
-        for mode in CACHE_MODES
+        for mode, refresh in settings
     }
     rows = []
     for variant, prompts in variants.items():
         evaluate(decoders["none"], prompts[: args.batch_size], args.batch_size, progress=False)  # warm-up
-        reports, positions, tps = {}, {}, {mode: [] for mode in CACHE_MODES}
+        reports, positions, tps = {}, {}, {mode: [] for mode in decoders}
         for repeat in range(args.repeats):
-            for mode in CACHE_MODES:
+            for mode in decoders:
                 counter.reset()
                 report = evaluate(decoders[mode], prompts, args.batch_size, progress=False)
                 tps[mode].append(report.tps)
@@ -121,7 +131,7 @@ def measure(args: argparse.Namespace, model_name: str) -> dict[str, Any]:
                     reports[mode], positions[mode] = report, counter.mean
         base = reports["none"]
         base_tps = statistics.median(tps["none"])
-        for mode in CACHE_MODES:
+        for mode in decoders:
             report = reports[mode]
             graded = [
                 FAMILIES[e.family].check(e.prompt, out["text"])
@@ -134,6 +144,7 @@ def measure(args: argparse.Namespace, model_name: str) -> dict[str, Any]:
                 "prompt_chars_mean": statistics.mean(len(e.prompt) for e in prompts),
                 "prompt_width": max(len(e.prompt) for e in prompts),
                 "cache": mode,
+                "cache_refresh": decoders[mode].cache_refresh,
                 "accuracy": sum(graded) / len(graded),
                 "drift_vs_none": drift / report.n,
                 "nfe_mean": report.nfe_mean,
@@ -153,6 +164,7 @@ def measure(args: argparse.Namespace, model_name: str) -> dict[str, Any]:
         "block_length": args.block_length,
         "batch_size": args.batch_size,
         "repeats": args.repeats,
+        "lengths": args.lengths,
         "device": args.device,
         "dtype": args.dtype,
         "torch_threads": torch.get_num_threads(),
@@ -191,6 +203,14 @@ def print_table(result: dict[str, Any]) -> None:
         )
 
 
+def _lengths(text: str) -> list[str]:
+    names = text.split(",")
+    unknown = [name for name in names if name not in ("short", "long")]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown prompt length {unknown}; allowed: short, long")
+    return names
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--model", help="zoo name or checkpoint directory; 'random' for an untrained toy-dllm (default: toy-dllm)")
@@ -202,6 +222,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--gen-length", type=int, default=None)
     parser.add_argument("--block-length", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=35)
+    parser.add_argument("--lengths", type=_lengths, default=["short", "long"], metavar="short,long",
+                        help="prompt lengths to measure (default: both)")
+    parser.add_argument("--refresh", type=int, action="append", default=[], metavar="K",
+                        help="also measure prefix and dual with a full forward every K forwards (repeatable)")
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per mode (median TPS)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")

@@ -16,6 +16,8 @@ model nothing before the block attends to the block, and nothing in the block at
 what follows it, so prefix and dual caching give the logits an uncached forward gives (up to
 floating-point summation order). For a bidirectional model the cached entries go stale as
 the block is committed (they are refreshed once per block): caching is then approximate.
+``refresh=k`` rebuilds the cache with a full forward every ``k`` forwards of a block, which
+bounds how stale it gets (``k = 1`` is uncached decoding at cached-forward prices).
 
 For a shifted model (the output at ``i`` predicts token ``i + 1``) the recomputed window
 starts one position before the block, so that the block's logits come from fresh outputs.
@@ -48,6 +50,21 @@ def cache_argument(model: torch.nn.Module) -> str | None:
     return None
 
 
+def check_refresh(mode: str, refresh: int | None) -> None:
+    """Refuse a ``refresh`` interval that is not a positive int, or one without a cache.
+
+    :raises ConfigurationError: naming the bad value and what is allowed.
+    """
+    if refresh is None:
+        return
+    if isinstance(refresh, bool) or not isinstance(refresh, int) or refresh < 1:
+        raise ConfigurationError(f"cache_refresh is {refresh!r}; allowed: an int >= 1, or None")
+    if mode == "none":
+        raise ConfigurationError(
+            f"cache_refresh={refresh} needs cache='prefix' or 'dual'; with cache='none' every forward is full"
+        )
+
+
 class BlockForward:
     """The active block's logits, one model forward per call, reusing keys and values per mode.
 
@@ -64,6 +81,8 @@ class BlockForward:
     :param position_ids: ``(B, L)`` long.
     :param start: first position of the active block.
     :param end: one past its last position.
+    :param refresh: with a cache, the block's forwards per full (cache-rebuilding) forward:
+        forward ``0, k, 2k, ...`` of the block is a full forward (``None``: only the first).
 
     :ivar query_positions: positions each row recomputed in the last call: ``L`` for a full
         forward, ``L - start`` (prefix) or ``K`` (dual) for a cached one (one more for a
@@ -78,9 +97,13 @@ class BlockForward:
         position_ids: torch.Tensor,
         start: int,
         end: int,
+        refresh: int | None = None,
     ) -> None:
         if mode not in CACHE_MODES:
             raise ConfigurationError(f"cache is {mode!r}; allowed: {', '.join(CACHE_MODES)}")
+        check_refresh(mode, refresh)
+        self.refresh = refresh
+        self._forwards_on_cache = 0
         self.model = model
         self.mode = mode
         self.position_ids = position_ids
@@ -127,8 +150,9 @@ class BlockForward:
             self.query_positions = tokens.shape[1]
             logits = self.model.logits(tokens, self._full_mask, self.position_ids)
             return logits[:, self.start : self.end]
-        if self._cache is None:
+        if self._cache is None or (self.refresh is not None and self._forwards_on_cache >= self.refresh):
             return self._block_start(tokens)
+        self._forwards_on_cache += 1
         return self._cached_step(tokens)
 
     def _run(self, tokens, attention_mask, position_ids, cache) -> torch.Tensor:
@@ -156,6 +180,7 @@ class BlockForward:
                 ]
             )
         self._cache = cache
+        self._forwards_on_cache = 1
         return raw[:, self.window_start : self.window_start + self.end - self.start]
 
     def _keep(self, states: torch.Tensor) -> torch.Tensor:

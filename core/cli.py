@@ -84,6 +84,9 @@ RemaskingOption = typer.Option("low_confidence", help="low_confidence, random, m
 CacheOption = typer.Option(
     "none", "--cache", help="KV cache: none, prefix or dual (exact for block-causal models)."
 )
+CacheRefreshOption = typer.Option(
+    None, "--cache-refresh", help="With --cache: a full forward every N forwards of a block (default: once per block)."
+)
 DeviceOption = typer.Option("cpu", help="torch device, e.g. cpu or cuda.")
 DtypeOption = typer.Option("float32", help="float32, float64, bfloat16 or float16.")
 JsonOption = typer.Option(False, "--json", help="Machine-readable output.")
@@ -110,12 +113,14 @@ def build_decoder(
     """Load ``model`` and build a :class:`~dloom.DiffusionDecoder` (shared by the commands).
 
     ``settings`` go to the decoder: lengths, ``steps``, ``temperature``, ``remasking``,
-    ``seed`` and ``cache``.
+    ``seed``, ``cache`` and ``cache_refresh``.
     """
     from dloom import DiffusionDecoder, load_model
     from dloom.failfast import build_failfast_decoder, uses_failfast
 
     if uses_failfast(strategy):  # an AR target with a dLLM drafter, not a diffusion decoder
+        if settings.pop("cache_refresh", None) is not None:
+            raise ConfigurationError("--cache-refresh applies to diffusion decoding, not to failfast")
         if device_map is not None:
             raise ConfigurationError("--device-map does not apply to failfast; use --device")
         return build_failfast_decoder(
@@ -146,6 +151,7 @@ def generate(
     seed: Optional[int] = typer.Option(None, help="Seed of the sampler."),
     remasking: str = RemaskingOption,
     cache: str = CacheOption,
+    cache_refresh: Optional[int] = CacheRefreshOption,
     batch_size: int = typer.Option(8, min=1, help="Prompts per forward batch."),
     mask_token_id: Optional[int] = typer.Option(None, help="Override the model's mask token id."),
     trust_remote_code: bool = typer.Option(False, help="Allow the checkpoint's own modelling code."),
@@ -172,7 +178,7 @@ def generate(
             trust_remote_code=trust_remote_code, device=device, dtype=dtype, device_map=device_map,
             gen_length=gen_length, block_length=block_length, steps=steps,
             temperature=temperature, remasking=remasking, seed=seed, cache=cache,
-            target=target, drafter=drafter,
+            cache_refresh=cache_refresh, target=target, drafter=drafter,
         )
         if chat:
             if not all(isinstance(p, str) for p in prompts):
@@ -220,6 +226,7 @@ def eval_command(
     temperature: float = TemperatureOption,
     remasking: str = RemaskingOption,
     cache: str = CacheOption,
+    cache_refresh: Optional[int] = CacheRefreshOption,
     batch_size: int = typer.Option(32, min=1, help="Prompts per forward batch."),
     device: str = DeviceOption,
     dtype: str = DtypeOption,
@@ -239,7 +246,8 @@ def eval_command(
         decoder = build_decoder(
             model, strategy, [*param, *spiffy_params(graph, budget, layout)], device=device, dtype=dtype, gen_length=gen_length,
             block_length=block_length, steps=steps, temperature=temperature,
-            remasking=remasking, seed=seed, cache=cache, target=target, drafter=drafter,
+            remasking=remasking, seed=seed, cache=cache, cache_refresh=cache_refresh,
+            target=target, drafter=drafter,
         )
         report = evaluate(decoder, examples, batch_size=batch_size)
     except DloomError as error:

@@ -29,7 +29,7 @@ import torch
 from dloom import hooks
 from dloom.adapter import ModelAdapter, left_pad_prompts
 from dloom.attention import block_causal_mask
-from dloom.cache import CACHE_MODES, BlockForward, cache_argument
+from dloom.cache import CACHE_MODES, BlockForward, cache_argument, check_refresh
 from dloom.composition import StrategySpec, build_plugin_manager, compose
 from dloom.errors import ConfigurationError, HookContractError, ModelError, NonFiniteLogitsError
 from dloom.kernel import REMASKING
@@ -83,6 +83,10 @@ class DiffusionDecoder:
     :param cache: KV cache mode, one of :data:`dloom.cache.CACHE_MODES`: ``"none"``,
         ``"prefix"`` (reuse the keys and values before the active block) or ``"dual"`` (also
         those after it); exact for block-causal models, approximate for bidirectional ones.
+    :param cache_refresh: with a cache, rebuild it with a full forward every
+        ``cache_refresh`` forwards of a block (``None``: once per block). Bounds the drift of
+        a bidirectional model's cached decoding; plain steps only, so speculative
+        strategies refuse it.
     :param draft_budget: the most drafts per row one verification forward may evaluate
         (speculative strategies; ``None``: the strategy's own budget).
     :param params: strategy parameters by name (``"tau"``) or by component (``"spiffy.budget"``).
@@ -108,6 +112,7 @@ class DiffusionDecoder:
         remasking: str = "low_confidence",
         seed: int | None = None,
         cache: str = "none",
+        cache_refresh: int | None = None,
         draft_budget: int | None = None,
         params: Mapping[str, Any] | None = None,
         sync_timing: bool = False,
@@ -132,6 +137,7 @@ class DiffusionDecoder:
         self.remasking = remasking
         self.seed = seed
         self.cache = cache
+        self.cache_refresh = cache_refresh
         self.draft_budget = draft_budget
         self._validate()
         self.composition = compose(strategy, {**(params or {}), **strategy_params}, registry)
@@ -154,6 +160,11 @@ class DiffusionDecoder:
         self.timer = HookTimer(self._sync)
         self.pm = build_plugin_manager(self.composition, self.timer)
         self._speculates = self.composition.provider("dloom_draft") is not None
+        if self._speculates and self.cache_refresh is not None:
+            raise ConfigurationError(
+                f"cache_refresh={self.cache_refresh} applies to plain steps; speculative strategy "
+                f"{self.composition.name!r} verifies drafts on the block-start cache (use cache_refresh=None)"
+            )
         hooks.configure(self.pm, self.setup)
 
     def _validate(self) -> None:
@@ -183,6 +194,7 @@ class DiffusionDecoder:
             raise ConfigurationError(f"draft_budget is {self.draft_budget!r}; allowed: >= 0 or None")
         if self.cache not in CACHE_MODES:
             raise ConfigurationError(f"cache is {self.cache!r}; allowed: {', '.join(CACHE_MODES)}")
+        check_refresh(self.cache, self.cache_refresh)
         if self.cache != "none" and cache_argument(self.model.model) is None:
             raise ModelError(
                 f"cache {self.cache!r} needs a model whose forward takes a transformers cache; "
@@ -218,6 +230,7 @@ class DiffusionDecoder:
             "remasking": self.remasking,
             "seed": self.seed,
             "cache": self.cache,
+            "cache_refresh": self.cache_refresh,
             "draft_budget": self.draft_budget,
             "dtype": str(self.model.dtype).removeprefix("torch."),
             "device": str(self.model.device),
@@ -391,7 +404,8 @@ class DiffusionDecoder:
             if model.attention == "block-causal":
                 attn = block_causal_mask(full_mask[rows], prompt_len, self.block_length)
             block_forward = BlockForward(
-                model, self.cache, attn, positions[rows], start, start + self.block_length
+                model, self.cache, attn, positions[rows], start, start + self.block_length,
+                self.cache_refresh,
             )
             x = tokens[rows]
             block_nfe = self._decode_block(

@@ -235,6 +235,39 @@ def test_early_stop_and_compaction_with_a_cache():
             assert decoder.generate([prompt]).token_lists[0] == result.token_lists[index]
 
 
+@pytest.mark.parametrize("mode", ["prefix", "dual"])
+def test_refresh_rebuilds_the_cache_every_k_forwards(tiny_adapter, mode):
+    """``refresh=3``: forwards 0, 3, 6 of the block are full forwards (the uncached logits of
+    their state), the others recompute the window only."""
+    tokens, mask, positions, width = padded_state(PROMPTS, 12)
+    start, end = width + 4, width + 8
+    forward = BlockForward(tiny_adapter, mode, mask, positions, start, end, refresh=3)
+    generator = torch.Generator().manual_seed(1)
+    widths = []
+    for call in range(7):
+        tokens[:, start + call % 4] = torch.randint(3, MASK_ID, (len(PROMPTS),), generator=generator)
+        logits = forward(tokens)
+        widths.append(forward.query_positions)
+        if call % 3 == 0:
+            assert torch.equal(logits, tiny_adapter.logits(tokens, mask, positions)[:, start:end])
+    window = tokens.shape[1] - start if mode == "prefix" else end - start
+    full = tokens.shape[1]
+    assert widths == [full, window, window, full, window, window, full]
+
+
+@pytest.mark.parametrize("mode", ["prefix", "dual"])
+def test_refresh_every_forward_decodes_as_uncached(sharp_adapter, mode):
+    """``cache_refresh=1`` makes every forward a full one: the tokens are the uncached ones
+    (the negative control: the same cache without refresh drifts on this model)."""
+    settings = {"gen_length": 16, "block_length": 8}
+    uncached = DiffusionDecoder(sharp_adapter, "quota", **settings).generate(PROMPTS)
+    refreshed = DiffusionDecoder(sharp_adapter, "quota", cache=mode, cache_refresh=1, **settings)
+    assert refreshed.config["cache_refresh"] == 1
+    assert refreshed.generate(PROMPTS).token_lists == uncached.token_lists
+    stale = DiffusionDecoder(sharp_adapter, "quota", cache=mode, **settings).generate(PROMPTS)
+    assert stale.token_lists != uncached.token_lists
+
+
 # --- configuration -----------------------------------------------------------------------
 
 
@@ -243,6 +276,21 @@ def test_unknown_cache_mode_lists_the_modes(tiny_adapter):
         DiffusionDecoder(tiny_adapter, "quota", cache="full")
     with pytest.raises(ConfigurationError, match="cache is 'full'; allowed: none, prefix, dual"):
         BlockForward(tiny_adapter, "full", None, torch.zeros(1, 4, dtype=torch.long), 2, 4)
+
+
+@pytest.mark.parametrize("refresh, cache, message", [
+    (0, "dual", "cache_refresh is 0; allowed: an int >= 1, or None"),
+    ("2", "prefix", "cache_refresh is '2'; allowed: an int >= 1, or None"),
+    (2, "none", "cache_refresh=2 needs cache='prefix' or 'dual'"),
+])
+def test_bad_cache_refresh_is_refused(tiny_adapter, refresh, cache, message):
+    with pytest.raises(ConfigurationError, match=message):
+        DiffusionDecoder(tiny_adapter, "quota", cache=cache, cache_refresh=refresh)
+
+
+def test_speculation_refuses_cache_refresh(tiny_adapter):
+    with pytest.raises(ConfigurationError, match="cache_refresh=4 applies to plain steps.*spiffy"):
+        DiffusionDecoder(tiny_adapter, "spiffy+quota", gen_length=8, block_length=4, cache="dual", cache_refresh=4)
 
 
 def test_cache_needs_a_model_that_takes_one():
@@ -272,6 +320,9 @@ def test_cli_records_the_cache_mode(tiny_model_dir, tmp_path):
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in result.stdout.splitlines()]
     assert len(rows) == 2 and {row["config"]["cache"] for row in rows} == {"dual"}
+    refreshed = CliRunner().invoke(app, base + ["--cache", "prefix", "--cache-refresh", "2"])
+    assert refreshed.exit_code == 0, refreshed.output
+    assert {json.loads(line)["config"]["cache_refresh"] for line in refreshed.stdout.splitlines()} == {2}
     bad = CliRunner().invoke(app, base + ["--cache", "full"])
     assert bad.exit_code == 2 and "allowed: none, prefix, dual" in " ".join(bad.stderr.split())
 
@@ -335,3 +386,28 @@ def test_decoder_uses_the_block_causal_mask(tiny_adapter):
         before = BlockForward(adapter, "none", mask, positions, start, end)(tokens)
         after = BlockForward(adapter, "none", mask, positions, start, end)(later)
         assert torch.equal(before, after) is independent
+
+
+def test_cache_benchmark_reports_every_mode_against_none(tmp_path):
+    """``benchmarks/bench_cache.py`` on an untrained toy model: one row per mode, drift and
+    ratios measured against ``none`` in the same run, fewer recomputed positions when cached."""
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).parents[1] / "benchmarks" / "bench_cache.py"
+    spec = importlib.util.spec_from_file_location("bench_cache", script)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "cache.json"
+    result = bench.main(["--model", "random", "-n", "3", "--repeats", "1", "--lengths", "short",
+                         "--batch-size", "3", "--threads", "1", "--refresh", "1", "--json", str(out)])
+    assert json.loads(out.read_text())["rows"] == result["rows"]
+    rows = {row["cache"]: row for row in result["rows"]}
+    assert list(rows) == [*CACHE_MODES, "prefix/1", "dual/1"] and result["lengths"] == ["short"]
+    for mode in ("prefix", "dual"):  # a full forward every forward: the uncached outputs
+        assert rows[f"{mode}/1"]["drift_vs_none"] == 0 and rows[f"{mode}/1"]["cache_refresh"] == 1
+    assert rows["none"]["drift_vs_none"] == 0 and rows["none"]["query_positions_ratio_vs_none"] == 1
+    assert rows["dual"]["query_positions_per_forward"] < rows["prefix"]["query_positions_per_forward"] \
+        < rows["none"]["query_positions_per_forward"]
+    with pytest.raises(SystemExit):
+        bench.main(["--lengths", "medium"])
