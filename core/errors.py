@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+import warnings
+
 
 class DloomError(Exception):
     """Base class of every error dloom raises on purpose."""
@@ -36,3 +39,15 @@ class NonFiniteLogitsError(DloomError, FloatingPointError):
 
 class HookContractError(DloomError):
     """A plugin's hook returned something that breaks the hook's documented contract."""
+
+
+def warn(message: str, category: type[Warning] = UserWarning) -> None:
+    """Issue a warning attributed to the first caller outside dloom and pluggy.
+
+    A warning raised in a hook implementation would otherwise point into pluggy's caller
+    (or into the decoder), which tells the user nothing about which of their lines caused it.
+    """
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in ("dloom", "pluggy"):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level + 1)

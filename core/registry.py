@@ -13,7 +13,6 @@ import difflib
 import importlib.metadata
 import inspect
 import os
-import warnings
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Iterable
@@ -21,7 +20,7 @@ from typing import Iterable
 import pluggy
 
 from dloom import hookspecs
-from dloom.errors import PluginLoadError, UnknownStrategyError
+from dloom.errors import PluginLoadError, UnknownStrategyError, warn
 from dloom.hookspecs import PROJECT_NAME
 from dloom.types import Claim, Parameter, StrategyRegistration
 
@@ -139,7 +138,7 @@ def _report(registry: Registry, name: str, error: BaseException) -> None:
     if _strict():
         raise PluginLoadError(message + " (DLOOM_STRICT_PLUGINS=1 makes this fatal)") from error
     registry.failures.append(PluginFailure(name=name, error=f"{type(error).__name__}: {error}"))
-    warnings.warn(message, RuntimeWarning, stacklevel=3)
+    warn(message, RuntimeWarning)
 
 
 def _is_builtin(ep: importlib.metadata.EntryPoint) -> bool:

@@ -119,8 +119,9 @@ def test_a_graph_calibrated_for_something_else_is_refused(tmp_path, setting, mes
 
 def test_without_a_fitting_built_in_graph_the_default_graph_is_used_with_a_warning():
     plugin = Spiffy()
-    with pytest.warns(UserWarning, match="uncalibrated default graph"):
+    with pytest.warns(UserWarning, match="uncalibrated default graph") as caught:
         plugin.dloom_configure(config(block_length=4))
+    assert caught[0].filename == __file__  # attributed to the caller, not to dloom or pluggy
     assert plugin.graph.calibration == {"uncalibrated": True}
     assert plugin.graph.nodes[0].pairs == ((0, 0),)
 
@@ -383,3 +384,10 @@ def test_cli_graph_budget_and_layout_options_reach_spiffy(tmp_path):
     assert report["speculation"]["guarantee"] == "lossless"
     wrong = runner.invoke(app, ["generate", "copy: ab", "--strategy", "threshold", "--budget", "2"])
     assert wrong.exit_code == 2 and "names strategy 'spiffy', which is not part of" in wrong.output.replace("\n", " ")
+
+
+def test_the_fallback_warning_points_at_the_line_that_built_the_decoder(tiny_adapter):
+    """The warning is raised inside a hook called by pluggy; it names the user's line."""
+    with pytest.warns(UserWarning, match="uncalibrated default graph") as caught:
+        DiffusionDecoder(tiny_adapter, "spiffy+quota", gen_length=8, block_length=4)
+    assert caught[0].filename == __file__

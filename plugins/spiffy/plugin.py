@@ -18,13 +18,12 @@
 
 from __future__ import annotations
 
-import warnings
 from typing import Any, Mapping
 
 import torch
 
 from dloom import hookimpl
-from dloom.errors import ConfigurationError
+from dloom.errors import ConfigurationError, warn
 from dloom.speculation import follow_graph, layout_drafts
 from dloom.types import DecodeState, DraftGraph, Verdict, VerificationLayout
 
@@ -75,22 +74,20 @@ class Spiffy:
         else:
             graph = find_builtin(config)
             if graph is None:
-                warnings.warn(
+                warn(
                     f"no built-in draft graph fits model {config['model']!r} with base rule "
                     f"{config['commit_rule']!r} {dict(config['commit_params'])} and block_length "
                     f"{config['block_length']}: using the uncalibrated default graph (still "
                     f"lossless, fewer drafts accepted). Calibrate one with `dloom calibrate "
                     f"--model {config['model']} --strategy {config['commit_rule']} -o graph.json` "
                     "and pass --param graph=graph.json",
-                    stacklevel=2,
                 )
                 graph = default_graph(config)
         if graph.temperature != config["temperature"] or graph.remasking != config["remasking"]:
-            warnings.warn(
+            warn(
                 f"draft graph calibrated at temperature {graph.temperature} with "
                 f"{graph.remasking!r} remasking, decoding at {config['temperature']} with "
                 f"{config['remasking']!r}: still lossless, but fewer drafts may be accepted",
-                stacklevel=2,
             )
         self.graph = graph
         self._templates.clear()
