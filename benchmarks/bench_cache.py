@@ -206,7 +206,7 @@ def print_table(result: dict[str, Any]) -> None:
 def _lengths(text: str) -> list[str]:
     names = text.split(",")
     unknown = [name for name in names if name not in ("short", "long")]
-    if unknown or not names:
+    if unknown:
         raise argparse.ArgumentTypeError(f"unknown prompt length {unknown}; allowed: short, long")
     return names
 

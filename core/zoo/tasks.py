@@ -331,11 +331,9 @@ def train_stream(
         as :func:`lookup_curriculum` (default: all, in ``FAMILIES`` order).
     :param weights: relative sampling weight per family (default: uniform).
     """
-    names = [family for family in families or () if not isinstance(family, TaskFamily)]
-    _families(names or None)  # refuses unknown names
-    population = [
-        family if isinstance(family, TaskFamily) else FAMILIES[family] for family in families or FAMILIES
-    ]
+    chosen = list(FAMILIES) if families is None else list(families)
+    _families([family for family in chosen if not isinstance(family, TaskFamily)])  # unknown names
+    population = [family if isinstance(family, TaskFamily) else FAMILIES[family] for family in chosen]
     rng = random.Random(f"train:{seed}")
     while True:
         family = rng.choices(population, weights=weights)[0]
