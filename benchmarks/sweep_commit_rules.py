@@ -106,9 +106,17 @@ def write_plot(report: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+TABLE_START = "Measured by `benchmarks/sweep_commit_rules.py`"
+
+
 def write_table(report: dict[str, Any], path: Path) -> None:
+    """Write the results table to ``path``, keeping what the page has above the table.
+
+    The generated part starts at the line beginning with :data:`TABLE_START`; everything
+    before it (the page's title, plot and prose) is kept as it is.
+    """
     lines = [
-        f"Measured by `benchmarks/sweep_commit_rules.py` on `{report['model']}`, "
+        f"{TABLE_START} on `{report['model']}`, "
         f"{report['n']} held-out prompts, batch {report['batch_size']}, "
         f"{report['torch_threads']} CPU threads.",
         "",
@@ -128,8 +136,12 @@ def write_table(report: dict[str, Any], path: Path) -> None:
                          f"NFE {-g['nfe_reduction']:+.1%}, TPS ratio {g['tps_ratio']:.2f}.")
         else:
             lines.append(f"- Fréchet against {label}: no configuration reached the accuracy floor.")
+    head = ""
+    if path.is_file():
+        text = path.read_text()
+        head = text[: text.index(TABLE_START)] if TABLE_START in text else text.rstrip("\n") + "\n\n"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text(head + "\n".join(lines) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:

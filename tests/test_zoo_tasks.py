@@ -76,9 +76,11 @@ def test_add_rejects_off_by_one_sum():
 
 
 def test_lookup_and_code_examples():
-    assert FAMILIES["lookup"].check("k=31 b=72 x=15 d=94 ?xb", "x=15,b=72")
-    assert not FAMILIES["lookup"].check("k=31 b=72 x=15 d=94 ?xb", "b=72,x=15")
-    assert not FAMILIES["lookup"].check("k=31 b=72 x=15 d=94 ?xb", "x=31,b=72")
+    assert FAMILIES["lookup"].check("k3 b7 x1 d9 m4 ?xbd", "x1,b7,d9")
+    assert not FAMILIES["lookup"].check("k3 b7 x1 d9 m4 ?xbd", "b7,x1,d9")  # query order
+    assert not FAMILIES["lookup"].check("k3 b7 x1 d9 m4 ?xbd", "x3,b7,d9")  # a neighbour's value
+    assert not FAMILIES["lookup"].check("k3 b7 x1 d9 m4 ?xbd", "x1,b7")  # a key left out
+    assert not FAMILIES["lookup"].check("k=3 b=7 x=1 ?xb", "x1,b7")  # not a lookup prompt
     assert FAMILIES["code"].check("def sq(x): square", "return x*x")
     assert FAMILIES["code"].check("def f(a,b): max", "return max(a,b)")
     assert not FAMILIES["code"].check("def f(a,b): max", "return max(b,a)")
@@ -164,16 +166,16 @@ def test_train_stream_weights_and_families():
     assert 0.65 < adds / len(drawn) < 0.85
 
 
-@pytest.mark.parametrize("pairs", [2, 3])
+@pytest.mark.parametrize("pairs", [3, 4])
 def test_lookup_curriculum_has_fewer_pairs_and_the_same_checker(pairs):
     drawn = list(itertools.islice(train_stream(0, families=[lookup_curriculum(pairs)]), 200))
     assert {e.family for e in drawn} == {"lookup"}
-    assert {e.prompt.count("=") for e in drawn} == {pairs}
+    assert {e.prompt.count(" ") for e in drawn} == {pairs}
     assert all(FAMILIES["lookup"].check(e.prompt, e.answer) for e in drawn)
     assert not any(is_held_out(e.family, e.prompt) for e in drawn)
 
 
-@pytest.mark.parametrize("pairs", [1, 4])
+@pytest.mark.parametrize("pairs", [2, 5])
 def test_lookup_curriculum_refuses_pair_counts_outside_the_range(pairs):
     with pytest.raises(ValueError, match=f"got {pairs}"):
         lookup_curriculum(pairs)
@@ -189,7 +191,7 @@ def test_training_mix_option_names_bad_families_and_weights():
 
     from dloom.zoo.train import _family_weights
 
-    assert _family_weights("lookup=4,lookup2=1.5") == {"lookup": 4.0, "lookup2": 1.5}
+    assert _family_weights("lookup=4,lookup3=1.5") == {"lookup": 4.0, "lookup3": 1.5}
     for bad, message in [("lokup=1", "unknown task family 'lokup'"), ("sort=x", "must be a number"),
                          ("sort=-1", "must be >= 0")]:
         with pytest.raises(argparse.ArgumentTypeError, match=message):

@@ -14,7 +14,7 @@ add       ``add 347 58``               ``347+58=405``
 sort      ``sort 9302718``             ``0123789`` (8..12 symbols)
 reverse   ``rev q7kd2mza``             ``azm2dk7q``
 copy      ``copy ab cd efg``           ``ab cd efg``
-lookup    ``k=31 b=72 x=15 d=94 ?xb``  ``x=15,b=72``
+lookup    ``k3 b7 x1 d9 m4 ?xbd``      ``x1,b7,d9``
 code      ``def sq(x): square``        ``return x*x``
 story     ``story tom big cat``        ``tom fed the big cat today.``
 ========  ===========================  ==================================
@@ -165,31 +165,41 @@ def _check_copy(prompt: str, answer: str) -> bool:
 
 
 # --------------------------------------------------------------------------- lookup
-LOOKUP_PAIRS = 4
-"""Key-value pairs in a ``lookup`` prompt's context (two of them are queried)."""
+LOOKUP_PAIRS = 5
+"""Key-value pairs in a ``lookup`` prompt's context."""
+LOOKUP_QUERIES = 3
+"""Keys a ``lookup`` prompt asks for, in the order the answer must give them."""
 
 
 def _lookup_generator(pairs: int) -> Callable[[random.Random], tuple[str, str]]:
+    """Context of ``pairs`` letter keys each followed by a one-digit value, then a query.
+
+    Each value sits right after its key, in the context and in the answer, so a model finds
+    it by matching the key's content (an induction-head step); where the key sits in the
+    context is random, so retrieving by position scores about ``(1/pairs) ** 3``.  (An
+    earlier ``k=31`` form, two-digit values behind ``=``, needs a second matching step; the
+    zoo's models did not learn it in 2,000 lookup-only steps, see ``dloom.zoo.train``.)
+    """
+
     def generate(rng: random.Random) -> tuple[str, str]:
         keys = rng.sample(_LETTERS, pairs)
-        values = [f"{rng.randint(10, 99)}" for _ in keys]
-        query = rng.sample(keys, 2)
-        table = dict(zip(keys, values, strict=True))
-        context = " ".join(f"{k}={v}" for k, v in table.items())
-        return f"{context} ?{''.join(query)}", ",".join(f"{k}={table[k]}" for k in query)
+        table = {key: rng.choice(_DIGITS) for key in keys}
+        query = rng.sample(keys, LOOKUP_QUERIES)
+        context = " ".join(f"{k}{v}" for k, v in table.items())
+        return f"{context} ?{''.join(query)}", ",".join(f"{k}{table[k]}" for k in query)
 
     return generate
 
 
-_LOOKUP_PROMPT = re.compile(r"^(?:[a-z]=[0-9]+ )+\?[a-z]+$")
+_LOOKUP_PROMPT = re.compile(r"^(?:[a-z][0-9] )+\?[a-z]+$")
 
 
 def _check_lookup(prompt: str, answer: str) -> bool:
     if _LOOKUP_PROMPT.match(prompt) is None:
         return False
     *pairs, query = prompt.split(" ")
-    table = dict(pair.split("=") for pair in pairs)
-    return answer == ",".join(f"{k}={table[k]}" for k in query.removeprefix("?"))
+    table = {pair[0]: pair[1] for pair in pairs}
+    return answer == ",".join(f"{k}{table[k]}" for k in query.removeprefix("?"))
 
 
 # ----------------------------------------------------------------------------- code
@@ -296,11 +306,11 @@ FAMILIES: dict[str, TaskFamily] = {
 
 
 def lookup_curriculum(pairs: int) -> TaskFamily:
-    """``lookup`` over ``pairs`` (2 or 3) key-value pairs: fewer distractors than the suite's
+    """``lookup`` over ``pairs`` (3 or 4) key-value pairs: fewer distractors than the suite's
     :data:`LOOKUP_PAIRS`, for a training curriculum.  Its examples are graded by the same
     checker and named ``lookup``, so the held-out split still excludes their prompts."""
-    if not 2 <= pairs < LOOKUP_PAIRS:
-        raise ValueError(f"pairs must be in [2, {LOOKUP_PAIRS}), got {pairs}")
+    if not LOOKUP_QUERIES <= pairs < LOOKUP_PAIRS:
+        raise ValueError(f"pairs must be in [{LOOKUP_QUERIES}, {LOOKUP_PAIRS}), got {pairs}")
     return TaskFamily("lookup", _lookup_generator(pairs), _check_lookup)
 
 
