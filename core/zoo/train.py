@@ -420,15 +420,12 @@ def train_one(
         if step % 300 == 0:
             acc = evaluate(model, spec.kind, monitor)
             model.train()
-            print(f"[{name}] step {step} monitor acc {acc['overall']:.3f} "
-                  + " ".join(f"{f}={a:.2f}" for f, a in acc["per_family"].items()), flush=True)
+            print(f"[{name}] step {step} monitor {_accuracy_line(acc)}", flush=True)
     train_seconds = time.time() - start
     save_model(model, directory)
     print(f"[{name}] saved to {directory} after {step} steps, {train_seconds:.0f}s", flush=True)
 
-    reloaded = LlamaForCausalLM.from_pretrained(directory, local_files_only=True, dtype=torch.float32)
-    t0 = time.time()
-    result = evaluate(reloaded, spec.kind, held_out(eval_n, seed=0))
+    reloaded, result, eval_seconds = _evaluate_saved(directory, spec.kind, eval_n)
     summary = {
         "model": name,
         "kind": spec.kind,
@@ -441,15 +438,28 @@ def train_one(
         "pad_weight": pad_weight,
         "train_seconds": round(train_seconds, 1),
         "final_loss_avg": running,
-        "eval_seconds": round(time.time() - t0, 1),
+        "eval_seconds": eval_seconds,
         "decoding": "greedy, one token per step (low-confidence)" if spec.kind == "dllm" else "greedy AR",
         **result,
         "history": history,
     }
     (directory / "eval.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"[{name}] eval overall {result['overall']:.3f} "
-          + " ".join(f"{f}={a:.2f}" for f, a in result["per_family"].items()), flush=True)
+    print(f"[{name}] eval {_accuracy_line(result)}", flush=True)
     return summary
+
+
+def _evaluate_saved(directory: Path, kind: str, eval_n: int) -> tuple[LlamaForCausalLM, dict, float]:
+    """Reload the float16 checkpoint in ``directory`` as float32 and evaluate it on
+    ``eval_n`` held-out prompts: the model, :func:`evaluate`'s result, the seconds it took."""
+    model = LlamaForCausalLM.from_pretrained(directory, local_files_only=True, dtype=torch.float32)
+    t0 = time.time()
+    result = evaluate(model, kind, held_out(eval_n, seed=0))
+    return model, result, round(time.time() - t0, 1)
+
+
+def _accuracy_line(result: dict) -> str:
+    """``overall 0.812 add=1.00 sort=0.86 ...`` for the training log."""
+    return f"overall {result['overall']:.3f} " + " ".join(f"{f}={a:.2f}" for f, a in result["per_family"].items())
 
 
 def reevaluate(name: str, out: Path, eval_n: int) -> dict:
@@ -460,15 +470,12 @@ def reevaluate(name: str, out: Path, eval_n: int) -> dict:
     from the end of training (the suite changed since).
     """
     directory = out / name
-    model = LlamaForCausalLM.from_pretrained(directory, local_files_only=True, dtype=torch.float32)
     record = json.loads((directory / "eval.json").read_text())
-    t0 = time.time()
-    result = evaluate(model, SPECS[name].kind, held_out(eval_n, seed=0))
-    record.update(result, eval_seconds=round(time.time() - t0, 1),
+    _, result, eval_seconds = _evaluate_saved(directory, SPECS[name].kind, eval_n)
+    record.update(result, eval_seconds=eval_seconds,
                   reevaluated="after training, on the task suite of this dloom version")
     (directory / "eval.json").write_text(json.dumps(record, indent=2) + "\n")
-    print(f"[{name}] re-evaluated overall {result['overall']:.3f} "
-          + " ".join(f"{f}={a:.2f}" for f, a in result["per_family"].items()), flush=True)
+    print(f"[{name}] re-evaluated {_accuracy_line(result)}", flush=True)
     return record
 
 
