@@ -255,3 +255,48 @@ def test_readme_and_home_page_show_the_headline_of_the_latest_report():
     latest = json.loads((ROOT / "benchmarks" / "results" / "report.json").read_text())
     assert marked(ROOT / "README.md") == report.headline_table(latest)
     assert marked(DOCS / "index.md") == report.headline_table(latest)
+
+
+# --- the draft-graph example -------------------------------------------------------------
+ELIDED = "…"
+
+
+def _matches_with_elisions(shown, actual, where: str = "graph") -> None:
+    """``shown`` (a documented excerpt) agrees with ``actual`` wherever it is not elided:
+    ``"…"`` stands for any value, a ``"…"`` key for the keys not shown, and a trailing
+    ``"…"`` list item for the items after the ones shown."""
+    if shown == ELIDED:
+        return
+    if isinstance(shown, dict):
+        assert isinstance(actual, dict), where
+        for key, value in shown.items():
+            if key != ELIDED:
+                assert key in actual, f"{where}.{key} is not in the shipped file"
+                _matches_with_elisions(value, actual[key], f"{where}.{key}")
+        if ELIDED not in shown:
+            assert set(shown) == set(actual), f"{where}: keys differ from the shipped file"
+    elif isinstance(shown, list):
+        if shown and shown[-1] == ELIDED:
+            items = shown[:-1]
+            assert len(actual) >= len(items), f"{where}: fewer items than the docs show"
+        else:
+            items = shown
+            assert len(actual) == len(items), f"{where}: the number of items differs"
+        for i, item in enumerate(items):
+            _matches_with_elisions(item, actual[i], f"{where}[{i}]")
+    else:
+        assert shown == actual, f"{where}: the docs show {shown!r}, the shipped file has {actual!r}"
+
+
+def test_the_spiffy_page_shows_the_shipped_quota_graph():
+    page = (DOCS / "strategies" / "spiffy.md").read_text()
+    example = json.loads(re.search(r"```json\n(.*?)```", page, re.S).group(1))
+    shipped = json.loads((ROOT / "plugins" / "spiffy" / "graphs" / "toy-dllm__quota__b8.json").read_text())
+    _matches_with_elisions(example, shipped)
+
+
+def test_the_elision_matcher_catches_a_stale_figure():
+    with pytest.raises(AssertionError, match="frequency"):
+        _matches_with_elisions({"nodes": [{"frequency": 858}, ELIDED]}, {"nodes": [{"frequency": 859}, {}]})
+    with pytest.raises(AssertionError, match="keys differ"):
+        _matches_with_elisions({"a": 1}, {"a": 1, "b": 2})

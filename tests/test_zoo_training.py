@@ -53,6 +53,37 @@ def test_lower_pad_weight_shifts_the_loss_to_the_answer_tokens():
     assert tiny.item() > 10.0 > plain.item()
 
 
+class _Recording(_Fixed):
+    """``_Fixed`` that also keeps the ``input_ids`` it was given."""
+
+    def forward(self, input_ids, attention_mask, position_ids):
+        self.input_ids = input_ids
+        return super().forward(input_ids, attention_mask, position_ids)
+
+
+def _masked_fraction(t_max: float) -> float:
+    model = _Recording()
+    batch = [Example("copy", f"copy {i:02d}", "abcdefgh" * 3) for i in range(256)]
+    dllm_loss(model, batch, 0, torch.Generator().manual_seed(0), 1.0, t_max)
+    return (model.input_ids == tok.MASK_ID).float().mean().item() * model.input_ids.shape[1] / 32
+
+
+def test_t_max_caps_the_mask_ratio():
+    # t is stratified over [0.02, t_max]: the mean masked share of the 32-position answer
+    # region is about (0.02 + t_max) / 2.
+    assert _masked_fraction(1.0) == pytest.approx(0.51, abs=0.03)
+    assert _masked_fraction(0.3) == pytest.approx(0.16, abs=0.03)
+
+
+@pytest.mark.parametrize("bad", ["0", "0.01", "1.5"])
+def test_t_max_outside_its_range_is_refused(bad, capsys):
+    from dloom.zoo.train import main
+
+    with pytest.raises(SystemExit):
+        main(["--model", "toy-dllm", "--t-max", bad])
+    assert f"--t-max must be in (0.02, 1], got {float(bad)}" in capsys.readouterr().err
+
+
 def test_reevaluate_replaces_the_accuracy_and_keeps_the_training_record(tmp_path):
     import json
 
@@ -68,3 +99,64 @@ def test_reevaluate_replaces_the_accuracy_and_keeps_the_training_record(tmp_path
     assert set(updated["per_family"]) == {"add", "sort", "reverse", "copy", "lookup", "code", "story"}
     assert updated["overall"] < 0.5  # an untrained model, not the 0.99 written before
     assert "reevaluated" in updated
+
+
+# --- a dLLM initialised from a causal checkpoint (Dream's recipe) ---------------------------
+def _saved(tmp_path, name):
+    from dloom.zoo.train import save_model
+
+    torch.manual_seed(0)
+    model = build_model(name).eval()
+    save_model(model, tmp_path / name)
+    return model, tmp_path / name
+
+
+def _forward(model, ids):
+    return model(input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=torch.arange(ids.shape[1])[None]).logits
+
+
+def test_dllm_from_ar_keeps_the_weights_and_makes_attention_bidirectional(tmp_path):
+    from dloom.zoo.train import SPECS, dllm_from_ar
+
+    ar, path = _saved(tmp_path, "toy-dllm-ar")
+    dllm = dllm_from_ar(path, SPECS["toy-dllm"]).eval()
+    assert dllm.config.is_causal is False
+    assert dllm.config.dloom == {**ar.config.dloom, "kind": "dllm", "attention": "bidirectional", "shift": True}
+    ar_weights = {k: v.half().float() for k, v in ar.state_dict().items()}  # saved as float16
+    assert all(torch.equal(v, ar_weights[k]) for k, v in dllm.state_dict().items())
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    changed = ids.clone()
+    changed[0, -1] = 10
+    with torch.no_grad():
+        # a later token changes the first position's output only with bidirectional attention
+        assert not torch.allclose(_forward(dllm, ids)[0, 0], _forward(dllm, changed)[0, 0])
+        assert torch.allclose(_forward(ar, ids)[0, 0], _forward(ar, changed)[0, 0], atol=1e-5)
+
+
+@pytest.mark.parametrize("source", ["toy-dllm", "toy-ar-small"])
+def test_dllm_from_ar_refuses_a_non_causal_or_differently_shaped_checkpoint(tmp_path, source):
+    from dloom.zoo.train import SPECS, dllm_from_ar
+
+    _, path = _saved(tmp_path, source)
+    expected = "expected a causal zoo checkpoint" if source == "toy-dllm" else "architecture .* differs"
+    with pytest.raises(ValueError, match=expected):
+        dllm_from_ar(path, SPECS["toy-dllm"])
+
+
+def test_a_shifted_dllm_is_scored_on_the_columns_before_the_answer():
+    from dloom.zoo.train import region_logits
+
+    logits = torch.arange(40.0).reshape(1, 40, 1)  # prompt of 8 columns, then 32 answer columns
+    plain, shifted = _Fixed(), _Fixed()
+    shifted.config = type("Config", (), {"dloom": {"shift": True}})()
+    assert region_logits(plain, logits, 8)[0, :, 0].tolist() == list(range(8, 40))
+    assert region_logits(shifted, logits, 8)[0, :, 0].tolist() == list(range(7, 39))
+
+
+@pytest.mark.parametrize("argv", [["--model", "toy-ar"], ["--model", "toy-dllm", "--resume"]])
+def test_init_from_is_refused_outside_a_new_dllm(argv, tmp_path, capsys):
+    from dloom.zoo.train import main
+
+    with pytest.raises(SystemExit):
+        main([*argv, "--init-from", str(tmp_path)])
+    assert "--init-from starts a new toy-dllm" in capsys.readouterr().err

@@ -9,6 +9,9 @@ Models (``SPECS``), all transformers ``LlamaForCausalLM`` over the character voc
 * ``toy-ar`` — causal next-token model (the speculative-decoding target), about 2.1x the
   dLLM's parameters; loss on the answer and its single ``<eos>``.
 * ``toy-ar-small`` — causal, about 0.28x the dLLM's parameters.
+* ``toy-dllm-ar`` — not shipped: toy-dllm's architecture trained as a causal model, the
+  initialisation ``--init-from`` turns into a dLLM (bidirectional, logits still shifted by
+  one, Dream style).  ``--model all`` trains the three zoo models only.
 
 Recipe (``/work/shared/TRAINING-NOTES.md``, second trial): AdamW (weight decay 0.01), peak
 lr 2e-3 (1.5e-3 for ``toy-ar``), betas (0.9, 0.98), 100 linear warm-up steps, then cosine
@@ -65,6 +68,35 @@ re-evaluated the shipped checkpoints on the current suite.
   same way learnt it at step ~1,300 (loss 0.46 → 0.0002 within 250 steps, every monitor
   prompt right).  The masked-diffusion objective has not found the retrieval step here.
 
+  Session 5, lookup alone, one thread each, peak lr 2e-3 unless noted; small scripts over
+  this module patched the shape, the lookup-only mix and the lr floor (``MIN_LR_FRACTION``)
+  in, and were not kept (``--t-max`` and ``--init-from`` came out of them):
+
+  ===================================================  ======  ===========================
+  run                                                  steps   lookup, held-out, greedy
+  ===================================================  ======  ===========================
+  shipped toy-dllm resumed, lookup 12 of 19.1 draws,     600   0 %; the other families fell
+  ``--t-max 0.4 --pad-weight 0.3``, lr 1e-3                    to 37 % overall (discarded)
+  0.5M dLLM, ``--t-max 0.4 --pad-weight 0.3``          3,700   2 %
+  0.5M dLLM with shifted logits, ``--pad-weight 0.3``  2,900   2 %
+  0.5M dLLM, ``--pad-weight 0.3``, lr floor 50 %       2,800   1 %
+  1.8M dLLM (toy-dllm's shape), lr floor 50 %            800   0 % (loss flat at 0.22)
+  0.5M causal (toy-ar-small's shape)                   2,100   0 % (loss flat at 0.45)
+  1.8M causal (toy-dllm's shape), lr floor 50 %        1,100   100 % (99 % from step 900)
+  that causal model made a dLLM (:func:`dllm_from_ar`),  300   100 %
+  lr 1e-3
+  ===================================================  ======  ===========================
+
+  With every other position of its answer shown, the 0.5M dLLM wrote each key right and
+  each value right 29-35 % of the time: it copies the key from the query but does not
+  retrieve the key's value.  The causal model of toy-dllm's shape does, and keeps it once
+  made bidirectional, as Dream 7B was made from Qwen2.5 7B.  Hence the next toy-dllm
+  recipe: train ``toy-dllm-ar`` (toy-dllm's shape, causal) on the whole mix, then
+  ``--model toy-dllm --init-from`` it.  First stage, 62 minutes on two threads::
+
+      python -m dloom.zoo.train --model toy-dllm-ar --minutes 62 --seed 0 --threads 2 \
+          --out training/checkpoints
+
 * ``toy-ar`` (shipped in session 4): 28 minutes, one thread (508 steps, seed 0), resumed for
   60 minutes (1,130 steps, seed 1, peak lr 1e-3), then for 70 minutes on the current suite
   with the families it lacked drawn more often (1,968 steps, seed 2, peak lr 1.5e-3, final
@@ -119,13 +151,19 @@ class ModelSpec:
     ffn: int
     share: float  # fraction of the --minutes budget when training "all"
     lr: float = 2e-3
+    shift: bool = False  # dLLM only: output i predicts token i + 1 (Dream style); AR always shifts
 
 
 SPECS: dict[str, ModelSpec] = {
     "toy-dllm": ModelSpec("dllm", hidden=192, layers=4, heads=6, ffn=512, share=0.68),
     "toy-ar": ModelSpec("ar", hidden=256, layers=5, heads=8, ffn=640, share=0.22, lr=1.5e-3),
     "toy-ar-small": ModelSpec("ar", hidden=128, layers=3, heads=4, ffn=256, share=0.10),
+    # toy-dllm's architecture trained as a causal LM: an initialisation for the dLLM
+    # (``--init-from``), not a zoo model, so ``--model all`` leaves it out.
+    "toy-dllm-ar": ModelSpec("ar", hidden=192, layers=4, heads=6, ffn=512, share=0.0),
 }
+ZOO = ("toy-dllm", "toy-ar", "toy-ar-small")
+"""The models ``--model all`` trains: the ones the package ships."""
 
 # Training mix: addition and lookup are the slowest to learn, so they are drawn more often.
 TRAIN_WEIGHTS = {"add": 2.5, "sort": 1.0, "reverse": 1.0, "copy": 0.8, "lookup": 1.5, "code": 1.0, "story": 0.8}
@@ -161,7 +199,7 @@ def build_model(name: str) -> LlamaForCausalLM:
         dloom={
             "kind": spec.kind,
             "attention": "bidirectional" if bidirectional else "causal",
-            "shift": not bidirectional,
+            "shift": spec.shift or not bidirectional,
             "gen_length": GEN_LENGTH,
         },
     )
@@ -202,6 +240,19 @@ def answer_region(answers: Sequence[str]) -> torch.Tensor:
     return region
 
 
+def region_logits(model: LlamaForCausalLM, logits: torch.Tensor, prompt_width: int) -> torch.Tensor:
+    """The ``(B, GEN_LENGTH, V)`` logits of the answer region from a dLLM's ``(B, P + GEN_LENGTH, V)``
+    output: columns ``P..`` for an unshifted model, ``P - 1..`` for a shifted (Dream-style) one,
+    whose output at ``i`` predicts token ``i + 1``."""
+    start = prompt_width - int(_shifted(model))
+    return logits[:, start : start + GEN_LENGTH]
+
+
+def _shifted(model: torch.nn.Module) -> bool:
+    config = getattr(model, "config", None)
+    return bool(getattr(config, "dloom", {}).get("shift", False))
+
+
 def _text(ids: Sequence[int]) -> str:
     """Answer text: characters up to the first ``<eos>``; ``None``-like garbage kept visible."""
     inverse = {i: t for t, i in VOCAB.items()}
@@ -220,8 +271,13 @@ def dllm_loss(
     extra_pad: int,
     gen: torch.Generator,
     pad_weight: float = 1.0,
+    t_max: float = 1.0,
 ) -> torch.Tensor:
     """Masked-diffusion cross-entropy over the masked answer-region positions.
+
+    The mask ratio ``t`` of each row is stratified over ``[T_MIN, t_max]``.  ``t_max < 1``
+    trains on lightly masked answers only, where most of an answer's context is visible
+    (for ``lookup``: a value's key is usually already written next to it).
 
     ``pad_weight`` scales the loss of the ``<eos>`` padding after each answer's first
     ``<eos>`` (1.0: LLaDA's plain mean over every masked position).  A lower weight leaves
@@ -231,16 +287,15 @@ def dllm_loss(
     prompt_ids, prompt_mask = encode_prompts([e.prompt for e in batch], extra_pad)
     target = answer_region([e.answer for e in batch])
     b = len(batch)
-    t = T_MIN + (1 - T_MIN) * (torch.arange(b) + torch.rand(b, generator=gen)) / b
+    t = T_MIN + (t_max - T_MIN) * (torch.arange(b) + torch.rand(b, generator=gen)) / b
     masked = torch.rand(b, GEN_LENGTH, generator=gen) < t[:, None]
     none = ~masked.any(-1)
     masked[none, torch.randint(GEN_LENGTH, (int(none.sum()),), generator=gen)] = True
     noisy = torch.where(masked, torch.full_like(target, tok.MASK_ID), target)
     input_ids = torch.cat([prompt_ids, noisy], dim=1)
     attention_mask = torch.cat([prompt_mask, torch.ones_like(noisy)], dim=1)
-    logits = model(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask)
-    ).logits[:, prompt_ids.shape[1] :]
+    output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask))
+    logits = region_logits(model, output.logits, prompt_ids.shape[1])
     weight = torch.ones(b, GEN_LENGTH)
     lengths = torch.tensor([len(e.answer) for e in batch])
     weight[torch.arange(GEN_LENGTH)[None, :] > lengths[:, None]] = pad_weight
@@ -278,7 +333,8 @@ def decode_dllm(model: LlamaForCausalLM, prompts: Sequence[str]) -> list[str]:
     pos = position_ids(attention_mask)
     rows = torch.arange(b)
     for _ in range(GEN_LENGTH):
-        logits = model(input_ids=x, attention_mask=attention_mask, position_ids=pos).logits[:, p:].float()
+        output = model(input_ids=x, attention_mask=attention_mask, position_ids=pos)
+        logits = region_logits(model, output.logits, p).float()
         logits[..., [tok.PAD_ID, tok.MASK_ID]] = -math.inf
         confidence, candidate = logits.softmax(-1).max(-1)
         still = x[:, p:] == tok.MASK_ID
@@ -353,7 +409,10 @@ def save_model(model: LlamaForCausalLM, directory: Path) -> None:
     tok.save(directory)
 
 
-_HISTORY_KEYS = ("seed", "peak_lr", "steps", "batch", "train_weights", "pad_weight", "train_seconds", "final_loss_avg", "overall", "per_family")
+_HISTORY_KEYS = (
+    "seed", "peak_lr", "steps", "batch", "train_weights", "pad_weight", "t_max", "init_from", "train_seconds",
+    "final_loss_avg", "overall", "per_family",
+)
 
 
 def train_one(
@@ -367,13 +426,18 @@ def train_one(
     lr: float | None = None,
     weights: dict[str, float] | None = None,
     pad_weight: float = 1.0,
+    t_max: float = 1.0,
+    init_from: Path | None = None,
 ) -> dict:
     """Train (or, with ``resume``, continue training) one model, save it, evaluate it.
 
     A resumed run starts from the weights in ``out/name`` with a fresh optimizer (warm-up
     and cosine again, peak ``lr``); use another ``seed`` so it sees new data.  Its
     ``eval.json`` lists the earlier runs under ``history``.  ``weights`` overrides the
-    training mix (``TRAIN_WEIGHTS``) family by family; ``pad_weight`` is :func:`dllm_loss`'s.
+    training mix (``TRAIN_WEIGHTS``) family by family; ``pad_weight`` and ``t_max`` are
+    :func:`dllm_loss`'s.  ``init_from`` (a dLLM only) starts instead from a causal
+    checkpoint of the same architecture made bidirectional (:func:`dllm_from_ar`); its runs
+    head the history.
     """
     spec = SPECS[name]
     mix = {**TRAIN_WEIGHTS, **(weights or {})}
@@ -383,8 +447,10 @@ def train_one(
     history: list[dict] = []
     if resume:
         model = LlamaForCausalLM.from_pretrained(directory, local_files_only=True, dtype=torch.float32)
-        previous = json.loads((directory / "eval.json").read_text())
-        history = [*previous.get("history", []), {k: previous.get(k) for k in _HISTORY_KEYS}]
+        history = _history(directory)
+    elif init_from is not None:
+        model = dllm_from_ar(init_from, spec)
+        history = _history(init_from)
     else:
         model = build_model(name)
     model.train()
@@ -407,7 +473,7 @@ def train_one(
         for group in opt.param_groups:
             group["lr"] = _lr(step, progress, peak)
         batch, extra_pad = next(batches)
-        loss = dllm_loss(model, batch, extra_pad, gen, pad_weight) if spec.kind == "dllm" else ar_loss(model, batch, extra_pad)
+        loss = dllm_loss(model, batch, extra_pad, gen, pad_weight, t_max) if spec.kind == "dllm" else ar_loss(model, batch, extra_pad)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -436,6 +502,8 @@ def train_one(
         "batch": BATCH,
         "train_weights": mix,
         "pad_weight": pad_weight,
+        "t_max": t_max,
+        "init_from": None if init_from is None else str(init_from),
         "train_seconds": round(train_seconds, 1),
         "final_loss_avg": running,
         "eval_seconds": eval_seconds,
@@ -446,6 +514,37 @@ def train_one(
     (directory / "eval.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(f"[{name}] eval {_accuracy_line(result)}", flush=True)
     return summary
+
+
+def _history(directory: Path) -> list[dict]:
+    """The training record of the checkpoint in ``directory``: its earlier runs, then its last."""
+    previous = json.loads((directory / "eval.json").read_text())
+    last = {"model": previous.get("model"), **{k: previous.get(k) for k in _HISTORY_KEYS}}
+    return [*previous.get("history", []), last]
+
+
+def dllm_from_ar(checkpoint: Path, spec: ModelSpec) -> LlamaForCausalLM:
+    """A causal zoo checkpoint turned into the initialisation of a masked-diffusion model.
+
+    Dream's recipe (Dream 7B starts from Qwen2.5 7B): the weights are kept, attention becomes
+    bidirectional (``is_causal=False``) and the logits stay shifted -- the output at ``i``
+    predicts token ``i + 1``, as in the causal model -- so what the causal model learnt
+    carries over.  The checkpoint must have ``spec``'s architecture.
+
+    :raises ValueError: naming the mismatch, for a non-causal checkpoint or another shape.
+    """
+    config = LlamaConfig.from_pretrained(checkpoint, local_files_only=True)
+    kind = getattr(config, "dloom", {}).get("kind")
+    if kind != "ar":
+        raise ValueError(f"{checkpoint}: expected a causal zoo checkpoint (dloom kind 'ar'), got {kind!r}")
+    shape = {"hidden_size": spec.hidden, "num_hidden_layers": spec.layers,
+             "num_attention_heads": spec.heads, "intermediate_size": spec.ffn}
+    wrong = {k: getattr(config, k) for k, v in shape.items() if getattr(config, k) != v}
+    if wrong:
+        raise ValueError(f"{checkpoint}: architecture {wrong} differs from the dLLM's {shape}")
+    config.is_causal = False
+    config.dloom = {**config.dloom, "kind": "dllm", "attention": "bidirectional", "shift": True}
+    return LlamaForCausalLM.from_pretrained(checkpoint, config=config, local_files_only=True, dtype=torch.float32)
 
 
 def _evaluate_saved(directory: Path, kind: str, eval_n: int) -> tuple[LlamaForCausalLM, dict, float]:
@@ -514,13 +613,22 @@ def main(argv: Sequence[str] | None = None) -> None:
                         "lookup3/lookup4 (training-only, fewer key-value pairs) join the mix this way")
     parser.add_argument("--pad-weight", type=float, default=1.0,
                         help="toy-dllm: loss weight of the <eos> padding after an answer's first <eos>")
+    parser.add_argument("--t-max", type=float, default=1.0,
+                        help="toy-dllm: highest mask ratio t drawn in training (t is stratified over [0.02, T_MAX])")
+    parser.add_argument("--init-from", type=Path, default=None, metavar="DIR",
+                        help="toy-dllm: start from this causal checkpoint of the dLLM's architecture "
+                        "(made by --model toy-dllm-ar), turned bidirectional with shifted logits")
     parser.add_argument("--eval-only", action="store_true",
                         help="train nothing: evaluate OUT/<model> on the current suite and update its eval.json")
     args = parser.parse_args(argv)
     if not 0 < args.pad_weight <= 1:
         parser.error(f"--pad-weight must be in (0, 1], got {args.pad_weight}")
+    if not T_MIN < args.t_max <= 1:
+        parser.error(f"--t-max must be in ({T_MIN}, 1], got {args.t_max}")
+    if args.init_from is not None and (args.model != "toy-dllm" or args.resume):
+        parser.error("--init-from starts a new toy-dllm: use it with --model toy-dllm and without --resume")
     torch.set_num_threads(args.threads)
-    names = list(SPECS) if args.model == "all" else [args.model]
+    names = list(ZOO) if args.model == "all" else [args.model]
     if args.eval_only:
         for name in names:
             reevaluate(name, args.out, args.eval_n)
@@ -529,7 +637,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         share = SPECS[name].share if args.model == "all" else 1.0
         minutes = None if args.steps is not None else args.minutes * share
         train_one(name, minutes, args.steps, args.seed, args.out, args.eval_n, args.resume, args.lr, args.weights,
-                  args.pad_weight)
+                  args.pad_weight, args.t_max, args.init_from)
 
 
 if __name__ == "__main__":
