@@ -151,7 +151,6 @@ class ModelSpec:
     ffn: int
     share: float  # fraction of the --minutes budget when training "all"
     lr: float = 2e-3
-    shift: bool = False  # dLLM only: output i predicts token i + 1 (Dream style); AR always shifts
 
 
 SPECS: dict[str, ModelSpec] = {
@@ -199,7 +198,7 @@ def build_model(name: str) -> LlamaForCausalLM:
         dloom={
             "kind": spec.kind,
             "attention": "bidirectional" if bidirectional else "causal",
-            "shift": spec.shift or not bidirectional,
+            "shift": not bidirectional,
             "gen_length": GEN_LENGTH,
         },
     )
