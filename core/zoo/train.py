@@ -92,7 +92,11 @@ re-evaluated the shipped checkpoints on the current suite.
   retrieve the key's value.  The causal model of toy-dllm's shape does, and keeps it once
   made bidirectional, as Dream 7B was made from Qwen2.5 7B.  Hence the next toy-dllm
   recipe: train ``toy-dllm-ar`` (toy-dllm's shape, causal) on the whole mix, then
-  ``--model toy-dllm --init-from`` it.  First stage, 62 minutes on two threads::
+  ``--model toy-dllm --init-from`` it.  First stage, 62 minutes on two threads (the cores
+  shared with a CI run for 20 of them): 4,058 steps, greedy AR on 350 held-out prompts
+  84.9 % (add 98, sort 68, reverse 52, copy 76, lookup 100, code 100, story 100 %; lookup
+  right on every monitor prompt from step 1,500); the checkpoint is committed under
+  ``training/checkpoints/toy-dllm-ar``::
 
       python -m dloom.zoo.train --model toy-dllm-ar --minutes 62 --seed 0 --threads 2 \
           --out training/checkpoints
