@@ -149,7 +149,10 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from . import tokenizer as tok
 from .tasks import FAMILIES, GEN_LENGTH, Example, held_out, lookup_curriculum, train_stream
 
-__all__ = ["SPECS", "ModelSpec", "build_model", "decode_ar", "decode_dllm", "evaluate", "main", "reevaluate"]
+__all__ = [
+    "SPECS", "ModelSpec", "build_config", "build_model", "decode_ar", "decode_dllm", "dllm_from_ar", "evaluate", "main",
+    "reevaluate",
+]
 
 
 @dataclass(frozen=True)
@@ -191,6 +194,11 @@ VOCAB = tok.vocab()
 
 def build_model(name: str) -> LlamaForCausalLM:
     """A freshly initialised zoo model (call ``torch.manual_seed`` first to reproduce it)."""
+    return LlamaForCausalLM(build_config(name))
+
+
+def build_config(name: str) -> LlamaConfig:
+    """The transformers config of zoo model ``name``, with its ``dloom`` section."""
     spec = SPECS[name]
     bidirectional = spec.kind == "dllm"
     config = LlamaConfig(
@@ -214,7 +222,7 @@ def build_model(name: str) -> LlamaForCausalLM:
             "gen_length": GEN_LENGTH,
         },
     )
-    return LlamaForCausalLM(config)
+    return config
 
 
 def n_params(model: torch.nn.Module) -> int:
@@ -255,13 +263,9 @@ def region_logits(model: LlamaForCausalLM, logits: torch.Tensor, prompt_width: i
     """The ``(B, GEN_LENGTH, V)`` logits of the answer region from a dLLM's ``(B, P + GEN_LENGTH, V)``
     output: columns ``P..`` for an unshifted model, ``P - 1..`` for a shifted (Dream-style) one,
     whose output at ``i`` predicts token ``i + 1``."""
-    start = prompt_width - int(_shifted(model))
+    shifted = getattr(getattr(model, "config", None), "dloom", {}).get("shift", False)
+    start = prompt_width - int(shifted)
     return logits[:, start : start + GEN_LENGTH]
-
-
-def _shifted(model: torch.nn.Module) -> bool:
-    config = getattr(model, "config", None)
-    return bool(getattr(config, "dloom", {}).get("shift", False))
 
 
 def _text(ids: Sequence[int]) -> str:
@@ -460,7 +464,7 @@ def train_one(
         model = LlamaForCausalLM.from_pretrained(directory, local_files_only=True, dtype=torch.float32)
         history = _history(directory)
     elif init_from is not None:
-        model = dllm_from_ar(init_from, spec)
+        model = dllm_from_ar(init_from, name)
         history = _history(init_from)
     else:
         model = build_model(name)
@@ -534,27 +538,29 @@ def _history(directory: Path) -> list[dict]:
     return [*previous.get("history", []), last]
 
 
-def dllm_from_ar(checkpoint: Path, spec: ModelSpec) -> LlamaForCausalLM:
+_SHAPE = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+
+
+def dllm_from_ar(checkpoint: Path, name: str = "toy-dllm") -> LlamaForCausalLM:
     """A causal zoo checkpoint turned into the initialisation of a masked-diffusion model.
 
     Dream's recipe (Dream 7B starts from Qwen2.5 7B): the weights are kept, attention becomes
     bidirectional (``is_causal=False``) and the logits stay shifted -- the output at ``i``
     predicts token ``i + 1``, as in the causal model -- so what the causal model learnt
-    carries over.  The checkpoint must have ``spec``'s architecture.
+    carries over.  The checkpoint must have the architecture of zoo model ``name``.
 
     :raises ValueError: naming the mismatch, for a non-causal checkpoint or another shape.
     """
-    config = LlamaConfig.from_pretrained(checkpoint, local_files_only=True)
-    kind = getattr(config, "dloom", {}).get("kind")
+    source = LlamaConfig.from_pretrained(checkpoint, local_files_only=True)
+    kind = getattr(source, "dloom", {}).get("kind")
     if kind != "ar":
         raise ValueError(f"{checkpoint}: expected a causal zoo checkpoint (dloom kind 'ar'), got {kind!r}")
-    shape = {"hidden_size": spec.hidden, "num_hidden_layers": spec.layers,
-             "num_attention_heads": spec.heads, "intermediate_size": spec.ffn}
-    wrong = {k: getattr(config, k) for k, v in shape.items() if getattr(config, k) != v}
+    config = build_config(name)
+    shape = {k: getattr(config, k) for k in _SHAPE}
+    wrong = {k: getattr(source, k) for k in _SHAPE if getattr(source, k) != shape[k]}
     if wrong:
-        raise ValueError(f"{checkpoint}: architecture {wrong} differs from the dLLM's {shape}")
-    config.is_causal = False
-    config.dloom = {**config.dloom, "kind": "dllm", "attention": "bidirectional", "shift": True}
+        raise ValueError(f"{checkpoint}: architecture {wrong} differs from {name}'s {shape}")
+    config.dloom["shift"] = True
     return LlamaForCausalLM.from_pretrained(checkpoint, config=config, local_files_only=True, dtype=torch.float32)
 
 
