@@ -393,7 +393,7 @@ class DiffusionDecoder:
             generator = torch.Generator(device=device).manual_seed(self.seed)
         nfe = torch.zeros(batch, dtype=torch.long, device=device)
         finished = torch.zeros(batch, dtype=torch.bool, device=device)
-        counters = _Counters()
+        counters = _Counters(self._speculates)
         blocks = self.gen_length // self.block_length
         for block in range(blocks):
             rows = torch.nonzero(~finished).squeeze(1)
@@ -464,11 +464,13 @@ class StepRecord:
 class _Counters:
     """Per-generation tallies the decoder keeps while decoding blocks."""
 
-    def __init__(self) -> None:
+    def __init__(self, speculative: bool) -> None:
         self.forwards = 0
         self.verifications = 0  # row-verifications: rows decoding in a verification forward
         self.accepted = 0  # drafts accepted, over all rows
-        self.exact: bool | None = None  # whether every verification layout was exact
+        # whether every verification layout was exact (vacuously so before the first one);
+        # None for a strategy that never speculates
+        self.exact: bool | None = True if speculative else None
 
     def record_layout(self, exact: bool) -> None:
-        self.exact = exact if self.exact is None else self.exact and exact
+        self.exact = bool(self.exact) and exact

@@ -86,7 +86,8 @@ class GenerationResult:
     :ivar accepted_drafts: drafts those verifications accepted, over all rows; each saved
         one forward.
     :ivar layout_exact: whether every verification layout gave exact draft distributions
-        (``None`` without speculation; ``False``: the run was near-lossless).
+        (``None`` for a strategy without a ``draft`` hook; ``True`` also when a speculative
+        strategy never needed to verify; ``False``: the run was near-lossless).
     :ivar wall_seconds: wall time of the whole generation.
     :ivar hook_seconds: wall time per hook plus ``"forward"`` for the model.
     :ivar texts: decoded text up to the first EOS, one per row, when a tokenizer is known.
