@@ -2,7 +2,7 @@
 # Re-measure every committed figure that depends on the toy zoo, after a zoo model or the
 # task suite changed.  Run from the repository root:
 #
-#     bash benchmarks/regenerate.sh            # about 45 minutes on two CPU cores
+#     bash benchmarks/regenerate.sh            # 35-45 minutes on two CPU cores
 #
 # Two lanes run side by side, one CPU thread each, so that the timings inside each lane are
 # steady.  Lane A recalibrates the built-in Spiffy graphs first, because the report decodes

@@ -160,3 +160,35 @@ def test_init_from_is_refused_outside_a_new_dllm(argv, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([*argv, "--init-from", str(tmp_path)])
     assert "--init-from starts a new toy-dllm" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--model", "toy-ar", "--resume"], "no checkpoint to resume: .*toy-ar"),
+        (["--model", "all", "--eval-only"], "no checkpoint to evaluate: .*toy-dllm, .*toy-ar, .*toy-ar-small"),
+        (["--model", "toy-dllm", "--init-from", "nowhere"], "--init-from nowhere: no such checkpoint directory"),
+        (["--model", "toy-ar", "--minutes", "0"], "--minutes must be > 0, got 0.0"),
+    ],
+)
+def test_a_missing_checkpoint_or_a_bad_budget_is_named_before_any_training(argv, message, tmp_path, capsys):
+    import re
+
+    from dloom.zoo.train import main
+
+    with pytest.raises(SystemExit):
+        main([*argv, "--out", str(tmp_path), "--steps", "1"])
+    assert re.search(message, capsys.readouterr().err)
+
+
+def test_model_all_trains_the_dllm_from_the_causal_model_trained_before_it(tmp_path):
+    import json
+
+    from dloom.zoo.train import RECIPE, main
+
+    main(["--model", "all", "--steps", "2", "--out", str(tmp_path), "--eval-n", "7", "--threads", "1"])
+    records = {name: json.loads((tmp_path / name / "eval.json").read_text()) for name in RECIPE}
+    assert records["toy-dllm"]["init_from"] == str(tmp_path / "toy-dllm-ar")
+    assert [run["model"] for run in records["toy-dllm"]["history"]] == ["toy-dllm-ar"]
+    assert json.loads((tmp_path / "toy-dllm" / "config.json").read_text())["dloom"]["shift"] is True
+    assert all(records[name]["init_from"] is None for name in ("toy-dllm-ar", "toy-ar", "toy-ar-small"))

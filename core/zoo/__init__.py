@@ -3,7 +3,8 @@
 Models (``MODEL_NAMES``), transformers ``LlamaForCausalLM`` checkpoints (float16
 safetensors) with the character tokenizer in ``models/<name>/``:
 
-* ``toy-dllm`` — bidirectional masked-diffusion model (``is_causal=False``), ~1.8M params;
+* ``toy-dllm`` — bidirectional masked-diffusion model (``is_causal=False``), ~1.8M params,
+  adapted from a causal model of the same shape (Dream-style: its logits stay shifted);
 * ``toy-ar`` — causal next-token model, ~3.8M params (the speculative-decoding target);
 * ``toy-ar-small`` — causal, ~0.5M params, clearly weaker.
 
@@ -23,7 +24,8 @@ Encoding contract (how prompts and answers are laid out; training used exactly t
 * dLLM: the answer region is ``GEN_LENGTH`` = 32 positions, the answer followed by ``<eos>``
   repeated to fill them (at least one ``<eos>`` always follows the answer; answers are at
   most 31 characters).  Decoding starts from 32 ``<mask>`` tokens after the prompt; logits
-  are not shifted (position ``i``'s logits predict position ``i``).
+  are shifted (position ``i``'s logits predict position ``i + 1``, so the prompt's last
+  position predicts the first answer token).
 * AR: prompt ids, answer ids, one ``<eos>``; next-token logits (shifted); generation stops
   at ``<eos>``.
 * The answer text is everything before the first ``<eos>``; ``tasks.FAMILIES[f].check``

@@ -1,22 +1,30 @@
-"""Train the toy zoo on CPU: ``python -m dloom.zoo.train --model all --minutes 95``.
+"""Train the toy zoo on CPU: ``python -m dloom.zoo.train --model all`` (300 minutes).
 
 Models (``SPECS``), all transformers ``LlamaForCausalLM`` over the character vocabulary:
 
 * ``toy-dllm`` — bidirectional (``is_causal=False``) masked-diffusion model, LLaDA-SFT
   style: prompt kept, every answer-region position (answer + ``<eos>`` padding to
   ``GEN_LENGTH``) masked independently with probability ``t``, one ``t`` per batch row,
-  stratified over ``[0.02, 1]``; unweighted cross-entropy on the masked positions.
+  stratified over ``[0.02, 1]``; unweighted cross-entropy on the masked positions.  The
+  shipped one starts from ``toy-dllm-ar`` (``--init-from``, Dream's recipe), so its logits
+  are shifted by one.
 * ``toy-ar`` — causal next-token model (the speculative-decoding target), about 2.1x the
   dLLM's parameters; loss on the answer and its single ``<eos>``.
 * ``toy-ar-small`` — causal, about 0.28x the dLLM's parameters.
 * ``toy-dllm-ar`` — not shipped: toy-dllm's architecture trained as a causal model, the
   initialisation ``--init-from`` turns into a dLLM (bidirectional, logits still shifted by
-  one, Dream style).  ``--model all`` trains the three zoo models only.
+  one, Dream style).
+
+``--model all`` follows the shipped recipe (``RECIPE``): ``toy-dllm-ar``, then ``toy-dllm``
+from it, then ``toy-ar`` and ``toy-ar-small``, splitting ``--minutes`` by ``SPECS[...].share``
+(the shares of the wall time that made the shipped zoo).  The shipped weights came from
+several runs each, listed below with their commands.
 
 Recipe (``/work/shared/TRAINING-NOTES.md``, second trial): AdamW (weight decay 0.01), peak
-lr 2e-3 (1.5e-3 for ``toy-ar``), betas (0.9, 0.98), 100 linear warm-up steps, then cosine
-to 5 % of the peak, grad-clip 1.0.  Batch 64 (the notes used 128: on two shared cores a
-step of 128 took ~5 s, so the batch was halved for twice the updates).  The training mix
+lr 2e-3 (1.5e-3 for ``toy-ar``; 1e-3 for ``toy-dllm``, which starts from a trained model),
+betas (0.9, 0.98), 100 linear warm-up steps, then cosine to 5 % of the peak, grad-clip 1.0.
+Batch 64 (the notes used 128: on two shared cores a step of 128 took ~5 s, so the batch was
+halved for twice the updates).  The training mix
 draws ``add`` 2.5x and ``lookup`` 1.5x as often as the other families (``TRAIN_WEIGHTS``).
 
 Schedule: with ``--minutes`` the cosine runs over *wall-clock* progress (elapsed / budget)
@@ -43,11 +51,37 @@ before session 4 trained on an earlier ``lookup`` form (``k=31 b=72 x=15 d=94 ?x
 pairs), so their commands no longer reproduce their data exactly; ``--eval-only``
 re-evaluated the shipped checkpoints on the current suite.
 
-* ``toy-dllm`` (shipped in session 4): 88 minutes from scratch (5,291 steps of 64, seed 0,
-  peak lr 2e-3), resumed for 70 minutes with one thread (2,114 steps, seed 1, peak lr 1e-3),
-  then for 75 minutes with the lookup curriculum of that time (3,411 steps, seed 3, peak
-  lr 7e-4).  On the current suite (350 held-out prompts, greedy, one token per step):
-  80.9 % (add 100, sort 84, reverse 90, copy 98, lookup 0, code 98, story 96 %).  Commands::
+* ``toy-dllm`` (shipped in session 6): three runs on two threads, 138 minutes in all.
+
+  1. ``toy-dllm-ar``, toy-dllm's shape trained causally for 62 minutes (the cores shared
+     with a CI run for 20 of them): 4,058 steps, seed 0, peak lr 2e-3; greedy AR on 350
+     held-out prompts 84.9 % (add 98, sort 68, reverse 52, copy 76, lookup 100, code 100,
+     story 100 %).  Committed under ``training/checkpoints/toy-dllm-ar``.
+  2. That model made a dLLM (:func:`dllm_from_ar`) and trained for 21 minutes: 1,503 steps,
+     seed 1, peak lr 1e-3; 75.1 % at one token per step (add 86, sort 54, reverse 78,
+     copy 38, lookup 100, code 100, story 70 %).
+  3. Resumed for 55 minutes with the families still behind drawn more often: 4,472 steps,
+     seed 2, peak lr 1e-3, final average loss 0.025; 69 or 70 of the 70 monitor prompts
+     right from step 2,700, and 100 % on 350 held-out prompts, every family 100 %.
+
+  Commands::
+
+      python -m dloom.zoo.train --model toy-dllm-ar --minutes 62 --seed 0 --threads 2 \
+          --out training/checkpoints
+      python -m dloom.zoo.train --model toy-dllm --init-from training/checkpoints/toy-dllm-ar \
+          --seed 1 --minutes 21 --lr 1e-3 --threads 2 --out training/checkpoints
+      python -m dloom.zoo.train --model toy-dllm --resume --seed 2 --minutes 55 --lr 1e-3 \
+          --threads 2 --out training/checkpoints \
+          --weights copy=1.6,sort=1.6,reverse=1.2,story=1.0,lookup=1.0
+
+  then ``training/checkpoints/toy-dllm`` copied to ``core/zoo/models/toy-dllm``.
+
+* The ``toy-dllm`` shipped in session 4, trained from scratch (peak lr 2e-3 was then its
+  default): 88 minutes (5,291 steps of 64, seed 0), resumed for 70 minutes with one thread
+  (2,114 steps, seed 1, peak lr 1e-3), then for 75 minutes with the lookup curriculum of
+  that time (3,411 steps, seed 3, peak lr 7e-4).  On the current suite (350 held-out
+  prompts, greedy, one token per step): 80.9 % (add 100, sort 84, reverse 90, copy 98,
+  lookup 0, code 98, story 96 %).  Commands::
 
       OMP_WAIT_POLICY=PASSIVE python -m dloom.zoo.train --model toy-dllm --minutes 88 --seed 0 \
           --out core/zoo/models
@@ -90,24 +124,8 @@ re-evaluated the shipped checkpoints on the current suite.
   With every other position of its answer shown, the 0.5M dLLM wrote each key right and
   each value right 29-35 % of the time: it copies the key from the query but does not
   retrieve the key's value.  The causal model of toy-dllm's shape does, and keeps it once
-  made bidirectional, as Dream 7B was made from Qwen2.5 7B.  Hence the next toy-dllm
-  recipe: train ``toy-dllm-ar`` (toy-dllm's shape, causal) on the whole mix, then
-  ``--model toy-dllm --init-from`` it.  First stage, 62 minutes on two threads (the cores
-  shared with a CI run for 20 of them): 4,058 steps, greedy AR on 350 held-out prompts
-  84.9 % (add 98, sort 68, reverse 52, copy 76, lookup 100, code 100, story 100 %; lookup
-  right on every monitor prompt from step 1,500); the checkpoint is committed under
-  ``training/checkpoints/toy-dllm-ar``::
-
-      python -m dloom.zoo.train --model toy-dllm-ar --minutes 62 --seed 0 --threads 2 \
-          --out training/checkpoints
-
-  Second stage, a first 21 minutes on two threads (1,503 steps, peak lr 1e-3): 75.1 % on
-  350 held-out prompts at one token per step (add 86, sort 54, reverse 78, copy 38,
-  lookup 100, code 100, story 70 %), still rising; committed as
-  ``training/checkpoints/toy-dllm`` for ``--resume --out training/checkpoints``::
-
-      python -m dloom.zoo.train --model toy-dllm --init-from training/checkpoints/toy-dllm-ar \
-          --seed 1 --minutes 21 --lr 1e-3 --threads 2 --out training/checkpoints
+  made bidirectional, as Dream 7B was made from Qwen2.5 7B: hence the recipe of the
+  shipped toy-dllm, above.
 
 * ``toy-ar`` (shipped in session 4): 28 minutes, one thread (508 steps, seed 0), resumed for
   60 minutes (1,130 steps, seed 1, peak lr 1e-3), then for 70 minutes on the current suite
@@ -168,16 +186,22 @@ class ModelSpec:
     lr: float = 2e-3
 
 
+ALL_MINUTES = 300.0
+"""The default wall-time budget of ``--model all``; a single model's default is its share."""
+# Shares follow the wall time that made the shipped zoo (62, 76, 158 and 14 minutes).
 SPECS: dict[str, ModelSpec] = {
-    "toy-dllm": ModelSpec("dllm", hidden=192, layers=4, heads=6, ffn=512, share=0.68),
-    "toy-ar": ModelSpec("ar", hidden=256, layers=5, heads=8, ffn=640, share=0.22, lr=1.5e-3),
-    "toy-ar-small": ModelSpec("ar", hidden=128, layers=3, heads=4, ffn=256, share=0.10),
-    # toy-dllm's architecture trained as a causal LM: an initialisation for the dLLM
-    # (``--init-from``), not a zoo model, so ``--model all`` leaves it out.
-    "toy-dllm-ar": ModelSpec("ar", hidden=192, layers=4, heads=6, ffn=512, share=0.0),
+    # toy-dllm's architecture trained as a causal LM: not shipped, the initialisation
+    # ``toy-dllm`` starts from (``--init-from``).
+    "toy-dllm-ar": ModelSpec("ar", hidden=192, layers=4, heads=6, ffn=512, share=0.20),
+    "toy-dllm": ModelSpec("dllm", hidden=192, layers=4, heads=6, ffn=512, share=0.25, lr=1e-3),
+    "toy-ar": ModelSpec("ar", hidden=256, layers=5, heads=8, ffn=640, share=0.50, lr=1.5e-3),
+    "toy-ar-small": ModelSpec("ar", hidden=128, layers=3, heads=4, ffn=256, share=0.05),
 }
 ZOO = ("toy-dllm", "toy-ar", "toy-ar-small")
-"""The models ``--model all`` trains: the ones the package ships."""
+"""The models the package ships (``--model all --eval-only`` re-evaluates them)."""
+RECIPE = ("toy-dllm-ar", "toy-dllm", "toy-ar", "toy-ar-small")
+"""What ``--model all`` trains, in this order: ``toy-dllm`` starts from the ``toy-dllm-ar``
+trained just before it (``OUT/toy-dllm-ar``)."""
 
 # Training mix: addition and lookup are the slowest to learn, so they are drawn more often.
 TRAIN_WEIGHTS = {"add": 2.5, "sort": 1.0, "reverse": 1.0, "copy": 0.8, "lookup": 1.5, "code": 1.0, "story": 0.8}
@@ -615,8 +639,9 @@ def _family_weights(text: str) -> dict[str, float]:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m dloom.zoo.train", description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=[*SPECS, "all"], default="all")
-    parser.add_argument("--minutes", type=float, default=95.0,
-                        help="wall-time budget (split by SPECS[...].share for 'all')")
+    parser.add_argument("--minutes", type=float, default=None,
+                        help=f"wall-time budget, split by SPECS[...].share for 'all' (default: {ALL_MINUTES:g} "
+                        "for 'all', a single model's share of it otherwise)")
     parser.add_argument("--steps", type=int, default=None, help="fixed step count (overrides --minutes)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "models")
@@ -642,19 +667,35 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(f"--pad-weight must be in (0, 1], got {args.pad_weight}")
     if not T_MIN < args.t_max <= 1:
         parser.error(f"--t-max must be in ({T_MIN}, 1], got {args.t_max}")
+    if args.minutes is not None and args.minutes <= 0:
+        parser.error(f"--minutes must be > 0, got {args.minutes}")
+    if args.steps is not None and args.steps < 1:
+        parser.error(f"--steps must be >= 1, got {args.steps}")
     if args.init_from is not None and (args.model != "toy-dllm" or args.resume):
         parser.error("--init-from starts a new toy-dllm: use it with --model toy-dllm and without --resume")
+    if args.init_from is not None and not args.init_from.is_dir():
+        parser.error(f"--init-from {args.init_from}: no such checkpoint directory")
     torch.set_num_threads(args.threads)
-    names = list(ZOO) if args.model == "all" else [args.model]
+    names = (ZOO if args.eval_only else RECIPE) if args.model == "all" else (args.model,)
+    missing = [str(args.out / n) for n in names if (args.resume or args.eval_only) and not (args.out / n).is_dir()]
+    if missing:
+        parser.error(f"no checkpoint to {'evaluate' if args.eval_only else 'resume'}: {', '.join(missing)}")
     if args.eval_only:
         for name in names:
             reevaluate(name, args.out, args.eval_n)
         return
     for name in names:
-        share = SPECS[name].share if args.model == "all" else 1.0
-        minutes = None if args.steps is not None else args.minutes * share
+        if args.steps is not None:
+            minutes = None
+        elif args.minutes is None or args.model == "all":
+            minutes = (ALL_MINUTES if args.minutes is None else args.minutes) * SPECS[name].share
+        else:
+            minutes = args.minutes
+        init_from = args.init_from
+        if args.model == "all" and name == "toy-dllm" and not args.resume:
+            init_from = args.out / "toy-dllm-ar"
         train_one(name, minutes, args.steps, args.seed, args.out, args.eval_n, args.resume, args.lr, args.weights,
-                  args.pad_weight, args.t_max, args.init_from)
+                  args.pad_weight, args.t_max, init_from)
 
 
 if __name__ == "__main__":
