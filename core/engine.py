@@ -473,4 +473,5 @@ class _Counters:
         self.exact: bool | None = True if speculative else None
 
     def record_layout(self, exact: bool) -> None:
-        self.exact = bool(self.exact) and exact
+        assert self.exact is not None, "a verification in a run without a draft hook"
+        self.exact = self.exact and exact

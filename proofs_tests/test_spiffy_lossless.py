@@ -156,7 +156,7 @@ def assert_identical_on_toy_dllm(base: str, layout: str, mode: str, prompts: int
     assert result.token_lists == reference.token_lists
     # drafts were accepted, at least one per ten prompts, so the identity is evidence (a
     # Spiffy that never accepted a draft would equal its base rule trivially)
-    assert result.accepted_drafts >= prompts // 10, (result.accepted_drafts, result.verifications)
+    assert result.accepted_drafts >= max(1, prompts // 10), (result.accepted_drafts, result.verifications)
 
 
 @pytest.mark.skipif(not TOY_INSTALLED, reason="toy-dllm not installed")

@@ -33,6 +33,7 @@ def test_dllm_loads_offline_from_package_data(no_network):
     assert tokenizer.decode(tokenizer("copy ab c")["input_ids"]) == "copy ab c"
     adapter = dloom.load_model("toy-dllm")
     assert adapter.attention == "bidirectional" and adapter.default_gen_length == 32
+    assert adapter.shift_logits  # made from a causal model, Dream-style: the output at i predicts i + 1
 
 
 def n_params(model) -> int:

@@ -169,6 +169,8 @@ def test_init_from_is_refused_outside_a_new_dllm(argv, tmp_path, capsys):
         (["--model", "all", "--eval-only"], "no checkpoint to evaluate: .*toy-dllm, .*toy-ar, .*toy-ar-small"),
         (["--model", "toy-dllm", "--init-from", "nowhere"], "--init-from nowhere: no such checkpoint directory"),
         (["--model", "toy-ar", "--minutes", "0"], "--minutes must be > 0, got 0.0"),
+        (["--model", "toy-ar", "--steps", "0"], "--steps must be >= 1, got 0"),
+        (["--model", "all", "--resume"], "no checkpoint to resume: .*toy-dllm, .*toy-ar, .*toy-ar-small$"),
     ],
 )
 def test_a_missing_checkpoint_or_a_bad_budget_is_named_before_any_training(argv, message, tmp_path, capsys):
@@ -177,18 +179,41 @@ def test_a_missing_checkpoint_or_a_bad_budget_is_named_before_any_training(argv,
     from dloom.zoo.train import main
 
     with pytest.raises(SystemExit):
-        main([*argv, "--out", str(tmp_path), "--steps", "1"])
-    assert re.search(message, capsys.readouterr().err)
+        main(["--out", str(tmp_path), "--steps", "1", *argv])
+    assert re.search(message, capsys.readouterr().err.strip())
 
 
 def test_model_all_trains_the_dllm_from_the_causal_model_trained_before_it(tmp_path):
     import json
 
-    from dloom.zoo.train import RECIPE, main
+    from dloom.zoo.train import main
 
-    main(["--model", "all", "--steps", "2", "--out", str(tmp_path), "--eval-n", "7", "--threads", "1"])
-    records = {name: json.loads((tmp_path / name / "eval.json").read_text()) for name in RECIPE}
-    assert records["toy-dllm"]["init_from"] == str(tmp_path / "toy-dllm-ar")
-    assert [run["model"] for run in records["toy-dllm"]["history"]] == ["toy-dllm-ar"]
-    assert json.loads((tmp_path / "toy-dllm" / "config.json").read_text())["dloom"]["shift"] is True
+    out, stage = tmp_path / "zoo", tmp_path / "stage"
+    main(["--model", "all", "--steps", "2", "--out", str(out), "--init-out", str(stage), "--eval-n", "7",
+          "--threads", "1", "--seed", "5"])
+    assert sorted(p.name for p in out.iterdir()) == ["toy-ar", "toy-ar-small", "toy-dllm"]  # the shipped three
+    records = {p.name: json.loads((p / "eval.json").read_text()) for p in [*out.iterdir(), stage / "toy-dllm-ar"]}
+    dllm = records["toy-dllm"]
+    assert dllm["init_from"] == str(stage / "toy-dllm-ar") and dllm["seed"] == 6  # new data for the second stage
+    assert [(run["model"], run["seed"]) for run in dllm["history"]] == [("toy-dllm-ar", 5)]
+    assert dllm["peak_lr"] == 1e-3  # half of toy-dllm's from-scratch peak, as it starts from a checkpoint
+    assert json.loads((out / "toy-dllm" / "config.json").read_text())["dloom"]["shift"] is True
     assert all(records[name]["init_from"] is None for name in ("toy-dllm-ar", "toy-ar", "toy-ar-small"))
+
+
+@pytest.mark.parametrize(
+    ("argv", "budgets"),
+    [
+        (["--model", "all"], {"toy-dllm-ar": 60, "toy-dllm": 75, "toy-ar": 150, "toy-ar-small": 15}),
+        (["--model", "all", "--minutes", "10"], {"toy-dllm-ar": 2, "toy-dllm": 2.5, "toy-ar": 5, "toy-ar-small": 0.5}),
+        (["--model", "toy-ar"], {"toy-ar": 150}),
+        (["--model", "toy-ar", "--minutes", "10"], {"toy-ar": 10}),
+    ],
+)
+def test_the_time_budget_is_split_by_the_recipe_shares(argv, budgets, monkeypatch, tmp_path):
+    from dloom.zoo import train
+
+    calls = {}
+    monkeypatch.setattr(train, "train_one", lambda name, minutes, *rest: calls.setdefault(name, minutes))
+    train.main([*argv, "--out", str(tmp_path)])
+    assert calls == pytest.approx(budgets)

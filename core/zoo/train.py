@@ -15,14 +15,17 @@ Models (``SPECS``), all transformers ``LlamaForCausalLM`` over the character voc
   initialisation ``--init-from`` turns into a dLLM (bidirectional, logits still shifted by
   one, Dream style).
 
-``--model all`` follows the shipped recipe (``RECIPE``): ``toy-dllm-ar``, then ``toy-dllm``
-from it, then ``toy-ar`` and ``toy-ar-small``, splitting ``--minutes`` by ``SPECS[...].share``
-(the shares of the wall time that made the shipped zoo).  The shipped weights came from
-several runs each, listed below with their commands.
+``--model all`` follows the stages and time shares of the shipped recipe (``RECIPE``):
+``toy-dllm-ar`` (saved under ``--init-out``, default ``training/checkpoints``, as it is not
+shipped), then ``toy-dllm`` from it with the next seed, then ``toy-ar`` and
+``toy-ar-small``, splitting ``--minutes`` by ``SPECS[...].share``.  It runs each stage once
+with the default mix; the shipped weights came from several runs each, with their own
+learning rates and mixes, listed below with their commands.  ``--model all --resume`` and
+``--eval-only`` act on the three shipped models.
 
 Recipe (``/work/shared/TRAINING-NOTES.md``, second trial): AdamW (weight decay 0.01), peak
-lr 2e-3 (1.5e-3 for ``toy-ar``; 1e-3 for ``toy-dllm``, which starts from a trained model),
-betas (0.9, 0.98), 100 linear warm-up steps, then cosine to 5 % of the peak, grad-clip 1.0.
+lr 2e-3 (1.5e-3 for ``toy-ar``; half of it for a run that starts from a checkpoint,
+``--resume`` or ``--init-from``), betas (0.9, 0.98), 100 linear warm-up steps, then cosine to 5 % of the peak, grad-clip 1.0.
 Batch 64 (the notes used 128: on two shared cores a step of 128 took ~5 s, so the batch was
 halved for twice the updates).  The training mix
 draws ``add`` 2.5x and ``lookup`` 1.5x as often as the other families (``TRAIN_WEIGHTS``).
@@ -76,10 +79,10 @@ re-evaluated the shipped checkpoints on the current suite.
 
   then ``training/checkpoints/toy-dllm`` copied to ``core/zoo/models/toy-dllm``.
 
-* The ``toy-dllm`` shipped in session 4, trained from scratch (peak lr 2e-3 was then its
-  default): 88 minutes (5,291 steps of 64, seed 0), resumed for 70 minutes with one thread
-  (2,114 steps, seed 1, peak lr 1e-3), then for 75 minutes with the lookup curriculum of
-  that time (3,411 steps, seed 3, peak lr 7e-4).  On the current suite (350 held-out
+* The ``toy-dllm`` shipped in session 4, trained from scratch: 88 minutes (5,291 steps of
+  64, seed 0, peak lr 2e-3), resumed for 70 minutes with one thread (2,114 steps, seed 1,
+  peak lr 1e-3), then for 75 minutes with the lookup curriculum of that time (3,411 steps,
+  seed 3, peak lr 7e-4).  On the current suite (350 held-out
   prompts, greedy, one token per step): 80.9 % (add 100, sort 84, reverse 90, copy 98,
   lookup 0, code 98, story 96 %).  Commands::
 
@@ -193,7 +196,7 @@ SPECS: dict[str, ModelSpec] = {
     # toy-dllm's architecture trained as a causal LM: not shipped, the initialisation
     # ``toy-dllm`` starts from (``--init-from``).
     "toy-dllm-ar": ModelSpec("ar", hidden=192, layers=4, heads=6, ffn=512, share=0.20),
-    "toy-dllm": ModelSpec("dllm", hidden=192, layers=4, heads=6, ffn=512, share=0.25, lr=1e-3),
+    "toy-dllm": ModelSpec("dllm", hidden=192, layers=4, heads=6, ffn=512, share=0.25),
     "toy-ar": ModelSpec("ar", hidden=256, layers=5, heads=8, ffn=640, share=0.50, lr=1.5e-3),
     "toy-ar-small": ModelSpec("ar", hidden=128, layers=3, heads=4, ffn=256, share=0.05),
 }
@@ -201,7 +204,7 @@ ZOO = ("toy-dllm", "toy-ar", "toy-ar-small")
 """The models the package ships (``--model all --eval-only`` re-evaluates them)."""
 RECIPE = ("toy-dllm-ar", "toy-dllm", "toy-ar", "toy-ar-small")
 """What ``--model all`` trains, in this order: ``toy-dllm`` starts from the ``toy-dllm-ar``
-trained just before it (``OUT/toy-dllm-ar``)."""
+trained just before it (``--init-out``)."""
 
 # Training mix: addition and lookup are the slowest to learn, so they are drawn more often.
 TRAIN_WEIGHTS = {"add": 2.5, "sort": 1.0, "reverse": 1.0, "copy": 0.8, "lookup": 1.5, "code": 1.0, "story": 0.8}
@@ -480,7 +483,7 @@ def train_one(
     """
     spec = SPECS[name]
     mix = {**TRAIN_WEIGHTS, **(weights or {})}
-    peak = spec.lr if lr is None else lr
+    peak = lr if lr is not None else spec.lr / 2 if resume or init_from is not None else spec.lr
     directory = out / name
     torch.manual_seed(seed)
     history: list[dict] = []
@@ -649,7 +652,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--resume", action="store_true",
                         help="continue from the checkpoint in OUT/<model> (fresh optimizer and schedule)")
-    parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default: SPECS[...].lr)")
+    parser.add_argument("--lr", type=float, default=None,
+                        help="peak learning rate (default: SPECS[...].lr, half of it from a checkpoint)")
     parser.add_argument("--weights", type=_family_weights, default=None, metavar="FAMILY=W,...",
                         help="override the training mix for some families, e.g. lookup=4,sort=2; "
                         "lookup3/lookup4 (training-only, fewer key-value pairs) join the mix this way")
@@ -660,6 +664,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--init-from", type=Path, default=None, metavar="DIR",
                         help="toy-dllm: start from this causal checkpoint of the dLLM's architecture "
                         "(made by --model toy-dllm-ar), turned bidirectional with shifted logits")
+    parser.add_argument("--init-out", type=Path, default=Path("training/checkpoints"), metavar="DIR",
+                        help="--model all: where the toy-dllm-ar stage is saved (not shipped, so not in OUT)")
     parser.add_argument("--eval-only", action="store_true",
                         help="train nothing: evaluate OUT/<model> on the current suite and update its eval.json")
     args = parser.parse_args(argv)
@@ -676,7 +682,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.init_from is not None and not args.init_from.is_dir():
         parser.error(f"--init-from {args.init_from}: no such checkpoint directory")
     torch.set_num_threads(args.threads)
-    names = (ZOO if args.eval_only else RECIPE) if args.model == "all" else (args.model,)
+    names = (ZOO if args.eval_only or args.resume else RECIPE) if args.model == "all" else (args.model,)
     missing = [str(args.out / n) for n in names if (args.resume or args.eval_only) and not (args.out / n).is_dir()]
     if missing:
         parser.error(f"no checkpoint to {'evaluate' if args.eval_only else 'resume'}: {', '.join(missing)}")
@@ -691,10 +697,15 @@ def main(argv: Sequence[str] | None = None) -> None:
             minutes = (ALL_MINUTES if args.minutes is None else args.minutes) * SPECS[name].share
         else:
             minutes = args.minutes
-        init_from = args.init_from
-        if args.model == "all" and name == "toy-dllm" and not args.resume:
-            init_from = args.out / "toy-dllm-ar"
-        train_one(name, minutes, args.steps, args.seed, args.out, args.eval_n, args.resume, args.lr, args.weights,
+        out, seed, init_from = args.out, args.seed, args.init_from
+        if names is RECIPE and name == "toy-dllm-ar":
+            out = args.init_out
+        elif names is RECIPE and name == "toy-dllm":  # new data, from the stage just trained
+            seed, init_from = args.seed + 1, args.init_out / "toy-dllm-ar"
+        elif name == "toy-dllm" and init_from is None and not args.resume:
+            print("[toy-dllm] note: trained from scratch (no --init-from); such runs never learnt "
+                  "'lookup' here (see this module's docstring)", flush=True)
+        train_one(name, minutes, args.steps, seed, out, args.eval_n, args.resume, args.lr, args.weights,
                   args.pad_weight, args.t_max, init_from)
 
 
