@@ -483,7 +483,8 @@ def train_one(
     """
     spec = SPECS[name]
     mix = {**TRAIN_WEIGHTS, **(weights or {})}
-    peak = lr if lr is not None else spec.lr / 2 if resume or init_from is not None else spec.lr
+    from_checkpoint = resume or init_from is not None
+    peak = lr if lr is not None else spec.lr / 2 if from_checkpoint else spec.lr
     directory = out / name
     torch.manual_seed(seed)
     history: list[dict] = []
@@ -682,7 +683,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.init_from is not None and not args.init_from.is_dir():
         parser.error(f"--init-from {args.init_from}: no such checkpoint directory")
     torch.set_num_threads(args.threads)
-    names = (ZOO if args.eval_only or args.resume else RECIPE) if args.model == "all" else (args.model,)
+    follow_recipe = args.model == "all" and not (args.eval_only or args.resume)
+    names = RECIPE if follow_recipe else ZOO if args.model == "all" else (args.model,)
     missing = [str(args.out / n) for n in names if (args.resume or args.eval_only) and not (args.out / n).is_dir()]
     if missing:
         parser.error(f"no checkpoint to {'evaluate' if args.eval_only else 'resume'}: {', '.join(missing)}")
@@ -691,16 +693,13 @@ def main(argv: Sequence[str] | None = None) -> None:
             reevaluate(name, args.out, args.eval_n)
         return
     for name in names:
-        if args.steps is not None:
-            minutes = None
-        elif args.minutes is None or args.model == "all":
-            minutes = (ALL_MINUTES if args.minutes is None else args.minutes) * SPECS[name].share
-        else:
-            minutes = args.minutes
+        budget = ALL_MINUTES if args.minutes is None else args.minutes
+        split = args.minutes is None or args.model == "all"  # a share of the whole zoo's budget
+        minutes = None if args.steps is not None else budget * SPECS[name].share if split else budget
         out, seed, init_from = args.out, args.seed, args.init_from
-        if names is RECIPE and name == "toy-dllm-ar":
+        if follow_recipe and name == "toy-dllm-ar":
             out = args.init_out
-        elif names is RECIPE and name == "toy-dllm":  # new data, from the stage just trained
+        elif follow_recipe and name == "toy-dllm":  # new data, from the stage just trained
             seed, init_from = args.seed + 1, args.init_out / "toy-dllm-ar"
         elif name == "toy-dllm" and init_from is None and not args.resume:
             print("[toy-dllm] note: trained from scratch (no --init-from); such runs never learnt "
