@@ -20,7 +20,8 @@ from typing import Any, Sequence
 import torch
 
 from dloom.errors import ModelError
-from dloom.profiles import ModelProfile, config_dict, detect_profile, needs_remote_code, wrap_forward
+from dloom.checkpoints import native_config, native_layout
+from dloom.profiles import BLOCK_ALIGNMENTS, ModelProfile, config_dict, detect_profile, needs_remote_code
 
 ATTENTION_KINDS = ("bidirectional", "block-causal", "causal")
 DTYPES = {
@@ -85,6 +86,14 @@ class ModelAdapter:
     :ivar default_gen_length: the generation length the checkpoint recommends, if any.
     :ivar default_block_length: the block length the model was trained with (block-causal
         models), the decoder's default.
+    :ivar block_alignment: where a block-causal model's blocks start: ``"prompt"``
+        (generated blocks start after the prompt, which is one block) or ``"absolute"``
+        (boundaries at multiples of the block length from each row's position 0, prompt
+        included, so the prompt's last partial block is decoded with the first generated
+        positions: SDAR, Fast-dLLM v2).
+    :ivar can_pad: whether the forward honours a padding mask, so that left-padded batches
+        can be decoded (every model ``load_model`` returns does; ``False`` for a hand-wrapped
+        forward that ignores masks).
     :ivar profile: name of the model family's :class:`dloom.profiles.ModelProfile`.
     """
 
@@ -99,6 +108,8 @@ class ModelAdapter:
     name: str = "model"
     default_gen_length: int | None = None
     default_block_length: int | None = None
+    block_alignment: str = "prompt"
+    can_pad: bool = True
     profile: str = "transformers"
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -108,12 +119,11 @@ class ModelAdapter:
                 f"attention kind {self.attention!r} is not supported; allowed: "
                 + ", ".join(ATTENTION_KINDS)
             )
-
-    @property
-    def can_pad(self) -> bool:
-        """Whether a left-padded batch can be decoded (not with LLaDA's released forward)."""
-        profile = getattr(self.model, "profile", None)
-        return not (isinstance(profile, ModelProfile) and profile.padding == "refuse")
+        if self.block_alignment not in BLOCK_ALIGNMENTS:
+            raise ModelError(
+                f"block alignment {self.block_alignment!r} is not supported; allowed: "
+                + ", ".join(BLOCK_ALIGNMENTS)
+            )
 
     @property
     def device(self) -> torch.device:
@@ -232,6 +242,57 @@ def _mask_from_tokenizer(tokenizer: Any, profile: ModelProfile) -> int | None:
     return None
 
 
+def _generation_config(path: Path) -> dict[str, Any]:
+    """The checkpoint's ``generation_config.json`` as a dict (``{}`` without one).
+
+    :raises ModelError: when the file is not a JSON object.
+    """
+    file = path / "generation_config.json"
+    if not file.exists():
+        return {}
+    try:
+        values = json.loads(file.read_text())
+    except ValueError as error:
+        raise ModelError(f"{str(file)!r} is not valid JSON: {error}") from None
+    if not isinstance(values, dict):
+        raise ModelError(f"{str(file)!r} holds {type(values).__name__}, not a JSON object")
+    return values
+
+
+def _eos_ids(raw: dict[str, Any], path: Path, tokenizer: Any, profile: ModelProfile) -> tuple[int, ...]:
+    """EOS ids, first seen first: ``config.json``, ``generation_config.json`` (SDAR's and
+    Qwen's instruct stop token ``<|im_end|>`` is only there), the tokenizer, the profile."""
+    eos = _as_ids(raw.get("eos_token_id")) + _as_ids(_generation_config(path).get("eos_token_id"))
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        eos += (int(tokenizer.eos_token_id),)
+    return tuple(dict.fromkeys(eos + profile.eos_token_ids))
+
+
+def _load_network(
+    path: Path, raw: dict[str, Any], profile: ModelProfile, model_kwargs: dict[str, Any]
+) -> tuple[Any, torch.nn.Module]:
+    """The checkpoint's config and model: onto the family's native class when
+    :mod:`dloom.checkpoints` knows its layout (no remote code), else as ``transformers``
+    loads it."""
+    import transformers
+
+    layout = native_layout(profile.name)
+    if layout is not None:
+        config = native_config(layout, raw)
+        kwargs = {**model_kwargs, "trust_remote_code": False, "config": config}
+        if layout.key_mapping:
+            kwargs["key_mapping"] = layout.key_mapping
+        return config, transformers.AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    config = transformers.AutoConfig.from_pretrained(
+        path, local_files_only=True, trust_remote_code=model_kwargs["trust_remote_code"]
+    )
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, **model_kwargs)
+    except ValueError:
+        model = transformers.AutoModel.from_pretrained(path, **model_kwargs)
+    return config, model
+
+
 def load_model(
     name_or_path: str | os.PathLike,
     *,
@@ -247,22 +308,28 @@ def load_model(
     """Load a model and its tokenizer from a local directory or a toy-zoo name.
 
     The model's family is recognised from its ``config.json`` (:func:`dloom.profiles.
-    detect_profile`). Conventions come from, in order: the arguments, the config's ``dloom``
-    section (``mask_token_id``, ``eos_token_ids``, ``shift``, ``attention``,
-    ``block_length``, ``gen_length``), the config's own fields (``mask_token_id``,
-    ``eos_token_id``, ``is_causal``), the tokenizer (``mask_token``, ``eos_token``) and last
-    the family's profile. EOS ids from the config, the tokenizer and the profile are all
-    kept (unless the ``dloom`` section lists them).
+    detect_profile`). A known family (LLaDA, Dream, SDAR, Fast-dLLM v2) is loaded onto
+    ``transformers``' own class with its config and tensor names translated
+    (:mod:`dloom.checkpoints`); its ``.py`` files are never imported, whatever
+    ``trust_remote_code`` says. Conventions come from, in order: the arguments, the config's
+    ``dloom`` section (``mask_token_id``, ``eos_token_ids``, ``shift``, ``attention``,
+    ``block_length``, ``block_alignment``, ``gen_length``), the config's own fields
+    (``mask_token_id``, ``eos_token_id``, ``is_causal``, the family's block-size key), the
+    tokenizer (``mask_token``, ``eos_token``) and last the family's profile. EOS ids from the
+    config, ``generation_config.json``, the tokenizer and the profile are all kept (unless
+    the ``dloom`` section lists them).
 
     :param mask_token_id: overrides every other source of the mask token.
-    :param trust_remote_code: allow the checkpoint's own modelling code (only when asked).
+    :param trust_remote_code: allow the modelling code of a checkpoint from a family dloom
+        does not know (only when asked).
     :param dtype: a name from :data:`DTYPES` or a ``torch.dtype``.
     :param require_mask: raise when no mask token is found (dLLMs); ``False`` for AR models.
     :param device_map: passed to ``from_pretrained`` (e.g. ``"auto"`` to spread a large model
         over the visible GPUs); ``device`` is then ignored.
-    :raises ModelError: for a missing directory, an unknown dtype, no mask token, a
-        checkpoint with its own code without ``trust_remote_code``, or a family dloom cannot
-        decode (DiffusionGemma).
+    :raises ModelError: for a missing directory, an unknown dtype, no mask token, an
+        unknown checkpoint with its own code without ``trust_remote_code``, a config value
+        with no native equivalent, or a family dloom cannot decode (DiffusionGemma,
+        LLaDA2.0).
     """
     import transformers
 
@@ -278,16 +345,13 @@ def load_model(
         raise ModelError(f"model {name!r} is {profile.family}; {profile.unsupported}")
     if needs_remote_code(raw, profile) and not trust_remote_code:
         raise ModelError(
-            f"model {name!r} ({profile.family if profile.trust_remote_code else 'model_type ' + repr(raw.get('model_type'))}) "
-            "ships its own modelling code (auto_map in config.json); dloom never runs it "
+            f"model {name!r} (model_type {raw.get('model_type')!r}) ships its own modelling "
+            "code (auto_map in config.json) and is no family dloom knows; dloom never runs it "
             "unless asked: read the .py files in the checkpoint, then pass --trust-remote-code "
             "(trust_remote_code=True)"
         )
-    kwargs = {"local_files_only": True, "trust_remote_code": trust_remote_code}
-    config = transformers.AutoConfig.from_pretrained(path, **kwargs)
-    model_kwargs: dict[str, Any] = {"dtype": dtype, **kwargs}
-    if profile.attn_implementation:
-        model_kwargs["attn_implementation"] = profile.attn_implementation
+    remote = trust_remote_code and native_layout(profile.name) is None
+    model_kwargs: dict[str, Any] = {"dtype": dtype, "local_files_only": True, "trust_remote_code": remote}
     if device_map is not None:
         if not transformers.utils.is_accelerate_available():
             raise ModelError(
@@ -295,20 +359,19 @@ def load_model(
                 "accelerate); or load on one device with --device"
             )
         model_kwargs["device_map"] = device_map
-    try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(path, **model_kwargs)
-    except ValueError:
-        model = transformers.AutoModel.from_pretrained(path, **model_kwargs)
+    config, model = _load_network(path, raw, profile, model_kwargs)
     if device_map is None:
         model = model.to(device)
-    model = wrap_forward(model.eval(), profile)
+    model = model.eval()
     tokenizer = None
     if any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
-        tokenizer = transformers.AutoTokenizer.from_pretrained(path, **kwargs)
-    section = dict(getattr(config, "dloom", None) or {})
+        tokenizer = transformers.AutoTokenizer.from_pretrained(
+            path, config=config, local_files_only=True, trust_remote_code=remote
+        )
+    section = dict(raw.get("dloom") or {})
 
     if mask_token_id is None:
-        mask_token_id = section.get("mask_token_id", getattr(config, "mask_token_id", None))
+        mask_token_id = section.get("mask_token_id", raw.get("mask_token_id"))
     if mask_token_id is None:
         mask_token_id = _mask_from_tokenizer(tokenizer, profile)
     if mask_token_id is None:
@@ -322,11 +385,10 @@ def load_model(
     if "eos_token_ids" in section:
         eos = _as_ids(section["eos_token_ids"])
     else:
-        eos = _as_ids(getattr(config, "eos_token_id", None))
-        if tokenizer is not None and tokenizer.eos_token_id is not None:
-            eos += (int(tokenizer.eos_token_id),)
-        eos = tuple(dict.fromkeys(eos + profile.eos_token_ids))
-    pad = getattr(config, "pad_token_id", None)
+        eos = _eos_ids(raw, path, tokenizer, profile)
+    pad = raw.get("pad_token_id")
+    if pad is None:
+        pad = _generation_config(path).get("pad_token_id")
     if pad is None and tokenizer is not None:
         pad = tokenizer.pad_token_id
     if pad is None:
@@ -349,6 +411,7 @@ def load_model(
         tokenizer=tokenizer,
         name=name,
         default_gen_length=section.get("gen_length"),
-        default_block_length=section.get("block_length", profile.block_length),
+        default_block_length=section.get("block_length", profile.trained_block_length(raw)),
+        block_alignment=section.get("block_alignment", profile.block_alignment),
         profile=profile.name,
     )

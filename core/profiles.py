@@ -1,22 +1,17 @@
-"""Model families: the conventions a checkpoint's own config implies, and how dloom calls it.
+"""Model families: the conventions a checkpoint's own config implies.
 
 A :class:`ModelProfile` records what dloom must know about one family of released dLLM
-checkpoints (LLaDA, Dream, SDAR, DiffusionGemma) beyond what its ``config.json`` says: the
-mask token, the EOS ids, whether logits are shifted by one, the attention kind, the block size
-of a block-causal model, whether the checkpoint ships its own modelling code
-(``trust_remote_code``) and what its forward accepts. :func:`detect_profile` picks the
-profile from the config alone (``model_type``, ``architectures``, ``auto_map``);
-:func:`dloom.load_model` uses it for defaults that explicit arguments and the config's
-``dloom`` section override.
+checkpoints (LLaDA, Dream, SDAR, Fast-dLLM v2, ...) beyond what its ``config.json`` says: the
+mask token, the EOS ids, whether logits are shifted by one, the attention kind, where a
+block-causal model's block size is written and how its blocks are laid out.
+:func:`detect_profile` picks the profile from the config alone (``model_type``,
+``architectures``, ``auto_map``); :func:`dloom.load_model` uses it for defaults that explicit
+arguments and the checkpoint's own files override, and loads the known families onto
+``transformers``' own classes (:mod:`dloom.checkpoints`), never running their code.
 
-Remote-code forwards do not all take dloom's ``model(input_ids=, attention_mask=,
-position_ids=)`` call. :func:`wrap_forward` puts a :class:`ConventionForward` around such a
-model that translates the call (see each profile's ``padding``, ``takes_position_ids``,
-``kv_cache`` and ``cache_kwargs``); the translation is pure tensor code, with no host
-synchronisation.
-
-The facts below come from the released checkpoints' configs and code (see ``docs/models.md``
-for the sources); none was verified against real weights here.
+The facts below come from the released checkpoints' configs and code (``docs/models.md``
+cites the sources) and are checked against the published code on tiny checkpoints in the
+real format (``tests/test_real_families.py``); none was run on real weights here.
 """
 
 from __future__ import annotations
@@ -26,11 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-import torch
-
 from dloom.errors import ModelError
 
-PADDING_MODES = ("2d", "4d", "refuse")
+BLOCK_ALIGNMENTS = ("prompt", "absolute")
 
 
 @dataclass(frozen=True)
@@ -47,25 +40,20 @@ class ModelProfile:
         declares one.
     :ivar mask_token: the mask token's text, looked up in the tokenizer's vocabulary before
         falling back to ``mask_token_id``.
-    :ivar eos_token_ids: ids that end a generation, added to the config's and tokenizer's.
+    :ivar eos_token_ids: ids that end a generation, added to the checkpoint's own.
     :ivar shift_logits: ``True`` when the output at ``i`` predicts token ``i + 1``; ``None``
         leaves it to the config.
     :ivar attention: ``"bidirectional"``, ``"block-causal"`` or ``"causal"``; ``None`` leaves it
         to the config (``is_causal``).
-    :ivar block_length: the block size a block-causal model was trained with; the decoder's
-        default block length.
-    :ivar trust_remote_code: the checkpoint ships its own modelling code.
-    :ivar padding: how a left-padded batch reaches the forward: ``"2d"`` a ``(B, L)`` padding
-        mask, ``"4d"`` a ``(B, 1, Q, K)`` bool mask, ``"refuse"`` not at all (the forward
-        ignores masks or cannot shift positions; padded batches raise :class:`ModelError`).
-    :ivar takes_position_ids: the forward accepts ``position_ids``.
-    :ivar kv_cache: the forward reads and extends a ``transformers`` cache, so dloom's
-        ``prefix`` and ``dual`` cache modes can run.
-    :ivar cache_kwargs: extra keyword arguments for a forward that is given a cache.
-    :ivar no_mask_value: what the forward is given when no row is padded (``None`` or the
-        family's own marker, e.g. Dream's ``"full"``).
-    :ivar attn_implementation: attention implementation to load the model with, if the
-        family needs one.
+    :ivar block_length: the block size a block-causal model was trained with, when its config
+        does not say.
+    :ivar block_size_key: the config key that holds the trained block size (``block_size``,
+        ``bd_size``); it overrides :attr:`block_length`.
+    :ivar block_alignment: ``"prompt"`` (generated blocks start after the prompt) or
+        ``"absolute"`` (block boundaries at multiples of the block size from each row's
+        position 0, prompt included, as block-diffusion models are trained).
+    :ivar ships_code: the released checkpoint ships its own modelling code (``auto_map``);
+        dloom loads it onto a native class instead (:mod:`dloom.checkpoints`).
     :ivar chat_template: the family's instruct checkpoints expect the tokenizer's chat
         template (``apply_chat_template(messages, add_generation_prompt=True,
         tokenize=False)``, then ordinary tokenisation).
@@ -83,27 +71,17 @@ class ModelProfile:
     shift_logits: bool | None = None
     attention: str | None = None
     block_length: int | None = None
-    trust_remote_code: bool = False
-    padding: str = "2d"
-    takes_position_ids: bool = True
-    kv_cache: bool = True
-    cache_kwargs: tuple[tuple[str, Any], ...] = ()
-    no_mask_value: Any = None
-    attn_implementation: str | None = None
+    block_size_key: str | None = None
+    block_alignment: str = "prompt"
+    ships_code: bool = False
     chat_template: bool = False
     unsupported: str | None = None
 
     def __post_init__(self) -> None:
-        if self.padding not in PADDING_MODES:
-            raise ValueError(f"padding {self.padding!r}; allowed: {', '.join(PADDING_MODES)}")
-
-    @property
-    def needs_wrapper(self) -> bool:
-        """Whether the forward needs :class:`ConventionForward` to take dloom's call."""
-        return (
-            self.padding != "2d" or not self.takes_position_ids or bool(self.cache_kwargs)
-            or self.no_mask_value is not None
-        )
+        if self.block_alignment not in BLOCK_ALIGNMENTS:
+            raise ValueError(
+                f"block_alignment {self.block_alignment!r}; allowed: {', '.join(BLOCK_ALIGNMENTS)}"
+            )
 
     def matches(self, config: Mapping[str, Any]) -> bool:
         """Whether a config (as a dict) belongs to this family."""
@@ -115,6 +93,13 @@ class ModelProfile:
         targets = (config.get("auto_map") or {}).values()
         modules = {str(t).split("--")[-1].split(".")[0] for t in targets if isinstance(t, str)}
         return bool(modules & set(self.code_modules))
+
+    def trained_block_length(self, config: Mapping[str, Any]) -> int | None:
+        """The block size the checkpoint was trained with: its config's
+        :attr:`block_size_key`, else :attr:`block_length`."""
+        if self.block_size_key is not None and config.get(self.block_size_key) is not None:
+            return int(config[self.block_size_key])
+        return self.block_length
 
 
 LLADA = ModelProfile(
@@ -128,10 +113,7 @@ LLADA = ModelProfile(
     eos_token_ids=(126081, 126348),  # <|endoftext|>, <|eot_id|>
     shift_logits=False,
     attention="bidirectional",
-    trust_remote_code=True,
-    padding="refuse",
-    takes_position_ids=False,
-    kv_cache=False,
+    ships_code=True,
     chat_template=True,
 )
 
@@ -146,10 +128,7 @@ DREAM = ModelProfile(
     eos_token_ids=(151643,),  # <|endoftext|>
     shift_logits=True,
     attention="bidirectional",
-    trust_remote_code=True,
-    padding="4d",
-    no_mask_value="full",
-    attn_implementation="sdpa",
+    ships_code=True,
     chat_template=True,
 )
 
@@ -163,11 +142,43 @@ SDAR = ModelProfile(
     shift_logits=False,
     attention="block-causal",
     block_length=4,
-    trust_remote_code=True,
-    padding="4d",
-    cache_kwargs=(("store_kv", True),),
-    attn_implementation="sdpa",
+    block_size_key="block_size",
+    block_alignment="absolute",
+    ships_code=True,
     chat_template=True,
+)
+
+FAST_DLLM_V2 = ModelProfile(
+    name="fast-dllm-v2",
+    family="Fast-dLLM v2 (NVlabs / Efficient-Large-Model Fast_dLLM_v2_7B, Qwen2.5 block diffusion)",
+    model_types=("fast_dllm_qwen",),
+    architectures=("Fast_dLLM_QwenForCausalLM",),
+    mask_token_id=151665,
+    mask_token="|<MASK>|",
+    eos_token_ids=(151645,),  # <|im_end|>, the stop token of its generate
+    shift_logits=True,
+    attention="block-causal",
+    block_length=32,
+    block_size_key="bd_size",
+    block_alignment="absolute",
+    ships_code=True,
+    chat_template=True,
+)
+
+LLADA2 = ModelProfile(
+    name="llada2",
+    family="LLaDA2.0 (inclusionAI LLaDA2.0-mini / -flash, a BailingMoeV2 MoE)",
+    model_types=("llada2_moe",),
+    architectures=("LLaDA2MoeModelLM",),
+    code_modules=("modeling_llada2_moe", "configuration_llada2_moe"),
+    ships_code=True,
+    unsupported=(
+        "its architecture (BailingMoeV2: a fused query_key_value projection, QK norms, partial "
+        "rotary embeddings and a sigmoid-routed, group-limited mixture of experts with a shared "
+        "expert and expert-bias routing) has no native transformers class in transformers 5 "
+        "(bailing_hybrid is a different, MLA/linear-attention model), so it cannot load "
+        "without its own code, which dloom never runs for a known family; see docs/models.md"
+    ),
 )
 
 DIFFUSION_GEMMA = ModelProfile(
@@ -202,7 +213,7 @@ TRANSFORMERS = ModelProfile(
 )
 
 #: Families recognised from a config, tried in order.
-FAMILIES: tuple[ModelProfile, ...] = (LLADA, DREAM, SDAR, DIFFUSION_GEMMA)
+FAMILIES: tuple[ModelProfile, ...] = (LLADA, DREAM, SDAR, FAST_DLLM_V2, LLADA2, DIFFUSION_GEMMA)
 
 
 def config_dict(config: Any) -> dict[str, Any]:
@@ -242,108 +253,11 @@ def detect_profile(config: Any) -> ModelProfile:
 
 
 def needs_remote_code(config: Mapping[str, Any], profile: ModelProfile) -> bool:
-    """Whether loading the checkpoint runs code shipped with it: a remote-code family, or an
-    ``auto_map`` for a ``model_type`` that ``transformers`` does not know."""
-    if profile.trust_remote_code:
-        return True
-    if not config.get("auto_map"):
+    """Whether loading the checkpoint would run code shipped with it: an ``auto_map`` for a
+    ``model_type`` that ``transformers`` does not know, outside the known families (which
+    load onto native classes)."""
+    if profile in FAMILIES or not config.get("auto_map"):
         return False
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     return config.get("model_type") not in CONFIG_MAPPING
-
-
-class ConventionForward(torch.nn.Module):
-    """Calls a remote-code model the way its family expects, given dloom's call.
-
-    dloom calls ``model(input_ids=, attention_mask=, position_ids=)`` with ``attention_mask``
-    ``None`` (no padding), a ``(B, K)`` padding mask (1 = real token) or a ``(B, 1, Q, K)``
-    bool mask (block-causal). This wrapper passes it on per :attr:`profile`:
-
-    - ``padding="2d"``: unchanged; ``"4d"``: a 2-D mask becomes the ``(B, 1, Q, K)`` bool mask
-      that hides padded keys; ``"refuse"``: a mask (so a padded batch) raises
-      :class:`ModelError`.
-    - a float 4-D mask (the additive form :func:`dloom.attention.model_mask` gives eager
-      attention) goes back to bool for a ``"4d"`` family, whose forward takes bool masks.
-    - ``position_ids`` are dropped when the forward takes none (dloom passes
-      ``0 .. L-1`` then, because it never pads such a batch).
-    - no mask becomes :attr:`ModelProfile.no_mask_value`.
-
-    :ivar inner: the wrapped model (``adapter.model.inner``).
-    """
-
-    def __init__(self, model: torch.nn.Module, profile: ModelProfile) -> None:
-        super().__init__()
-        self.inner = model
-        self.profile = profile
-
-    @property
-    def config(self) -> Any:
-        return self.inner.config
-
-    def _mask(self, attention_mask: torch.Tensor | None, query_length: int) -> Any:
-        profile = self.profile
-        if attention_mask is None:
-            return profile.no_mask_value
-        if profile.padding == "refuse":
-            raise ModelError(
-                f"the {profile.family} forward ignores attention masks and takes no position "
-                "ids, so a left-padded batch would attend to padding and shift positions; "
-                "decode prompts of equal token length together, or one at a time "
-                "(--batch-size 1)"
-            )
-        if profile.padding == "2d":
-            return attention_mask
-        if attention_mask.dim() == 2:
-            keys = attention_mask.bool()[:, None, None, :]
-            return keys.expand(keys.shape[0], 1, query_length, keys.shape[-1])
-        if attention_mask.dtype != torch.bool:
-            return attention_mask == 0
-        return attention_mask
-
-    def _kwargs(self, input_ids, attention_mask, position_ids) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {
-            "input_ids": input_ids,
-            "attention_mask": self._mask(attention_mask, input_ids.shape[1]),
-        }
-        if self.profile.takes_position_ids:
-            kwargs["position_ids"] = position_ids
-        return kwargs
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-    ) -> Any:
-        """The wrapped model's output (with ``.logits``) for dloom's uncached call."""
-        return self.inner(**self._kwargs(input_ids, attention_mask, position_ids))
-
-
-class CachedConventionForward(ConventionForward):
-    """:class:`ConventionForward` for a family whose forward reads and extends a KV cache;
-    the cache is passed as ``past_key_values`` with the family's :attr:`cache_kwargs`."""
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        past_key_values: Any = None,
-        use_cache: bool | None = None,
-    ) -> Any:
-        """The wrapped model's output for dloom's call, with a cache when one is given."""
-        kwargs = self._kwargs(input_ids, attention_mask, position_ids)
-        if past_key_values is not None:
-            kwargs.update(past_key_values=past_key_values, use_cache=use_cache)
-            kwargs.update(dict(self.profile.cache_kwargs))
-        return self.inner(**kwargs)
-
-
-def wrap_forward(model: torch.nn.Module, profile: ModelProfile) -> torch.nn.Module:
-    """``model`` itself when it takes dloom's call as is, else a :class:`ConventionForward`
-    (:class:`CachedConventionForward` when the family supports a KV cache)."""
-    if not profile.needs_wrapper:
-        return model
-    wrapper = CachedConventionForward if profile.kv_cache else ConventionForward
-    return wrapper(model, profile).eval()

@@ -1,0 +1,377 @@
+"""Real-format checkpoints load natively and reproduce their families' own code.
+
+``tests/fixtures/real-families/`` holds tiny random checkpoints of LLaDA, Dream, SDAR and
+Qwen2.5 in the released on-disk format (no ``.py`` files) and what the published modelling
+and generation code computed on them (see its README). Here dloom loads each with
+``trust_remote_code=False`` onto ``transformers``' own classes and must give:
+
+- the same logits (float32, 1e-4) on every recorded input: unpadded sequences, padded
+  batches, and SDAR's block-causal and causal masks;
+- the same tokens as the reference decodes: LLaDA's ML-GSAI ``generate`` and the Fast-dLLM
+  variants (plain, threshold 0.9, prefix cache, dual cache) with the same number of
+  forwards; Dream's ``diffusion_generate`` up to the one position its step schedule commits
+  differently (explained and checked exactly below); Qwen2.5's greedy ``generate``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from dloom import DiffusionDecoder, load_model
+from dloom.cli import app
+from dloom.errors import ModelError
+from dloom.kernel import propose
+
+FIXTURES = Path(__file__).parent / "fixtures" / "real-families"
+FAMILIES = ("llada", "dream", "sdar", "qwen2")
+ATOL = 1e-4
+
+
+def checkpoint(family: str) -> Path:
+    return FIXTURES / family / "checkpoint"
+
+
+@lru_cache(maxsize=None)
+def reference(family: str) -> dict:
+    return json.loads((FIXTURES / family / "reference.json").read_text())
+
+
+@lru_cache(maxsize=None)
+def reference_logits(family: str) -> dict[str, torch.Tensor]:
+    return load_file(FIXTURES / family / "reference.safetensors")
+
+
+@lru_cache(maxsize=None)
+def adapter(family: str):
+    return load_model(checkpoint(family), require_mask=family != "qwen2")
+
+
+def sdar_mask(length: int, block: int | None) -> torch.Tensor:
+    """``(1, 1, L, L)`` bool: SDAR generate.py's block-causal mask, blocks aligned at
+    position 0 (``block=None``: all True, the full-attention entry; ``block=1``: causal)."""
+    if block is None:
+        return torch.ones(1, 1, length, length, dtype=torch.bool)
+    ids = torch.arange(length) // block
+    return (ids[None, :] <= ids[:, None])[None, None]
+
+
+def padded_sdar_mask(padding: torch.Tensor, block: int) -> torch.Tensor:
+    """``(B, 1, L, L)`` bool as the reference harness built it: block-causal with blocks
+    aligned at each row's first real token, pad keys hidden, pad queries see themselves."""
+    position = (padding.cumsum(-1) - 1).clamp(min=0)
+    ids = torch.where(padding.bool(), position // block, -1)
+    real = padding.bool()
+    layout = (ids[:, None, :] <= ids[:, :, None]) & real[:, None, :] & real[:, :, None]
+    eye = torch.eye(padding.shape[1], dtype=torch.bool)[None] & ~real[:, :, None]
+    return (layout | eye)[:, None]
+
+
+def entry_inputs(family: str, name: str) -> dict[str, torch.Tensor]:
+    """The forward's keyword arguments for the recorded logits entry ``name``."""
+    record = reference(family)
+    entry = record["logits"][name]
+    if "input_ids" in entry:
+        ids = torch.tensor(entry["input_ids"])
+        padding = torch.tensor(entry.get("attention_mask", entry.get("attention_mask_2d")))
+        positions = (padding.cumsum(-1) - 1).clamp(min=0)
+        mask = padded_sdar_mask(padding, 4) if family == "sdar" else padding
+        return {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
+    ids = torch.tensor([record["inputs"][name.split("_")[0]]])
+    if family != "sdar":
+        return {"input_ids": ids}
+    block = 4 if name.endswith("_block4") else 1 if name.endswith("_causal") else None
+    return {
+        "input_ids": ids, "attention_mask": sdar_mask(ids.shape[1], block),
+        "position_ids": torch.arange(ids.shape[1])[None],
+    }
+
+
+def raw_logits(family: str, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    with torch.no_grad():
+        return adapter(family).model(**inputs).logits
+
+
+def logit_entries(family: str) -> list[str]:
+    entries = list(reference(family)["logits"])
+    # LLaDA's released forward ignores the padding mask: that entry is checked separately.
+    return [e for e in entries if not (family == "llada" and e == "padded_batch")]
+
+
+def max_differences(logits: torch.Tensor, family: str, name: str) -> dict[str, float]:
+    """Max |difference| to the reference over its columns, the full-vocabulary max and
+    logsumexp, and how many argmaxes differ."""
+    ref = reference_logits(family)
+    columns = ref["columns"]
+    return {
+        "columns": (logits[..., columns] - ref[f"{name}.logits_cols"]).abs().max().item(),
+        "max": (logits.max(-1).values - ref[f"{name}.max"]).abs().max().item(),
+        "logsumexp": (logits.logsumexp(-1) - ref[f"{name}.logsumexp"]).abs().max().item(),
+        "argmax": int((logits.argmax(-1) != ref[f"{name}.argmax"]).sum()),
+    }
+
+
+# --- loading without remote code ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "family, native, conventions",
+    [
+        ("llada", "LlamaForCausalLM", (126336, (126081, 126348), 126081, False, "bidirectional", None, "prompt")),
+        ("dream", "Qwen2ForCausalLM", (151666, (151643,), 151643, True, "bidirectional", None, "prompt")),
+        ("sdar", "Qwen3ForCausalLM", (151669, (151643, 151645), 151643, False, "block-causal", 4, "absolute")),
+        ("qwen2", "Qwen2ForCausalLM", (None, (151645, 151643), 151643, True, "causal", None, "prompt")),
+    ],
+)
+def test_checkpoints_load_onto_native_classes_with_their_conventions(family, native, conventions):
+    loaded = adapter(family)
+    assert type(loaded.model).__name__ == native
+    assert loaded.model.config._attn_implementation == "sdpa"
+    assert (
+        loaded.mask_token_id, loaded.eos_token_ids, loaded.pad_token_id, loaded.shift_logits,
+        loaded.attention, loaded.default_block_length, loaded.block_alignment,
+    ) == conventions
+    assert loaded.can_pad
+
+
+def test_bidirectional_families_are_not_causal():
+    assert adapter("llada").model.config.is_causal is False
+    assert adapter("dream").model.config.is_causal is False
+
+
+def test_rope_frequencies_are_computed_not_left_uninitialised():
+    """transformers 5 re-creates non-persistent buffers; the native classes recompute
+    ``inv_freq`` (the remote code left it uninitialised)."""
+    for family in ("llada", "dream", "sdar"):
+        config = adapter(family).model.config
+        rotary = adapter(family).model.model.rotary_emb
+        dim = config.head_dim if getattr(config, "head_dim", None) else config.hidden_size // config.num_attention_heads
+        theta = config.rope_parameters["rope_theta"]
+        expected = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+        assert torch.allclose(rotary.inv_freq, expected), family
+
+
+def test_a_checkpoints_own_code_is_never_imported(tmp_path):
+    """Even with trust_remote_code=True a known family loads natively: modelling files that
+    would raise on import are never read."""
+    directory = tmp_path / "llada"
+    shutil.copytree(checkpoint("llada"), directory)
+    for module in ("modeling_llada.py", "configuration_llada.py"):
+        (directory / module).write_text("raise RuntimeError('remote code was imported')\n")
+    loaded = load_model(directory, trust_remote_code=True)
+    assert type(loaded.model).__name__ == "LlamaForCausalLM"
+    ids = {"input_ids": torch.tensor([reference("llada")["inputs"]["seq0"]])}
+    with torch.no_grad():
+        assert torch.equal(loaded.model(**ids).logits, raw_logits("llada", ids))
+
+
+def test_sdar_block_size_and_stop_ids_come_from_the_checkpoint(tmp_path):
+    directory = tmp_path / "sdar"
+    shutil.copytree(checkpoint("sdar"), directory)
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "block_size": 8}))
+    generation = json.loads((directory / "generation_config.json").read_text())
+    (directory / "generation_config.json").write_text(json.dumps({**generation, "eos_token_id": [151645, 7]}))
+    loaded = load_model(directory)
+    assert loaded.default_block_length == 8
+    assert loaded.eos_token_ids == (151643, 151645, 7)
+
+
+def test_sdar_chat_template_comes_from_its_tokenizer_files():
+    text = adapter("sdar").chat_prompts(["hi"])[0]
+    assert text.startswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    assert adapter("sdar").tokenizer.convert_tokens_to_ids("<|MASK|>") == 151669
+
+
+def test_a_llada_variant_without_a_native_equivalent_is_refused(tmp_path):
+    directory = tmp_path / "llada-alibi"
+    shutil.copytree(checkpoint("llada"), directory)
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "alibi": True}))
+    with pytest.raises(ModelError, match=r"LLaDA config alibi=True has no native equivalent.*alibi=False"):
+        load_model(directory)
+
+
+# --- logits -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "family, name", [(f, e) for f in FAMILIES for e in logit_entries(f)], ids=lambda v: str(v)
+)
+def test_logits_equal_the_reference_code(family, name):
+    logits = raw_logits(family, entry_inputs(family, name))
+    if "padded" in name:  # pad positions are undefined; the real ones are compared
+        real = entry_inputs(family, name)["position_ids"] * 0 + torch.tensor(
+            reference(family)["logits"][name].get("attention_mask", reference(family)["logits"][name].get("attention_mask_2d"))
+        )
+        ref = reference_logits(family)
+        keep = real.bool()
+        columns = ref["columns"]
+        assert (logits[keep][:, columns] - ref[f"{name}.logits_cols"][keep]).abs().max() <= ATOL
+        assert torch.equal(logits[keep].argmax(-1), ref[f"{name}.argmax"][keep])
+        assert (logits[keep].logsumexp(-1) - ref[f"{name}.logsumexp"][keep]).abs().max() <= ATOL
+        return
+    differences = max_differences(logits, family, name)
+    assert differences["argmax"] == 0, differences
+    assert max(differences["columns"], differences["max"], differences["logsumexp"]) <= ATOL, differences
+
+
+def test_sdar_block_layout_changes_the_logits():
+    """The block-causal entries are not the full-attention ones: a wrong mask is caught."""
+    full = raw_logits("sdar", entry_inputs("sdar", "seq2"))
+    differences = max_differences(full, "sdar", "seq2_block4")
+    assert differences["columns"] > 1.0
+
+
+def test_llada_padded_rows_equal_the_unpadded_reference():
+    """Loaded natively, LLaDA honours the padding mask: each real row of the padded batch
+    gives the unpadded sequence's logits. The released code ignores the mask, so its
+    recorded padded entry differs from these by tens of logits."""
+    inputs = entry_inputs("llada", "padded_batch")
+    logits = raw_logits("llada", {**inputs, "attention_mask": inputs["attention_mask"]})
+    ref = reference_logits("llada")
+    columns = ref["columns"]
+    for row in range(3):
+        real = inputs["attention_mask"][row].bool()
+        mine = logits[row, real][:, columns]
+        assert (mine - ref[f"seq{row}.logits_cols"][0]).abs().max() <= ATOL
+        if not real.all():
+            assert (mine - ref["padded_batch.logits_cols"][row, real]).abs().max() > 10
+
+
+def test_dream_adapter_shifts_the_logits_as_its_sampler_does():
+    inputs = entry_inputs("dream", "seq1")
+    shifted = adapter("dream").logits(inputs["input_ids"])
+    raw = raw_logits("dream", inputs)
+    assert torch.equal(shifted[:, 1:], raw[:, :-1]) and torch.equal(shifted[:, 0], raw[:, 0])
+
+
+# --- decoding -----------------------------------------------------------------------------
+
+CACHE_OF = {"generate": "none", "generate_with_prefix_cache": "prefix", "generate_with_dual_cache": "dual"}
+
+
+@pytest.mark.parametrize("run", reference("llada")["decoding"], ids=lambda r: r["name"])
+def test_llada_decodes_equal_the_reference_decodes(run):
+    settings = run["settings"]
+    assert (settings["temperature"], settings["remasking"]) == (0.0, "low_confidence")
+    threshold = settings.get("threshold")
+    decoder = DiffusionDecoder(
+        adapter("llada"), "threshold" if threshold else "quota",
+        gen_length=settings["gen_length"], block_length=settings["block_length"],
+        steps=settings["steps"], cache=CACHE_OF[run["function"].split("::")[1]],
+        **({"tau": threshold} if threshold else {}),
+    )
+    result = decoder.generate([run["prompt"]])
+    assert result.generated[0].tolist() == run["generated"]
+    assert result.nfe.tolist() == [run["forwards"]]
+
+
+def dream_prompts(run: dict) -> list[list[int]]:
+    if "attention_mask" not in run:
+        return [run["prompt"]]
+    return [[t for t, m in zip(p, mask) if m] for p, mask in zip(run["prompt"], run["attention_mask"])]
+
+
+def dream_commit_counts(steps: int, masked: int, eps: float) -> list[int]:
+    """Tokens Dream's ``diffusion_generate`` commits per step (``timesteps = linspace(1, eps,
+    steps + 1)``; ``int(n * (1 - s / t))`` of the ``n`` masked, all at the last step)."""
+    times = torch.linspace(1, eps, steps + 1)
+    counts = []
+    for i in range(steps):
+        count = masked if i == steps - 1 else int(masked * (1 - times[i + 1] / times[i]))
+        counts.append(count)
+        masked -= count
+    return counts
+
+
+@pytest.mark.parametrize("run", reference("dream")["decoding"], ids=lambda r: r["name"])
+def test_dream_decodes_equal_the_reference_up_to_its_schedule(run):
+    """Dream's schedule for 16 tokens in 16 steps commits ``0, 1 x 14, 2``: its first step
+    changes nothing, and its last forward commits two positions. dloom's quota commits one
+    per step; its first 15 steps see Dream's states 1-15, so 15 of the 16 positions must be
+    Dream's tokens, and the 16th is the token Dream committed from dloom's 15th-step logits
+    (the one dloom instead re-predicts with one more forward). Both use 16 forwards."""
+    settings = run["settings"]
+    assert dream_commit_counts(settings["steps"], settings["max_new_tokens"], settings["eps"]) == [0] + [1] * 14 + [2]
+    steps: list = []
+    decoder = DiffusionDecoder(
+        adapter("dream"), "quota", gen_length=settings["max_new_tokens"],
+        block_length=settings["max_new_tokens"], steps=settings["steps"],
+        remasking="entropy" if settings["alg"] == "entropy" else "low_confidence",
+    )
+    result = decoder.generate(dream_prompts(run), observer=steps.append)
+    expected = run["generated"] if isinstance(run["generated"][0], list) else [run["generated"]]
+    assert result.nfe.tolist() == [run["forwards"]] * len(expected)
+    for row, tokens in enumerate(expected):
+        # dloom's last commit: masked after its 15th step, not after its 16th
+        before, after = (step.after[(step.rows == row).nonzero()[0, 0]] for step in steps[-2:])
+        final = int(((before == adapter("dream").mask_token_id) & (after != before)).nonzero()[0, 0])
+        mine = result.generated[row].tolist()
+        assert [t for i, t in enumerate(mine) if i != final] == [t for i, t in enumerate(tokens) if i != final]
+        dream_choice = steps[-2].logits[(steps[-2].rows == row).nonzero()[0, 0], final]
+        dream_choice[adapter("dream").mask_token_id] = -torch.inf
+        assert tokens[final] == int(dream_choice.argmax())
+
+
+@pytest.mark.parametrize("run", [r for r in reference("qwen2")["decoding"] if r["name"].startswith("greedy_p")], ids=lambda r: r["name"])
+def test_qwen2_greedy_tokens_from_the_adapter_logits(run):
+    """The causal target's shift-aligned logits (``logits[:, i]`` is token ``i``'s
+    distribution) give transformers' greedy generate: the next token's distribution is read
+    at a placeholder column, which causal attention keeps from influencing it."""
+    target = adapter("qwen2")
+    ids = torch.tensor([run["prompt"]])
+    placeholder = torch.tensor([[target.pad_token_id]])
+    for _ in range(run["settings"]["max_new_tokens"]):
+        token = target.logits(torch.cat([ids, placeholder], dim=1))[:, -1].argmax(-1, keepdim=True)
+        ids = torch.cat([ids, token], dim=1)
+    assert ids[0, len(run["prompt"]):].tolist() == run["generated"]
+
+
+def test_confidences_are_the_reference_probabilities_renormalised_without_the_mask():
+    """dloom's confidence is the candidate's probability with the mask logit dropped: the
+    reference's full-vocabulary probability divided by ``1 - p(mask)``. Candidates are the
+    same whenever the mask is not the argmax; on these checkpoints every LLaDA decode above
+    matches token for token with it."""
+    logits = adapter("llada").logits(torch.tensor([reference("llada")["inputs"]["seq2"]]))
+    mask = adapter("llada").mask_token_id
+    candidates, confidence = propose(logits, 0.0, "low_confidence", None, mask)
+    full = torch.softmax(logits.double(), dim=-1)
+    expected = full.gather(-1, candidates[..., None])[..., 0] / (1 - full[..., mask])
+    assert torch.allclose(confidence, expected, rtol=1e-12, atol=0)
+    assert torch.equal(candidates, full.argmax(-1)) or (full.argmax(-1) == mask).any()
+
+
+# --- the command line -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", ["llada", "dream", "sdar"])
+def test_cli_generates_from_each_checkpoint_without_remote_code(family, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompt = reference(family)["prompts"][0]
+    prompts.write_text(json.dumps({"input_ids": prompt}) + "\n")
+    result = CliRunner().invoke(app, [
+        "generate", "--model", str(checkpoint(family)), "--prompts", str(prompts),
+        "--gen-length", "8", "--block-length", "4", "--json",
+    ])
+    assert result.exit_code == 0, result.output
+    row = json.loads(result.stdout.splitlines()[-1])
+    assert row["config"]["model"] == str(checkpoint(family))
+    expected = DiffusionDecoder(adapter(family), gen_length=8, block_length=4).generate([prompt])
+    assert row["tokens"] == expected.generated[0, : int(expected.generated_lengths[0])].tolist()
+
+
+def test_cli_generates_text_with_sdars_chat_template():
+    result = CliRunner().invoke(app, [
+        "generate", "--model", str(checkpoint("sdar")), "--chat", "--gen-length", "8", "--json", "hello",
+    ])
+    assert result.exit_code == 0, result.output
+    row = json.loads(result.stdout.splitlines()[-1])
+    assert row["config"]["block_length"] == 4 and isinstance(row["text"], str)
