@@ -366,7 +366,7 @@ def load_model(
     tokenizer = None
     if any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
         tokenizer = transformers.AutoTokenizer.from_pretrained(
-            path, config=config, local_files_only=True, trust_remote_code=remote
+            path, local_files_only=True, trust_remote_code=remote
         )
     section = dict(raw.get("dloom") or {})
 

@@ -1,11 +1,13 @@
 """Model profiles: each family's conventions, detected from its config and checked end to end.
 
-The released checkpoints are 7-26B parameters and cannot be downloaded here, so every family
-is exercised with a tiny randomly initialised stand-in saved in its on-disk format: the
-remote-code families (LLaDA, Dream, SDAR) through the modules in ``tests/standins/`` loaded
-with ``trust_remote_code`` via ``auto_map``; DiffusionGemma and Qwen2.5 through
-``transformers``' own classes. The stand-ins keep the vocabularies (and so the real mask and
-EOS ids) of LLaDA and Dream with a hidden size of 8-16 and one layer.
+The released checkpoints are 4-26B parameters and cannot be downloaded here. Every known
+family is loaded onto ``transformers``' own classes without its code; its logits and decodes
+are checked against the published code in ``tests/test_real_families.py`` (tiny real-format
+checkpoints with the reference outputs). This module checks detection, the profile table and
+the decoder-level conventions on small checkpoints saved in each family's format: LLaDA from
+the real-format fixture, Dream and SDAR written here in their on-disk format (the tensor
+names are the native ones), with hand-set weights where a convention must be observable.
+DiffusionGemma and Qwen2.5 go through ``transformers``' own classes.
 """
 
 from __future__ import annotations
@@ -22,35 +24,25 @@ from typer.testing import CliRunner
 from conftest import tiny_model
 from dloom import DiffusionDecoder, ModelAdapter, load_model
 from dloom.attention import block_causal_mask
+from dloom.checkpoints import native_config, native_layout
 from dloom.cli import app
 from dloom.errors import ModelError
 from dloom.profiles import (
-    CAUSAL_LM, DIFFUSION_GEMMA, DREAM, FAMILIES, LLADA, SDAR, TRANSFORMERS, CachedConventionForward,
-    ConventionForward, ModelProfile, detect_profile, wrap_forward,
+    CAUSAL_LM, DIFFUSION_GEMMA, DREAM, FAMILIES, FAST_DLLM_V2, LLADA, LLADA2, SDAR, TRANSFORMERS,
+    ModelProfile, detect_profile,
 )
 
-STANDINS = Path(__file__).parent / "standins"
+FIXTURES = Path(__file__).parent / "fixtures" / "real-families"
 
-LLADA_CONFIG = {
-    "model_type": "llada",
-    "architectures": ["LLaDAModelLM"],
-    "auto_map": {
-        "AutoConfig": "configuration_llada.LLaDAConfig",
-        "AutoModel": "modeling_llada.LLaDAModelLM",
-        "AutoModelForCausalLM": "modeling_llada.LLaDAModelLM",
-    },
-    "vocab_size": 126464, "embedding_size": 126464, "d_model": 8, "n_heads": 2, "n_layers": 1,
-    "mlp_hidden_size": 16, "max_sequence_length": 4096, "eos_token_id": 126081,
-    "pad_token_id": 126081, "use_cache": False,
-}
+LLADA_CONFIG = json.loads((FIXTURES / "llada" / "checkpoint" / "config.json").read_text())
 DREAM_CONFIG = {
     "model_type": "Dream",
     "architectures": ["DreamModel"],
     "auto_map": {"AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel"},
     "vocab_size": 152064, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
     "num_attention_heads": 2, "num_key_value_heads": 2, "max_position_embeddings": 256,
-    "eos_token_id": 151643, "pad_token_id": 151643, "bos_token_id": 151643,
-    "tie_word_embeddings": False, "initializer_range": 0.5,
+    "eos_token_id": 151643, "pad_token_id": 151643, "bos_token_id": 151643, "mask_token_id": 151666,
+    "tie_word_embeddings": False, "initializer_range": 0.5, "rope_theta": 1000000.0,
 }
 SDAR_MASK = 63
 SDAR_CONFIG = {
@@ -58,29 +50,46 @@ SDAR_CONFIG = {
     "architectures": ["SDARForCausalLM"],
     "auto_map": {
         "AutoConfig": "configuration_sdar.SDARConfig",
-        "AutoModel": "modeling_sdar.SDARForCausalLM",
+        "AutoModel": "modeling_sdar.SDARModel",
         "AutoModelForCausalLM": "modeling_sdar.SDARForCausalLM",
     },
     "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "block_size": 4,
     "max_position_embeddings": 128, "eos_token_id": 2, "pad_token_id": 0,
-    "tie_word_embeddings": False, "initializer_range": 0.2,
+    "tie_word_embeddings": False, "initializer_range": 0.2, "rope_theta": 1000000,
+}
+FAST_DLLM_V2_CONFIG = {
+    "model_type": "Fast_dLLM_Qwen",
+    "architectures": ["Fast_dLLM_QwenForCausalLM"],
+    "auto_map": {
+        "AutoConfig": "configuration.Fast_dLLM_QwenConfig",
+        "AutoModelForCausalLM": "modeling.Fast_dLLM_QwenForCausalLM",
+    },
+    "vocab_size": 151936, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+    "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 256,
+    "bd_size": 32, "eos_token_id": 151645, "bos_token_id": 151643, "tie_word_embeddings": False,
+    "rope_theta": 1000000.0, "use_sliding_window": False,
+}
+LLADA2_CONFIG = {
+    "model_type": "llada2_moe",
+    "architectures": ["LLaDA2MoeModelLM"],
+    "auto_map": {"AutoConfig": "configuration_llada2_moe.LLaDA2MoeConfig",
+                 "AutoModelForCausalLM": "modeling_llada2_moe.LLaDA2MoeModelLM"},
 }
 
 
-def remote_checkpoint(directory: Path, family: str, config: dict, seed: int = 0, setup=None) -> Path:
-    """Save a stand-in checkpoint as a release would ship it: config.json with ``auto_map``,
-    the modelling ``.py`` files and the weights."""
-    directory.mkdir(parents=True)
-    for source in (STANDINS / family).glob("*.py"):
-        shutil.copy(source, directory)
-    (directory / "config.json").write_text(json.dumps(config))
-    loaded = transformers.AutoConfig.from_pretrained(directory, local_files_only=True, trust_remote_code=True)
+def family_checkpoint(directory: Path, family: str, config: dict, seed: int = 0, setup=None) -> Path:
+    """Save a checkpoint as the family's release ships it: its own ``config.json`` (with
+    ``auto_map``, no ``.py`` files) and weights under the released tensor names (for Dream,
+    SDAR and Fast-dLLM v2 the native Qwen names)."""
+    layout = native_layout(family)
+    assert not layout.key_mapping, "this helper writes native tensor names"
     torch.manual_seed(seed)
-    model = transformers.AutoModel.from_config(loaded, trust_remote_code=True)
+    model = transformers.AutoModelForCausalLM.from_config(native_config(layout, config))
     if setup is not None:
         setup(model)
     model.save_pretrained(directory)
+    (directory / "config.json").write_text(json.dumps(config))
     return directory
 
 
@@ -129,6 +138,9 @@ def qwen25_config(**overrides) -> transformers.Qwen2Config:
         (DREAM_CONFIG, DREAM),
         ({"model_type": "Dream"}, DREAM),
         (SDAR_CONFIG, SDAR),
+        (FAST_DLLM_V2_CONFIG, FAST_DLLM_V2),
+        ({"architectures": ["Fast_dLLM_QwenForCausalLM"]}, FAST_DLLM_V2),
+        (LLADA2_CONFIG, LLADA2),
         ({"model_type": "diffusion_gemma", "architectures": ["DiffusionGemmaForBlockDiffusion"]}, DIFFUSION_GEMMA),
         ({"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}, CAUSAL_LM),
         ({"model_type": "llama", "is_causal": False, "mask_token_id": 1}, TRANSFORMERS),
@@ -137,7 +149,8 @@ def qwen25_config(**overrides) -> transformers.Qwen2Config:
     ],
     ids=[
         "llada", "llada-by-auto_map", "llada-by-architecture", "dream", "dream-by-model_type",
-        "sdar", "diffusion-gemma", "qwen2-causal", "native-dllm", "native-with-mask", "zoo-ar",
+        "sdar", "fast-dllm-v2", "fast-dllm-v2-by-architecture", "llada2", "diffusion-gemma",
+        "qwen2-causal", "native-dllm", "native-with-mask", "zoo-ar",
     ],
 )
 def test_detect_profile_from_the_config_alone(config, expected):
@@ -156,163 +169,101 @@ def test_family_conventions():
     """The published conventions each profile encodes (docs/models.md cites the sources)."""
     table = {
         p.name: (p.mask_token_id, p.mask_token, p.eos_token_ids, p.shift_logits, p.attention,
-                 p.block_length, p.trust_remote_code, p.padding, p.takes_position_ids, p.kv_cache)
+                 p.block_length, p.block_size_key, p.block_alignment, p.ships_code)
         for p in FAMILIES
     }
     assert table == {
-        "llada": (126336, "<|mdm_mask|>", (126081, 126348), False, "bidirectional", None, True, "refuse", False, False),
-        "dream": (151666, "<|mask|>", (151643,), True, "bidirectional", None, True, "4d", True, True),
-        "sdar": (None, "<|MASK|>", (), False, "block-causal", 4, True, "4d", True, True),
-        "diffusion-gemma": (None, None, (), None, None, None, False, "2d", True, True),
+        "llada": (126336, "<|mdm_mask|>", (126081, 126348), False, "bidirectional", None, None, "prompt", True),
+        "dream": (151666, "<|mask|>", (151643,), True, "bidirectional", None, None, "prompt", True),
+        "sdar": (None, "<|MASK|>", (), False, "block-causal", 4, "block_size", "absolute", True),
+        "fast-dllm-v2": (151665, "|<MASK>|", (151645,), True, "block-causal", 32, "bd_size", "absolute", True),
+        "llada2": (None, None, (), None, None, None, None, "prompt", True),
+        "diffusion-gemma": (None, None, (), None, None, None, None, "prompt", False),
     }
-    assert DIFFUSION_GEMMA.unsupported and all(p.unsupported is None for p in FAMILIES[:3])
-    assert SDAR.cache_kwargs == (("store_kv", True),) and DREAM.no_mask_value == "full"
+    assert DIFFUSION_GEMMA.unsupported and LLADA2.unsupported
+    assert all(p.unsupported is None for p in (LLADA, DREAM, SDAR, FAST_DLLM_V2))
+    assert all(native_layout(p.name) is not None for p in (LLADA, DREAM, SDAR, FAST_DLLM_V2))
     assert (CAUSAL_LM.attention, CAUSAL_LM.shift_logits, CAUSAL_LM.mask_token_id) == ("causal", True, None)
-    assert all(p.chat_template for p in (LLADA, DREAM, SDAR, CAUSAL_LM))
+    assert all(p.chat_template for p in (LLADA, DREAM, SDAR, FAST_DLLM_V2, CAUSAL_LM))
 
 
-def test_unknown_padding_mode_is_refused():
-    with pytest.raises(ValueError, match="padding 'right'; allowed: 2d, 4d, refuse"):
-        ModelProfile(name="x", family="x", padding="right")
+def test_trained_block_length_comes_from_the_config_key():
+    assert SDAR.trained_block_length({"block_size": 8}) == 8 and SDAR.trained_block_length({}) == 4
+    assert FAST_DLLM_V2.trained_block_length(FAST_DLLM_V2_CONFIG) == 32
+    assert LLADA.trained_block_length({"block_size": 8}) is None
 
 
-def test_native_families_need_no_wrapper():
-    model = torch.nn.Linear(1, 1)
-    assert wrap_forward(model, TRANSFORMERS) is model and wrap_forward(model, CAUSAL_LM) is model
-    assert type(wrap_forward(model, LLADA)) is ConventionForward
-    assert type(wrap_forward(model, DREAM)) is CachedConventionForward
+def test_unknown_block_alignment_is_refused():
+    with pytest.raises(ValueError, match="block_alignment 'left'; allowed: prompt, absolute"):
+        ModelProfile(name="x", family="x", block_alignment="left")
+    with pytest.raises(ModelError, match="block alignment 'left' is not supported; allowed: prompt, absolute"):
+        ModelAdapter(torch.nn.Linear(1, 1), mask_token_id=1, eos_token_ids=(), pad_token_id=0, block_alignment="left")
 
 
-class Recorder(torch.nn.Module):
-    """Records the keyword arguments of every call."""
-
-    def __init__(self):
-        super().__init__()
-        self.weight = torch.nn.Parameter(torch.zeros(1))
-        self.config = "inner config"
-        self.calls = []
-
-    def forward(self, **kwargs):
-        self.calls.append(kwargs)
-        return kwargs
+# --- remote code --------------------------------------------------------------------------
 
 
-def test_convention_forward_translates_dloom_calls():
-    ids = torch.tensor([[4, 5, 6]])
-    padding = torch.tensor([[0, 1, 1]])
-    positions = torch.tensor([[0, 0, 1]])
-
-    llada = wrap_forward(Recorder(), LLADA)
-    assert llada.config == "inner config"
-    assert llada(ids, None, positions) == {"input_ids": ids, "attention_mask": None}
-    with pytest.raises(ModelError, match="ignores attention masks"):
-        llada(ids, padding, positions)
-
-    dream = wrap_forward(Recorder(), DREAM)
-    assert dream(ids, None, positions)["attention_mask"] == "full"
-    four_d = dream(ids, padding, positions)["attention_mask"]
-    assert four_d.dtype == torch.bool and four_d.shape == (1, 1, 3, 3)
-    assert torch.equal(four_d[0, 0], torch.tensor([[False, True, True]] * 3))
-    assert dream(ids, padding, positions)["position_ids"] is positions
-    additive = torch.where(four_d, 0.0, torch.finfo(torch.float32).min)
-    assert torch.equal(dream(ids, additive, positions)["attention_mask"], four_d)
-    assert "past_key_values" not in dream(ids, padding, positions)
-
-    sdar = wrap_forward(Recorder(), SDAR)
-    cached = sdar(ids, four_d, positions, past_key_values="cache", use_cache=True)
-    assert (cached["past_key_values"], cached["use_cache"], cached["store_kv"]) == ("cache", True, True)
-    assert "store_kv" not in sdar(ids, four_d, positions)
-
-
-# --- LLaDA: remote code, mask 126336, EOS/EOT, no shift, no padding, no cache ----------------
-
-
-@pytest.fixture(scope="module")
-def llada_dir(tmp_path_factory) -> Path:
-    return remote_checkpoint(tmp_path_factory.mktemp("ckpt") / "llada", "llada", LLADA_CONFIG)
-
-
-def test_remote_code_is_never_run_without_the_flag(llada_dir, monkeypatch):
+def test_unknown_remote_code_model_needs_the_flag(tmp_path, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("transformers was asked to load the checkpoint")
 
     monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", refuse)
-    with pytest.raises(ModelError, match=r"ships its own modelling code.*pass --trust-remote-code"):
-        load_model(llada_dir)
-
-
-def test_unknown_remote_code_model_needs_the_flag(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(
         {"model_type": "mystery", "auto_map": {"AutoModel": "modeling_mystery.Mystery"}}
     ))
-    with pytest.raises(ModelError, match=r"\(model_type 'mystery'\) ships its own modelling code"):
+    with pytest.raises(ModelError, match=r"\(model_type 'mystery'\) ships its own modelling code.*pass --trust-remote-code"):
         load_model(tmp_path)
 
 
-def test_llada_conventions(llada_dir):
-    adapter = load_model(llada_dir, trust_remote_code=True)
-    assert adapter.profile == "llada"
-    assert adapter.mask_token_id == 126336
-    assert adapter.eos_token_ids == (126081, 126348)
-    assert adapter.pad_token_id == 126081
-    assert adapter.shift_logits is False and adapter.attention == "bidirectional"
-    assert isinstance(adapter.model, ConventionForward)
-    assert type(adapter.model.inner).__name__ == "LLaDAModelLM"
+def test_llada2_is_refused_with_the_reason_before_loading(tmp_path, monkeypatch):
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", None)
+    (tmp_path / "config.json").write_text(json.dumps(LLADA2_CONFIG))
+    with pytest.raises(ModelError, match=r"is LLaDA2.0 .*BailingMoeV2.*no native transformers class"):
+        load_model(tmp_path, trust_remote_code=True)
 
 
-def test_llada_mask_id_precedence(tmp_path):
+# --- LLaDA: a bidirectional Llama, mask 126336, EOS/EOT, no shift, padding honoured --------
+
+
+@pytest.fixture(scope="module")
+def llada_dir() -> Path:
+    return FIXTURES / "llada" / "checkpoint"
+
+
+def test_llada_mask_id_precedence(tmp_path, llada_dir):
     """Explicit argument > config ``dloom`` section > config field > profile default."""
-    directory = remote_checkpoint(tmp_path / "llada-ids", "llada", {**LLADA_CONFIG, "mask_token_id": 7})
-    assert load_model(directory, trust_remote_code=True).mask_token_id == 7
-    config = json.loads((directory / "config.json").read_text())
+    directory = tmp_path / "llada-ids"
+    shutil.copytree(llada_dir, directory)
+    config = {**LLADA_CONFIG, "mask_token_id": 7}
+    (directory / "config.json").write_text(json.dumps(config))
+    assert load_model(directory).mask_token_id == 7
+    del config["mask_token_id"]
+    (directory / "config.json").write_text(json.dumps(config))
+    assert load_model(directory).mask_token_id == 126336
     config["dloom"] = {"mask_token_id": 9, "eos_token_ids": [5]}
     (directory / "config.json").write_text(json.dumps(config))
-    adapter = load_model(directory, trust_remote_code=True)
+    adapter = load_model(directory)
     assert (adapter.mask_token_id, adapter.eos_token_ids) == (9, (5,))
-    assert load_model(directory, trust_remote_code=True, mask_token_id=11).mask_token_id == 11
+    assert load_model(directory, mask_token_id=11).mask_token_id == 11
 
 
-def test_llada_decodes_end_to_end(llada_dir):
-    adapter = load_model(llada_dir, trust_remote_code=True)
-    decoder = DiffusionDecoder(adapter, "threshold", gen_length=8, block_length=4, steps=8)
-    prompts = [[100, 200, 300], [400, 500, 600]]
-    result = decoder.generate(prompts)
-    assert result.generated.shape == (2, 8)
-    finished = result.generated[:, : int(result.generated_lengths.min())]
-    assert not (finished == 126336).any()
-    alone = decoder.generate(prompts[1:])
-    assert torch.equal(alone.generated[0], result.generated[1])
+@pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
+def test_llada_padded_batch_equals_each_prompt_alone(llada_dir, cache):
+    """The native forward honours the padding mask, so LLaDA batches prompts of different
+    lengths (its released forward ignored the mask; dloom refused such batches)."""
+    adapter = load_model(llada_dir)
+    decoder = DiffusionDecoder(adapter, "threshold", gen_length=8, block_length=4, cache=cache)
+    prompts = [[100, 200, 300], [400], [500, 600]]
+    batch = decoder.generate(prompts)
+    for row, prompt in enumerate(prompts):
+        assert torch.equal(decoder.generate([prompt]).generated[0], batch.generated[row])
 
 
-def test_llada_refuses_a_padded_batch_and_a_kv_cache(llada_dir):
-    adapter = load_model(llada_dir, trust_remote_code=True)
-    decoder = DiffusionDecoder(adapter, gen_length=4, block_length=4)
-    with pytest.raises(ModelError, match="ignores attention masks.*equal token length.*--batch-size 1"):
-        decoder.generate([[100, 200, 300], [400]])
-    with pytest.raises(ModelError, match="cache 'prefix' needs a model whose forward takes a transformers cache"):
-        DiffusionDecoder(adapter, gen_length=4, cache="prefix")
-
-
-def test_cli_generate_from_the_checkpoint_alone(llada_dir, tmp_path):
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text('{"input_ids": [100, 200, 300]}\n{"input_ids": [400]}\n')
-    args = ["generate", "--model", str(llada_dir), "--prompts", str(prompts), "--gen-length", "4",
-            "--block-length", "4", "--json"]
-    refused = CliRunner().invoke(app, args)
-    assert refused.exit_code == 2 and "--trust-remote-code" in refused.output
-    result = CliRunner().invoke(app, args + ["--trust-remote-code"])
-    assert result.exit_code == 0, result.output
-    rows = [json.loads(line) for line in result.stdout.splitlines()]
-    assert len(rows) == 2 and "decoding one prompt at a time" in result.stderr
-    assert rows[0]["config"]["model"] == str(llada_dir) and len(rows[0]["tokens"]) <= 4
-    assert load_model(llada_dir, trust_remote_code=True).can_pad is False
-
-
-# --- Dream: Qwen2-based, logits shifted by one, mask 151666, 4-D masks --------------------
+# --- Dream: Qwen2-based, logits shifted by one, mask 151666 --------------------------------
 
 DREAM_MASK = 151666
-MASK_SLOT = 15  # the hidden dimension carrying the mask token in the echo stand-in
-FROM_MASK = 7  # what the echo stand-in predicts after a mask
+MASK_SLOT = 15  # the hidden dimension carrying the mask token in the echo checkpoint
+FROM_MASK = 7  # what the echo checkpoint predicts after a mask
 
 
 def echo_next(model) -> None:
@@ -336,36 +287,31 @@ def echo_next(model) -> None:
 
 @pytest.fixture(scope="module")
 def dream_echo_dir(tmp_path_factory) -> Path:
-    return remote_checkpoint(tmp_path_factory.mktemp("ckpt") / "dream_echo", "dream", DREAM_CONFIG, setup=echo_next)
-
-
-@pytest.fixture(scope="module")
-def dream_dir(tmp_path_factory) -> Path:
-    return remote_checkpoint(tmp_path_factory.mktemp("ckpt") / "dream", "dream", DREAM_CONFIG, seed=3)
+    return family_checkpoint(tmp_path_factory.mktemp("ckpt") / "dream_echo", "dream", DREAM_CONFIG, setup=echo_next)
 
 
 def test_dream_conventions(dream_echo_dir):
-    adapter = load_model(dream_echo_dir, trust_remote_code=True)
+    adapter = load_model(dream_echo_dir)
     assert adapter.profile == "dream"
+    assert type(adapter.model).__name__ == "Qwen2ForCausalLM"
     assert adapter.mask_token_id == DREAM_MASK
     assert 151643 in adapter.eos_token_ids and adapter.pad_token_id == 151643
     assert adapter.shift_logits is True and adapter.attention == "bidirectional"
-    assert isinstance(adapter.model, CachedConventionForward) and adapter.can_pad
 
 
 @pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
 def test_dream_shift_is_observable(dream_echo_dir, cache):
-    adapter = load_model(dream_echo_dir, trust_remote_code=True)
+    adapter = load_model(dream_echo_dir)
     decoder = DiffusionDecoder(adapter, "quota", gen_length=8, block_length=4, cache=cache)
-    result = decoder.generate([[3, 4], [5]])  # left-padded: exercises the 4-D mask
+    result = decoder.generate([[3, 4], [5]])  # left-padded
     assert result.generated.tolist() == [list(range(5, 13)), list(range(6, 14))]
-    unshifted = load_model(dream_echo_dir, trust_remote_code=True, shift_logits=False)
+    unshifted = load_model(dream_echo_dir, shift_logits=False)
     wrong = DiffusionDecoder(unshifted, "quota", gen_length=8, block_length=4, cache=cache).generate([[3, 4]])
     assert wrong.generated.tolist() == [[FROM_MASK] * 8]
 
 
-def test_dream_padded_batch_equals_each_prompt_alone(dream_dir):
-    adapter = load_model(dream_dir, trust_remote_code=True, dtype="float64")
+def test_dream_padded_batch_equals_each_prompt_alone():
+    adapter = load_model(FIXTURES / "dream" / "checkpoint", dtype="float64")
     decoder = DiffusionDecoder(adapter, "quota", gen_length=8, block_length=4)
     prompts = [[30, 31, 32, 33], [40]]
     batch = decoder.generate(prompts)
@@ -373,55 +319,66 @@ def test_dream_padded_batch_equals_each_prompt_alone(dream_dir):
         assert torch.equal(decoder.generate([prompt]).generated[0], batch.generated[row])
 
 
-def test_dream_forward_takes_the_4d_mask_the_wrapper_builds(dream_dir):
-    adapter = load_model(dream_dir, trust_remote_code=True, dtype="float64")
-    ids = torch.tensor([[0, 30, 31], [40, 41, 42]])
-    padding = torch.tensor([[0, 1, 1], [1, 1, 1]])
-    with pytest.raises(ValueError, match="takes a \\(B, 1, Q, K\\) bool mask"):
-        adapter.model.inner(input_ids=ids, attention_mask=padding)
-    padded = adapter.logits(ids, padding)
-    alone = adapter.logits(ids[:1, 1:])
-    torch.testing.assert_close(padded[:1, 2], alone[:, 1], rtol=0, atol=1e-10)
-
-
-# --- SDAR: block-causal, block size 4, mask from the tokenizer, exact prefix cache ---------
+# --- SDAR: Qwen3, block-causal, block size from the config, mask from the tokenizer -------
 
 
 @pytest.fixture(scope="module")
 def sdar_dir(tmp_path_factory) -> Path:
-    directory = remote_checkpoint(tmp_path_factory.mktemp("ckpt") / "sdar", "sdar", SDAR_CONFIG, seed=1)
+    directory = family_checkpoint(tmp_path_factory.mktemp("ckpt") / "sdar", "sdar", SDAR_CONFIG, seed=1)
     word_tokenizer(directory, 64, mask="<|MASK|>")
     return directory
 
 
 def test_sdar_conventions(sdar_dir):
-    adapter = load_model(sdar_dir, trust_remote_code=True, dtype="float64")
-    assert adapter.profile == "sdar"
+    adapter = load_model(sdar_dir, dtype="float64")
+    assert adapter.profile == "sdar" and type(adapter.model).__name__ == "Qwen3ForCausalLM"
     assert adapter.tokenizer.mask_token_id is None  # found by the profile's token text
     assert adapter.mask_token_id == SDAR_MASK
     assert adapter.attention == "block-causal" and adapter.shift_logits is False
-    assert adapter.default_block_length == 4
+    assert (adapter.default_block_length, adapter.block_alignment) == (4, "absolute")
     assert DiffusionDecoder(adapter, gen_length=8).block_length == 4
     assert DiffusionDecoder(adapter, gen_length=8, block_length=8).block_length == 8
 
 
 def test_sdar_gets_the_block_causal_mask(sdar_dir):
-    adapter = load_model(sdar_dir, trust_remote_code=True, dtype="float64")
-    decoder = DiffusionDecoder(adapter, gen_length=8)
-    decoder.generate(["w10 w11 w12", "w20"])
-    seen = adapter.model.inner.attention_masks[0]  # the first forward: whole batch, no cache
+    adapter = load_model(sdar_dir, dtype="float64")
+    seen = []
+    adapter.model.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(kwargs["attention_mask"]), with_kwargs=True
+    )
+    DiffusionDecoder(adapter, gen_length=8).generate(["w10 w11 w12", "w20"])
     padding = torch.tensor([[1, 1, 1] + [1] * 8, [0, 0, 1] + [1] * 8])
-    assert torch.equal(seen, block_causal_mask(padding, 3, 4))
+    assert torch.equal(seen[0], block_causal_mask(padding, 3, 4))  # first forward: no cache
 
 
 @pytest.mark.parametrize("cache", ["prefix", "dual"])
 def test_sdar_kv_cache_is_exact(sdar_dir, cache):
-    adapter = load_model(sdar_dir, trust_remote_code=True, dtype="float64")
+    adapter = load_model(sdar_dir, dtype="float64")
     prompts = [[10, 11, 12], [20], [30, 31]]
     reference = DiffusionDecoder(adapter, "threshold", gen_length=12, tau=0.3).generate(prompts)
     cached = DiffusionDecoder(adapter, "threshold", gen_length=12, tau=0.3, cache=cache).generate(prompts)
     assert torch.equal(cached.generated, reference.generated)
     assert cached.forwards == reference.forwards
+
+
+# --- Fast-dLLM v2: Qwen2, block-causal, shifted, block size bd_size -------------------------
+
+
+def test_fast_dllm_v2_loads_natively_with_its_block_mask(tmp_path):
+    directory = family_checkpoint(tmp_path / "fast-dllm-v2", "fast-dllm-v2", FAST_DLLM_V2_CONFIG, seed=2)
+    adapter = load_model(directory)
+    assert type(adapter.model).__name__ == "Qwen2ForCausalLM"
+    assert (adapter.mask_token_id, adapter.eos_token_ids, adapter.shift_logits, adapter.attention) == (
+        151665, (151645,), True, "block-causal")
+    assert (adapter.default_block_length, adapter.block_alignment) == (32, "absolute")
+    # Its eval mask: query block >= key block, blocks of bd_size from position 0.
+    ids = torch.arange(100, 140)[None]
+    blocks = torch.arange(40) // 32
+    mask = (blocks[None, :] <= blocks[:, None])[None, None]
+    with torch.no_grad():
+        logits = adapter.model(input_ids=ids, attention_mask=mask).logits
+        first_block = adapter.model(input_ids=ids[:, :32], attention_mask=mask[..., :32, :32]).logits
+    torch.testing.assert_close(logits[:, :32], first_block, rtol=0, atol=1e-5)
 
 
 # --- DiffusionGemma: native in transformers 5, refused with the reason ---------------------
@@ -494,7 +451,7 @@ def test_causal_target_profile(qwen_dir):
     assert adapter.profile == "causal-lm"
     assert adapter.mask_token_id is None
     assert (adapter.attention, adapter.shift_logits) == ("causal", True)
-    assert adapter.model is not None and not isinstance(adapter.model, ConventionForward)
+    assert type(adapter.model).__name__ == "Qwen2ForCausalLM"
     ids = torch.tensor([[5, 6, 7, 8]])
     raw = adapter.model(input_ids=ids).logits
     torch.testing.assert_close(adapter.logits(ids)[:, 1:], raw[:, :-1])
@@ -567,42 +524,58 @@ def run_papers_module():
     return module
 
 
-def test_run_papers_plan_lists_pending_strategies(capsys):
+def test_run_papers_plan_includes_failfast(capsys):
     module = run_papers_module()
     assert module.main(["--plan", "--llada", "/l", "--dream", "/d", "--qwen", "/q"]) == 0
     runs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert len([r for r in runs if r["model"] == "llada" and "pending" not in r]) == 15
-    assert {r["strategy"] for r in runs if "pending" in r} == {"failfast", "failfast target"}
+    assert len([r for r in runs if r["model"] == "llada"]) == 15
+    assert [r for r in runs if r["strategy"] == "failfast"] == [
+        {"model": "qwen", "path": "/q", "drafter": "/d", "strategy": "failfast", "params": {}, "cache": "none"}
+    ]
+    assert not any("pending" in r for r in runs)
+    assert module.main(["--plan", "--qwen", "/q"]) == 0
+    alone = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert alone == [{"model": "qwen", "strategy": "failfast", "pending": module.FAILFAST_NEEDS}]
     assert module.final_number("so 3 + 4 = 7\n#### 1,234.") == "1234"
     assert module.main([]) == 2
 
 
-def test_run_papers_end_to_end_on_stand_ins(llada_dir, dream_echo_dir, qwen_dir, tmp_path):
-    llada, dream = tmp_path / "llada", tmp_path / "dream"
-    shutil.copytree(llada_dir, llada)
-    shutil.copytree(dream_echo_dir, dream)
-    for directory in (llada, dream):
-        word_tokenizer(directory, 64, chat=True)
+def test_run_papers_device_map_defaults_to_what_is_installed(monkeypatch):
+    import importlib.util
+
+    module = run_papers_module()
+    args = module.parse_args(["--llada", "/l"])
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert module.device_map_of(args) is None
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
+    assert module.device_map_of(args) == "auto"
+    assert module.device_map_of(module.parse_args(["--device-map", "none"])) is None
+
+
+def test_run_papers_end_to_end_on_real_format_checkpoints(tmp_path):
+    directories = {}
+    for family in ("llada", "dream"):
+        directories[family] = tmp_path / family
+        shutil.copytree(FIXTURES / family / "checkpoint", directories[family])
+        word_tokenizer(directories[family], 64, chat=True)
     problems = tmp_path / "gsm.jsonl"
     problems.write_text("".join(
         json.dumps({"question": f"w{10 + i} w{20 + i}", "answer": f"w6 #### {i}"}) + "\n" for i in range(3)
     ))
     out = tmp_path / "report.json"
-    args = ["--llada", llada, "--dream", dream, "--qwen", qwen_dir, "--prompts", problems,
-            "--fewshot", "1", "--gen-length", "8", "--block-length", "4", "--batch-size", "2",
-            "--dtype", "float32", "--device-map", "none", "--device", "cpu", "--out", out]
+    args = ["--llada", directories["llada"], "--dream", directories["dream"], "--prompts", problems, "--fewshot", "1", "--gen-length", "8", "--block-length", "4",
+            "--batch-size", "2", "--dtype", "float32", "--device-map", "none", "--device", "cpu", "--out", out]
     assert run_papers_module().main([str(a) for a in args]) == 0
     runs = json.loads(out.read_text())["runs"]
     ran = {(r["model"], r["strategy"], r["cache"]): r for r in runs if "accuracy" in r}
     strategies = ("quota", "threshold", "frechet", "spiffy", "spiffy+threshold")
-    assert set(ran) == {(m, s, c) for m in ("llada", "dream") for s in strategies
-                        for c in (("none",) if m == "llada" else ("none", "prefix", "dual"))}
+    expected = {(m, s, c) for m in ("llada", "dream") for s in strategies for c in ("none", "prefix", "dual")}
+    assert set(ran) == expected
     assert all(r["n"] == 2 and r["nfe_mean"] > 0 for r in ran.values())
-    skipped = [r for r in runs if "skipped" in r]
-    assert len(skipped) == 10 and all(r["model"] == "llada" for r in skipped), skipped
-    assert {r["strategy"] for r in runs if "pending" in r} == {"failfast", "failfast target"}
-    target = next(r for r in runs if r["model"] == "qwen")
-    assert target["loaded"] == {"profile": "causal-lm", "attention": "causal", "dtype": "torch.float32"}
+    assert not any("skipped" in r or "failed" in r for r in runs)
+    assert [r for r in runs if "pending" in r] == [
+        {"model": "qwen", "strategy": "failfast", "pending": run_papers_module().FAILFAST_NEEDS}
+    ]
 
 
 def test_cli_device_map_reaches_load_model(tiny_model_dir, monkeypatch):

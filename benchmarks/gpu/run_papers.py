@@ -8,10 +8,11 @@ second (TPS), wall time and peak GPU memory for each configuration:
 - ``quota``: one token per step (the LLaDA baseline every speed-up is measured against);
 - ``threshold`` with ``tau=0.9`` (Fast-dLLM's parallel decoding);
 - ``frechet`` with ``delta=0`` (the Fréchet certificate);
-- each with the KV cache modes the checkpoint's own code supports (``none``; ``prefix`` and
-  ``dual`` where the forward takes a cache: not LLaDA's released code);
-- Spiffy and FailFast (with the Qwen2.5 target) run only once a plugin registers them;
-  until then they are listed as pending, with no numbers.
+- each with every KV cache mode (``none``, ``prefix``, ``dual``): the checkpoints load onto
+  ``transformers``' own classes, whose forwards take a cache;
+- Spiffy (uncalibrated default graph) alone and over threshold;
+- FailFast: the Qwen2.5 target verifying Dream's drafts (they share a tokenizer), when both
+  ``--qwen`` and ``--dream`` are given.
 
 Nothing is downloaded: every path is a local checkpoint directory. See
 ``benchmarks/gpu/README.md`` for the setup and what the numbers can and cannot be compared
@@ -42,10 +43,8 @@ STRATEGIES: list[tuple[str, dict[str, float]]] = [
     ("spiffy", {}),
     ("spiffy+threshold", {"tau": 0.9}),
 ]
-#: Strategies of the papers that dloom does not implement yet: run only once registered.
-PENDING = {
-    "failfast": "FailFast (dLLM drafts, AR target verifies); needs a plugin registering 'failfast'",
-}
+#: Why FailFast is not run when a model it needs is missing.
+FAILFAST_NEEDS = "FailFast needs the Qwen2.5 target (--qwen) and the Dream drafter (--dream)"
 CACHES = ("none", "prefix", "dual")
 
 #: GSM8K-style example problems (written for this script), used when no --prompts file is given.
@@ -78,7 +77,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=1, help="prompts per batch (LLaDA's released code cannot pad: always 1 there)")
     parser.add_argument("--caches", default=",".join(CACHES), help="comma-separated cache modes to try")
     parser.add_argument("--dtype", default="bfloat16", help="bfloat16, float16 or float32")
-    parser.add_argument("--device-map", default="auto", help="from_pretrained device_map ('none' to use --device)")
+    parser.add_argument(
+        "--device-map", default=None,
+        help="from_pretrained device_map ('auto' needs accelerate; 'none' to use --device); "
+        "default: 'auto' when accelerate is installed, else 'none'",
+    )
     parser.add_argument("--device", default="cuda", help="device when --device-map none")
     parser.add_argument("--no-chat", action="store_true", help="do not apply the tokenizer's chat template")
     parser.add_argument("--out", type=Path, help="write the JSON report here")
@@ -125,35 +128,50 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
         for strategy, params in STRATEGIES:
             for cache in caches:
                 runs.append({"model": family, "path": str(path), "strategy": strategy, "params": params, "cache": cache})
-        for name, reason in PENDING.items():
-            runs.append({"model": family, "path": str(path), "strategy": name, "pending": reason})
-    if args.qwen is not None:
-        runs.append({"model": "qwen", "path": str(args.qwen), "strategy": "failfast target", "pending": PENDING["failfast"]})
+    if args.qwen is not None and args.dream is not None:
+        runs.append({"model": "qwen", "path": str(args.qwen), "drafter": str(args.dream),
+                     "strategy": "failfast", "params": {}, "cache": "none"})
+    elif args.qwen is not None or args.dream is not None:
+        runs.append({"model": "qwen", "strategy": "failfast", "pending": FAILFAST_NEEDS})
     return runs
+
+
+def device_map_of(args: argparse.Namespace) -> str | None:
+    """The ``device_map`` to load with: ``--device-map``, else ``"auto"`` when accelerate
+    is installed, else ``None`` (one device, ``--device``)."""
+    import importlib.util
+
+    if args.device_map is None:
+        return "auto" if importlib.util.find_spec("accelerate") is not None else None
+    return None if args.device_map == "none" else args.device_map
 
 
 def load(path: Path, args: argparse.Namespace, **kwargs):
     from dloom import load_model
 
-    device_map = None if args.device_map == "none" else args.device_map
-    return load_model(path, trust_remote_code=True, dtype=args.dtype, device_map=device_map, device=args.device, **kwargs)
+    return load_model(path, dtype=args.dtype, device_map=device_map_of(args), device=args.device, **kwargs)
 
 
-def run_one(adapter, run: dict[str, Any], prompts: list[str], problems, args) -> dict[str, Any]:
-    """Decode every prompt with one configuration; accuracy and speed over all of them."""
+def run_one(adapter, run: dict[str, Any], prompts: list[str], problems, args, drafter=None) -> dict[str, Any]:
+    """Decode every prompt with one configuration; accuracy and speed over all of them.
+    With a ``drafter``, ``adapter`` is FailFast's AR target."""
     import torch
 
     from dloom import DiffusionDecoder
     from dloom.errors import DloomError
+    from dloom.failfast import FailFastDecoder
 
     try:
-        decoder = DiffusionDecoder(
-            adapter, run["strategy"], params=run["params"], gen_length=args.gen_length,
-            block_length=args.block_length, cache=run["cache"],
-        )
+        if drafter is not None:
+            decoder = FailFastDecoder(adapter, drafter, run["strategy"], params=run["params"], max_new_tokens=args.gen_length)
+        else:
+            decoder = DiffusionDecoder(
+                adapter, run["strategy"], params=run["params"], gen_length=args.gen_length,
+                block_length=args.block_length, cache=run["cache"],
+            )
     except DloomError as error:
         return {**run, "skipped": str(error)}
-    batch = 1 if adapter.profile == "llada" else args.batch_size
+    batch = args.batch_size
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     correct = nfe = generated = 0
@@ -205,25 +223,28 @@ def main(argv: list[str] | None = None) -> int:
     }
     adapters: dict[str, Any] = {}
     for run in runs:
-        if run["model"] == "qwen":  # check the target loads; FailFast itself is pending
-            adapter = load(Path(run["path"]), args, require_mask=False)
-            loaded = {"profile": adapter.profile, "attention": adapter.attention, "dtype": str(adapter.dtype)}
-            report["runs"].append({**run, "loaded": loaded})
-            print(f"qwen   loaded as {loaded}; pending: {run['pending']}", file=sys.stderr)
-            del adapter
-            continue
         if "pending" in run:
             print(f"{run['model']:6s} {run['strategy']:16s} pending: {run['pending']}", file=sys.stderr)
             report["runs"].append(run)
             continue
-        if run["model"] not in adapters:
-            adapters.clear()  # one 7-8B model on the GPU at a time
+        drafter = None
+        if run["strategy"] == "failfast":  # the target and its drafter together
+            adapters.clear()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-            adapters[run["model"]] = load(Path(run["path"]), args)
-        adapter = adapters[run["model"]]
+            adapter = load(Path(run["path"]), args, require_mask=False)
+            drafter = load(Path(run["drafter"]), args)
+            run = {**run, "loaded": {"profile": adapter.profile, "attention": adapter.attention, "dtype": str(adapter.dtype)}}
+        else:
+            if run["model"] not in adapters:
+                adapters.clear()  # one 7-8B model on the GPU at a time
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                adapters[run["model"]] = load(Path(run["path"]), args)
+            adapter = adapters[run["model"]]
         texts = prompt_texts if args.no_chat else adapter.chat_prompts(prompt_texts)
-        record = run_one(adapter, {k: v for k, v in run.items() if k != "pending"}, texts, problems, args)
+        record = run_one(adapter, run, texts, problems, args, drafter=drafter)
+        del drafter
         report["runs"].append(record)
         if "skipped" in record or "failed" in record:
             why = record.get("skipped") or record["failed"]
