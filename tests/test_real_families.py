@@ -26,6 +26,7 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from dloom import DiffusionDecoder, load_model
+from dloom.attention import block_causal_mask
 from dloom.cli import app
 from dloom.errors import ModelError
 from dloom.kernel import propose
@@ -333,6 +334,81 @@ def test_qwen2_greedy_tokens_from_the_adapter_logits(run):
         token = target.logits(torch.cat([ids, placeholder], dim=1))[:, -1].argmax(-1, keepdim=True)
         ids = torch.cat([ids, token], dim=1)
     assert ids[0, len(run["prompt"]):].tolist() == run["generated"]
+
+
+def sdar_block_decode(prompt: list[int], settings: dict, layout: str = "absolute") -> tuple[list[int], int]:
+    """SDAR generate.py's decode loop, driven by the natively loaded model.
+
+    ``layout="absolute"`` is generate.py's: blocks of ``K`` from position 0 over
+    ``ceil((P + G) / K) * K`` positions, the prompt's full blocks prefilled by one forward,
+    the first decoded block holding the prompt's tail. ``"prompt"`` is dloom's current
+    layout (:func:`dloom.attention.block_causal_mask`): the whole prompt is one block and
+    ``G / K`` blocks start at ``P``. Each decoded block runs up to ``denoising_steps`` steps
+    with ``K / steps`` tokens per step (by step index, not by the block's mask count),
+    committing every masked position with confidence above the threshold when there are at
+    least that many, else the top ones, then one more forward (SDAR's cache store);
+    decoding stops after the first block that holds a stop id.
+
+    The absolute layout is what dloom's decoder must reproduce for
+    ``block_alignment="absolute"``; here it pins that the native model gives SDAR's tokens
+    and forward counts under it.
+
+    :return: the positions after the prompt and the number of forwards.
+    """
+    model, mask_id = adapter("sdar").model, adapter("sdar").mask_token_id
+    k, steps, threshold = settings["block_length"], settings["denoising_steps"], settings["confidence_threshold"]
+    p = len(prompt)
+    if layout == "absolute":
+        length = -(-(p + settings["gen_length"]) // k) * k
+        mask, starts = sdar_mask(length, k), range(p // k * k, length, k)
+        forwards = int(p >= k)
+    else:
+        length = p + settings["gen_length"]
+        mask, starts = block_causal_mask(torch.ones(1, length), p, k), range(p, length, k)
+        forwards = 1
+    x = torch.full((1, length), mask_id)
+    x[0, :p] = torch.tensor(prompt)
+    positions = torch.arange(length)[None]
+    quota = [k // steps + (i < k % steps) for i in range(steps)]
+    for start in starts:
+        end = start + k
+        for step in range(steps + 1):
+            forwards += 1
+            masked = x[0, start:end] == mask_id
+            if not masked.any():
+                break
+            with torch.no_grad():
+                logits = model(input_ids=x[:, :end], attention_mask=mask[..., :end, :end],
+                               position_ids=positions[:, :end]).logits[0, start:end].double()
+            candidates = logits.argmax(-1)
+            greedy_sample = settings["top_k"] == 1  # top-1 sampling: probability 1 everywhere
+            confidence = torch.ones(k, dtype=torch.float64) if greedy_sample else (
+                torch.softmax(logits, -1).gather(-1, candidates[:, None])[:, 0])
+            confidence = torch.where(masked, confidence, -torch.inf)
+            commit = confidence > threshold
+            if commit.sum() < quota[step]:
+                commit = torch.zeros(k, dtype=torch.bool)
+                commit[confidence.topk(quota[step]).indices] = True
+            x[0, start:end] = torch.where(commit, candidates, x[0, start:end])
+        if any((x[0, p:] == stop).any() for stop in settings["stopping_criteria_idx"]):
+            break
+    return x[0, p:].tolist(), forwards
+
+
+@pytest.mark.parametrize("run", reference("sdar")["decoding"], ids=lambda r: r["name"])
+def test_native_sdar_reproduces_generate_py_under_its_block_layout(run):
+    tokens, forwards = sdar_block_decode(run["prompt"], run["settings"])
+    assert (tokens, forwards) == (run["generated"], run["forwards"])
+
+
+@pytest.mark.parametrize("index", [0, 1], ids=["top-k 1", "temperature 0"])
+def test_sdar_decodes_depend_on_the_absolute_block_layout(index):
+    """Negative control: with the prompt as its own block (dloom's current layout) the same
+    loop does not give SDAR's tokens for the 6-token prompt, whose last block is partial."""
+    run = reference("sdar")["decoding"][index]
+    assert len(run["prompt"]) % run["settings"]["block_length"]
+    tokens, _ = sdar_block_decode(run["prompt"], run["settings"], layout="prompt")
+    assert tokens != run["generated"][: len(tokens)]
 
 
 def test_confidences_are_the_reference_probabilities_renormalised_without_the_mask():
