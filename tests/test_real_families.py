@@ -451,3 +451,18 @@ def test_cli_generates_text_with_sdars_chat_template():
     assert result.exit_code == 0, result.output
     row = json.loads(result.stdout.splitlines()[-1])
     assert row["config"]["block_length"] == 4 and isinstance(row["text"], str)
+
+
+def test_cli_failfast_with_the_qwen2_target_gives_its_greedy_decode(tmp_path):
+    """`dloom generate --strategy failfast` with the Qwen2.5 checkpoint as target and Dream's
+    as drafter (same vocabulary) is lossless: transformers' greedy tokens."""
+    run = next(r for r in reference("qwen2")["decoding"] if r["name"] == "greedy_p0")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"input_ids": run["prompt"]}) + "\n")
+    result = CliRunner().invoke(app, [
+        "generate", "--strategy", "failfast", "--target", str(checkpoint("qwen2")),
+        "--drafter", str(checkpoint("dream")), "--prompts", str(prompts),
+        "--gen-length", str(run["settings"]["max_new_tokens"]), "--json",
+    ])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout.splitlines()[-1])["tokens"] == run["generated"]
