@@ -7,9 +7,9 @@ mapping, :mod:`dloom.checkpoints`), in bfloat16, one at a time, and records to J
 - ``forward_ms``: one forward's time versus extra draft rows (batch 1..16) and extra draft
   columns (0..4 blocks appended): Spiffy's cost curve;
 - ``decode``: for quota, threshold, Fréchet and Spiffy with each cache mode, forwards,
-  wall time over forward time (the engine's overhead per forward, ``sync_timing=True``) and
-  host synchronisations per generation (``torch.cuda.set_sync_debug_mode("warn")``
-  warnings);
+  wall time over forward time (the engine's overhead per forward, timed with
+  ``sync_timing=True``) and host synchronisations per generation (a second, untimed
+  generation under ``torch.cuda.set_sync_debug_mode("warn")``, its warnings counted);
 - ``peak_bytes``: peak GPU memory of each model's section;
 - ``cuda_graph``: whether one uncached forward can be captured in a CUDA graph (and the
   error when not).
@@ -174,21 +174,21 @@ def forward_costs(adapter, args) -> list[dict[str, Any]]:
     return points
 
 
-def count_syncs(run) -> tuple[Any, int | None]:
-    """``run()``'s result and the host synchronisations CUDA reported during it (``None``
-    off CUDA, where they cannot be observed)."""
+def count_syncs(run, device) -> int | None:
+    """The host synchronisations CUDA reports while ``run()`` runs (``None`` off CUDA, where
+    they cannot be observed; ``run`` is then not called)."""
     import torch
 
-    if not torch.cuda.is_available():
-        return run(), None
+    if device.type != "cuda":
+        return None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            result = run()
+            run()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    return result, sum("synchroniz" in str(w.message) for w in caught)
+    return sum("synchroniz" in str(w.message) for w in caught)
 
 
 def decode_costs(adapter, args, deadline: float) -> list[dict[str, Any]]:
@@ -209,13 +209,18 @@ def decode_costs(adapter, args, deadline: float) -> list[dict[str, Any]]:
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", UserWarning)  # uncalibrated Spiffy graph
-                    decoder = DiffusionDecoder(
-                        adapter, strategy, params=params, gen_length=args.gen_length,
-                        block_length=args.block_length, cache=cache, sync_timing=True,
+                    timed, plain = (
+                        DiffusionDecoder(
+                            adapter, strategy, params=params, gen_length=args.gen_length,
+                            block_length=args.block_length, cache=cache, sync_timing=timing,
+                        )
+                        for timing in (True, False)
                     )
                 if not args.smoke:
-                    decoder.generate(prompts[:1])  # warm-up
-                result, syncs = count_syncs(lambda: decoder.generate(prompts))
+                    timed.generate(prompts[:1])  # warm-up
+                result = timed.generate(prompts)
+                # counted without sync_timing, whose own synchronisations would be counted too
+                syncs = count_syncs(lambda: plain.generate(prompts), adapter.device)
             except DloomError as error:
                 records.append({**record, "skipped": str(error)})
                 continue
