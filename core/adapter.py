@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import torch
 
 from dloom.errors import ModelError
+from dloom.model_files import check_model_files
 from dloom.profiles import ModelProfile, config_dict, detect_profile, needs_remote_code, wrap_forward
 
 ATTENTION_KINDS = ("bidirectional", "block-causal", "causal")
@@ -264,6 +265,7 @@ def load_model(
         checkpoint with its own code without ``trust_remote_code``, or a family dloom cannot
         decode (DiffusionGemma).
     """
+    check_model_files(name_or_path, device=device, device_map=device_map)
     import transformers
 
     transformers.utils.logging.disable_progress_bar()
