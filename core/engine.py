@@ -34,7 +34,7 @@ from dloom.composition import StrategySpec, build_plugin_manager, compose
 from dloom.errors import ConfigurationError, HookContractError, ModelError, NonFiniteLogitsError
 from dloom.kernel import REMASKING
 from dloom.metrics import GenerationResult, HookTimer
-from dloom.prompt_validation import check_lengths, check_prompts, check_special_ids
+from dloom.prompt_validation import check_lengths, check_prompts, check_special_ids, vocabulary_size
 from dloom.registry import Registry
 from dloom.speculation import KernelStep, layout_is_exact, node_logits, selectable_positions
 from dloom.types import DecodeState
@@ -143,6 +143,7 @@ class DiffusionDecoder:
         self.draft_budget = draft_budget
         self._validate()
         self.composition = compose(strategy, {**(params or {}), **strategy_params}, registry)
+        self.guarantees = self.composition.guarantees_under(self.temperature, self.remasking)
         for component in self.composition.components:
             claim = component.strategy.claim if component.strategy is not None else None
             if claim is not None and claim.against == "target":
@@ -217,6 +218,7 @@ class DiffusionDecoder:
             "attention": self.model.attention,
             "shift_logits": self.model.shift_logits,
             "takes_attention_mask": self.model.can_pad,
+            "vocab_size": vocabulary_size(self.model),
         }
 
     @property
@@ -235,6 +237,7 @@ class DiffusionDecoder:
             "cache": self.cache,
             "cache_refresh": self.cache_refresh,
             "draft_budget": self.draft_budget,
+            "guarantees": self.guarantees,
             "dtype": str(self.model.dtype).removeprefix("torch."),
             "device": str(self.model.device),
         }

@@ -86,7 +86,7 @@ def _bad_characters(model: Any, text: str) -> list[str]:
 
 def _encode_text(model: Any, text: str, label: str) -> list[int]:
     if model.tokenizer is None:
-        raise ModelError(f"{label} is text, but model {model.name!r} has no tokenizer; pass token ids")
+        raise ModelError(f"{label} is text, but model {model.name!r} has no tokenizer; pass token ids instead of text")
     try:
         return model.encode([text])[0]
     except Exception as error:  # noqa: BLE001 - a tokenizer's failure, reported with the prompt
