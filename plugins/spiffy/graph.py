@@ -42,6 +42,9 @@ MAX_NODES = 256
 of them per row, and building the tensors of thousands costs gigabytes and minutes."""
 
 
+KIND_NAMES = {int: "an integer", float: "a number", str: "a string", dict: "an object"}
+
+
 def expect(bad: Any, what: str, value: Any, kind: type, low: float | None = None,
            high: float | None = None) -> Any:
     """``value`` if it is a ``kind`` (``float`` also takes an int; a bool is neither)
@@ -50,7 +53,7 @@ def expect(bad: Any, what: str, value: Any, kind: type, low: float | None = None
     if isinstance(value, bool) or not isinstance(value, kinds) or (
         kind is float and not math.isfinite(value)
     ):
-        raise bad(f"{what} is {value!r}; expected {'a number' if kind is float else 'a ' + kind.__name__}")
+        raise bad(f"{what} is {value!r}; expected {KIND_NAMES.get(kind, kind.__name__)}")
     if (low is not None and value < low) or (high is not None and value > high):
         allowed = f">= {low}" if high is None else f"{low} .. {high}"
         raise bad(f"{what} is {value!r}; allowed: {allowed}")
