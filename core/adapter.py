@@ -265,7 +265,7 @@ def load_model(
         checkpoint with its own code without ``trust_remote_code``, or a family dloom cannot
         decode (DiffusionGemma).
     """
-    check_model_files(name_or_path, device=device, device_map=device_map)
+    check_model_files(name_or_path, device, device_map, trust_remote_code)
     import transformers
 
     transformers.utils.logging.disable_progress_bar()

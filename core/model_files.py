@@ -161,14 +161,19 @@ def check_weights(directory: Path) -> list[Path]:
 
 
 def check_model_files(
-    name_or_path: str | os.PathLike, device: str | torch.device = "cpu", device_map: Any = None
+    name_or_path: str | os.PathLike, device: str | torch.device = "cpu", device_map: Any = None,
+    trust_remote_code: bool = False,
 ) -> None:
     """Check the device (unless ``device_map`` places the model) and, for a directory, its
     ``config.json`` and weights. A name that is not a directory is left to the loader (a
-    zoo name, or its "no model directory" error).
+    zoo name, or its "no model directory" error), and so are the weights of a checkpoint
+    the loader refuses from its config alone (an unsupported family, or its own modelling
+    code without ``trust_remote_code``): that refusal says more.
 
     :raises ModelError: naming the file or device that cannot be used.
     """
+    from dloom.profiles import detect_profile, needs_remote_code
+
     if device_map is None:
         check_device(device)
     directory = Path(name_or_path).expanduser()
@@ -178,5 +183,8 @@ def check_model_files(
         if str(name_or_path) not in zoo.MODEL_NAMES:
             return
         directory = zoo.model_path(str(name_or_path))
-    check_config(directory)
+    config = check_config(directory)
+    profile = detect_profile(config)
+    if profile.unsupported or (needs_remote_code(config, profile) and not trust_remote_code):
+        return
     check_weights(directory)
