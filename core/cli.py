@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
-import warnings
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, List, Optional
 
@@ -118,10 +120,44 @@ def named_table(*columns: str, names: list[str], title: Optional[str] = None) ->
 
 
 def write_jsonl(records: list[dict[str, Any]]) -> None:
-    """Write records as JSON lines and flush, so what finished survives an interrupt."""
-    for record in records:
-        sys.stdout.write(json.dumps(record) + "\n")
+    """Write records as JSON lines in one write and flush, so what finished survives."""
+    sys.stdout.write("".join(json.dumps(record) + "\n" for record in records))
     sys.stdout.flush()
+
+
+@contextmanager
+def deferred_interrupt() -> Iterator[None]:
+    """Hold Ctrl-C until the enclosed block is done (then raise it): lines written and
+    counted together. Only the main thread can install a signal handler; elsewhere the block
+    runs as is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda number, frame: received.append(number))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if received:
+        raise KeyboardInterrupt
+
+
+class JsonlStream:
+    """The rows of ``--json``, written as their batch finishes and counted, so that after
+    Ctrl-C the rows finished but not yet written can be added (:meth:`catch_up`)."""
+
+    def __init__(self) -> None:
+        self.written = 0
+
+    def __call__(self, records: list[dict[str, Any]]) -> None:
+        with deferred_interrupt():
+            write_jsonl(records)
+            self.written += len(records)
+
+    def catch_up(self, records: list[dict[str, Any]]) -> None:
+        """Write ``records[written:]``: every finished row, each once."""
+        self(records[self.written :])
 
 
 def interrupted(done: int, total: int, kept: str) -> None:
@@ -252,6 +288,7 @@ def generate(
     """
     rows: list[dict[str, Any]] = []
     prompts: list[Any] = []
+    stream = JsonlStream()
     try:
         if prompts_file is not None and prompt:
             raise ConfigurationError("give prompts as arguments or with --prompts, not both")
@@ -286,10 +323,12 @@ def generate(
                 finished = [result.row(i) for i in range(len(chunk))]
                 rows.extend(finished)
                 if as_json:
-                    write_jsonl(finished)
+                    stream(finished)
                 bar.advance(task, len(chunk))
     except KeyboardInterrupt:
-        if not as_json:
+        if as_json:
+            stream.catch_up(rows)
+        else:
             print_rows(rows)
         interrupted(len(rows), len(prompts), "prompts decoded" + (" and written" if as_json else ""))
     except DloomError as error:
@@ -345,6 +384,7 @@ def eval_command(
     from dloom.evaluation import EvaluationInterrupted, evaluate, select_examples
 
     examples: list[Any] = []
+    stream = JsonlStream()
     try:
         examples = select_examples(tasks, n, seed)
         decoder = build_decoder(
@@ -354,8 +394,10 @@ def eval_command(
             target=target, drafter=drafter,
         )
         batch_size = plan_batches(decoder, [e.prompt for e in examples], batch_size, max_batch_tokens)
-        report = evaluate(decoder, examples, batch_size=batch_size, on_batch=write_jsonl if as_json else None)
+        report = evaluate(decoder, examples, batch_size=batch_size, on_batch=stream if as_json else None)
     except EvaluationInterrupted as stop:
+        if as_json:
+            stream.catch_up(stop.partial.outputs)
         print_report(stop.partial, as_json, outputs, None)
         interrupted(stop.partial.n, len(examples), "examples evaluated; the summary covers those")
     except KeyboardInterrupt:
@@ -565,10 +607,11 @@ def plugins(as_json: bool = typer.Option(False, "--json", help="Machine-readable
     if as_json:
         sys.stdout.write(json.dumps({"plugins": records, "failures": failures}, indent=2) + "\n")
         return
-    table = Table("plugin", "version", "hooks", "strategies")
-    for record in records:
+    labels = [r["name"] + ("" if r["builtin"] else " (third party)") for r in records]
+    table = named_table("plugin", "version", "hooks", "strategies", names=labels)
+    for label, record in zip(labels, records):
         table.add_row(
-            record["name"] + ("" if record["builtin"] else " (third party)"), record["version"],
+            label, record["version"],
             ", ".join(record["hooks"]), ", ".join(record["strategies"]),
         )
     console.print(table)

@@ -430,16 +430,18 @@ def test_generate_json_writes_one_row_per_prompt_as_batches_finish(tmp_path, mon
     assert [json.loads(line)["config"]["strategy"] for line in result.stdout.splitlines()] == ["quota"] * 3
 
 
-def test_eval_interrupted_by_sigint_keeps_the_finished_rows_and_a_summary():
+def test_eval_interrupted_by_sigint_keeps_the_finished_rows_and_a_summary(tmp_path):
     command = [sys.executable, "-c", "import sys; from dloom.cli import app; sys.argv[0] = 'dloom'; app()", "eval", "-n", "200", "--batch-size", "2", "--json",
                "--strategy", "quota"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    first = process.stdout.readline()  # the first batch has finished and was flushed
-    process.send_signal(signal.SIGINT)
-    rest, stderr = process.communicate(timeout=120)
-    lines = [first, *rest.splitlines()]
-    *rows, summary = [json.loads(line) for line in lines if line.strip()]
+    with open(tmp_path / "stderr", "w") as errors:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, text=True, env=env)
+        first = process.stdout.readline()  # the first batch has finished and was flushed
+        process.send_signal(signal.SIGINT)
+        rest = process.stdout.read()  # through the same buffer as readline
+        process.wait(timeout=120)
+    stderr = (tmp_path / "stderr").read_text()
+    *rows, summary = [json.loads(line) for line in [first, *rest.splitlines()] if line.strip()]
     assert process.returncode == 130, stderr
     assert "Traceback" not in stderr and "interrupted:" in stderr
     assert 2 <= len(rows) < 200 and all({"family", "prompt", "text", "correct"} <= set(r) for r in rows)
