@@ -102,6 +102,8 @@ def _encode_text(model: Any, text: str, label: str) -> list[int]:
 
 
 def _check_ids(ids: Any, label: str, size: int | None) -> list[int]:
+    if hasattr(ids, "tolist") and not isinstance(ids, (str, bytes)):  # a tensor or array row
+        ids = ids.tolist()
     if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
         raise ConfigurationError(
             f"{label} is {ids!r}; allowed: a text or a list of token ids "
@@ -170,6 +172,8 @@ def check_prompts(
         return prompts
     if isinstance(prompts, str):
         prompts = [prompts]
+    elif hasattr(prompts, "tolist"):  # a NumPy array of ids
+        prompts = prompts.tolist()
     if isinstance(prompts, (bytes, dict)) or not isinstance(prompts, Sequence):
         raise ConfigurationError(
             f"prompts are a {type(prompts).__name__}; allowed: a text, a list of texts, a list "

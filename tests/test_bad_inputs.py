@@ -420,6 +420,15 @@ def test_a_bare_string_is_one_prompt(toy_adapter):
     assert len(decoder.generate("copy ab").texts) == 1
 
 
+def test_tensor_and_array_rows_are_prompts_of_ids(toy_adapter):
+    import numpy as np
+
+    decoder = dloom.DiffusionDecoder(toy_adapter, "quota")
+    expected = decoder.generate([[5, 6]]).texts
+    assert decoder.generate([torch.tensor([5, 6])]).texts == expected
+    assert decoder.generate(np.array([[5, 6]])).texts == expected
+
+
 def test_generate_json_writes_one_row_per_prompt_as_batches_finish(tmp_path, monkeypatch):
     written: list[int] = []
     original = cli.write_jsonl
