@@ -21,6 +21,7 @@ import torch
 
 from dloom.errors import ModelError
 from dloom.checkpoints import native_config, native_layout
+from dloom.model_files import check_model_files
 from dloom.profiles import BLOCK_ALIGNMENTS, ModelProfile, config_dict, detect_profile, needs_remote_code
 
 ATTENTION_KINDS = ("bidirectional", "block-causal", "causal")
@@ -331,6 +332,7 @@ def load_model(
         with no native equivalent, or a family dloom cannot decode (DiffusionGemma,
         LLaDA2.0).
     """
+    check_model_files(name_or_path, device, device_map, trust_remote_code)
     import transformers
 
     transformers.utils.logging.disable_progress_bar()

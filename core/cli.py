@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, List, Optional
 
@@ -41,10 +45,23 @@ def parse_params(pairs: List[str]) -> dict[str, str]:
     return params
 
 
-def read_prompts(path: Path) -> list[str | list[int]]:
-    """Prompts from a JSONL file whose lines carry ``"prompt"`` (text) or ``"input_ids"``."""
-    prompts: list[str | list[int]] = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
+def read_prompt_records(path: Path) -> tuple[list[Any], list[str]]:
+    """Prompts from a JSONL file whose lines carry ``"prompt"`` (text) or ``"input_ids"``,
+    with each prompt's ``file:line`` (ids are kept as written; :func:`dloom.
+    prompt_validation.check_prompts` refuses floats, bools and ids outside the vocabulary).
+
+    :raises ConfigurationError: naming the line that is not UTF-8, not JSON or not a prompt.
+    """
+    prompts: list[Any] = []
+    sources: list[str] = []
+    for number, raw in enumerate(path.read_bytes().splitlines(), start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise ConfigurationError(
+                f"{path}:{number} is not UTF-8 text (byte {raw[error.start]:#04x} at column "
+                f"{error.start + 1}); save the file as UTF-8"
+            ) from None
         if not line.strip():
             continue
         try:
@@ -54,14 +71,20 @@ def read_prompts(path: Path) -> list[str | list[int]]:
         if isinstance(record, dict) and isinstance(record.get("prompt"), str):
             prompts.append(record["prompt"])
         elif isinstance(record, dict) and isinstance(record.get("input_ids"), list):
-            prompts.append([int(t) for t in record["input_ids"]])
+            prompts.append(record["input_ids"])
         else:
             raise ConfigurationError(
                 f"{path}:{number} needs a \"prompt\" string or an \"input_ids\" list"
             )
+        sources.append(f"{path}:{number}")
     if not prompts:
         raise ConfigurationError(f"{path} holds no prompts")
-    return prompts
+    return prompts, sources
+
+
+def read_prompts(path: Path) -> list[str | list[int]]:
+    """The prompts of :func:`read_prompt_records`, without their lines."""
+    return read_prompt_records(path)[0]
 
 
 def batches(items: list[Any], size: int) -> Iterator[list[Any]]:
@@ -69,11 +92,88 @@ def batches(items: list[Any], size: int) -> Iterator[list[Any]]:
         yield items[start : start + size]
 
 
-def _homogeneous(batch: list[Any]) -> bool:
-    return all(isinstance(p, str) for p in batch) or all(isinstance(p, list) for p in batch)
+def plan_batches(decoder: Any, prompts: list[Any], batch_size: int, max_batch_tokens: Optional[int],
+                 sources: Optional[list[str]] = None) -> int:
+    """Check every prompt against the decoder's model (before any decoding) and return the
+    batch size that fits ``max_batch_tokens`` or the memory budget, saying so when it is
+    smaller than ``batch_size``."""
+    from dloom.batching import plan_batch_size
+    from dloom.prompt_validation import check_prompts
+
+    rows = check_prompts(decoder.model, prompts, sources=sources)
+    generated = getattr(decoder, "gen_length", None) or decoder.max_new_tokens
+    length = max(len(r) for r in rows) + generated
+    plan = plan_batch_size(decoder.model, batch_size, length, max_batch_tokens)
+    if plan.note(length):
+        err_console.print(f"[yellow]note:[/] {escape(plan.note(length))}", highlight=False)
+    return plan.size
 
 
-ModelOption = typer.Option("toy-dllm", "--model", "-m", help="Toy-zoo name or local checkpoint directory.")
+def named_table(*columns: str, names: list[str], title: Optional[str] = None) -> Table:
+    """A table whose first column (strategy or task names) is never cut, even at 80 columns."""
+    table = Table(title=title)
+    width = max([len(columns[0]), *map(len, names)])
+    table.add_column(columns[0], no_wrap=True, min_width=width)
+    for column in columns[1:]:
+        table.add_column(column, overflow="fold")
+    return table
+
+
+def write_jsonl(records: list[dict[str, Any]]) -> None:
+    """Write records as JSON lines in one write and flush, so what finished survives."""
+    sys.stdout.write("".join(json.dumps(record) + "\n" for record in records))
+    sys.stdout.flush()
+
+
+@contextmanager
+def deferred_interrupt() -> Iterator[None]:
+    """Hold Ctrl-C until the enclosed block is done (then raise it): lines written and
+    counted together. Only the main thread can install a signal handler; elsewhere the block
+    runs as is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda number, frame: received.append(number))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if received:
+        raise KeyboardInterrupt
+
+
+class JsonlStream:
+    """The rows of ``--json``, written as their batch finishes and counted, so that after
+    Ctrl-C the rows finished but not yet written can be added (:meth:`catch_up`)."""
+
+    def __init__(self) -> None:
+        self.written = 0
+
+    def __call__(self, records: list[dict[str, Any]]) -> None:
+        with deferred_interrupt():
+            write_jsonl(records)
+            self.written += len(records)
+
+    def catch_up(self, records: list[dict[str, Any]]) -> None:
+        """Write ``records[written:]``: every finished row, each once."""
+        self(records[self.written :])
+
+
+def interrupted(done: int, total: int, kept: str) -> None:
+    """Report Ctrl-C with what was kept and exit with status 130."""
+    err_console.print(f"[yellow]interrupted:[/] {done} of {total} {kept}", highlight=False)
+    raise typer.Exit(code=130)
+
+
+DEFAULT_MODEL = "toy-dllm"
+ModelOption = typer.Option(
+    None, "--model", "-m", help=f"Toy-zoo name or local checkpoint directory (default {DEFAULT_MODEL})."
+)
+MaxBatchTokensOption = typer.Option(
+    None, "--max-batch-tokens", min=1,
+    help="Cap on prompts x (prompt + generated) tokens per batch (default: fit a 2 GiB budget).",
+)
 StrategyOption = typer.Option("quota", "--strategy", "-s", help="Strategy name(s), joined with '+'.")
 ParamOption = typer.Option([], "--param", "-p", help="Strategy parameter NAME=VALUE (repeatable).")
 GenLengthOption = typer.Option(None, help="Generated positions (default: the model's, else 128).")
@@ -105,7 +205,7 @@ def spiffy_params(graph: Optional[Path], budget: Optional[int], layout: Optional
 
 
 def build_decoder(
-    model: str, strategy: str, param: List[str], *, mask_token_id: Optional[int] = None,
+    model: Optional[str], strategy: str, param: List[str], *, mask_token_id: Optional[int] = None,
     trust_remote_code: bool = False, device: str = "cpu", dtype: str = "float32",
     device_map: Optional[str] = None, target: Optional[str] = None, drafter: Optional[str] = None,
     **settings: Any,
@@ -113,12 +213,19 @@ def build_decoder(
     """Load ``model`` and build a :class:`~dloom.DiffusionDecoder` (shared by the commands).
 
     ``settings`` go to the decoder: lengths, ``steps``, ``temperature``, ``remasking``,
-    ``seed``, ``cache`` and ``cache_refresh``.
+    ``seed``, ``cache`` and ``cache_refresh``. Options that would have no effect are
+    refused: ``--model`` with failfast (it takes ``--target`` and ``--drafter``), and
+    ``--steps`` with a commit rule that does not read the step budget.
     """
     from dloom import DiffusionDecoder, load_model
     from dloom.failfast import build_failfast_decoder, uses_failfast
 
     if uses_failfast(strategy):  # an AR target with a dLLM drafter, not a diffusion decoder
+        if model is not None:
+            raise ConfigurationError(
+                f"--model {model} does not apply to --strategy failfast: give the AR model with "
+                "--target and the dLLM drafter with --drafter"
+            )
         if settings.pop("cache_refresh", None) is not None:
             raise ConfigurationError("--cache-refresh applies to diffusion decoding, not to failfast")
         if device_map is not None:
@@ -131,10 +238,17 @@ def build_decoder(
     if target is not None or drafter is not None:
         raise ConfigurationError("--target and --drafter apply to --strategy failfast only")
     adapter = load_model(
-        model, mask_token_id=mask_token_id, trust_remote_code=trust_remote_code,
+        model or DEFAULT_MODEL, mask_token_id=mask_token_id, trust_remote_code=trust_remote_code,
         device=device, dtype=dtype, device_map=device_map,
     )
-    return DiffusionDecoder(adapter, strategy, params=parse_params(param), **settings)
+    decoder = DiffusionDecoder(adapter, strategy, params=parse_params(param), **settings)
+    if settings.get("steps") is not None and not decoder.composition.reads_step_budget():
+        rule = decoder.composition.provider("dloom_select_commit")
+        raise ConfigurationError(
+            f"--steps {settings['steps']} has no effect: commit rule {rule!r} does not read the "
+            "step budget (a quota rule does); drop --steps"
+        )
+    return decoder
 
 
 @app.command()
@@ -153,6 +267,7 @@ def generate(
     cache: str = CacheOption,
     cache_refresh: Optional[int] = CacheRefreshOption,
     batch_size: int = typer.Option(8, min=1, help="Prompts per forward batch."),
+    max_batch_tokens: Optional[int] = MaxBatchTokensOption,
     mask_token_id: Optional[int] = typer.Option(None, help="Override the model's mask token id."),
     trust_remote_code: bool = typer.Option(False, help="Allow the checkpoint's own modelling code."),
     chat: bool = typer.Option(False, "--chat", help="Wrap each text prompt in the tokenizer's chat template."),
@@ -166,11 +281,21 @@ def generate(
     budget: Optional[int] = BudgetOption,
     layout: Optional[str] = LayoutOption,
 ) -> None:
-    """Decode prompts with a strategy and print the texts and metrics."""
+    """Decode prompts with a strategy and print the texts and metrics.
+
+    With --json each prompt's row is written (and flushed) as soon as its batch finishes,
+    so Ctrl-C (exit status 130) or a late error keeps what was decoded.
+    """
+    rows: list[dict[str, Any]] = []
+    prompts: list[Any] = []
+    stream = JsonlStream()
     try:
         if prompts_file is not None and prompt:
             raise ConfigurationError("give prompts as arguments or with --prompts, not both")
-        prompts: list[Any] = read_prompts(prompts_file) if prompts_file else list(prompt or [])
+        if prompts_file is not None:
+            prompts, sources = read_prompt_records(prompts_file)
+        else:
+            prompts, sources = list(prompt or []), None
         if not prompts:
             raise ConfigurationError("no prompts: pass PROMPT arguments or --prompts FILE.jsonl")
         decoder = build_decoder(
@@ -184,27 +309,38 @@ def generate(
             if not all(isinstance(p, str) for p in prompts):
                 raise ConfigurationError("--chat applies to text prompts; input_ids are used as given")
             prompts = decoder.model.chat_prompts(prompts)
+        batch_size = plan_batches(decoder, prompts, batch_size, max_batch_tokens, sources)
         if batch_size > 1 and not decoder.model.can_pad:
             err_console.print(
                 f"[yellow]note:[/] {escape(decoder.model.name)} cannot take a padded batch; "
                 "decoding one prompt at a time", highlight=False,
             )
             batch_size = 1
-        rows = []
         with Progress(console=err_console, transient=True, disable=len(prompts) <= batch_size) as bar:
             task = bar.add_task("decoding", total=len(prompts))
             for chunk in batches(prompts, batch_size):
-                if not _homogeneous(chunk):
-                    raise ConfigurationError("a batch mixes text prompts and input_ids; use one kind")
                 result = decoder.generate(chunk)
-                rows.extend(result.row(i) for i in range(len(chunk)))
+                finished = [result.row(i) for i in range(len(chunk))]
+                rows.extend(finished)
+                if as_json:
+                    stream(finished)
                 bar.advance(task, len(chunk))
+    except KeyboardInterrupt:
+        if as_json:
+            stream.catch_up(rows)
+        else:
+            print_rows(rows)
+        interrupted(len(rows), len(prompts), "prompts decoded" + (" and written" if as_json else ""))
     except DloomError as error:
+        if rows and as_json:
+            err_console.print(f"{len(rows)} rows were written before the error", highlight=False)
         fail(error)
-    if as_json:
-        for row in rows:
-            sys.stdout.write(json.dumps(row) + "\n")
-        return
+    if not as_json:
+        print_rows(rows)
+
+
+def print_rows(rows: list[dict[str, Any]]) -> None:
+    """The table of ``dloom generate``."""
     table = Table("#", "text", "NFE", "TPF", "TPS")
     for index, row in enumerate(rows):
         text = row["text"] if row["text"] is not None else " ".join(map(str, row["tokens"]))
@@ -228,6 +364,7 @@ def eval_command(
     cache: str = CacheOption,
     cache_refresh: Optional[int] = CacheRefreshOption,
     batch_size: int = typer.Option(32, min=1, help="Prompts per forward batch."),
+    max_batch_tokens: Optional[int] = MaxBatchTokensOption,
     device: str = DeviceOption,
     dtype: str = DtypeOption,
     outputs: bool = typer.Option(False, help="Include every decoded output in the JSON."),
@@ -238,9 +375,16 @@ def eval_command(
     budget: Optional[int] = BudgetOption,
     layout: Optional[str] = LayoutOption,
 ) -> None:
-    """Accuracy per task family, NFE, TPF and TPS of a strategy on the held-out task suite."""
-    from dloom.evaluation import evaluate, select_examples
+    """Accuracy per task family, NFE, TPF and TPS of a strategy on the held-out task suite.
 
+    With --json: one JSON line per example as its batch finishes (flushed), then one summary
+    line (the report; "complete": false after Ctrl-C, which exits with status 130 and keeps
+    the examples that finished).
+    """
+    from dloom.evaluation import EvaluationInterrupted, evaluate, select_examples
+
+    examples: list[Any] = []
+    stream = JsonlStream()
     try:
         examples = select_examples(tasks, n, seed)
         decoder = build_decoder(
@@ -249,17 +393,33 @@ def eval_command(
             remasking=remasking, seed=seed, cache=cache, cache_refresh=cache_refresh,
             target=target, drafter=drafter,
         )
-        report = evaluate(decoder, examples, batch_size=batch_size)
+        batch_size = plan_batches(decoder, [e.prompt for e in examples], batch_size, max_batch_tokens)
+        report = evaluate(decoder, examples, batch_size=batch_size, on_batch=stream if as_json else None)
+    except EvaluationInterrupted as stop:
+        if as_json:
+            stream.catch_up(stop.partial.outputs)
+        print_report(stop.partial, as_json, outputs, None)
+        interrupted(stop.partial.n, len(examples), "examples evaluated; the summary covers those")
+    except KeyboardInterrupt:
+        interrupted(0, len(examples), "examples evaluated")
     except DloomError as error:
         fail(error)
-    speculation = decoder.totals() if hasattr(decoder, "totals") else None  # failfast's counts
+    print_report(report, as_json, outputs, decoder.totals() if hasattr(decoder, "totals") else None)
+
+
+def print_report(report: Any, as_json: bool, outputs: bool, speculation: Optional[dict[str, Any]]) -> None:
+    """The summary of ``dloom eval``: a JSON line, or the tables (``speculation``:
+    failfast's counts)."""
     if as_json:
         data = report.to_json(with_outputs=outputs)
         if speculation is not None:
             data["failfast"] = speculation
-        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+        write_jsonl([data])
         return
-    table = Table("task", "accuracy", "n", title=f"{report.config['strategy']} on {report.config['model']}")
+    title = f"{report.config['strategy']} on {report.config['model']}"
+    if not report.complete:
+        title += f" (interrupted: {report.n} examples finished)"
+    table = named_table("task", "accuracy", "n", names=list(report.per_task), title=title)
     for family, stats in report.per_task.items():
         table.add_row(family, f"{stats['accuracy']:.1%}", str(stats["n"]))
     table.add_row("all", f"{report.accuracy:.1%}", str(report.n), style="bold")
@@ -275,6 +435,23 @@ def eval_command(
             f"target forwards {speculation['target_forwards']}   drafter forwards "
             f"{speculation['drafter_forwards']}   accepted/round {speculation['accepted_per_round']:.2f}"
         )
+
+
+def check_output(path: Path, force: bool) -> None:
+    """Refuse an output path that cannot be written, before any work.
+
+    :raises ConfigurationError: for a directory, a missing or unwritable parent, or an
+        existing file without ``--force``.
+    """
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise ConfigurationError(f"-o {path} is a directory; allowed: a file path")
+    if not parent.is_dir():
+        raise ConfigurationError(f"-o {path}: directory {str(parent)!r} does not exist; create it first")
+    if path.exists() and not force:
+        raise ConfigurationError(f"-o {path} exists; pass --force to overwrite it")
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ConfigurationError(f"-o {path} is not writable")
 
 
 @app.command()
@@ -300,12 +477,21 @@ def calibrate(
     batch_size: int = typer.Option(16, min=1, help="Prompts per forward batch."),
     device: str = DeviceOption,
     dtype: str = DtypeOption,
+    force: bool = typer.Option(False, "--force", help="Overwrite --output if it exists."),
 ) -> None:
     """Record the base strategy's transitions and write a Spiffy draft graph of D nodes."""
     from dloom.evaluation import select_examples
+    from dloom.failfast import uses_failfast
     from dloom.plugins.spiffy.calibrate import calibrate as run_calibration
 
     try:
+        check_output(output, force)
+        if uses_failfast(strategy):
+            raise ConfigurationError(
+                f"calibrate records a diffusion commit rule's steps; {strategy!r} decodes an AR "
+                "target with a dLLM drafter and takes no draft graph: calibrate a commit rule, "
+                "e.g. --strategy quota or --strategy threshold"
+            )
         if prompts_file is not None:
             prompts, description = read_prompts(prompts_file), {"prompts_file": str(prompts_file)}
         else:
@@ -358,9 +544,15 @@ def demo(
         ]
         reports, rules = {}, {}
         for name in names:
-            decoder = build_decoder(model, name, [])
-            rules[name] = decoder.composition.provider("dloom_select_commit")
-            reports[name] = evaluate(decoder, examples, batch_size=batch_size)
+            try:
+                decoder = build_decoder(model, name, [])
+                rules[name] = decoder.composition.provider("dloom_select_commit")
+                reports[name] = evaluate(decoder, examples, batch_size=batch_size)
+            except DloomError as error:
+                if name == baseline:
+                    raise
+                err_console.print(f"[yellow]skipped[/] {escape(name)}: {escape(str(error))}", highlight=False)
+        reports = {k: v for k, v in reports.items() if rules.get(k) in reports}
     except DloomError as error:
         fail(error)
     base = reports[baseline]
@@ -379,11 +571,12 @@ def demo(
             "identical_to_commit_rule": identical(report, reports[rule]) if rule != name else None,
         })
     if as_json:
-        sys.stdout.write(json.dumps({"model": model, "baseline": baseline, "rows": rows}, indent=2) + "\n")
+        sys.stdout.write(json.dumps({"model": model or DEFAULT_MODEL, "baseline": baseline, "rows": rows}, indent=2) + "\n")
         return
-    table = Table(
+    table = named_table(
         "strategy", "accuracy", "NFE", "TPF", "TPS", "fewer NFE", "identical to baseline",
-        "identical to its rule", title=f"dloom demo: {n} held-out task prompts on {model} (baseline: {baseline}, one token per step)",
+        "identical to its rule", names=[row["strategy"] for row in rows],
+        title=f"dloom demo: {n} held-out task prompts on {model or DEFAULT_MODEL} (baseline: {baseline}, one token per step)",
     )
     for row in rows:
         table.add_row(
@@ -414,10 +607,11 @@ def plugins(as_json: bool = typer.Option(False, "--json", help="Machine-readable
     if as_json:
         sys.stdout.write(json.dumps({"plugins": records, "failures": failures}, indent=2) + "\n")
         return
-    table = Table("plugin", "version", "hooks", "strategies")
-    for record in records:
+    labels = [r["name"] + ("" if r["builtin"] else " (third party)") for r in records]
+    table = named_table("plugin", "version", "hooks", "strategies", names=labels)
+    for label, record in zip(labels, records):
         table.add_row(
-            record["name"] + ("" if record["builtin"] else " (third party)"), record["version"],
+            label, record["version"],
             ", ".join(record["hooks"]), ", ".join(record["strategies"]),
         )
     console.print(table)
@@ -454,7 +648,9 @@ def strategies(as_json: bool = typer.Option(False, "--json", help="Machine-reada
     if as_json:
         sys.stdout.write(json.dumps(records, indent=2) + "\n")
         return
-    table = Table("strategy", "plugin", "parameters", "claim", "guarantee")
+    table = named_table(
+        "strategy", "plugin", "parameters", "claim", "guarantee", names=[r["name"] for r in records]
+    )
     for record in records:
         params = ", ".join(f"{p['name']}={p['default']} {p['allowed']}" for p in record["parameters"])
         claim = Claim(**record["claim"]).describe(conditions=False) if record["claim"] else "-"
@@ -495,15 +691,24 @@ def check(
     Exit status: 0 the claim holds or there is nothing to test, 1 refuted (not lossless,
     unsound), 2 usage error, 3 inconclusive.
     """
+    import time
+
     from dloom.check import check_strategy
+    from dloom.check.progress import listen
+
+    started = time.perf_counter()
+
+    def show(stage: str) -> None:
+        err_console.print(f"[dim]{time.perf_counter() - started:6.1f}s[/] {escape(stage)}", highlight=False)
 
     try:
         prompts = read_prompts(prompts_file) if prompts_file else None
-        report = check_strategy(
-            strategy, against, params=parse_params(param), model=model, prompts=prompts,
-            temperature=temperature, samples=samples, seeds=seeds, alpha=alpha, epsilon=epsilon,
-            prompt_count=n, gen_length=gen_length, block_length=block_length,
-        )
+        with listen(show):
+            report = check_strategy(
+                strategy, against, params=parse_params(param), model=model, prompts=prompts,
+                temperature=temperature, samples=samples, seeds=seeds, alpha=alpha, epsilon=epsilon,
+                prompt_count=n, gen_length=gen_length, block_length=block_length,
+            )
     except DloomError as error:
         fail(error)
     if as_json:

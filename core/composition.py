@@ -9,12 +9,13 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence, Union
 
 import pluggy
+import torch
 
 from dloom import hookspecs
-from dloom.errors import CompositionError, ConfigurationError
+from dloom.errors import CompositionError, ConfigurationError, warn
 from dloom.hookspecs import PROJECT_NAME, hookimpl
 from dloom.registry import DECODING_HOOKS, Registry, Strategy, get_registry, hooks_implemented_by
-from dloom.types import DraftGraph
+from dloom.types import BlockSchedule, DraftGraph
 
 StrategySpec = Union[str, object, Sequence[Union[str, object]]]
 DEFAULTS_PLUGIN = "dloom.defaults"
@@ -61,6 +62,56 @@ class Composition:
     @property
     def guarantees(self) -> dict[str, str]:
         return {c.name: c.strategy.guarantee for c in self.components if c.strategy is not None}
+
+    def guarantees_under(self, temperature: float, remasking: str) -> dict[str, str]:
+        """What each component still promises at ``temperature`` and ``remasking``, warning
+        when a claim is dropped.
+
+        A ``bound`` claim certifies the committed tokens from their probabilities: it holds
+        only for greedy decoding (``temperature == 0``) with ``low_confidence`` remasking,
+        where the confidence is the committed token's probability. Under sampling or another
+        remasking the bound is not claimed; what still holds is recorded instead.
+        """
+        recorded = {}
+        for name, guarantee in self.guarantees.items():
+            claim = next(c.strategy.claim for c in self.components if c.name == name)
+            if claim is not None and claim.kind == "bound" and (temperature > 0 or remasking != "low_confidence"):
+                why = f"temperature {temperature:g}" if temperature > 0 else f"remasking {remasking!r}"
+                guarantee = (
+                    f"bound {claim.bound} not certified under {why} (it needs temperature 0 and "
+                    "low_confidence remasking); what holds: every committed token is one the "
+                    "kernel proposed, with no bound on the joint"
+                )
+                warn(f"strategy {name!r}: {guarantee}")
+            recorded[name] = guarantee
+        return recorded
+
+    def reads_step_budget(self) -> bool:
+        """Whether the commit rule reads the schedule's ``steps_per_block`` (a quota rule
+        does; a threshold rule ignores ``steps``). Found by calling it once on a one-row
+        block and watching the schedule; a rule that fails the probe counts as reading it."""
+        provider = self.provider("dloom_select_commit")
+        plugin = next(c.plugin for c in self.components if c.name == provider)
+        read: list[str] = []
+
+        class WatchedSchedule(BlockSchedule):
+            def __getattribute__(self, name: str) -> Any:
+                if name == "steps_per_block":
+                    read.append(name)
+                return super().__getattribute__(name)
+
+        schedule = WatchedSchedule(
+            step_in_block=torch.zeros(1, dtype=torch.long), steps_per_block=2,
+            masked_at_block_start=torch.full((1,), 4, dtype=torch.long),
+        )
+        try:
+            plugin.dloom_select_commit(
+                confidence=torch.tensor([[0.9, 0.6, 0.3, 0.1]]),
+                selectable=torch.ones(1, 4, dtype=torch.bool), schedule=schedule,
+            )
+        except Exception:  # noqa: BLE001 - cannot tell: assume the steps matter
+            return True
+        return bool(read)
 
 
 def _split(spec: StrategySpec) -> list[str | object]:

@@ -34,6 +34,7 @@ from dloom.composition import StrategySpec, build_plugin_manager, compose
 from dloom.errors import ConfigurationError, HookContractError, ModelError, NonFiniteLogitsError
 from dloom.kernel import REMASKING
 from dloom.metrics import GenerationResult, HookTimer
+from dloom.prompt_validation import check_lengths, check_prompts, check_special_ids, vocabulary_size
 from dloom.registry import Registry
 from dloom.speculation import KernelStep, layout_is_exact, node_logits, selectable_positions
 from dloom.types import DecodeState
@@ -127,6 +128,7 @@ class DiffusionDecoder:
                 "'bidirectional' or 'block-causal' (pass attention=... to load_model if the "
                 "config is wrong)"
             )
+        check_lengths(gen_length=gen_length, block_length=block_length, steps=steps)
         self.model = model
         self.gen_length = gen_length or model.default_gen_length or DEFAULT_GEN_LENGTH
         self.block_length = (
@@ -141,6 +143,7 @@ class DiffusionDecoder:
         self.draft_budget = draft_budget
         self._validate()
         self.composition = compose(strategy, {**(params or {}), **strategy_params}, registry)
+        self.guarantees = self.composition.guarantees_under(self.temperature, self.remasking)
         for component in self.composition.components:
             claim = component.strategy.claim if component.strategy is not None else None
             if claim is not None and claim.against == "target":
@@ -168,6 +171,7 @@ class DiffusionDecoder:
         hooks.configure(self.pm, self.setup)
 
     def _validate(self) -> None:
+        check_special_ids(self.model)
         g, k, s = self.gen_length, self.block_length, self.steps
         if g <= 0 or k <= 0 or s <= 0:
             raise ConfigurationError(
@@ -214,6 +218,7 @@ class DiffusionDecoder:
             "attention": self.model.attention,
             "shift_logits": self.model.shift_logits,
             "takes_attention_mask": self.model.can_pad,
+            "vocab_size": vocabulary_size(self.model),
         }
 
     @property
@@ -232,6 +237,7 @@ class DiffusionDecoder:
             "cache": self.cache,
             "cache_refresh": self.cache_refresh,
             "draft_budget": self.draft_budget,
+            "guarantees": self.guarantees,
             "dtype": str(self.model.dtype).removeprefix("torch."),
             "device": str(self.model.device),
         }
@@ -372,6 +378,7 @@ class DiffusionDecoder:
         self.timer.seconds.clear()
         self._forward_seconds = 0.0
         model, mask_id = self.model, self.model.mask_token_id
+        prompts = check_prompts(self.model, prompts, attention_mask)
         prompt_ids, prompt_mask = left_pad_prompts(self.model, prompts, attention_mask)
         batch, prompt_len = prompt_ids.shape
         total = prompt_len + self.gen_length

@@ -41,13 +41,18 @@ class HookContractError(DloomError):
     """A plugin's hook returned something that breaks the hook's documented contract."""
 
 
+INTERNAL_PACKAGES = ("dloom", "pluggy", "typer", "click")
+
+
 def warn(message: str, category: type[Warning] = UserWarning) -> None:
-    """Issue a warning attributed to the first caller outside dloom and pluggy.
+    """Issue a warning attributed to the first caller outside dloom, pluggy and the command
+    line's typer and click (for ``dloom ...`` that is the command itself).
 
     A warning raised in a hook implementation would otherwise point into pluggy's caller
-    (or into the decoder), which tells the user nothing about which of their lines caused it.
+    (or into the decoder, or typer), which tells the user nothing about which of their lines
+    caused it.
     """
     frame, level = sys._getframe(1), 1
-    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in ("dloom", "pluggy"):
+    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in INTERNAL_PACKAGES:
         frame, level = frame.f_back, level + 1
     warnings.warn(message, category, stacklevel=level + 1)

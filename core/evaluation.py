@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from rich.console import Console
@@ -36,6 +36,8 @@ class EvalReport:
     :ivar outputs: one ``{"family", "prompt", "text", "correct", "nfe"}`` record per example.
     :ivar speculation: acceptance over all batches for a speculative strategy (``None``
         otherwise); see :attr:`dloom.metrics.GenerationResult.speculation`.
+    :ivar complete: ``False`` when the run was interrupted: the figures cover the
+        ``n`` examples that finished.
     """
 
     accuracy: float
@@ -48,6 +50,7 @@ class EvalReport:
     config: dict[str, Any]
     outputs: list[dict[str, Any]] = field(default_factory=list)
     speculation: dict[str, Any] | None = None
+    complete: bool = True
 
     def to_json(self, with_outputs: bool = False) -> dict[str, Any]:
         """The JSON object of ``dloom eval --json``."""
@@ -61,6 +64,7 @@ class EvalReport:
             "hook_share": self.hook_share,
             "speculation": self.speculation,
             "config": self.config,
+            "complete": self.complete,
         }
         if with_outputs:
             data["outputs"] = self.outputs
@@ -90,11 +94,75 @@ def select_examples(tasks: str, n: int, seed: int = 0, split: str = "held-out") 
     return held_out(n, seed=seed, families=names)
 
 
+class EvaluationInterrupted(KeyboardInterrupt):
+    """Ctrl-C during :func:`evaluate`: a ``KeyboardInterrupt`` that carries the report of
+    the batches that finished (:attr:`partial`, ``complete=False``)."""
+
+    def __init__(self, partial: EvalReport) -> None:
+        super().__init__(f"interrupted after {partial.n} examples")
+        self.partial = partial
+
+
+class _Tally:
+    """What :func:`evaluate` accumulates over batches."""
+
+    def __init__(self) -> None:
+        self.outputs: list[dict[str, Any]] = []
+        self.generated = self.nfe_total = 0
+        self.wall = 0.0
+        self.hook_seconds: dict[str, float] = defaultdict(float)
+        self.speculation: dict[str, Any] | None = None
+
+    def add(self, chunk: Sequence[Example], result: Any) -> list[dict[str, Any]]:
+        """Grade one decoded batch; return its output records."""
+        texts = result.texts or [""] * len(chunk)
+        records = [
+            {
+                "family": example.family,
+                "prompt": example.prompt,
+                "text": text,
+                "correct": FAMILIES[example.family].check(example.prompt, text),
+                "nfe": nfe,
+            }
+            for example, text, nfe in zip(chunk, texts, result.nfe.tolist())
+        ]
+        self.outputs.extend(records)
+        self.generated += result.total_generated
+        self.nfe_total += int(result.nfe.sum())
+        self.wall += result.wall_seconds
+        for name, seconds in result.hook_seconds.items():
+            self.hook_seconds[name] += seconds
+        self.speculation = _add_speculation(self.speculation, getattr(result, "speculation", None))
+        return records
+
+    def report(self, config: dict[str, Any], complete: bool) -> EvalReport:
+        outputs, wall, nfe_total = self.outputs, self.wall, self.nfe_total
+        per_task: dict[str, dict[str, float]] = {}
+        for family in dict.fromkeys(o["family"] for o in outputs):
+            rows = [o for o in outputs if o["family"] == family]
+            per_task[family] = {"accuracy": sum(o["correct"] for o in rows) / len(rows), "n": len(rows)}
+        n = len(outputs)
+        return EvalReport(
+            accuracy=sum(o["correct"] for o in outputs) / n if n else 0.0,
+            per_task=per_task,
+            nfe_mean=nfe_total / n if n else 0.0,
+            tpf=self.generated / nfe_total if nfe_total else 0.0,
+            tps=self.generated / wall if wall > 0 else 0.0,
+            n=n,
+            hook_share={k: v / wall for k, v in self.hook_seconds.items()} if wall > 0 else {},
+            config=config,
+            outputs=outputs,
+            speculation=self.speculation,
+            complete=complete,
+        )
+
+
 def evaluate(
     decoder: DiffusionDecoder,
     examples: Sequence[Example],
     batch_size: int = 32,
     progress: bool = True,
+    on_batch: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> EvalReport:
     """Decode ``examples`` in batches and grade them.
 
@@ -102,54 +170,26 @@ def evaluate(
     :param examples: task examples (prompts and checkers).
     :param batch_size: prompts per batch.
     :param progress: show a progress bar on stderr.
+    :param on_batch: called with each batch's output records as soon as it is graded
+        (``dloom eval --json`` streams them).
+    :raises EvaluationInterrupted: on Ctrl-C, carrying the report of the finished batches.
     """
     if batch_size < 1:
         raise ConfigurationError(f"batch size is {batch_size}; allowed: >= 1")
-    outputs: list[dict[str, Any]] = []
-    generated = nfe_total = 0
-    wall = 0.0
-    hook_seconds: dict[str, float] = defaultdict(float)
-    speculation: dict[str, Any] | None = None
+    tally = _Tally()
+    config = {**decoder.config, "batch_size": batch_size, "torch_threads": torch.get_num_threads()}
     with Progress(console=Console(stderr=True), transient=True, disable=not progress) as bar:
         task = bar.add_task(f"eval {decoder.composition.name}", total=len(examples))
-        for start in range(0, len(examples), batch_size):
-            chunk = examples[start : start + batch_size]
-            result = decoder.generate([e.prompt for e in chunk])
-            texts = result.texts or [""] * len(chunk)
-            for example, text, nfe in zip(chunk, texts, result.nfe.tolist()):
-                outputs.append(
-                    {
-                        "family": example.family,
-                        "prompt": example.prompt,
-                        "text": text,
-                        "correct": FAMILIES[example.family].check(example.prompt, text),
-                        "nfe": nfe,
-                    }
-                )
-            generated += result.total_generated
-            nfe_total += int(result.nfe.sum())
-            wall += result.wall_seconds
-            for name, seconds in result.hook_seconds.items():
-                hook_seconds[name] += seconds
-            speculation = _add_speculation(speculation, getattr(result, "speculation", None))
-            bar.advance(task, len(chunk))
-    per_task: dict[str, dict[str, float]] = {}
-    for family in dict.fromkeys(o["family"] for o in outputs):
-        rows = [o for o in outputs if o["family"] == family]
-        per_task[family] = {"accuracy": sum(o["correct"] for o in rows) / len(rows), "n": len(rows)}
-    n = len(outputs)
-    return EvalReport(
-        accuracy=sum(o["correct"] for o in outputs) / n if n else 0.0,
-        per_task=per_task,
-        nfe_mean=nfe_total / n if n else 0.0,
-        tpf=generated / nfe_total if nfe_total else 0.0,
-        tps=generated / wall if wall > 0 else 0.0,
-        n=n,
-        hook_share={k: v / wall for k, v in hook_seconds.items()} if wall > 0 else {},
-        config={**decoder.config, "batch_size": batch_size, "torch_threads": torch.get_num_threads()},
-        outputs=outputs,
-        speculation=speculation,
-    )
+        try:
+            for start in range(0, len(examples), batch_size):
+                chunk = examples[start : start + batch_size]
+                records = tally.add(chunk, decoder.generate([e.prompt for e in chunk]))
+                if on_batch is not None:
+                    on_batch(records)
+                bar.advance(task, len(chunk))
+        except KeyboardInterrupt:
+            raise EvaluationInterrupted(tally.report(config, complete=False)) from None
+    return tally.report(config, complete=True)
 
 
 def _add_speculation(total: dict[str, Any] | None, batch: dict[str, Any] | None) -> dict[str, Any] | None:

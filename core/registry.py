@@ -3,8 +3,13 @@
 Loading is isolated per entry point: a plugin that fails to import or to register is
 reported (a :class:`RuntimeWarning` and an entry in :attr:`Registry.failures`) and skipped,
 unless ``DLOOM_STRICT_PLUGINS=1``, which makes it fatal. ``DLOOM_PLUGINS`` selects the
-third-party plugins to load: unset loads all installed ones, a comma list loads those, an
-empty value loads the built-ins only.
+third-party plugins to load: unset loads all installed ones, a comma list loads those (a
+name no installed plugin has is warned about), an empty value loads the built-ins only.
+
+Every registered strategy's plugin class is checked against the hook specifications when
+it registers (:func:`check_plugin_class`): a ``dloom_*`` hook implementation whose name is
+no hook (``dloom_select_comit``) or whose arguments the hook does not pass is reported and
+that strategy skipped (fatal in strict mode), so it never reaches a decoder.
 """
 
 from __future__ import annotations
@@ -121,6 +126,34 @@ def hooks_implemented_by(obj: object) -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
+def check_plugin_class(plugin_class: object) -> None:
+    """Check ``plugin_class``'s hook implementations against the hook specifications.
+
+    :raises PluginLoadError: naming the hook: an unknown hook name (with the closest
+        known one), or arguments the hook does not pass.
+    """
+    known = [name for name in dir(hookspecs) if name.startswith("dloom_")]
+    for name in dir(plugin_class):
+        if not name.startswith("dloom_"):
+            continue
+        attribute = getattr(plugin_class, name, None)
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            marked = hasattr(attribute, f"{PROJECT_NAME}_impl")
+            raise PluginLoadError(
+                f"{getattr(plugin_class, '__name__', plugin_class)!r} defines {name}, which is "
+                f"no dloom hook{' (marked @dloom.hookimpl)' if marked else ''}"
+                + (f"; did you mean {close[0]!r}?" if close else f"; hooks: {', '.join(known)}")
+            )
+    pm = pluggy.PluginManager(PROJECT_NAME)
+    pm.add_hookspecs(hookspecs)
+    try:
+        pm.register(plugin_class, name=str(getattr(plugin_class, "__name__", plugin_class)))
+        pm.check_pending()
+    except pluggy.PluginValidationError as error:
+        raise PluginLoadError(str(error)) from None
+
+
 def _strict() -> bool:
     return os.environ.get("DLOOM_STRICT_PLUGINS", "") not in ("", "0", "false", "no")
 
@@ -135,8 +168,12 @@ def _selected_third_party() -> set[str] | None:
 
 def _report(registry: Registry, name: str, error: BaseException) -> None:
     message = f"dloom plugin {name!r} was skipped: {type(error).__name__}: {error}"
+    if getattr(error, "fatal", False):  # already reported by an inner check in strict mode
+        raise error
     if _strict():
-        raise PluginLoadError(message + " (DLOOM_STRICT_PLUGINS=1 makes this fatal)") from error
+        fatal = PluginLoadError(message + " (DLOOM_STRICT_PLUGINS=1 makes this fatal)")
+        fatal.fatal = True
+        raise fatal from error
     registry.failures.append(PluginFailure(name=name, error=f"{type(error).__name__}: {error}"))
     warn(message, RuntimeWarning)
 
@@ -146,8 +183,10 @@ def _is_builtin(ep: importlib.metadata.EntryPoint) -> bool:
 
 
 def _entry_points() -> Iterable[importlib.metadata.EntryPoint]:
-    """Built-in entry points first, then the selected third-party ones, each once."""
+    """Built-in entry points first, then the selected third-party ones, each once; warns
+    about a ``DLOOM_PLUGINS`` name that no installed plugin has."""
     selected = _selected_third_party()
+    available: set[str] = set()
     builtins, third_party = [], []
     seen: set[tuple[str | None, str]] = set()
     for ep in importlib.metadata.entry_points(group=PROJECT_NAME):
@@ -155,10 +194,19 @@ def _entry_points() -> Iterable[importlib.metadata.EntryPoint]:
         if key in seen:  # the same distribution visible twice on sys.path
             continue
         seen.add(key)
+        available.add(ep.name)
         if _is_builtin(ep):
             builtins.append(ep)
         elif selected is None or ep.name in selected:
             third_party.append(ep)
+    for name in sorted((selected or set()) - available):
+        close = difflib.get_close_matches(name, sorted(available), n=1)
+        warn(
+            f"DLOOM_PLUGINS names {name!r}, which no installed plugin provides"
+            + (f"; did you mean {close[0]!r}?" if close else "")
+            + f" (installed: {', '.join(sorted(available)) or 'none'})",
+            RuntimeWarning,
+        )
     return builtins + third_party
 
 
@@ -184,6 +232,11 @@ def _register_plugin(
             raise PluginLoadError(
                 f"strategy {registration.name!r} is already registered by plugin {taken.plugin!r}"
             )
+        try:
+            check_plugin_class(registration.plugin_class)
+        except PluginLoadError as error:
+            _report(registry, f"{name}:{registration.name}", error)
+            return
         registered.append(Strategy(registration.name, name, registration))
 
     for impl in pm.hook.dloom_register_strategies.get_hookimpls():

@@ -78,8 +78,9 @@ def test_eval_json_schema(char_model_dir):
               "--tasks", "copy,reverse", "--json"],
     )
     assert result.exit_code == 0, result.output
-    data = json.loads(result.stdout)
-    assert set(data) >= {"accuracy", "per_task", "nfe_mean", "tpf", "tps", "n", "config"}
+    *rows, data = map(json.loads, result.stdout.splitlines())  # a line per example, then the summary
+    assert len(rows) == 6 and {r["family"] for r in rows} == {"copy", "reverse"}
+    assert set(data) >= {"accuracy", "per_task", "nfe_mean", "tpf", "tps", "n", "config", "complete"}
     assert data["n"] == 6 and set(data["per_task"]) == {"copy", "reverse"}
     assert 0.0 <= data["accuracy"] <= 1.0 and data["nfe_mean"] > 0 and data["tps"] > 0
     assert data["config"]["strategy"] == "threshold"

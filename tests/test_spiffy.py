@@ -394,7 +394,7 @@ def test_cli_graph_budget_and_layout_options_reach_spiffy(tmp_path):
         "-n", "7", "--block-length", "8", "--json",
     ])
     assert ok.exit_code == 0, ok.output
-    report = json.loads(ok.stdout)
+    report = json.loads(ok.stdout.splitlines()[-1])  # the summary line
     assert report["config"]["params"]["spiffy"] == {"graph": "", "budget": 2, "layout": "packed"}
     assert report["speculation"]["guarantee"] == "lossless"
     wrong = runner.invoke(app, ["generate", "copy: ab", "--strategy", "threshold", "--budget", "2"])

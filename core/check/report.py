@@ -29,6 +29,7 @@ from dloom.adapter import ModelAdapter, load_model
 from dloom.check import tiny
 from dloom.check.bounds import BoundOptions, check_bound
 from dloom.check.greedy import GreedyComparison, compare_greedy
+from dloom.check.progress import stage
 from dloom.check.resolve import Resolved, reference, resolve
 from dloom.check.sampling import SamplingOptions, SamplingTest, sampling_test
 from dloom.errors import ConfigurationError
@@ -212,6 +213,7 @@ class GreedyOptions:
             self.model, self.prompts, self.prompt_count, self.gen_length, self.block_length
         )
         notes.extend(setup_notes)
+        stage(f"greedy identity: {ours.name} vs {ref.name} on {len(prompts)} prompts ({adapter.name})")
         return compare_greedy(ours, ref, adapter, prompts, **settings)
 
     def run_against_target(self, make_decoder: Callable[..., Any], notes: list[str]) -> GreedyComparison:
@@ -223,6 +225,7 @@ class GreedyOptions:
             notes.append(f"{', '.join(ignored)} ignored: the greedy check against an AR target runs on a model pair")
         target, drafter, prompts, length, setup_notes = greedy_pair(self.prompt_count, self.gen_length)
         notes.extend(setup_notes)
+        stage(f"greedy identity against the AR target on {len(prompts)} prompts")
         return compare_target_greedy(make_decoder, target, drafter, prompts, length)
 
 
@@ -341,6 +344,10 @@ def _sound(
     ours: Resolved, bound: str | None, options: BoundOptions, claim: dict[str, Any] | None,
     notes: list[str],
 ) -> CheckReport:
+    stage(
+        f"soundness of {ours.name}: {options.random_joints} random and "
+        f"{options.adversarial_joints} adversarial joints"
+    )
     result = check_bound(ours, bound, options)
     if bound is None:
         notes.append("no bound function named: only the joint-mode certificate of the commits was tested")

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
 from dloom.check.enumerate import Output, exact_distribution
+from dloom.check.progress import stage
 from dloom.check.resolve import Resolved
 from dloom.check.stats import pooled_chi_square, power
 from dloom.check.tiny import tiny_dllm, tiny_prompts
@@ -168,6 +169,7 @@ def sampling_test(
     """Test whether ``strategy`` samples ``against``'s exact output distribution."""
     results = []
     for seed in range(options.seeds):
+        stage(f"sampling test: seed {seed + 1} of {options.seeds}, {options.samples} samples")
         model = tiny_dllm(seed)
         prompt = tiny_prompts(1, seed=seed)[0]
         settings = SETTINGS[seed % len(SETTINGS)]

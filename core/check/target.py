@@ -28,6 +28,7 @@ from dloom.adapter import ModelAdapter
 from dloom.check import tiny
 from dloom.check.enumerate import Output
 from dloom.check.greedy import GreedyComparison, compare_outputs
+from dloom.check.progress import stage
 from dloom.check.sampling import SamplingOptions, SamplingTest, SeedResult, conclude, seed_result
 from dloom.errors import ConfigurationError
 
@@ -163,7 +164,10 @@ def sampling_seed(
 
 def target_sampling_test(make_decoder: Callable[..., Any], options: SamplingOptions) -> SamplingTest:
     """:func:`sampling_seed` on ``options.seeds`` tiny pairs, and the verdict."""
-    results = [sampling_seed(make_decoder, seed, **asdict(options)) for seed in range(options.seeds)]
+    results = []
+    for seed in range(options.seeds):
+        stage(f"sampling test against the AR target: seed {seed + 1} of {options.seeds}")
+        results.append(sampling_seed(make_decoder, seed, **asdict(options)))
     return conclude(results, options)
 
 

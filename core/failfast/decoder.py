@@ -34,6 +34,7 @@ from dloom.failfast.settings import (
 from dloom.failfast.verification import verify_match, verify_ratio
 from dloom.kernel import REMASKING, apply_commit, propose
 from dloom.metrics import HookTimer
+from dloom.prompt_validation import check_lengths, check_prompts
 from dloom.registry import Registry
 from dloom.types import BlockSchedule
 
@@ -88,6 +89,7 @@ class FailFastDecoder:
         unsafe_ratio_out_of_order: bool = False,
         **strategy_params: Any,
     ) -> None:
+        check_lengths(max_new_tokens=max_new_tokens)
         if isinstance(strategy, FailFastSettings):
             if params or strategy_params:
                 raise ConfigurationError("pass parameters inside the FailFastSettings, not as params")
@@ -240,6 +242,7 @@ class FailFastDecoder:
         start_time = time.perf_counter()
         self.timer.seconds.clear()
         timings = {"target_forward": 0.0, "drafter_forward": 0.0, "draft": 0.0, "verify": 0.0}
+        prompts = check_prompts(self.model, prompts, attention_mask)
         prompt_ids, prompt_mask = left_pad_prompts(self.model, prompts, attention_mask)
         batch, prompt_len = prompt_ids.shape
         total = prompt_len + self.max_new_tokens
@@ -539,6 +542,7 @@ def build_failfast_decoder(
     """
     from dloom.adapter import load_model
 
+    check_lengths(gen_length=gen_length)
     if block_length is not None or steps is not None:
         raise ConfigurationError(
             f"block_length {block_length} / steps {steps} do not apply to failfast; the drafter "

@@ -24,6 +24,8 @@ first), and every node is reachable from the root.
 from __future__ import annotations
 
 import json
+import math
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -35,6 +37,27 @@ from dloom.errors import ConfigurationError
 FORMAT = "dloom-draft-graph"
 VERSION = 1
 BUILTIN_DIR = Path(__file__).parent / "graphs"
+MAX_NODES = 256
+"""The most drafts a graph file may hold: a verification forward evaluates up to ``D*``
+of them per row, and building the tensors of thousands costs gigabytes and minutes."""
+
+
+KIND_NAMES = {int: "an integer", float: "a number", str: "a string", dict: "an object"}
+
+
+def expect(bad: Any, what: str, value: Any, kind: type, low: float | None = None,
+           high: float | None = None) -> Any:
+    """``value`` if it is a ``kind`` (``float`` also takes an int; a bool is neither)
+    within ``[low, high]``, else ``bad(message)`` raised."""
+    kinds = (int, float) if kind is float else (kind,)
+    if isinstance(value, bool) or not isinstance(value, kinds) or (
+        kind is float and not math.isfinite(value)
+    ):
+        raise bad(f"{what} is {value!r}; expected {KIND_NAMES.get(kind, kind.__name__)}")
+    if (low is not None and value < low) or (high is not None and value > high):
+        allowed = f">= {low}" if high is None else f"{low} .. {high}"
+        raise bad(f"{what} is {value!r}; allowed: {allowed}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -148,52 +171,74 @@ class CalibratedGraph:
         missing = [key for key in required if key not in data]
         if missing:
             raise bad(f"missing {', '.join(repr(k) for k in missing)}")
+        expect(bad, "'model'", data["model"], str)
+        if data.get("tokenizer_sha256") is not None:
+            expect(bad, "'tokenizer_sha256'", data["tokenizer_sha256"], str)
         base = data["base"]
         if not isinstance(base, dict) or not {"strategy", "params", "steps_per_block"} <= set(base):
             raise bad("'base' needs 'strategy', 'params' and 'steps_per_block'")
-        block_length = data["block_length"]
-        if not isinstance(block_length, int) or block_length <= 0:
-            raise bad(f"'block_length' is {block_length!r}; expected a positive integer")
+        expect(bad, "'base.strategy'", base["strategy"], str)
+        expect(bad, "'base.params'", base["params"], dict)
+        steps_per_block = expect(bad, "'base.steps_per_block'", base["steps_per_block"], int, low=1)
+        block_length = expect(bad, "'block_length'", data["block_length"], int, low=1)
+        temperature = expect(bad, "'temperature'", data["temperature"], float, low=0)
+        expect(bad, "'remasking'", data["remasking"], str)
+        expect(bad, "'score'", data.get("score", "own"), str)
+        if not isinstance(data.get("calibration", {}), dict):
+            raise bad(f"'calibration' is {data['calibration']!r}; expected an object")
         if not isinstance(data["nodes"], list) or not data["nodes"]:
             raise bad("'nodes' must be a non-empty list")
+        if len(data["nodes"]) > MAX_NODES:
+            raise bad(
+                f"{len(data['nodes'])} nodes; allowed: at most {MAX_NODES} (each node is a draft "
+                "row every verification forward may evaluate; keep D small, e.g. --budget 10)"
+            )
         nodes = []
         for index, raw in enumerate(data["nodes"], start=1):
-            try:
-                node_id, pairs, parents = raw["id"], raw["pairs"], raw["parents"]
-                pairs = tuple(sorted((int(i), int(j)) for i, j in pairs))
-                parents = tuple(int(p) for p in parents)
-            except (KeyError, TypeError, ValueError):
-                raise bad(f"node {index} needs 'id', 'pairs' ([[i, j], ...]) and 'parents'") from None
+            if not isinstance(raw, dict) or not {"id", "pairs", "parents"} <= set(raw):
+                raise bad(f"node {index} needs 'id', 'pairs' ([[i, j], ...]) and 'parents'")
+            node_id = expect(bad, f"node {index} 'id'", raw["id"], int)
             if node_id != index:
                 raise bad(f"node ids must run 1, 2, ...; node {index} has id {node_id!r}")
-            if not pairs or any(i < 0 or j < 0 for i, j in pairs):
+            raw_pairs = raw["pairs"]
+            if not isinstance(raw_pairs, list) or not all(isinstance(p, list) and len(p) == 2 for p in raw_pairs):
+                raise bad(f"node {index} needs 'id', 'pairs' ([[i, j], ...]) and 'parents'; 'pairs' is {raw_pairs!r}")
+            pairs = tuple(sorted(
+                (expect(bad, f"node {index} position rank", i, int, low=0),
+                 expect(bad, f"node {index} vocabulary rank", j, int, low=0))
+                for i, j in raw_pairs
+            ))
+            if not isinstance(raw["parents"], list):
+                raise bad(f"node {index} 'parents' is {raw['parents']!r}; expected a list of node ids")
+            parents = tuple(expect(bad, f"node {index} parent", p, int, low=0) for p in raw["parents"])
+            if not pairs:
                 raise bad(f"node {index} needs at least one pair of non-negative ranks")
             if len({i for i, _ in pairs}) != len(pairs):
                 raise bad(f"node {index} fills one position rank twice: {list(pairs)}")
             if any(i >= block_length for i, _ in pairs):
                 raise bad(f"node {index} has a position rank >= block_length {block_length}")
-            if not parents or any(p < 0 or p >= index for p in parents):
+            if not parents or any(p >= index for p in parents):
                 raise bad(f"node {index} has parents {list(parents)}; each must be an earlier node id or 0")
             for p in parents:
                 parent_pairs = set(nodes[p - 1].pairs) if p else set()
                 if not parent_pairs < set(pairs):
                     raise bad(f"node {index}'s pairs do not strictly contain those of its parent {p}")
-            nodes.append(
-                GraphNode(pairs, parents, int(raw.get("frequency", 0)), float(raw.get("score", 0.0)))
-            )
+            frequency = expect(bad, f"node {index} 'frequency'", raw.get("frequency", 0), int, low=0)
+            score = expect(bad, f"node {index} 'score'", raw.get("score", 0.0), float)
+            nodes.append(GraphNode(pairs, parents, frequency, score))
         if data.get("budget", len(nodes)) != len(nodes):
             raise bad(f"'budget' is {data.get('budget')!r} but the file has {len(nodes)} nodes")
         return cls(
-            model=str(data["model"]),
+            model=data["model"],
             tokenizer_sha256=data.get("tokenizer_sha256"),
             base={"strategy": base["strategy"], "params": dict(base["params"]),
-                  "steps_per_block": int(base["steps_per_block"])},
+                  "steps_per_block": steps_per_block},
             block_length=block_length,
-            temperature=float(data["temperature"]),
-            remasking=str(data["remasking"]),
+            temperature=float(temperature),
+            remasking=data["remasking"],
             nodes=tuple(nodes),
             calibration=dict(data.get("calibration", {})),
-            score=str(data.get("score", "own")),
+            score=data.get("score", "own"),
         )
 
     @classmethod
@@ -212,6 +257,21 @@ class CalibratedGraph:
         return cls.from_json(data, repr(str(path)))
 
     # --- compatibility -----------------------------------------------------------------
+
+    def check_vocabulary(self, vocab_size: int | None, source: str) -> None:
+        """Refuse vocabulary ranks beyond the model's vocabulary (``None``: unknown).
+
+        :raises ConfigurationError: naming the node, its rank and the vocabulary size.
+        """
+        if vocab_size is None:
+            return
+        for index, node in enumerate(self.nodes, start=1):
+            for _, j in node.pairs:
+                if j >= vocab_size:
+                    raise ConfigurationError(
+                        f"draft graph {source}: node {index} uses vocabulary rank {j}; the model "
+                        f"has {vocab_size} tokens (allowed ranks 0 .. {vocab_size - 1})"
+                    )
 
     def mismatches(self, config: Mapping[str, Any]) -> list[str]:
         """What differs between this graph and a decoder's settings (empty: compatible).
@@ -254,6 +314,30 @@ class CalibratedGraph:
             position_rank.to(device), token_rank.to(device), parents.to(device), depth,
             int(token_rank.max()) + 1,
         )
+
+
+def calibrate_command(config: Mapping[str, Any]) -> str:
+    """The ``dloom calibrate`` command that makes a graph for the decoder whose
+    :attr:`~dloom.DiffusionDecoder.setup` is ``config``, or, for a model built in memory
+    (not a zoo name or directory), what to do instead."""
+    from dloom import zoo
+
+    model = str(config["model"])
+    options = [f"--strategy {config['commit_rule']}"]
+    options += [f"--param {name}={value}" for name, value in dict(config["commit_params"]).items()]
+    gen_length, steps = config.get("gen_length"), config.get("steps")
+    if gen_length is not None:
+        options.append(f"--gen-length {gen_length}")
+    options.append(f"--block-length {config['block_length']}")
+    if steps is not None and steps != gen_length:
+        options.append(f"--steps {steps}")
+    command = f"dloom calibrate {{model}} {' '.join(options)} -o graph.json"
+    if model in zoo.MODEL_NAMES or Path(model).is_dir():
+        return f"Calibrate one with `{command.format(model='--model ' + shlex.quote(model))}`"
+    return (
+        f"Model {model!r} is built in memory, so it cannot be calibrated by name; save it "
+        f"(save_pretrained) and run `{command.format(model='--model DIR')}`"
+    )
 
 
 def builtin_graphs() -> list[Path]:

@@ -28,7 +28,7 @@ from dloom.speculation import follow_graph, layout_drafts
 from dloom.types import DecodeState, DraftGraph, Verdict, VerificationLayout
 
 from .frame import rank_frame
-from .graph import CalibratedGraph, GraphTemplate, default_graph, find_builtin
+from .graph import CalibratedGraph, GraphTemplate, calibrate_command, default_graph, find_builtin
 
 LAYOUTS = ("rows", "packed")
 
@@ -78,11 +78,11 @@ class Spiffy:
                     f"no built-in draft graph fits model {config['model']!r} with base rule "
                     f"{config['commit_rule']!r} {dict(config['commit_params'])} and block_length "
                     f"{config['block_length']}: using the uncalibrated default graph (still "
-                    f"lossless, fewer drafts accepted). Calibrate one with `dloom calibrate "
-                    f"--model {config['model']} --strategy {config['commit_rule']} -o graph.json` "
-                    "and pass --param graph=graph.json",
+                    f"lossless, fewer drafts accepted). {calibrate_command(config)} and pass "
+                    "--param graph=graph.json",
                 )
                 graph = default_graph(config)
+        graph.check_vocabulary(config.get("vocab_size"), repr(self.graph_path or "(built-in)"))
         if graph.temperature != config["temperature"] or graph.remasking != config["remasking"]:
             warn(
                 f"draft graph calibrated at temperature {graph.temperature} with "
