@@ -45,7 +45,7 @@ class ServeConfig:
     :ivar defaults: the decoding settings (a request may override strategy, params, cache).
     :ivar max_batch_size: rows decoded together, at most.
     :ivar max_queued_tokens: token budget of admitted rows (``prompt + gen_length`` each).
-    :ivar plain_chat: without a chat template, join the messages' contents with newlines
+    :ivar plain_chat: without a chat template, join the messages' contents with spaces
         (else a chat request to such a model is refused with 400).
     :ivar name: the model name clients use (default: the model's).
     """
@@ -107,12 +107,20 @@ class Service:
                 f"max_tokens {max_tokens} exceeds the {self.gen_length} positions this server "
                 f"decodes per prompt (gen_length); allowed: 1..{self.gen_length}"
             )
-        rows = self.model.encode(prompts) if prompts and isinstance(prompts[0], str) else [list(p) for p in prompts]
+        rows = self._encode(prompts) if prompts and isinstance(prompts[0], str) else [list(p) for p in prompts]
         if not rows:
             raise ModelError("no prompt given; allowed: a text, texts, token ids or lists of token ids")
         for index, row in enumerate(rows):
             self._check_row(index, row)
         return Prepared(resolved, rows, max_tokens, list(body.stop or []))
+
+    def _encode(self, prompts: list[str]) -> list[list[int]]:
+        try:
+            return self.model.encode(prompts)
+        except DloomError:
+            raise
+        except Exception as error:  # noqa: BLE001 - the tokenizer's own refusal, reported as the client's
+            raise ModelError(f"the model's tokenizer cannot encode the prompt: {error}") from None
 
     def check_model(self, body: GenerationFields) -> None:
         """:raises HTTPError: 404 when the body names another model."""
@@ -138,7 +146,7 @@ class Service:
 
     def chat_prompt(self, body: ChatCompletionRequest) -> str:
         """The conversation as one prompt text: the tokenizer's chat template, or with
-        ``plain_chat`` the contents joined by newlines.
+        ``plain_chat`` the contents joined by spaces.
 
         :raises ModelError: when the model has neither.
         """
@@ -147,11 +155,11 @@ class Service:
         if tokenizer is not None and getattr(tokenizer, "chat_template", None):
             return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         if self.config.plain_chat:
-            return "\n".join(message["content"] for message in messages)
+            return " ".join(message["content"] for message in messages)
         raise ModelError(
             f"model {self.name!r} has no chat template in its tokenizer; use /v1/completions, "
             "give the checkpoint's tokenizer_config.json a chat_template, or start the server "
-            "with --plain-chat (the messages' contents joined by newlines)"
+            "with --plain-chat (the messages' contents joined by spaces)"
         )
 
     # --- answering -----------------------------------------------------------------------

@@ -25,7 +25,7 @@ def serve(
     cache_refresh: Optional[int] = typer.Option(None, "--cache-refresh", help="With --cache: a full forward every N forwards of a block."),
     max_batch_size: int = typer.Option(16, min=1, help="Rows decoded together, at most."),
     max_queued_tokens: int = typer.Option(65536, min=1, help="Token budget of admitted rows (prompt + gen_length each); beyond it requests get 429."),
-    plain_chat: bool = typer.Option(False, "--plain-chat", help="Without a chat template, join chat messages with newlines instead of refusing."),
+    plain_chat: bool = typer.Option(False, "--plain-chat", help="Without a chat template, join chat messages with spaces instead of refusing."),
     device: str = typer.Option("cpu", help="torch device, e.g. cpu or cuda."),
     dtype: str = typer.Option("float32", help="float32, float64, bfloat16 or float16."),
 ) -> None:
