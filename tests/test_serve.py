@@ -9,7 +9,6 @@ the batch holds). Blocks of 8 positions (4 per prompt) so that streams have seve
 from __future__ import annotations
 
 import dataclasses
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +22,7 @@ from fastapi.testclient import TestClient
 import dloom
 from dloom.errors import ConfigurationError
 from dloom.serve.app import ServeConfig, create_app
+from dloom.serve.background import BackgroundServer
 from dloom.serve.decoders import DecodeDefaults, DecoderPool
 from dloom.serve.metrics import ServerMetrics
 from dloom.serve.scheduler import Job, QueueFullError, Scheduler
@@ -38,37 +38,11 @@ def model():
     return dloom.load_model(MODEL)
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-class Served:
-    """A running server: its URL, its app's service, and clients for it."""
-
-    def __init__(self, config: ServeConfig) -> None:
-        import uvicorn
-
-        self.app = create_app(config)
-        self.service = self.app.state.service
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            assert self.thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.02)
+class Served(BackgroundServer):
+    """A running server and clients for it."""
 
     def client(self) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=60)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
-        assert not self.thread.is_alive()
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -383,6 +357,31 @@ def test_a_client_leaving_mid_stream_is_discarded_and_the_server_goes_on(model):
         assert after['dloom_requests_total{outcome="completed"}'] == 0
         answer = served.client().completions.create(model=MODEL, prompt=PROMPTS[4])
         assert answer.choices[0].text == offline(model, PROMPTS[4])[0]
+    finally:
+        served.stop()
+
+
+class FailingForward(torch.nn.Module):
+    """A model whose forward raises, as a broken checkpoint or an out-of-memory would."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, **inputs):
+        raise RuntimeError("the device is on fire")
+
+
+def test_a_failing_decode_answers_500_and_the_server_goes_on(model):
+    broken = dataclasses.replace(model, model=FailingForward(model.model))
+    served = Served(ServeConfig(broken, DecodeDefaults(block_length=BLOCK)))
+    try:
+        with pytest.raises(openai.InternalServerError, match="decoding failed: the device is on fire"):
+            served.client().completions.create(model=MODEL, prompt=PROMPTS[0])
+        with pytest.raises(openai.APIError, match="decoding failed: the device is on fire"):
+            list(served.client().completions.create(model=MODEL, prompt=PROMPTS[0], stream=True))
+        after = metrics_of(served)
+        assert after['dloom_requests_total{outcome="failed"}'] == 2 and after["dloom_admitted_tokens"] == 0
     finally:
         served.stop()
 

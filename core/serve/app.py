@@ -186,9 +186,15 @@ class Service:
         return visible_output(tokens, self.model.eos_token_ids, prepared.max_tokens, prepared.stop, self.model.decode, complete)
 
     def cancel(self, jobs: list[Job]) -> None:
+        """The client left: withdraw its rows and count the request as cancelled."""
+        self.withdraw(jobs)
+        self.metrics.count_request("cancelled")
+
+    def withdraw(self, jobs: list[Job]) -> None:
+        """Withdraw the request's rows that have not finished (a failed batch ends the
+        request; its rows in other batches are not needed any more)."""
         for job in jobs:
             self.scheduler.cancel(job)
-        self.metrics.count_request("cancelled")
 
     async def next_event(self, request: Request, events: asyncio.Queue):
         """The next ``(index, event)``, or ``None`` once the client has disconnected."""
@@ -211,6 +217,7 @@ class Service:
                     return JSONResponse(error_body("client disconnected", "cancelled"), status_code=499)
                 index, event = item
                 if isinstance(event, Failed):
+                    self.withdraw(jobs)
                     return self.failure(event)
                 finished[index] = event
         except asyncio.CancelledError:
@@ -253,9 +260,10 @@ class Service:
                     return
                 index, event = item
                 if isinstance(event, Failed):
+                    self.withdraw(jobs)
                     self.metrics.count_request("failed")
-                    yield sse(error_body(f"decoding failed: {event.error}", "server_error"))
                     done = True
+                    yield sse(error_body(f"decoding failed: {event.error}", "server_error"))
                     return
                 if isinstance(event, BlockTokens):
                     decoded[index].extend(event.tokens)

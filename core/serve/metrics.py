@@ -63,7 +63,7 @@ class ServerMetrics:
             metric("dloom_requests_total", "counter", "HTTP requests by outcome.",
                    {f'{{outcome="{k}"}}': v for k, v in self.requests.items()})
             metric("dloom_cancelled_rows_total", "counter",
-                   "Rows whose client went away, by where they were (queued: freed at once).",
+                   "Rows withdrawn unfinished (client gone, or its request failed), by where they were (queued: freed at once).",
                    {f'{{stage="{k}"}}': v for k, v in self.cancelled_rows.items()})
             metric("dloom_prompt_tokens_total", "counter", "Prompt tokens of completed requests.",
                    {"": self.prompt_tokens})

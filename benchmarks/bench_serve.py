@@ -1,0 +1,183 @@
+"""Load benchmark of ``dloom serve``: throughput and latency against concurrency, batched
+versus one request at a time, in one run.
+
+Two servers run in this process (uvicorn on 127.0.0.1, free ports) over the same model: one
+batches up to ``--max-batch-size`` waiting rows per generation, the other decodes one
+request at a time (``max_batch_size=1``, the same code path otherwise). For each strategy
+and each concurrency ``c``, ``c`` client threads send ``--requests`` completions in total
+(held-out task prompts, greedy) and wait for each answer before sending the next. Reported:
+generated tokens per second (``usage.completion_tokens`` over the wall time of the level),
+p50 and p99 latency, mean rows per batch, and whether both servers returned the same texts.
+
+    python benchmarks/bench_serve.py --out benchmarks/results/serve.json --plot docs/assets/serve.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import date
+from pathlib import Path
+
+import httpx
+import torch
+
+import dloom
+from dloom.evaluation import select_examples
+from dloom.serve.app import ServeConfig
+from dloom.serve.background import BackgroundServer
+from dloom.serve.decoders import DecodeDefaults
+
+MODES = {"batched": None, "one at a time": 1}
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q``-quantile (nearest rank) of ``values``."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered) + 0.5) - 1))]
+
+
+class Server(BackgroundServer):
+    """A server in this process, read through its ``/metrics``."""
+
+    def metric(self, name: str) -> float:
+        for line in httpx.get(f"{self.url}/metrics").text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        raise KeyError(name)
+
+
+def run_level(server: Server, model: str, strategy: str, prompts: list[str], concurrency: int) -> dict:
+    """``len(prompts)`` requests from ``concurrency`` clients; their figures and texts."""
+    batches, rows = server.metric("dloom_batches_total"), server.metric("dloom_batch_rows_total")
+    queue = list(enumerate(prompts))
+    lock = threading.Lock()
+    latencies, tokens, texts = [], 0, [""] * len(prompts)
+
+    def client() -> None:
+        nonlocal tokens
+        with httpx.Client(timeout=600) as http:
+            while True:
+                with lock:
+                    if not queue:
+                        return
+                    index, prompt = queue.pop(0)
+                sent = time.perf_counter()
+                answer = http.post(f"{server.url}/v1/completions", json={
+                    "model": model, "prompt": prompt, "strategy": strategy,
+                })
+                answer.raise_for_status()
+                body = answer.json()
+                with lock:
+                    latencies.append(time.perf_counter() - sent)
+                    tokens += body["usage"]["completion_tokens"]
+                    texts[index] = body["choices"][0]["text"]
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        for future in [pool.submit(client) for _ in range(concurrency)]:
+            future.result()
+    wall = time.perf_counter() - start
+    decoded_batches = server.metric("dloom_batches_total") - batches
+    return {
+        "concurrency": concurrency,
+        "requests": len(prompts),
+        "generated_tokens": tokens,
+        "wall_seconds": wall,
+        "tokens_per_second": tokens / wall,
+        "latency_p50": percentile(latencies, 0.50),
+        "latency_p99": percentile(latencies, 0.99),
+        "rows_per_batch": (server.metric("dloom_batch_rows_total") - rows) / decoded_batches,
+        "texts": texts,
+    }
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (speed, latency) = plt.subplots(1, 2, figsize=(10, 4))
+    for strategy, modes in results["strategies"].items():
+        for mode, levels in modes.items():
+            xs = [level["concurrency"] for level in levels]
+            style = "-o" if mode == "batched" else "--s"
+            speed.plot(xs, [level["tokens_per_second"] for level in levels], style, label=f"{strategy}, {mode}")
+            latency.plot(xs, [level["latency_p50"] for level in levels], style, label=f"{strategy}, {mode}")
+    for axis, label in ((speed, "generated tokens / s"), (latency, "p50 latency (s)")):
+        axis.set_xscale("log", base=2)
+        axis.set_xlabel("concurrent clients")
+        axis.set_ylabel(label)
+        axis.grid(alpha=0.3)
+    latency.set_yscale("log")
+    speed.legend(fontsize=8)
+    figure.suptitle(f"dloom serve on {results['model']}: batched vs one request at a time")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="toy-dllm")
+    parser.add_argument("--strategies", default="quota,threshold", help="comma-separated")
+    parser.add_argument("--concurrency", default="1,4,16,64", help="comma-separated client counts")
+    parser.add_argument("--requests", type=int, default=64, help="requests per level")
+    parser.add_argument("--max-batch-size", type=int, default=64, help="of the batched server")
+    parser.add_argument("--block-length", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/serve.json"))
+    parser.add_argument("--plot", type=Path, default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    model = dloom.load_model(args.model, device=args.device)
+    prompts = [e.prompt for e in select_examples("all", args.requests)]
+    levels = [int(c) for c in args.concurrency.split(",")]
+    strategies = args.strategies.split(",")
+    results = {
+        "model": args.model, "requests_per_level": args.requests, "max_batch_size": args.max_batch_size,
+        "block_length": args.block_length, "device": args.device, "torch_threads": args.threads,
+        "cpu": platform.processor() or platform.machine(), "date": date.today().isoformat(),
+        "strategies": {s: {} for s in strategies},
+    }
+    defaults = DecodeDefaults(block_length=args.block_length)
+    for mode, size in MODES.items():
+        server = Server(ServeConfig(model, defaults, max_batch_size=size or args.max_batch_size,
+                                    max_queued_tokens=1 << 20))
+        try:
+            for strategy in strategies:
+                run_level(server, args.model, strategy, prompts[:2], 1)  # warm-up
+                rows = []
+                for concurrency in levels:
+                    row = run_level(server, args.model, strategy, prompts, concurrency)
+                    rows.append(row)
+                    print(f"{strategy:>10} {mode:>14} c={concurrency:<3} {row['tokens_per_second']:8.1f} tok/s "
+                          f"p50 {row['latency_p50']:.3f}s p99 {row['latency_p99']:.3f}s "
+                          f"rows/batch {row['rows_per_batch']:.1f}", flush=True)
+                results["strategies"][strategy][mode] = rows
+        finally:
+            server.stop()
+    for strategy, modes in results["strategies"].items():
+        batched, alone = modes["batched"], modes["one at a time"]
+        results.setdefault("summary", {})[strategy] = {
+            "speedup_by_concurrency": {
+                str(b["concurrency"]): b["tokens_per_second"] / a["tokens_per_second"] for b, a in zip(batched, alone)
+            },
+            "identical_texts": all(b["texts"] == a["texts"] for b, a in zip(batched, alone)),
+        }
+        print(strategy, json.dumps(results["summary"][strategy]))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1) + "\n")
+    if args.plot is not None:
+        plot(results, args.plot)
+
+
+if __name__ == "__main__":
+    main()
