@@ -129,7 +129,70 @@ def main() -> None:
     parser.add_argument("--strategies", default="quota,threshold", help="comma-separated")
     parser.add_argument("--concurrency", default="1,4,16,64", help="comma-separated client counts")
     parser.add_argument("--requests", type=int, default=64, help="requests per level")
-    parser.add_argument("--max-batch-size", type=int, default=64, help="of the batched server")
+    parser.add_argument("--max-batch-size", type=int, default=16, help="of the batched server (dloom serve's default)")
+    parser.add_argument("--block-length", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/serve.json"))
+    parser.add_argument("--plot", type=Path, default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    model = dloom.load_model(args.model, device=args.device)
+    prompts = [e.prompt for e in select_examples("all", args.requests)]
+    levels = [int(c) for c in args.concurrency.split(",")]
+    strategies = args.strategies.split(",")
+    results = {
+        "model": args.model, "requests_per_level": args.requests, "max_batch_size": args.max_batch_size,
+        "block_length": args.block_length, "device": args.device, "torch_threads": args.threads,
+        "cpu": platform.processor() or platform.machine(), "date": date.today().isoformat(),
+        "strategies": {s: {} for s in strategies},
+    }
+    defaults = DecodeDefaults(block_length=args.block_length)
+    servers = {
+        mode: Server(ServeConfig(model, defaults, max_batch_size=size or args.max_batch_size, max_queued_tokens=1 << 20))
+        for mode, size in MODES.items()
+    }
+    try:
+        for strategy in strategies:
+            for mode, server in servers.items():
+                run_level(server, args.model, strategy, prompts[:2], 1)  # warm-up
+                results["strategies"][strategy][mode] = []
+            for concurrency in levels:  # the two modes back to back, so that drift hits both
+                for mode, server in servers.items():
+                    row = run_level(server, args.model, strategy, prompts, concurrency)
+                    results["strategies"][strategy][mode].append(row)
+                    print(f"{strategy:>10} {mode:>14} c={concurrency:<3} {row['tokens_per_second']:8.1f} tok/s "
+                          f"p50 {row['latency_p50']:.3f}s p99 {row['latency_p99']:.3f}s "
+                          f"rows/batch {row['rows_per_batch']:.1f}", flush=True)
+    finally:
+        for server in servers.values():
+            server.stop()
+    for strategy, modes in results["strategies"].items():
+        for mode, levels in modes.items():
+            xs = [level["concurrency"] for level in levels]
+            style = "-o" if mode == "batched" else "--s"
+            speed.plot(xs, [level["tokens_per_second"] for level in levels], style, label=f"{strategy}, {mode}")
+            latency.plot(xs, [level["latency_p50"] for level in levels], style, label=f"{strategy}, {mode}")
+    for axis, label in ((speed, "generated tokens / s"), (latency, "p50 latency (s)")):
+        axis.set_xscale("log", base=2)
+        axis.set_xlabel("concurrent clients")
+        axis.set_ylabel(label)
+        axis.grid(alpha=0.3)
+    latency.set_yscale("log")
+    speed.legend(fontsize=8)
+    figure.suptitle(f"dloom serve on {results['model']}: batched vs one request at a time")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="toy-dllm")
+    parser.add_argument("--strategies", default="quota,threshold", help="comma-separated")
+    parser.add_argument("--concurrency", default="1,4,16,64", help="comma-separated client counts")
+    parser.add_argument("--requests", type=int, default=64, help="requests per level")
+    parser.add_argument("--max-batch-size", type=int, default=16, help="of the batched server (dloom serve's default)")
     parser.add_argument("--block-length", type=int, default=None)
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--device", default="cpu")

@@ -9,6 +9,10 @@ the batch holds). Blocks of 8 positions (4 per prompt) so that streams have seve
 from __future__ import annotations
 
 import dataclasses
+import os
+import socket
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -18,8 +22,10 @@ import openai
 import pytest
 import torch
 from fastapi.testclient import TestClient
+from typer.testing import CliRunner
 
 import dloom
+from dloom.cli import app as cli_app
 from dloom.errors import ConfigurationError
 from dloom.serve.app import ServeConfig, create_app
 from dloom.serve.background import BackgroundServer
@@ -384,6 +390,45 @@ def test_a_failing_decode_answers_500_and_the_server_goes_on(model):
         assert after['dloom_requests_total{outcome="failed"}'] == 2 and after["dloom_admitted_tokens"] == 0
     finally:
         served.stop()
+
+
+# --- the command line ----------------------------------------------------------------
+
+
+def test_dloom_serve_runs_the_server(model):
+    """``dloom serve`` in its own process answers on the port it was given."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen(
+        [sys.executable, "-c", "from dloom.cli import app; app()", "serve", "--port", str(port), "--block-length", str(BLOCK),
+         "--strategy", "threshold"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+
+        def healthy() -> bool:
+            assert process.poll() is None, process.stderr.read()
+            try:
+                return httpx.get(f"{url}/health").status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_for(healthy, seconds=60)
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        answer = client.completions.create(model=MODEL, prompt=PROMPTS[0])
+        assert answer.choices[0].text == offline(model, PROMPTS[0], "threshold")[0]
+        assert answer.usage.strategy == "threshold"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def test_dloom_serve_refuses_bad_defaults_before_it_listens():
+    result = CliRunner().invoke(cli_app, ["serve", "--strategy", "nope"])
+    assert result.exit_code == 2 and "unknown strategy 'nope'" in result.output
 
 
 # --- the pieces, without HTTP ----------------------------------------------------------
