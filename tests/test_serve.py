@@ -434,6 +434,24 @@ def test_dloom_serve_refuses_bad_defaults_before_it_listens():
 # --- the pieces, without HTTP ----------------------------------------------------------
 
 
+@pytest.mark.parametrize("strategy", ["quota", "threshold", "spiffy+threshold"])
+def test_on_block_hands_over_every_decoded_block_of_every_row(model, strategy):
+    """The engine callback streams rely on: each row's blocks, in order, are its generated
+    tokens (up to the block where it finished), plain and speculative alike."""
+    decoder = dloom.DiffusionDecoder(model, strategy, block_length=BLOCK)
+    seen = {}
+
+    def on_block(record):
+        for row, tokens in zip(record.rows.tolist(), record.tokens.tolist()):
+            assert len(seen.setdefault(row, [])) == record.block * BLOCK  # no block skipped or repeated
+            seen[row].extend(tokens)
+
+    result = decoder.generate(PROMPTS, on_block=on_block)
+    for row, tokens in enumerate(result.token_lists):
+        assert seen[row][: len(tokens)] == tokens
+        assert len(seen[row]) == -(-len(tokens) // BLOCK) * BLOCK  # nothing after the finishing block
+
+
 def test_the_scheduler_admits_within_its_budget_and_frees_a_cancelled_row(model):
     pool = DecoderPool(model, DecodeDefaults(block_length=BLOCK))
     scheduler = Scheduler(32, max_batch_size=4, max_tokens=100, metrics=ServerMetrics(4))
