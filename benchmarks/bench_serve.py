@@ -5,7 +5,7 @@ Two servers run in this process (uvicorn on 127.0.0.1, free ports) over the same
 batches up to ``--max-batch-size`` waiting rows per generation, the other decodes one
 request at a time (``max_batch_size=1``, the same code path otherwise). For each strategy
 and each concurrency ``c``, ``c`` client threads send ``--requests`` completions in total
-(held-out task prompts, greedy) and wait for each answer before sending the next; the two
+(held-out task prompts, greedy; at least one per client) and wait for each answer before sending the next; the two
 servers take turns, ``--repeats`` times per level, and the fastest try of each is kept (on a
 shared CPU, noise only adds time). Reported:
 generated tokens per second (``usage.completion_tokens`` over the wall time of the level),
@@ -118,6 +118,7 @@ def plot(results: dict, path: Path) -> None:
         axis.set_xlabel("concurrent clients")
         axis.set_ylabel(label)
         axis.grid(alpha=0.3)
+    speed.set_yscale("log")
     latency.set_yscale("log")
     speed.legend(fontsize=8)
     figure.suptitle(f"dloom serve on {results['model']}: batched vs one request at a time")
@@ -149,7 +150,7 @@ def main() -> None:
     parser.add_argument("--model", default="toy-dllm")
     parser.add_argument("--strategies", default="quota,threshold", help="comma-separated")
     parser.add_argument("--concurrency", default="1,4,16,64", help="comma-separated client counts")
-    parser.add_argument("--requests", type=int, default=64, help="requests per level")
+    parser.add_argument("--requests", type=int, default=32, help="requests per level (at least one per client)")
     parser.add_argument("--max-batch-size", type=int, default=16, help="of the batched server (dloom serve's default)")
     parser.add_argument("--block-length", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=3, help="tries per level and mode; the fastest is kept")
@@ -164,8 +165,8 @@ def main() -> None:
         return
     torch.set_num_threads(args.threads)
     model = dloom.load_model(args.model, device=args.device)
-    prompts = [e.prompt for e in select_examples("all", args.requests)]
     levels = [int(c) for c in args.concurrency.split(",")]
+    prompts = [e.prompt for e in select_examples("all", max([args.requests, *levels]))]
     strategies = args.strategies.split(",")
     results = {
         "model": args.model, "requests_per_level": args.requests, "max_batch_size": args.max_batch_size,
@@ -187,7 +188,8 @@ def main() -> None:
                 tries = {mode: [] for mode in servers}
                 for _ in range(args.repeats):  # the modes alternate, so that drift hits both alike
                     for mode, server in servers.items():
-                        tries[mode].append(run_level(server, args.model, strategy, prompts, concurrency))
+                        level_prompts = prompts[: max(args.requests, concurrency)]  # every client sends one at least
+                        tries[mode].append(run_level(server, args.model, strategy, level_prompts, concurrency))
                 reference = tries["batched"][0]["texts"]
                 identical = all(run["texts"] == reference for runs in tries.values() for run in runs)
                 for mode, runs in tries.items():  # the fastest try: noise on a shared CPU only adds time

@@ -336,15 +336,15 @@ def test_a_full_queue_answers_429_and_a_client_that_leaves_frees_its_place(model
 
 
 class SlowForward(torch.nn.Module):
-    """The toy model, 40 ms slower per forward, so that a stream is still decoding when its
-    client leaves."""
+    """The toy model, 150 ms slower per forward, so that a stream is still decoding when its
+    client leaves (block 1 takes 1.2 s; the server notices a disconnect within 0.5 s)."""
 
     def __init__(self, inner: torch.nn.Module) -> None:
         super().__init__()
         self.inner = inner
 
     def forward(self, **inputs):
-        time.sleep(0.04)
+        time.sleep(0.15)
         return self.inner(**inputs)
 
 
