@@ -395,6 +395,7 @@ def test_a_failing_decode_answers_500_and_the_server_goes_on(model):
 # --- the command line ----------------------------------------------------------------
 
 
+@pytest.mark.slow  # a fresh process imports torch and loads the model: 10-20 s
 def test_dloom_serve_runs_the_server(model):
     """``dloom serve`` in its own process answers on the port it was given."""
     with socket.socket() as probe:

@@ -25,7 +25,7 @@ from dloom.serve.metrics import ServerMetrics
 from dloom.serve.responses import error_body, sse, usage
 from dloom.serve.scheduler import BlockTokens, Failed, Finished, Job, Scheduler
 from dloom.serve.schemas import ChatCompletionRequest, GenerationFields
-from dloom.serve.text import StreamText, visible_output
+from dloom.serve.text import StreamText, Visible, visible_output
 
 POLL_SECONDS = 0.5  # how often a waiting response checks that its client is still there
 
@@ -175,7 +175,8 @@ class Service:
         self.scheduler.submit(prepared.resolved, jobs)
         return jobs, events
 
-    def visible(self, prepared: Prepared, tokens: list[int], complete: bool):
+    def visible(self, prepared: Prepared, tokens: list[int], complete: bool) -> Visible:
+        """What the client sees of a row's ``tokens`` (:func:`~dloom.serve.text.visible_output`)."""
         return visible_output(tokens, self.model.eos_token_ids, prepared.max_tokens, prepared.stop, self.model.decode, complete)
 
     def cancel(self, jobs: list[Job]) -> None:
@@ -237,6 +238,10 @@ class Service:
         )
 
     async def _events(self, request, prepared, kind, include_usage, jobs, events) -> AsyncIterator[str]:
+        """The stream's events: a chat's role chunk, each row's text deltas (the chunk that
+        ends a row carries its ``finish_reason``), the usage chunk if asked, ``[DONE]``.
+        A client that leaves, by disconnecting or by the stream being closed, withdraws
+        its rows."""
         chunk_kind = "text_completion" if kind == "text_completion" else "chat.completion.chunk"
         head = envelope(chunk_kind, self.name)
         texts = [StreamText(prepared.stop) for _ in jobs]
@@ -285,6 +290,7 @@ class Service:
                 self.cancel(jobs)
 
     def failure(self, event: Failed) -> JSONResponse:
+        """The 500 answer of a request whose batch failed."""
         self.metrics.count_request("failed")
         return JSONResponse(error_body(f"decoding failed: {event.error}", "server_error"), status_code=500)
 
