@@ -1,0 +1,100 @@
+"""The FastAPI application: OpenAI-compatible endpoints over the scheduler.
+
+``create_app(ServeConfig(model))`` returns the app; ``dloom serve`` runs it with uvicorn.
+Endpoints: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``
+(``stream: true`` sends server-sent events, one per decoded block), ``GET /health`` and
+``GET /metrics`` (Prometheus text). The request logic is :class:`~dloom.serve.service.
+Service`'s; this module maps its refusals to status codes (404, 422, 400, 429).
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from starlette.concurrency import run_in_threadpool
+
+from dloom.errors import DloomError
+from dloom.serve.responses import error_body
+from dloom.serve.scheduler import QueueFullError
+from dloom.serve.schemas import ChatCompletionRequest, CompletionRequest
+from dloom.serve.service import HTTPError, ServeConfig, Service
+
+__all__ = ["ServeConfig", "create_app"]
+
+
+def create_app(config: ServeConfig) -> FastAPI:
+    """The server app for ``config``; its worker starts and stops with the app's lifespan.
+
+    :raises DloomError: when the server's own default settings are invalid.
+    """
+    service = Service(config)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        service.scheduler.start()
+        try:
+            yield
+        finally:
+            await run_in_threadpool(service.scheduler.stop)
+
+    app = FastAPI(title="dloom", lifespan=lifespan)
+    app.state.service = service
+
+    @app.exception_handler(HTTPError)
+    async def http_error(request: Request, error: HTTPError) -> JSONResponse:
+        service.metrics.count_request("invalid")
+        return JSONResponse(error_body(str(error), error.kind, error.code), status_code=error.status)
+
+    @app.exception_handler(DloomError)
+    async def dloom_error(request: Request, error: DloomError) -> JSONResponse:
+        if isinstance(error, QueueFullError):
+            service.metrics.count_request("rejected")
+            return JSONResponse(error_body(str(error), "rate_limit_error", "queue_full"), status_code=429)
+        service.metrics.count_request("invalid")
+        return JSONResponse(error_body(str(error), "invalid_request_error"), status_code=400)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
+        service.metrics.count_request("invalid")
+        problems = []
+        for problem in error.errors():
+            where = ".".join(str(part) for part in problem["loc"] if part != "body")
+            problems.append(f"{where}: {problem['msg']}" if where else problem["msg"])
+        return JSONResponse(error_body("; ".join(problems), "invalid_request_error"), status_code=422)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": service.name, **service.scheduler.load()}
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(
+            service.metrics.render(service.scheduler.load()), media_type="text/plain; version=0.0.4"
+        )
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": service.name, "object": "model", "created": 0, "owned_by": "dloom"}]}
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        service.check_model(body)
+        prepared = await run_in_threadpool(service.prepare, body, body.prompts(), body.max_tokens)
+        if body.stream:
+            return service.stream(request, prepared, "text_completion", body.include_usage)
+        return await service.complete(request, prepared, "text_completion")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        service.check_model(body)
+        prompt = service.chat_prompt(body)
+        prepared = await run_in_threadpool(service.prepare, body, [prompt], body.token_limit)
+        if body.stream:
+            return service.stream(request, prepared, "chat.completion", body.include_usage)
+        return await service.complete(request, prepared, "chat.completion")
+
+    return app
