@@ -511,3 +511,7 @@ def check(
     else:
         console.print(escape(report.render()), highlight=False)
     raise typer.Exit(code=report.exit_code)
+
+
+from dloom.serve.command import serve  # noqa: E402 - `dloom serve` lives with its server
+app.command()(serve)

@@ -357,6 +357,7 @@ class DiffusionDecoder:
         prompts: Prompts,
         attention_mask: torch.Tensor | None = None,
         observer: Callable[[StepRecord], None] | None = None,
+        on_block: Callable[[BlockRecord], None] | None = None,
     ) -> GenerationResult:
         """Decode a batch of prompts.
 
@@ -364,6 +365,9 @@ class DiffusionDecoder:
             left-padded ids with its ``attention_mask``.
         :param observer: called after every plain step with a :class:`StepRecord` (the
             reference process as it runs; ``dloom calibrate`` records it).
+        :param on_block: called once per decoded block with a :class:`BlockRecord`: the
+            block's final tokens for the rows that decoded it, plain or speculative
+            (``dloom serve`` streams them).
         :return: the decoded batch with its metrics.
         :raises ModelError: for empty prompts or a sequence beyond the model's context.
         :raises NonFiniteLogitsError: when the model returns NaN or inf.
@@ -415,6 +419,8 @@ class DiffusionDecoder:
             nfe.index_add_(0, rows, block_nfe)
             tokens[rows] = x
             finished[rows] = finished_rows(x[:, prompt_len:], mask_id, eos_ids)
+            if on_block is not None:
+                on_block(BlockRecord(block, rows, x[:, start:start + self.block_length]))
 
         generated = tokens[:, prompt_len:]
         lengths = generated_lengths(generated, eos_ids)
@@ -459,6 +465,22 @@ class StepRecord:
     before: torch.Tensor
     logits: torch.Tensor
     after: torch.Tensor
+
+
+@dataclass(frozen=True)
+class BlockRecord:
+    """One decoded block, as the ``on_block`` callback of :meth:`DiffusionDecoder.generate`
+    sees it (``B`` rows that decoded the block, ``K = block_length``).
+
+    :ivar block: the block's index.
+    :ivar rows: ``(B,)`` long, the rows' indices in the batch passed to ``generate``.
+    :ivar tokens: ``(B, K)`` long, the block's final tokens (final: a later block never
+        changes them; positions after a row's EOS may stay masked).
+    """
+
+    block: int
+    rows: torch.Tensor
+    tokens: torch.Tensor
 
 
 class _Counters:

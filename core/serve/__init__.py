@@ -1,0 +1,15 @@
+"""An OpenAI-compatible HTTP server for dLLMs decoded by dloom (``dloom serve``).
+
+* :mod:`dloom.serve.app`: the FastAPI app (:func:`create_app`, :class:`ServeConfig`);
+* :mod:`dloom.serve.schemas`: request bodies;
+* :mod:`dloom.serve.decoders`: request settings resolved into validated decoders;
+* :mod:`dloom.serve.scheduler`: the queue, lanes and the batching worker;
+* :mod:`dloom.serve.text`: ``max_tokens``, stop sequences and streamed text;
+* :mod:`dloom.serve.responses`: choices, usage and errors;
+* :mod:`dloom.serve.metrics`: the Prometheus counters;
+* :mod:`dloom.serve.command`: the ``dloom serve`` command.
+
+FastAPI and uvicorn are an optional extra (``pip install "dloom[serve]"``); importing this
+package (or :mod:`dloom.serve.command`) imports neither them nor torch; :mod:`dloom.serve.app`
+needs them.
+"""

@@ -1,0 +1,380 @@
+"""The FastAPI application: OpenAI-compatible endpoints over the scheduler.
+
+``create_app(ServeConfig(model))`` returns the app; ``dloom serve`` runs it with uvicorn.
+Endpoints: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``
+(``stream: true`` sends server-sent events, one per decoded block), ``GET /health`` and
+``GET /metrics`` (Prometheus text).
+
+Every check runs before a row is queued: the model name (404), the body's fields (422),
+the dloom settings (400, the CLI's messages), empty prompts, token ids outside the
+vocabulary, ``max_tokens`` beyond ``gen_length`` and prompts that would not fit the model's
+context (400: refused, never truncated); a full queue answers 429.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from dloom.adapter import ModelAdapter
+from dloom.errors import DloomError, ModelError
+from dloom.serve.decoders import DecodeDefaults, DecoderPool, Resolved
+from dloom.serve.metrics import ServerMetrics
+from dloom.serve.responses import error_body, sse, usage
+from dloom.serve.scheduler import BlockTokens, Failed, Finished, Job, QueueFullError, Scheduler
+from dloom.serve.schemas import ChatCompletionRequest, CompletionRequest, GenerationFields
+from dloom.serve.text import StreamText, visible_output
+
+POLL_SECONDS = 0.5  # how often a waiting response checks that its client is still there
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """What ``dloom serve`` configures.
+
+    :ivar model: the served model.
+    :ivar defaults: the decoding settings (a request may override strategy, params, cache).
+    :ivar max_batch_size: rows decoded together, at most.
+    :ivar max_queued_tokens: token budget of admitted rows (``prompt + gen_length`` each).
+    :ivar plain_chat: without a chat template, join the messages' contents with spaces
+        (else a chat request to such a model is refused with 400).
+    :ivar name: the model name clients use (default: the model's).
+    """
+
+    model: ModelAdapter
+    defaults: DecodeDefaults = field(default_factory=DecodeDefaults)
+    max_batch_size: int = 16
+    max_queued_tokens: int = 65536
+    plain_chat: bool = False
+    name: str | None = None
+
+
+class HTTPError(Exception):
+    """A refusal with its status code and OpenAI error type."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None):
+        super().__init__(message)
+        self.status, self.kind, self.code = status, kind, code
+
+
+@dataclass
+class Prepared:
+    """A validated request: its decoder, its rows' prompt ids and its output limits."""
+
+    resolved: Resolved
+    prompts: list[list[int]]
+    max_tokens: int
+    stop: list[str]
+
+
+class Service:
+    """The request logic behind the endpoints (one per app)."""
+
+    def __init__(self, config: ServeConfig) -> None:
+        self.config = config
+        self.model = config.model
+        self.name = config.name or config.model.name
+        self.pool = DecoderPool(config.model, config.defaults)
+        self.gen_length = self.pool.default.decoder.gen_length
+        self.metrics = ServerMetrics(config.max_batch_size)
+        self.scheduler = Scheduler(
+            self.gen_length, config.max_batch_size, config.max_queued_tokens, self.metrics
+        )
+        self.vocab_size = getattr(getattr(config.model.model, "config", None), "vocab_size", None)
+
+    # --- validation ----------------------------------------------------------------------
+
+    def prepare(self, body: GenerationFields, prompts: list[str] | list[list[int]], token_limit: int | None) -> Prepared:
+        """Check everything about a request before any of it is queued.
+
+        :raises DloomError: for bad settings, prompts or lengths (answered with 400).
+        """
+        resolved = self.pool.resolve(
+            body.strategy, body.params, body.cache, body.cache_refresh, body.temperature or 0.0, body.seed,
+        )
+        max_tokens = self.gen_length if token_limit is None else token_limit
+        if max_tokens > self.gen_length:
+            raise ModelError(
+                f"max_tokens {max_tokens} exceeds the {self.gen_length} positions this server "
+                f"decodes per prompt (gen_length); allowed: 1..{self.gen_length}"
+            )
+        rows = self._encode(prompts) if prompts and isinstance(prompts[0], str) else [list(p) for p in prompts]
+        if not rows:
+            raise ModelError("no prompt given; allowed: a text, texts, token ids or lists of token ids")
+        for index, row in enumerate(rows):
+            self._check_row(index, row)
+        return Prepared(resolved, rows, max_tokens, list(body.stop or []))
+
+    def _encode(self, prompts: list[str]) -> list[list[int]]:
+        try:
+            return self.model.encode(prompts)
+        except DloomError:
+            raise
+        except Exception as error:  # noqa: BLE001 - the tokenizer's own refusal, reported as the client's
+            raise ModelError(f"the model's tokenizer cannot encode the prompt: {error}") from None
+
+    def check_model(self, body: GenerationFields) -> None:
+        """:raises HTTPError: 404 when the body names another model."""
+        if body.model != self.name:
+            raise HTTPError(
+                404, f"model {body.model!r} is not served here; this server serves {self.name!r}",
+                code="model_not_found",
+            )
+
+    def _check_row(self, index: int, row: list[int]) -> None:
+        if not row:
+            raise ModelError(f"prompt {index} is empty; every prompt needs at least one token")
+        if self.vocab_size is not None and not all(0 <= t < self.vocab_size for t in row):
+            bad = next(t for t in row if not 0 <= t < self.vocab_size)
+            raise ModelError(f"prompt {index} has token id {bad}; allowed: 0..{self.vocab_size - 1}")
+        context = self.model.max_context
+        if context is not None and len(row) + self.gen_length > context:
+            raise ModelError(
+                f"prompt {index} of {len(row)} tokens + gen_length {self.gen_length} = "
+                f"{len(row) + self.gen_length} exceeds the model's context of {context} tokens; "
+                "dloom refuses it rather than truncate it"
+            )
+
+    def chat_prompt(self, body: ChatCompletionRequest) -> str:
+        """The conversation as one prompt text: the tokenizer's chat template, or with
+        ``plain_chat`` the contents joined by spaces.
+
+        :raises ModelError: when the model has neither.
+        """
+        messages = [message.model_dump() for message in body.messages]
+        tokenizer = self.model.tokenizer
+        if tokenizer is not None and getattr(tokenizer, "chat_template", None):
+            return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        if self.config.plain_chat:
+            return " ".join(message["content"] for message in messages)
+        raise ModelError(
+            f"model {self.name!r} has no chat template in its tokenizer; use /v1/completions, "
+            "give the checkpoint's tokenizer_config.json a chat_template, or start the server "
+            "with --plain-chat (the messages' contents joined by spaces)"
+        )
+
+    # --- answering -----------------------------------------------------------------------
+
+    def submit(self, prepared: Prepared, stream: bool) -> tuple[list[Job], asyncio.Queue]:
+        """Queue the request's rows; their events arrive on the returned queue as
+        ``(row index, event)``."""
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+
+        def poster(index: int):
+            def post(event) -> None:
+                try:
+                    loop.call_soon_threadsafe(events.put_nowait, (index, event))
+                except RuntimeError:  # the event loop is gone: the server is shutting down
+                    pass
+            return post
+
+        jobs = [Job(prompt, stream, poster(i)) for i, prompt in enumerate(prepared.prompts)]
+        self.scheduler.submit(prepared.resolved, jobs)
+        return jobs, events
+
+    def visible(self, prepared: Prepared, tokens: list[int], complete: bool):
+        return visible_output(tokens, self.model.eos_token_ids, prepared.max_tokens, prepared.stop, self.model.decode, complete)
+
+    def cancel(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            self.scheduler.cancel(job)
+        self.metrics.count_request("cancelled")
+
+    async def next_event(self, request: Request, events: asyncio.Queue):
+        """The next ``(index, event)``, or ``None`` once the client has disconnected."""
+        while True:
+            try:
+                return await asyncio.wait_for(events.get(), POLL_SECONDS)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    return None
+
+    async def complete(self, request: Request, prepared: Prepared, kind: str) -> JSONResponse:
+        """Wait for every row and answer with one JSON object."""
+        jobs, events = self.submit(prepared, stream=False)
+        finished: dict[int, Finished] = {}
+        try:
+            while len(finished) < len(jobs):
+                item = await self.next_event(request, events)
+                if item is None:
+                    self.cancel(jobs)
+                    return JSONResponse(error_body("client disconnected", "cancelled"), status_code=499)
+                index, event = item
+                if isinstance(event, Failed):
+                    return self.failure(event)
+                finished[index] = event
+        except asyncio.CancelledError:
+            self.cancel(jobs)
+            raise
+        choices, completion_tokens = [], 0
+        for index in range(len(jobs)):
+            shown = self.visible(prepared, finished[index].tokens, complete=True)
+            completion_tokens += len(shown.tokens)
+            choices.append(choice(kind, index, shown.text, shown.finish_reason))
+        prompt_tokens = sum(len(p) for p in prepared.prompts)
+        self.metrics.count_request("completed", prompt_tokens, completion_tokens)
+        body = envelope(kind, self.name)
+        body["choices"] = choices
+        body["usage"] = usage(prepared.resolved.decoder, prompt_tokens, completion_tokens, [finished[i] for i in range(len(jobs))])
+        return JSONResponse(body)
+
+    def stream(self, request: Request, prepared: Prepared, kind: str, include_usage: bool) -> StreamingResponse:
+        """Answer with server-sent events: each row's text as its blocks land."""
+        jobs, events = self.submit(prepared, stream=True)
+        return StreamingResponse(
+            self._events(request, prepared, kind, include_usage, jobs, events),
+            media_type="text/event-stream",
+        )
+
+    async def _events(self, request, prepared, kind, include_usage, jobs, events) -> AsyncIterator[str]:
+        chunk_kind = "text_completion" if kind == "text_completion" else "chat.completion.chunk"
+        head = envelope(chunk_kind, self.name)
+        texts = [StreamText(prepared.stop) for _ in jobs]
+        decoded: list[list[int]] = [[] for _ in jobs]
+        closed = [False] * len(jobs)
+        finished: dict[int, Finished] = {}
+        done = False
+        try:
+            if kind == "chat.completion":
+                yield sse({**head, "choices": [chunk(kind, i, "", None, role=True) for i in range(len(jobs))]})
+            while len(finished) < len(jobs):
+                item = await self.next_event(request, events)
+                if item is None:
+                    return
+                index, event = item
+                if isinstance(event, Failed):
+                    self.metrics.count_request("failed")
+                    yield sse(error_body(f"decoding failed: {event.error}", "server_error"))
+                    done = True
+                    return
+                if isinstance(event, BlockTokens):
+                    decoded[index].extend(event.tokens)
+                    shown = self.visible(prepared, decoded[index], complete=False)
+                else:
+                    finished[index] = event
+                    shown = self.visible(prepared, event.tokens, complete=True)
+                if closed[index]:
+                    continue
+                delta = texts[index].advance(shown)
+                if delta or shown.finish_reason is not None:
+                    closed[index] = shown.finish_reason is not None
+                    yield sse({**head, "choices": [chunk(kind, index, delta, shown.finish_reason)]})
+            prompt_tokens = sum(len(p) for p in prepared.prompts)
+            completion_tokens = sum(
+                len(self.visible(prepared, finished[i].tokens, complete=True).tokens) for i in range(len(jobs))
+            )
+            if include_usage:
+                rows = [finished[i] for i in range(len(jobs))]
+                yield sse({**head, "choices": [], "usage": usage(prepared.resolved.decoder, prompt_tokens, completion_tokens, rows)})
+            yield sse("[DONE]")
+            self.metrics.count_request("completed", prompt_tokens, completion_tokens)
+            done = True
+        finally:
+            if not done:
+                self.cancel(jobs)
+
+    def failure(self, event: Failed) -> JSONResponse:
+        self.metrics.count_request("failed")
+        return JSONResponse(error_body(f"decoding failed: {event.error}", "server_error"), status_code=500)
+
+
+def envelope(kind: str, model: str) -> dict[str, Any]:
+    prefix = "cmpl" if kind == "text_completion" else "chatcmpl"
+    return {"id": f"{prefix}-{uuid.uuid4().hex}", "object": kind, "created": int(time.time()), "model": model}
+
+
+def choice(kind: str, index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
+    if kind == "text_completion":
+        return {"index": index, "text": text, "finish_reason": finish_reason, "logprobs": None}
+    return {"index": index, "message": {"role": "assistant", "content": text}, "finish_reason": finish_reason, "logprobs": None}
+
+
+def chunk(kind: str, index: int, text: str, finish_reason: str | None, role: bool = False) -> dict[str, Any]:
+    if kind == "text_completion":
+        return {"index": index, "text": text, "finish_reason": finish_reason, "logprobs": None}
+    delta = {"role": "assistant", "content": text} if role else ({"content": text} if text else {})
+    return {"index": index, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
+
+
+def create_app(config: ServeConfig) -> FastAPI:
+    """The server app for ``config``; its worker starts and stops with the app's lifespan.
+
+    :raises DloomError: when the server's own default settings are invalid.
+    """
+    service = Service(config)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        service.scheduler.start()
+        try:
+            yield
+        finally:
+            await run_in_threadpool(service.scheduler.stop)
+
+    app = FastAPI(title="dloom", lifespan=lifespan)
+    app.state.service = service
+
+    @app.exception_handler(HTTPError)
+    async def http_error(request: Request, error: HTTPError) -> JSONResponse:
+        service.metrics.count_request("invalid")
+        return JSONResponse(error_body(str(error), error.kind, error.code), status_code=error.status)
+
+    @app.exception_handler(DloomError)
+    async def dloom_error(request: Request, error: DloomError) -> JSONResponse:
+        if isinstance(error, QueueFullError):
+            service.metrics.count_request("rejected")
+            return JSONResponse(error_body(str(error), "rate_limit_error", "queue_full"), status_code=429)
+        service.metrics.count_request("invalid")
+        return JSONResponse(error_body(str(error), "invalid_request_error"), status_code=400)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
+        service.metrics.count_request("invalid")
+        problems = []
+        for problem in error.errors():
+            where = ".".join(str(part) for part in problem["loc"] if part != "body")
+            problems.append(f"{where}: {problem['msg']}" if where else problem["msg"])
+        return JSONResponse(error_body("; ".join(problems), "invalid_request_error"), status_code=422)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": service.name, **service.scheduler.load()}
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(
+            service.metrics.render(service.scheduler.load()), media_type="text/plain; version=0.0.4"
+        )
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": service.name, "object": "model", "created": 0, "owned_by": "dloom"}]}
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        service.check_model(body)
+        prepared = await run_in_threadpool(service.prepare, body, body.prompts(), body.max_tokens)
+        if body.stream:
+            return service.stream(request, prepared, "text_completion", body.include_usage)
+        return await service.complete(request, prepared, "text_completion")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        service.check_model(body)
+        prompt = service.chat_prompt(body)
+        prepared = await run_in_threadpool(service.prepare, body, [prompt], body.token_limit)
+        if body.stream:
+            return service.stream(request, prepared, "chat.completion", body.include_usage)
+        return await service.complete(request, prepared, "chat.completion")
+
+    return app

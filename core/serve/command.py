@@ -1,0 +1,56 @@
+"""``dloom serve``: run the OpenAI-compatible server with uvicorn.
+
+Importing this module needs neither FastAPI nor uvicorn (the command line loads it for its
+help); running the command does (``pip install "dloom[serve]"``).
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+
+
+def serve(
+    model: str = typer.Option("toy-dllm", "--model", "-m", help="Toy-zoo name or local checkpoint directory."),
+    strategy: str = typer.Option("quota", "--strategy", "-s", help="Default strategy (a request may name another)."),
+    param: List[str] = typer.Option([], "--param", "-p", help="Default strategy parameter NAME=VALUE (repeatable)."),
+    host: str = typer.Option("127.0.0.1", help="Address to listen on."),
+    port: int = typer.Option(8000, help="Port to listen on."),
+    gen_length: Optional[int] = typer.Option(None, help="Generated positions per prompt (default: the model's, else 128); the most max_tokens may ask."),
+    block_length: Optional[int] = typer.Option(None, help="Positions per block: the granularity of streaming."),
+    steps: Optional[int] = typer.Option(None, help="Step budget for quota rules (default gen_length)."),
+    remasking: str = typer.Option("low_confidence", help="low_confidence, random, margin or entropy."),
+    cache: str = typer.Option("none", "--cache", help="Default KV cache: none, prefix or dual."),
+    cache_refresh: Optional[int] = typer.Option(None, "--cache-refresh", help="With --cache: a full forward every N forwards of a block."),
+    max_batch_size: int = typer.Option(16, min=1, help="Rows decoded together, at most."),
+    max_queued_tokens: int = typer.Option(65536, min=1, help="Token budget of admitted rows (prompt + gen_length each); beyond it requests get 429."),
+    plain_chat: bool = typer.Option(False, "--plain-chat", help="Without a chat template, join chat messages with spaces instead of refusing."),
+    device: str = typer.Option("cpu", help="torch device, e.g. cpu or cuda."),
+    dtype: str = typer.Option("float32", help="float32, float64, bfloat16 or float16."),
+) -> None:
+    """Serve a dLLM over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions)."""
+    from dloom.cli import fail, parse_params
+    from dloom.errors import ConfigurationError, DloomError
+
+    try:
+        import uvicorn
+
+        from dloom import load_model
+        from dloom.serve.app import ServeConfig, create_app
+        from dloom.serve.decoders import DecodeDefaults
+    except ImportError as error:
+        fail(ConfigurationError(f"dloom serve needs FastAPI and uvicorn ({error}); pip install \"dloom[serve]\""))
+    try:
+        defaults = DecodeDefaults(
+            strategy=strategy, params=parse_params(param), cache=cache, cache_refresh=cache_refresh,
+            gen_length=gen_length, block_length=block_length, steps=steps, remasking=remasking,
+        )
+        adapter = load_model(model, device=device, dtype=dtype)
+        app = create_app(ServeConfig(
+            adapter, defaults, max_batch_size=max_batch_size,
+            max_queued_tokens=max_queued_tokens, plain_chat=plain_chat,
+        ))
+    except DloomError as error:
+        fail(error)
+    uvicorn.run(app, host=host, port=port, log_level="info")

@@ -1,0 +1,124 @@
+"""Decoders by settings: each request's dloom settings resolved into a
+:class:`~dloom.DiffusionDecoder`, validated exactly as the CLI validates them.
+
+A request names a strategy, its parameters, a cache mode, a temperature and a seed; the
+server's command line fixes the rest (lengths, steps, remasking). Building the decoder is
+the validation: an unknown strategy, parameter or value raises the same
+:class:`~dloom.errors.DloomError` with the same message as ``dloom generate``. Two requests
+whose settings build the same decoder (``{"tau": 0.9}`` and the default) share one
+:class:`LaneKey`, so the scheduler can batch them together.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from dloom.adapter import ModelAdapter
+from dloom.engine import DiffusionDecoder
+
+
+@dataclass(frozen=True)
+class DecodeDefaults:
+    """The server-wide settings every request decodes with (``dloom serve`` options).
+
+    ``strategy``, ``params`` and ``cache`` are the defaults a request may override;
+    ``gen_length``, ``block_length``, ``steps`` and ``remasking`` are fixed per server.
+    """
+
+    strategy: str = "quota"
+    params: Mapping[str, Any] | None = None
+    cache: str = "none"
+    cache_refresh: int | None = None
+    gen_length: int | None = None
+    block_length: int | None = None
+    steps: int | None = None
+    remasking: str = "low_confidence"
+
+
+@dataclass(frozen=True)
+class LaneKey:
+    """Everything that makes two rows decodable in one batch: the decoder's settings, and
+    for a seeded request that draws random numbers its seed (such a request is decoded
+    alone, so that its random stream does not depend on other requests)."""
+
+    settings: str  # the decoder's config as sorted JSON (seed left out unless it matters)
+    solo: bool
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A request's decoder and the lane its rows join."""
+
+    key: LaneKey
+    decoder: DiffusionDecoder
+
+
+class DecoderPool:
+    """Builds, validates and keeps decoders for request settings (thread-safe).
+
+    :param model: the served model.
+    :param defaults: the server's settings.
+    :param capacity: decoders kept for reuse (least recently used dropped first; a lane
+        holds its own decoder, so dropping one never disturbs a running batch).
+    """
+
+    def __init__(self, model: ModelAdapter, defaults: DecodeDefaults, capacity: int = 64) -> None:
+        self.model = model
+        self.defaults = defaults
+        self.capacity = capacity
+        self._lock = threading.Lock()
+        self._decoders: OrderedDict[str, Resolved] = OrderedDict()
+        # validate the server's own defaults now: a bad `dloom serve` fails at start
+        self.default = self.resolve()
+
+    def resolve(
+        self,
+        strategy: str | None = None,
+        params: Mapping[str, Any] | None = None,
+        cache: str | None = None,
+        cache_refresh: int | None = None,
+        temperature: float = 0.0,
+        seed: int | None = None,
+    ) -> Resolved:
+        """The decoder for these settings (``None``: the server's default).
+
+        :raises DloomError: the CLI's error for a bad strategy, parameter, cache mode or
+            temperature (the decoder's constructor raises it).
+        """
+        d = self.defaults
+        given = {
+            "strategy": strategy or d.strategy,
+            "params": dict(d.params or {}) if params is None else dict(params),
+            "cache": cache or d.cache,
+            "cache_refresh": d.cache_refresh if cache_refresh is None and cache is None else cache_refresh,
+            "temperature": float(temperature),
+            "seed": seed,
+        }
+        request_key = json.dumps(given, sort_keys=True, default=str)
+        with self._lock:
+            if request_key in self._decoders:
+                self._decoders.move_to_end(request_key)
+                return self._decoders[request_key]
+        decoder = DiffusionDecoder(
+            self.model, given["strategy"], params=given["params"], cache=given["cache"],
+            cache_refresh=given["cache_refresh"], temperature=given["temperature"],
+            seed=seed, gen_length=d.gen_length, block_length=d.block_length, steps=d.steps,
+            remasking=d.remasking,
+        )
+        random = decoder.temperature > 0 or decoder.remasking == "random"
+        config = dict(decoder.config)
+        if not random or seed is None:
+            config["seed"] = None  # the seed changes nothing, or nothing is reproducible
+        resolved = Resolved(
+            LaneKey(json.dumps(config, sort_keys=True, default=str), solo=random and seed is not None),
+            decoder,
+        )
+        with self._lock:
+            self._decoders[request_key] = resolved
+            while len(self._decoders) > self.capacity:
+                self._decoders.popitem(last=False)
+        return resolved

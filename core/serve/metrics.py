@@ -1,0 +1,88 @@
+"""The server's counters, rendered in the Prometheus text exposition format (``/metrics``).
+
+Counters only grow; gauges are read from the scheduler when ``/metrics`` is scraped.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+OUTCOMES = ("completed", "invalid", "rejected", "cancelled", "failed")
+"""Request outcomes: answered, refused as malformed (400/404/422), refused because the
+server was full (429), abandoned by the client, or failed while decoding (500)."""
+
+
+class ServerMetrics:
+    """Thread-safe tallies of requests, tokens, forwards and batches.
+
+    :param max_batch_size: the scheduler's, to report batch occupancy as a share.
+    """
+
+    def __init__(self, max_batch_size: int) -> None:
+        self.max_batch_size = max_batch_size
+        self._lock = threading.Lock()
+        self.requests: Counter[str] = Counter({outcome: 0 for outcome in OUTCOMES})
+        self.cancelled_rows: Counter[str] = Counter({"queued": 0, "running": 0})
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.nfe = 0
+        self.forwards = 0
+        self.batches = 0
+        self.batch_rows = 0
+        self.last_batch_rows = 0
+
+    def count_request(self, outcome: str, prompt_tokens: int = 0, completion_tokens: int = 0) -> None:
+        with self._lock:
+            self.requests[outcome] += 1
+            self.prompt_tokens += prompt_tokens
+            self.completion_tokens += completion_tokens
+
+    def count_cancelled(self, stage: str) -> None:
+        with self._lock:
+            self.cancelled_rows[stage] += 1
+
+    def count_batch(self, rows: int, forwards: int, nfe: int) -> None:
+        with self._lock:
+            self.batches += 1
+            self.batch_rows += rows
+            self.last_batch_rows = rows
+            self.forwards += forwards
+            self.nfe += nfe
+
+    def render(self, load: dict[str, int]) -> str:
+        """The exposition text, with the scheduler's ``load`` (:meth:`Scheduler.load`)."""
+        lines: list[str] = []
+
+        def metric(name: str, kind: str, help_text: str, samples: dict[str, float]) -> None:
+            lines.extend([f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"])
+            for labels, value in samples.items():
+                lines.append(f"{name}{labels} {value:g}")
+
+        with self._lock:
+            metric("dloom_requests_total", "counter", "HTTP requests by outcome.",
+                   {f'{{outcome="{k}"}}': v for k, v in self.requests.items()})
+            metric("dloom_cancelled_rows_total", "counter",
+                   "Rows whose client went away, by where they were (queued: freed at once).",
+                   {f'{{stage="{k}"}}': v for k, v in self.cancelled_rows.items()})
+            metric("dloom_prompt_tokens_total", "counter", "Prompt tokens of completed requests.",
+                   {"": self.prompt_tokens})
+            metric("dloom_generated_tokens_total", "counter",
+                   "Generated tokens returned by completed requests.", {"": self.completion_tokens})
+            metric("dloom_nfe_total", "counter", "Row forwards (NFE summed over decoded rows).",
+                   {"": self.nfe})
+            metric("dloom_forwards_total", "counter", "Batched forward calls of the model.",
+                   {"": self.forwards})
+            metric("dloom_batches_total", "counter", "generate() calls (batches decoded).",
+                   {"": self.batches})
+            metric("dloom_batch_rows_total", "counter", "Rows decoded, over all batches.",
+                   {"": self.batch_rows})
+            occupancy = self.last_batch_rows / self.max_batch_size
+        metric("dloom_queue_depth", "gauge", "Rows waiting for a batch.", {"": load["waiting"]})
+        metric("dloom_running_rows", "gauge", "Rows being decoded now.", {"": load["running"]})
+        metric("dloom_admitted_tokens", "gauge",
+               "Tokens of admitted rows (waiting or decoding), bounded by the budget.",
+               {"": load["admitted_tokens"]})
+        metric("dloom_batch_occupancy", "gauge",
+               "Rows of the last batch over max_batch_size.", {"": occupancy})
+        return "\n".join(lines) + "\n"

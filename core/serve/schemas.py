@@ -1,0 +1,102 @@
+"""Request bodies of the OpenAI-compatible endpoints, with dloom's own settings.
+
+The OpenAI fields dloom honours are declared; any other field is refused (HTTP 422 naming
+it), so a misspelt setting never passes silently. dloom's settings sit at the top level of
+the body (the ``openai`` client sends them with ``extra_body=``): ``strategy``, ``params``,
+``cache`` and ``cache_refresh``; the server validates them against the strategy registry.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+ParamValue = Union[bool, int, float, str]
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    include_usage: bool = Field(False, description="send a last chunk with the usage")
+
+
+class GenerationFields(BaseModel):
+    """Fields common to completions and chat completions."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(description="the served model's name (GET /v1/models)")
+    max_tokens: int | None = Field(
+        None, ge=1, description="generated tokens returned at most (default and limit: gen_length)"
+    )
+    temperature: float | None = Field(
+        None, ge=0, description="0 (the default, unlike OpenAI's 1) decodes greedily"
+    )
+    seed: int | None = Field(None, description="seeds the sampler (a seeded sampled request is decoded alone)")
+    stop: str | list[str] | None = Field(None, validate_default=True, description="up to 4 stop sequences")
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = Field(1, description="choices per prompt; dloom returns one")
+    strategy: str | None = Field(None, description="dloom strategy, names joined by '+'")
+    params: dict[str, ParamValue] | None = Field(
+        None, description="strategy parameters by name ('tau') or component ('spiffy.budget')"
+    )
+    cache: str | None = Field(None, description="KV cache: none, prefix or dual")
+    cache_refresh: int | None = Field(None, description="with a cache: a full forward every N forwards")
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, value: int) -> int:
+        if value != 1:
+            raise ValueError(f"n is {value}; allowed: 1 (send one request per sample)")
+        return value
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_sequences(cls, value: str | list[str] | None) -> list[str]:
+        stops = [value] if isinstance(value, str) else list(value or [])
+        if len(stops) > 4:
+            raise ValueError(f"{len(stops)} stop sequences given; allowed: at most 4")
+        if any(not s for s in stops):
+            raise ValueError("a stop sequence is empty; allowed: non-empty strings")
+        return stops
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class CompletionRequest(GenerationFields):
+    """``POST /v1/completions``: one choice per prompt."""
+
+    prompt: Union[str, list[str], list[int], list[list[int]]] = Field(
+        description="a text, texts, token ids, or lists of token ids"
+    )
+
+    def prompts(self) -> list[str] | list[list[int]]:
+        if isinstance(self.prompt, str):
+            return [self.prompt]
+        if self.prompt and all(isinstance(p, int) for p in self.prompt):
+            return [list(self.prompt)]
+        return list(self.prompt)
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class ChatCompletionRequest(GenerationFields):
+    """``POST /v1/chat/completions``: the conversation, formatted by the tokenizer's chat
+    template, is one prompt. ``max_completion_tokens`` is OpenAI's newer name of
+    ``max_tokens``."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
