@@ -1,0 +1,263 @@
+"""Batch decoding of a prompt dataset with Ray Data, resumable through result shards.
+
+The driver turns the prompts into a Ray dataset of ``(index, prompt)`` rows and maps
+:class:`DecodeActor` over it with ``map_batches``: a pool of ``actors`` actors, each of
+which builds one decoder (one model replica, on its own GPU when ``gpus_per_actor`` is 1)
+and decodes the batches it is handed. Every decoded batch becomes one shard file
+``rows-<first>-<last>.jsonl`` in ``output_dir`` (written to a temporary name, then renamed,
+so a shard is either whole or absent); a rerun with the same ``output_dir`` decodes only the
+prompts no shard holds.
+
+Each result row is what ``dloom generate --json`` prints for the prompt
+(:meth:`dloom.metrics.GenerationResult.row`) plus its ``index`` in the request, and
+``seconds``, its share of its batch's wall time. Greedy decoding is batch-invariant in dloom,
+so the rows equal those of decoding each prompt alone in one process, whatever the batching,
+the number of actors or the point at which a run was resumed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from dloom import errors
+from dloom.errors import ConfigurationError, DloomError
+
+Prompt = str | list[int]
+SHARD_GLOB = "rows-*.jsonl"
+SPEC_FILE = "spec.json"
+
+
+@dataclass(frozen=True)
+class DecodeSpec:
+    """What each actor needs to build its decoder, as ``dloom generate`` takes it.
+
+    :ivar model: a zoo name or a checkpoint directory readable by every actor.
+    :ivar strategy: a strategy spec (``"threshold"``, ``"spiffy+quota"``, ``"failfast"``).
+    :ivar params: strategy parameters as ``NAME=VALUE`` strings (``"tau=0.9"``).
+    :ivar settings: decoder settings by keyword (``gen_length``, ``block_length``, ``steps``,
+        ``temperature``, ``remasking``, ``seed``, ``cache``, ``cache_refresh``).
+    :ivar device: ``"cpu"``, ``"cuda"`` (each actor's own GPU) or another torch device.
+    :ivar dtype: the model's dtype name.
+    :ivar target: FailFast's AR target (``None``: its default).
+    :ivar drafter: FailFast's dLLM drafter (``None``: its default).
+    """
+
+    model: str = "toy-dllm"
+    strategy: str = "quota"
+    params: tuple[str, ...] = ()
+    settings: dict[str, Any] = field(default_factory=dict)
+    device: str = "cpu"
+    dtype: str = "float32"
+    target: str | None = None
+    drafter: str | None = None
+
+    def build(self):
+        """The decoder this spec describes (the same builder as the command line's)."""
+        from dloom.cli import build_decoder
+
+        return build_decoder(
+            self.model, self.strategy, list(self.params), device=self.device, dtype=self.dtype,
+            target=self.target, drafter=self.drafter, **self.settings,
+        )
+
+
+class DecodeActor:
+    """One model replica in the actor pool: decodes a batch of rows and writes its shard.
+
+    :param spec: the decoder to build, once, in the actor.
+    :param output_dir: where shards go (``None``: results are only returned).
+    :param threads: torch threads of this actor (its CPU share).
+    """
+
+    def __init__(self, spec: DecodeSpec, output_dir: str | None, threads: int) -> None:
+        import torch
+
+        torch.set_num_threads(threads)
+        self.output_dir = output_dir
+        # Ray hands the driver only the text of what an actor raised: a dloom error is
+        # returned as a record instead, and the driver raises it as itself.
+        self.build_error: DloomError | None = None
+        try:
+            self.decoder = spec.build()
+        except DloomError as error:
+            self.build_error = error
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """``batch``: columns ``index`` (ints) and ``prompt`` (JSON-encoded prompts).
+        Returns the column ``row``: one JSON-encoded result row per prompt, or a single
+        ``{"error": {"type", "message"}}`` record for a dloom error (nothing is written)."""
+        indices = [int(i) for i in batch["index"]]
+        prompts = [json.loads(p) for p in batch["prompt"]]
+        try:
+            if self.build_error is not None:
+                raise self.build_error
+            result = self.decoder.generate(prompts)
+        except DloomError as error:
+            record = {"type": type(error).__name__, "message": str(error)}
+            return {"row": [json.dumps({"error": record})]}
+        share = result.wall_seconds / len(prompts)
+        rows = [
+            {"index": index, "prompt": prompt, **result.row(i), "seconds": share}
+            for i, (index, prompt) in enumerate(zip(indices, prompts))
+        ]
+        if self.output_dir is not None:
+            write_shard(Path(self.output_dir), rows)
+        return {"row": [json.dumps(row) for row in rows]}
+
+
+def write_shard(output_dir: Path, rows: list[dict[str, Any]]) -> Path:
+    """Write ``rows`` as one JSONL shard, atomically (temporary file, then rename)."""
+    first, last = min(r["index"] for r in rows), max(r["index"] for r in rows)
+    path = output_dir / f"rows-{first:08d}-{last:08d}.jsonl"
+    handle, temporary = tempfile.mkstemp(dir=output_dir, prefix=".rows-", suffix=".tmp")
+    with os.fdopen(handle, "w", encoding="utf-8") as stream:
+        for row in sorted(rows, key=lambda r: r["index"]):
+            stream.write(json.dumps(row) + "\n")
+    os.replace(temporary, path)
+    return path
+
+
+def read_shards(output_dir: str | os.PathLike) -> dict[int, dict[str, Any]]:
+    """Every result row the shards in ``output_dir`` hold, by request index.
+
+    :raises ConfigurationError: for a shard that is not JSONL of result rows.
+    """
+    rows: dict[int, dict[str, Any]] = {}
+    for path in sorted(Path(output_dir).glob(SHARD_GLOB)):
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            try:
+                row = json.loads(line)
+                rows[int(row["index"])] = row
+            except (ValueError, KeyError, TypeError) as error:
+                raise ConfigurationError(
+                    f"{path}:{number} is not a dloom result row ({error}); remove the shard "
+                    "to decode its prompts again"
+                ) from error
+    return rows
+
+
+def _check_request(prompts: Sequence[Prompt], actors: int, batch_size: int, gpus_per_actor: float) -> None:
+    if isinstance(prompts, str):
+        raise ConfigurationError("prompts is one string; pass a list of prompts")
+    if not prompts:
+        raise ConfigurationError("no prompts to decode")
+    kinds = {isinstance(p, str) for p in prompts}
+    if len(kinds) > 1:
+        raise ConfigurationError("the prompts mix texts and input_ids; use one kind")
+    if actors < 1:
+        raise ConfigurationError(f"actors is {actors}; allowed: >= 1")
+    if batch_size < 1:
+        raise ConfigurationError(f"batch_size is {batch_size}; allowed: >= 1")
+    if gpus_per_actor < 0:
+        raise ConfigurationError(f"gpus_per_actor is {gpus_per_actor}; allowed: >= 0")
+
+
+def _resumable_rows(output_dir: Path, prompts: Sequence[Prompt], spec: DecodeSpec) -> dict[int, dict[str, Any]]:
+    """The finished rows of an earlier run of the same request in ``output_dir`` (none for a
+    new directory, which is created and stamped with ``spec``).
+
+    :raises ConfigurationError: when the directory holds another decoder's or another
+        request's rows.
+    """
+    output_dir.mkdir(parents=True, exist_ok=True)
+    stamp = output_dir / SPEC_FILE
+    if stamp.exists():
+        recorded = json.loads(stamp.read_text(encoding="utf-8"))
+        if recorded != json.loads(json.dumps(asdict(spec))):
+            raise ConfigurationError(
+                f"{output_dir} holds rows of another decoder ({recorded}); use a new "
+                "output directory or the same settings"
+            )
+    else:
+        stamp.write_text(json.dumps(asdict(spec), indent=2) + "\n", encoding="utf-8")
+    done = read_shards(output_dir)
+    for index, row in done.items():
+        if index >= len(prompts) or row.get("prompt") != prompts[index]:
+            raise ConfigurationError(
+                f"{output_dir} holds a row for prompt {index} that is not this request's "
+                f"prompt {index}; use a new output directory for a new request"
+            )
+    return done
+
+
+def _raise_actor_error(record: dict[str, str]) -> None:
+    """Raise the dloom error an actor returned, as its own class."""
+    cls = getattr(errors, record["type"], None)
+    if not (isinstance(cls, type) and issubclass(cls, DloomError)):
+        cls = DloomError
+    raise cls(record["message"])
+
+
+def iter_decoded(
+    prompts: Sequence[Prompt],
+    spec: DecodeSpec,
+    *,
+    actors: int = 2,
+    batch_size: int = 8,
+    output_dir: str | os.PathLike | None = None,
+    gpus_per_actor: float = 0,
+    cpus_per_actor: float = 1,
+) -> Iterator[dict[str, Any]]:
+    """Decode ``prompts`` on Ray, yielding result rows as their batches finish.
+
+    Rows already in ``output_dir``'s shards are yielded first, without decoding. Ray is
+    started with its defaults when no runtime is connected (``ray.init()`` beforehand
+    chooses the cluster).
+
+    :param prompts: texts, or token-id lists (one kind).
+    :param spec: the decoder each actor builds.
+    :param actors: model replicas in the pool.
+    :param batch_size: prompts per decoded batch (and per shard).
+    :param output_dir: shard directory for resumable runs (created if missing).
+    :param gpus_per_actor: GPUs reserved per actor (1 on a GPU cluster, with ``device="cuda"``).
+    :param cpus_per_actor: CPUs reserved per actor; also its torch thread count.
+    :raises ConfigurationError: for bad arguments, before Ray starts.
+    :raises DloomError: the error an actor raised building its decoder or decoding.
+    """
+    _check_request(prompts, actors, batch_size, gpus_per_actor)
+    done: dict[int, dict[str, Any]] = {}
+    if output_dir is not None:
+        done = _resumable_rows(Path(output_dir), prompts, spec)
+    yield from (done[i] for i in sorted(done))
+    todo = [{"index": i, "prompt": json.dumps(p)} for i, p in enumerate(prompts) if i not in done]
+    if not todo:
+        return
+
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False, log_to_driver=False)
+    dataset = ray.data.from_items(todo).map_batches(
+        DecodeActor,
+        fn_constructor_kwargs={
+            "spec": spec,
+            "output_dir": None if output_dir is None else str(output_dir),
+            "threads": max(1, int(cpus_per_actor)),
+        },
+        batch_size=batch_size,
+        batch_format="numpy",
+        concurrency=actors,
+        num_cpus=cpus_per_actor,
+        num_gpus=gpus_per_actor,
+    )
+    for record in dataset.iter_rows():
+        row = json.loads(record["row"])
+        if "error" in row:
+            _raise_actor_error(row["error"])
+        yield row
+
+
+def decode_prompts(prompts: Sequence[Prompt], spec: DecodeSpec, **options: Any) -> list[dict[str, Any]]:
+    """Decode ``prompts`` on Ray and return their result rows in request order.
+
+    Takes the options of :func:`iter_decoded`.
+    """
+    rows = sorted(iter_decoded(prompts, spec, **options), key=lambda row: row["index"])
+    return rows
+
+
