@@ -23,6 +23,7 @@ from dloom.errors import ModelError
 from dloom.profiles import ModelProfile, config_dict, detect_profile, needs_remote_code, wrap_forward
 
 ATTENTION_KINDS = ("bidirectional", "block-causal", "causal")
+BLOCK_ALIGNMENTS = ("prompt", "absolute")
 DTYPES = {
     "float32": torch.float32,
     "float64": torch.float64,
@@ -86,6 +87,11 @@ class ModelAdapter:
     :ivar default_block_length: the block length the model was trained with (block-causal
         models), the decoder's default.
     :ivar profile: name of the model family's :class:`dloom.profiles.ModelProfile`.
+    :ivar block_alignment: where a diffusion decoder's blocks lie, one of
+        :data:`BLOCK_ALIGNMENTS`: ``"prompt"`` (the whole prompt before the first block, the
+        blocks from the first generated position) or ``"absolute"`` (blocks at multiples of
+        the block length from each row's position 0, prompt included: the prompt's last
+        partial block is decoded with the first generated positions, as SDAR was trained).
     """
 
     model: torch.nn.Module
@@ -101,12 +107,18 @@ class ModelAdapter:
     default_block_length: int | None = None
     profile: str = "transformers"
     extra: dict[str, Any] = field(default_factory=dict)
+    block_alignment: str = "prompt"
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_KINDS:
             raise ModelError(
                 f"attention kind {self.attention!r} is not supported; allowed: "
                 + ", ".join(ATTENTION_KINDS)
+            )
+        if self.block_alignment not in BLOCK_ALIGNMENTS:
+            raise ModelError(
+                f"block_alignment {self.block_alignment!r} is not supported; allowed: "
+                + ", ".join(BLOCK_ALIGNMENTS)
             )
 
     @property

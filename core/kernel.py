@@ -7,16 +7,94 @@ those positions take their candidates (:func:`apply_commit`).
 
 from __future__ import annotations
 
+import secrets
+
 import torch
 
 REMASKING = ("low_confidence", "random", "margin", "entropy")
+
+_MASK64 = (1 << 64) - 1
+
+
+def _signed(value: int) -> int:
+    """A 64-bit pattern as the int64 torch stores."""
+    value &= _MASK64
+    return value - (1 << 64) if value >> 63 else value
+
+
+_GOLDEN = _signed(0x9E3779B97F4A7C15)
+_MIX1 = _signed(0xBF58476D1CE4E5B9)
+_MIX2 = _signed(0x94D049BB133111EB)
+
+
+def _shift_right(z: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 bit patterns (torch's ``>>`` is arithmetic)."""
+    return (z >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def mix64(z: torch.Tensor) -> torch.Tensor:
+    """SplitMix64's finaliser on int64 tensors (wrapping arithmetic): a bijection of 64-bit
+    patterns whose outputs pass standard tests of randomness for consecutive inputs."""
+    z = (z ^ _shift_right(z, 30)) * _MIX1
+    z = (z ^ _shift_right(z, 27)) * _MIX2
+    return z ^ _shift_right(z, 31)
+
+
+class RowStreams:
+    """Counter-based random numbers, one independent stream per prompt.
+
+    Draw ``n`` of stream ``s`` under ``seed`` is a pure function of ``(seed, s, n, tag,
+    element)``: the SplitMix64 finaliser of a key combining them, turned into a float64 in
+    ``(0, 1)`` from its top 53 bits. So a prompt's random numbers depend only on the seed,
+    its index in the request (its stream) and how many kernel steps it has taken, never on
+    which other prompts share its batch or in which order rows step; and no Python loop over
+    rows is needed. A row's counter advances only when it takes a kernel step
+    (:meth:`advance`).
+
+    :param seed: the decoder's seed; ``None`` draws one at random (nondeterministic).
+    :param streams: ``(B,)`` long, each row's stream (its prompt's index in the request).
+
+    :ivar draws: ``(B,)`` long, kernel steps each row has taken.
+    """
+
+    def __init__(self, seed: int | None, streams: torch.Tensor) -> None:
+        self.seed = secrets.randbits(62) if seed is None else int(seed)
+        self.streams = streams
+        self.draws = torch.zeros_like(streams)
+
+    def uniform(self, shape: tuple[int, ...], tag: int) -> torch.Tensor:
+        """Float64 uniforms in ``(0, 1)`` of ``shape`` ``(B, ...)``, row ``b`` from its stream's
+        current draw; ``tag`` tells apart the arrays one step draws (Gumbel noise, random
+        confidences)."""
+        key = mix64(torch.full_like(self.streams, _signed(self.seed * 4 + tag)) + self.streams * _GOLDEN)
+        key = mix64(key + self.draws * _MIX1)
+        count = 1
+        for size in shape[1:]:
+            count *= size
+        element = torch.arange(1, count + 1, device=key.device).view(1, *shape[1:])
+        bits = mix64(key.view(-1, *([1] * (len(shape) - 1))) + element * _GOLDEN)
+        return (_shift_right(bits, 11).to(torch.float64) + 0.5) * 2.0**-53
+
+    def advance(self, stepped: torch.Tensor) -> None:
+        """Count a kernel step for the rows ``stepped`` (``(B,)`` bool)."""
+        self.draws = self.draws + stepped.long()
+
+    def select(self, index: torch.Tensor) -> None:
+        """Keep the rows ``index`` (``(B',)`` long), in that order."""
+        self.streams, self.draws = self.streams[index], self.draws[index]
+
+
+def _uniform(source, shape, tag: int, device) -> torch.Tensor:
+    if isinstance(source, RowStreams):
+        return source.uniform(tuple(shape), tag)
+    return torch.rand(shape, dtype=torch.float64, generator=source, device=device)
 
 
 def propose(
     logits: torch.Tensor,
     temperature: float,
     remasking: str,
-    generator: torch.Generator | None,
+    generator: torch.Generator | RowStreams | None,
     mask_token_id: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Candidate token and confidence for every position of the block.
@@ -35,23 +113,21 @@ def propose(
     :param logits: ``(B, K, V)`` logits of the active block, any float dtype.
     :param temperature: ``T >= 0``.
     :param remasking: one of :data:`REMASKING`.
-    :param generator: random source for the Gumbel noise and ``random`` remasking.
+    :param generator: random source for the Gumbel noise and ``random`` remasking: a
+        :class:`RowStreams` (the decoder's: one stream per prompt), a ``torch.Generator`` or
+        ``None`` (torch's global one).
     :param mask_token_id: the mask token's id.
     :return: ``candidates`` ``(B, K)`` long and ``confidence`` ``(B, K)`` float64.
     """
     logits64 = logits.to(torch.float64).clone()
     logits64[..., mask_token_id] = -torch.inf
     if temperature > 0:
-        uniform = torch.rand(
-            logits64.shape, dtype=torch.float64, generator=generator, device=logits64.device
-        )
+        uniform = _uniform(generator, logits64.shape, 0, logits64.device)
         candidates = torch.argmax(logits64 - temperature * torch.log(-torch.log(uniform)), dim=-1)
     else:
         candidates = torch.argmax(logits64, dim=-1)
     if remasking == "random":
-        confidence = torch.rand(
-            candidates.shape, dtype=torch.float64, generator=generator, device=logits64.device
-        )
+        confidence = _uniform(generator, candidates.shape, 1, logits64.device)
         return candidates, confidence
     probs = torch.softmax(logits64, dim=-1)
     if remasking == "low_confidence":

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from dloom import hooks
-from dloom.kernel import apply_commit, propose
+from dloom.kernel import RowStreams, apply_commit, propose
 from dloom.types import BlockSchedule, DecodeState, DraftGraph, Verdict, VerificationLayout
 
 
@@ -37,21 +37,24 @@ def selectable_positions(
 
 
 class KernelStep:
-    """One step of the transition kernel ``K`` on the active block, for the rows of a block.
+    """One step of the transition kernel ``K`` on the active block, for every row of a batch.
 
     Propose candidates and confidences (:func:`dloom.kernel.propose`), ask the commit rule
-    (``dloom_select_commit``) and commit. Counts each row's steps (the quota schedule's
-    ``step_in_block``) and records contract violations on the device, for the decoder to
-    check at its next host synchronisation.
+    (``dloom_select_commit``) and commit. Counts each row's steps in its current block (the
+    quota schedule's ``step_in_block``) and records contract violations on the device, for
+    the decoder to check at its next host synchronisation. Rows are in different blocks:
+    :meth:`start_block` resets the rows that moved on.
 
     :param pm: the decoder's plugin manager.
-    :param temperature: / :param remasking: / :param generator: as in :func:`propose`.
+    :param temperature: / :param remasking: as in :func:`propose`.
+    :param generator: the random source (:class:`dloom.kernel.RowStreams`, one stream per
+        prompt, advanced for the rows that step; or a ``torch.Generator`` or ``None``).
     :param mask_token_id: the mask id.
     :param eos_ids: ``(E,)`` long.
     :param steps_per_block: the block's step budget.
-    :param masked_at_start: ``(B,)`` long, masked positions per row at block start.
+    :param masked_at_start: ``(B,)`` long, masked positions per row at its block's start.
 
-    :ivar steps: ``(B,)`` long, kernel steps each row has taken in this block.
+    :ivar steps: ``(B,)`` long, kernel steps each row has taken in its current block.
     :ivar idle: ``()`` bool, some row with a selectable position committed nothing.
     """
 
@@ -82,7 +85,21 @@ class KernelStep:
         stepping = selectable.any(-1)
         self.idle = self.idle | (stepping & ~commit.any(-1)).any()
         self.steps = self.steps + stepping.long()
+        if isinstance(self.generator, RowStreams):
+            self.generator.advance(stepping)
         return apply_commit(block, candidates, commit)
+
+    def start_block(self, moving: torch.Tensor, block: torch.Tensor) -> None:
+        """Rows ``moving`` (``(B,)`` bool) start the block ``block`` (``(B, K)``, their new one)."""
+        self.steps = torch.where(moving, 0, self.steps)
+        masked = (block == self.mask_token_id).sum(-1)
+        self.masked_at_start = torch.where(moving, masked, self.masked_at_start)
+
+    def select(self, index: torch.Tensor) -> None:
+        """Keep the rows ``index`` (``(B',)`` long), in that order."""
+        self.steps, self.masked_at_start = self.steps[index], self.masked_at_start[index]
+        if isinstance(self.generator, RowStreams):
+            self.generator.select(index)
 
 
 def follow_graph(graph: DraftGraph, node_logits: torch.Tensor, kernel: KernelStep) -> Verdict:

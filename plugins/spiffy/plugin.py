@@ -126,12 +126,14 @@ class Spiffy:
         fillable = ((template.position_rank < frame.masked[:, None, None]) | ~real).all(-1)
         score = torch.exp((log_probs * real).sum(-1) / real.sum(-1))
         one = torch.ones_like(score[:, :1])
+        # Rows at the start of their block have no predecessor distribution: no drafts.
+        drafting = state.active if state.known is None else state.active & state.known
         return DraftGraph(
             tokens=torch.cat([block.unsqueeze(1), drafts], dim=1),
             parents=template.parents,
             depth=template.depth,
             score=torch.cat([one, score], dim=1),
-            valid=torch.cat([state.active.unsqueeze(1), fillable & state.active.unsqueeze(1)], dim=1),
+            valid=torch.cat([state.active.unsqueeze(1), fillable & drafting.unsqueeze(1)], dim=1),
         )
 
     @hookimpl
