@@ -127,10 +127,15 @@ class BlockForward:
             torch.ones(batch, self.length, dtype=torch.bool, device=device)
             if padding_mask is None else padding_mask.bool()
         )
+        # A prepared 4-D mask: transformers passes it through (its 2-D path costs a host
+        # synchronisation per forward for a padded batch).
         if block_ids is not None:
             self._full_mask = model_mask(mask_from_block_ids(padding_mask, block_ids), model.model)
+        elif padding_mask is not None:
+            keys = padding_mask.bool()[:, None, None, :].expand(-1, 1, self.length, -1)
+            self._full_mask = model_mask(keys, model.model)
         else:
-            self._full_mask = padding_mask
+            self._full_mask = None
         self.query_positions = 0
         self.calls = 0  # model calls
         self.row_forwards = 0  # rows over all model calls

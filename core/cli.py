@@ -196,7 +196,7 @@ def generate(
             for chunk in batches(prompts, batch_size):
                 if not _homogeneous(chunk):
                     raise ConfigurationError("a batch mixes text prompts and input_ids; use one kind")
-                result = decoder.generate(chunk)
+                result = decoder.generate(chunk, row_offset=len(rows))
                 rows.extend(result.row(i) for i in range(len(chunk)))
                 bar.advance(task, len(chunk))
     except DloomError as error:

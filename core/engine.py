@@ -82,7 +82,7 @@ class DiffusionDecoder:
         ``gen_length``: one token per step).
     :param temperature: 0 for greedy, > 0 samples with float64 Gumbel-max.
     :param remasking: confidence kind, one of :data:`dloom.kernel.REMASKING`.
-    :param seed: seeds the decoder's ``torch.Generator`` (``None``: nondeterministic).
+    :param seed: seeds every prompt's random stream (:class:`dloom.kernel.RowStreams`; ``None``: nondeterministic).
     :param cache: KV cache mode, one of :data:`dloom.cache.CACHE_MODES`: ``"none"``,
         ``"prefix"`` (reuse the keys and values before the active block) or ``"dual"`` (also
         those after it); exact for block-causal models, approximate for bidirectional ones.
@@ -440,6 +440,7 @@ class DiffusionDecoder:
             token_lists=token_lists,
             row_forwards=counters.row_forwards,
             model_calls=counters.model_calls,
+            verification_forwards=counters.verification_forwards,
         )
 
     def _speculative_step(
@@ -469,6 +470,7 @@ class DiffusionDecoder:
             return kernel(block, logits, decoding), logits, logits, None
         verdict, root_logits, exact = self._verification_step(state, graph, forward, kernel, first_window)
         counters.record_layout(exact)
+        counters.verification_forwards += 1
         if full_logits is None:
             return verdict.block, verdict.logits, root_logits, verdict.accepted
         stepped = kernel(block, full_logits, full_rows & decoding)
@@ -507,6 +509,7 @@ class _Counters:
         self.forwards = 0
         self.model_calls = 0
         self.row_forwards = 0  # rows in model calls, over all calls
+        self.verification_forwards = 0
         self.verifications = 0  # row-verifications: rows decoding in a verification forward
         self.accepted = 0  # drafts accepted, over all rows
         # whether every verification layout was exact (vacuously so before the first one);

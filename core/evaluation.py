@@ -114,7 +114,7 @@ def evaluate(
         task = bar.add_task(f"eval {decoder.composition.name}", total=len(examples))
         for start in range(0, len(examples), batch_size):
             chunk = examples[start : start + batch_size]
-            result = decoder.generate([e.prompt for e in chunk])
+            result = decoder.generate([e.prompt for e in chunk], row_offset=start)
             texts = result.texts or [""] * len(chunk)
             for example, text, nfe in zip(chunk, texts, result.nfe.tolist()):
                 outputs.append(

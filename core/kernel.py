@@ -55,12 +55,16 @@ class RowStreams:
     :param streams: ``(B,)`` long, each row's stream (its prompt's index in the request).
 
     :ivar draws: ``(B,)`` long, kernel steps each row has taken.
+    :ivar offset: ``(B,)`` long or ``None``: where each row's own numbering of dimension 1
+        starts (FailFast drafts over a window whose start depends on the batch; the offset
+        keys every draw to the row's own position).
     """
 
     def __init__(self, seed: int | None, streams: torch.Tensor) -> None:
         self.seed = secrets.randbits(62) if seed is None else int(seed)
         self.streams = streams
         self.draws = torch.zeros_like(streams)
+        self.offset: torch.Tensor | None = None
 
     def uniform(self, shape: tuple[int, ...], tag: int) -> torch.Tensor:
         """Float64 uniforms in ``(0, 1)`` of ``shape`` ``(B, ...)``, row ``b`` from its stream's
@@ -72,6 +76,10 @@ class RowStreams:
         for size in shape[1:]:
             count *= size
         element = torch.arange(1, count + 1, device=key.device).view(1, *shape[1:])
+        if self.offset is not None and len(shape) > 1:
+            # entry i of dimension 1 is the row's position offset + i (its own numbering)
+            inner = count // shape[1]
+            element = element + (self.offset * inner).view(-1, *([1] * (len(shape) - 1)))
         bits = mix64(key.view(-1, *([1] * (len(shape) - 1))) + element * _GOLDEN)
         return (_shift_right(bits, 11).to(torch.float64) + 0.5) * 2.0**-53
 
@@ -82,9 +90,14 @@ class RowStreams:
     def select(self, index: torch.Tensor) -> None:
         """Keep the rows ``index`` (``(B',)`` long), in that order."""
         self.streams, self.draws = self.streams[index], self.draws[index]
+        if self.offset is not None:
+            self.offset = self.offset[index]
 
 
-def _uniform(source, shape, tag: int, device) -> torch.Tensor:
+def uniform_noise(source, shape, tag: int, device) -> torch.Tensor:
+    """Float64 uniforms in ``(0, 1)`` of ``shape`` from ``source``: a :class:`RowStreams`
+    (row ``b`` from its stream's current draw, ``tag`` telling arrays apart), a
+    ``torch.Generator`` or ``None`` (torch's global generator; ``tag`` unused)."""
     if isinstance(source, RowStreams):
         return source.uniform(tuple(shape), tag)
     return torch.rand(shape, dtype=torch.float64, generator=source, device=device)
@@ -122,12 +135,12 @@ def propose(
     logits64 = logits.to(torch.float64).clone()
     logits64[..., mask_token_id] = -torch.inf
     if temperature > 0:
-        uniform = _uniform(generator, logits64.shape, 0, logits64.device)
+        uniform = uniform_noise(generator, logits64.shape, 0, logits64.device)
         candidates = torch.argmax(logits64 - temperature * torch.log(-torch.log(uniform)), dim=-1)
     else:
         candidates = torch.argmax(logits64, dim=-1)
     if remasking == "random":
-        confidence = _uniform(generator, candidates.shape, 1, logits64.device)
+        confidence = uniform_noise(generator, candidates.shape, 1, logits64.device)
         return candidates, confidence
     probs = torch.softmax(logits64, dim=-1)
     if remasking == "low_confidence":

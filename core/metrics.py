@@ -90,6 +90,7 @@ class GenerationResult:
     :ivar row_forwards: rows in those calls, summed (batch rows, not verification layout
         rows); ``1 - sum(nfe) / row_forwards`` is the share of row-forwards spent on rows
         that took no step.
+    :ivar verification_forwards: steps that verified drafts (speculative strategies).
     :ivar verifications: row-verifications: rows still decoding in a verification forward
         of a speculative strategy (0 without speculation).
     :ivar accepted_drafts: drafts those verifications accepted, over all rows; each saved
@@ -118,6 +119,7 @@ class GenerationResult:
     layout_exact: bool | None = None
     row_forwards: int = 0
     model_calls: int = 0
+    verification_forwards: int = 0
 
     @property
     def speculation(self) -> dict[str, Any] | None:

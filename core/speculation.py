@@ -105,10 +105,10 @@ class KernelStep:
 def follow_graph(graph: DraftGraph, node_logits: torch.Tensor, kernel: KernelStep) -> Verdict:
     """Take kernel steps from the root while each new block equals a draft (lossless).
 
-    Vectorised over rows: a Python loop over depth only (at most the longest path), each
-    iteration one kernel step of the whole batch with the rows that are still on the graph;
-    it stops as soon as no row is (so that, for one row, the sampler is drawn exactly as
-    often as the reference process draws it).
+    Vectorised over rows, with no host synchronisation: a Python loop of exactly
+    ``longest_path + 1`` iterations (the longest path through the graph), each one kernel
+    step of the rows still on the graph (the others take no step, so their random streams
+    do not advance: every row draws exactly what the reference process draws).
 
     :param graph: the evaluated graph; ``graph.tokens[:, 0]`` is the root's block.
     :param node_logits: ``(B, N + 1, K, V)``, every node's distribution from the forward.
@@ -123,9 +123,10 @@ def follow_graph(graph: DraftGraph, node_logits: torch.Tensor, kernel: KernelSte
     logits = node_logits[:, 0]
     on_graph = graph.valid[:, 0].clone()
     accepted = torch.zeros_like(rows)
-    for _ in range(int(graph.depth.max()) + 1 if graph.num_nodes else 1):
-        if not bool(on_graph.any()):  # one host sync per kernel step, as in a plain step
-            break
+    longest = graph.longest_path
+    if longest is None:
+        longest = int(graph.depth.max()) if graph.num_nodes else 0
+    for _ in range(longest + 1):
         block = kernel(block, logits, on_graph)
         children = graph.children(node) & graph.valid
         same = (graph.tokens == block.unsqueeze(1)).all(-1)

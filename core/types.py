@@ -116,6 +116,9 @@ class DraftGraph:
     :ivar score: ``(B, N + 1)`` float, how likely each node is (higher is likelier).
     :ivar valid: ``(B, N + 1)`` bool, ``False`` where a row could not fill a node or pruned
         it; ``valid[:, 0]`` marks the rows still decoding.
+    :ivar longest_path: the most kernel steps from the root to any node, as a Python int
+        (the verifier walks that many steps plus one without reading the device); ``None``:
+        read from ``depth``.
     """
 
     tokens: torch.Tensor
@@ -123,6 +126,7 @@ class DraftGraph:
     depth: torch.Tensor
     score: torch.Tensor
     valid: torch.Tensor
+    longest_path: int | None = None
 
     @property
     def num_nodes(self) -> int:
