@@ -255,28 +255,29 @@ class DiffusionDecoder:
     ):
         """Prune, lay out, run one forward over the roots and the drafts, and verify.
 
-        :return: the :class:`~dloom.types.Verdict`, the roots' ``(B, K, V)`` logits, and
-            whether the layout gave exact draft distributions.
+        :return: the :class:`~dloom.types.Verdict` and whether the layout gave exact draft
+            distributions.
         """
         graph = hooks.prune(self.pm, graph, self.draft_budget)
         layout = hooks.build_mask(self.pm, state, graph)
         outputs = self._timed(forward.evaluate, state.tokens, layout, first_window)
         all_logits = node_logits(outputs, layout, self.block_length)
         verdict = hooks.verify(self.pm, state, graph, all_logits, kernel)
-        return verdict, all_logits[:, 0], layout_is_exact(layout, self.cache, self.model.attention)
+        return verdict, layout_is_exact(layout, self.cache, self.model.attention)
 
-    def _check(self, forward: int, non_finite: int, idle: int) -> None:
-        """Raise for the contract violations the step's synchronisation found."""
+    def _check(self, forward: int, non_finite: int, idle: int, blocks: torch.Tensor) -> None:
+        """Raise for the contract violations the step's synchronisation found (``blocks``:
+        each row's block index, read only to name the earliest in the message)."""
         if non_finite:
             raise NonFiniteLogitsError(
-                f"model {self.model.name!r} returned NaN or inf logits at forward {forward}; "
-                "try dtype='float32' or check the checkpoint"
+                f"model {self.model.name!r} returned NaN or inf logits at block "
+                f"{int(blocks.min())}, forward {forward}; try dtype='float32' or check the checkpoint"
             )
         if idle:
             raise HookContractError(
                 f"commit rule {self.composition.provider('dloom_select_commit')!r} "
                 f"committed no position in a row that had masked positions "
-                f"(forward {forward}); every step must commit at least one"
+                f"(block {int(blocks.min())}, forward {forward}); every step must commit at least one"
             )
 
     def generate(
@@ -370,14 +371,14 @@ class DiffusionDecoder:
             decoding = selectable_positions(block, mask_id, eos_ids).any(-1)
             accepted = None
             if self._speculates and can_draft:
-                new_block, previous, root_logits, accepted = self._speculative_step(
+                new_block, previous, accepted = self._speculative_step(
                     x, rows, full_mask, block, decoding, known, previous, forward, kernel,
                     n_full, first_window, counters,
                 )
             else:
                 logits, _ = self._timed(forward.run, x, n_full, first_window)
                 new_block = kernel(block, logits, decoding)
-                previous, root_logits = logits, logits
+                previous = logits
                 if observer is not None:
                     observer(StepRecord(block_index.clone(), rows, block, logits, new_block))
             x.scatter_(1, columns, new_block)
@@ -390,13 +391,13 @@ class DiffusionDecoder:
             block_index = block_index + moving.long()
             known = decoding & ~moving
             status = [
-                ~torch.isfinite(root_logits).all(), kernel.idle, finished.sum(),
+                kernel.non_finite, kernel.idle, finished.sum(),
                 *forward.plan(~finished), (known & ~finished).any(),
             ]
             if accepted is not None:
                 status += [accepted.sum(), decoding.sum()]
             values = torch.stack([v.long() for v in status]).tolist()  # the step's one sync
-            self._check(step, values[0], values[1])
+            self._check(step, values[0], values[1], block_index)
             leaving, n_full, first_window, can_draft = values[2], values[3], values[4], bool(values[5])
             if accepted is not None:
                 counters.accepted += values[6]
@@ -451,8 +452,8 @@ class DiffusionDecoder:
         cache) take a plain step on it; the others are verified in one forward over their
         roots and drafts (rows without a known distribution evaluate their root only).
 
-        :return: the new ``(B, K)`` blocks, each row's last distribution ``(B, K, V)``, the
-            roots' logits and the drafts each row accepted ``(B,)``.
+        :return: the new ``(B, K)`` blocks, each row's last distribution ``(B, K, V)`` and the
+            drafts each row accepted ``(B,)`` (``None`` when no graph was drafted).
         """
         full_logits, full_rows = None, torch.zeros_like(decoding)
         if self.cache != "none" and n_full:
@@ -467,18 +468,17 @@ class DiffusionDecoder:
         if graph is None:
             rest, _ = self._timed(forward.run, x, 0, first_window)
             logits = rest if full_logits is None else torch.where(full_rows[:, None, None], full_logits, rest)
-            return kernel(block, logits, decoding), logits, logits, None
-        verdict, root_logits, exact = self._verification_step(state, graph, forward, kernel, first_window)
+            return kernel(block, logits, decoding), logits, None
+        verdict, exact = self._verification_step(state, graph, forward, kernel, first_window)
         counters.record_layout(exact)
         counters.verification_forwards += 1
         if full_logits is None:
-            return verdict.block, verdict.logits, root_logits, verdict.accepted
+            return verdict.block, verdict.logits, verdict.accepted
         stepped = kernel(block, full_logits, full_rows & decoding)
         wide = full_rows[:, None, None]
         return (
             torch.where(full_rows[:, None], stepped, verdict.block),
             torch.where(wide, full_logits, verdict.logits),
-            torch.where(wide, full_logits, root_logits),
             verdict.accepted,
         )
 

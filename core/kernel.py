@@ -123,6 +123,14 @@ def propose(
     (``random``), the top-1 minus top-2 probability (``margin``) or the negative entropy
     (``entropy``).
 
+    Precision: float64 where a guarantee needs it, that is for float64 logits (the
+    bit-for-bit reference) and for sampling (float64 Gumbel-max, whose draws the sampling
+    proofs check). Greedy ``low_confidence`` and ``random`` on lower-precision logits take
+    a float32 pass instead (:func:`greedy_float32`): the same candidates (the argmax does not
+    depend on the precision of a softmax) and the candidate's probability as
+    ``exp(max - logsumexp)`` within float32 rounding (tested to ``1e-6``), without a
+    float64 copy of the ``(B, K, V)`` logits nor a full softmax.
+
     :param logits: ``(B, K, V)`` logits of the active block, any float dtype.
     :param temperature: ``T >= 0``.
     :param remasking: one of :data:`REMASKING`.
@@ -130,8 +138,17 @@ def propose(
         :class:`RowStreams` (the decoder's: one stream per prompt), a ``torch.Generator`` or
         ``None`` (torch's global one).
     :param mask_token_id: the mask token's id.
-    :return: ``candidates`` ``(B, K)`` long and ``confidence`` ``(B, K)`` float64.
+    :return: ``candidates`` ``(B, K)`` long and ``confidence`` ``(B, K)`` float (float64,
+        or float32 from the float32 pass).
     """
+    if remasking not in REMASKING:
+        raise ValueError(f"remasking is {remasking!r}; allowed: {', '.join(REMASKING)}")
+    fast = temperature == 0 and remasking in ("low_confidence", "random")
+    if fast and logits.dtype != torch.float64:
+        candidates, confidence = greedy_float32(logits, mask_token_id, remasking == "low_confidence")
+        if remasking == "random":
+            confidence = uniform_noise(generator, candidates.shape, 1, logits.device)
+        return candidates, confidence
     logits64 = logits.to(torch.float64).clone()
     logits64[..., mask_token_id] = -torch.inf
     if temperature > 0:
@@ -148,11 +165,33 @@ def propose(
     elif remasking == "margin":
         top2 = torch.topk(probs, k=2, dim=-1).values
         confidence = top2[..., 0] - top2[..., 1]
-    elif remasking == "entropy":
+    else:  # entropy
         confidence = torch.sum(probs * torch.log(probs.clamp_min(1e-300)), dim=-1)
-    else:
-        raise ValueError(f"remasking is {remasking!r}; allowed: {', '.join(REMASKING)}")
     return candidates, confidence
+
+
+def greedy_float32(
+    logits: torch.Tensor, mask_token_id: int, confidence: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy candidates and their probabilities in one float32 pass over the logits.
+
+    :param logits: ``(B, K, V)``, any float dtype (upcast to float32: exact from bfloat16
+        and float16).
+    :param confidence: also compute ``softmax(logits)[candidate]`` as
+        ``exp(max - logsumexp)`` (else the second result is the candidate's logit).
+    :return: ``candidates`` ``(B, K)`` long (the mask token excluded) and ``(B, K)`` float32.
+        NaN anywhere in a position's logits makes its confidence NaN (the decoder's check).
+    """
+    work = logits.float()  # a copy unless the logits are float32 already
+    mask = torch.tensor([mask_token_id], device=work.device)
+    if work is logits:
+        work = work.index_fill(-1, mask, -torch.inf)
+    else:
+        work.index_fill_(-1, mask, -torch.inf)
+    best, candidates = work.max(dim=-1)
+    if not confidence:
+        return candidates, best
+    return candidates, torch.exp(best - torch.logsumexp(work, dim=-1))
 
 
 def apply_commit(

@@ -56,6 +56,7 @@ class KernelStep:
 
     :ivar steps: ``(B,)`` long, kernel steps each row has taken in its current block.
     :ivar idle: ``()`` bool, some row with a selectable position committed nothing.
+    :ivar non_finite: ``()`` bool, some stepping row's logits held NaN or inf.
     """
 
     def __init__(
@@ -69,6 +70,7 @@ class KernelStep:
         self.masked_at_start = masked_at_start
         self.steps = torch.zeros_like(masked_at_start)
         self.idle = torch.zeros((), dtype=torch.bool, device=masked_at_start.device)
+        self.non_finite = torch.zeros_like(self.idle)
 
     def __call__(
         self, block: torch.Tensor, logits: torch.Tensor, advance: torch.Tensor
@@ -84,6 +86,11 @@ class KernelStep:
         commit = hooks.select_commit(self.pm, confidence, selectable, schedule)
         stepping = selectable.any(-1)
         self.idle = self.idle | (stepping & ~commit.any(-1)).any()
+        # NaN or inf anywhere in a stepping row's logits reaches its candidates' logits or
+        # confidences (a logsumexp, a softmax, an argmax): checked on (B, K), not (B, K, V).
+        picked = torch.gather(logits, -1, candidates.unsqueeze(-1)).squeeze(-1)
+        finite = torch.isfinite(picked) & torch.isfinite(confidence)
+        self.non_finite = self.non_finite | (stepping.unsqueeze(1) & ~finite).any()
         self.steps = self.steps + stepping.long()
         if isinstance(self.generator, RowStreams):
             self.generator.advance(stepping)
