@@ -136,6 +136,7 @@ class BlockForward:
             self._full_mask = model_mask(keys, model.model)
         else:
             self._full_mask = None
+        self._takes_keep = "logits_to_keep" in inspect.signature(model.model.forward).parameters
         self.query_positions = 0
         self.calls = 0  # model calls
         self.row_forwards = 0  # rows over all model calls
@@ -165,15 +166,18 @@ class BlockForward:
         return self._needs_full | (self._on_cache >= self.refresh)
 
     def plan(self, staying: torch.Tensor | None = None) -> torch.Tensor:
-        """``(2,)`` long on the device: rows due a full forward, and the first window start
-        of any row (among ``staying``, ``(B,)`` bool, when rows are about to leave); the
-        decoder reads both at its step's one host synchronisation and passes them to
+        """``(3,)`` long on the device: rows due a full forward, and the first and last window
+        start of any row (among ``staying``, ``(B,)`` bool, when rows are about to leave); the
+        decoder reads them at its step's one host synchronisation and passes them to
         :meth:`run`."""
         full, starts = self.pending_full(), self.window_start
         if staying is not None:
             full = full & staying
-            starts = torch.where(staying, starts, self.length)
-        return torch.stack([full.sum(), starts.min()])
+            first = torch.where(staying, starts, self.length).min()
+            last = torch.where(staying, starts, 0).max()
+        else:
+            first, last = starts.min(), starts.max()
+        return torch.stack([full.sum(), first, last])
 
     def advance(self, moving: torch.Tensor) -> None:
         """Move the rows ``moving`` (``(B,)`` bool) on to their next block."""
@@ -202,17 +206,20 @@ class BlockForward:
     def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
         """:meth:`run` with its plan read here (one host synchronisation; the decoder reads
         the plan at its own step synchronisation instead)."""
-        n_full, first = self.plan().tolist()
-        return self.run(tokens, n_full, first)[0]
+        n_full, first, last = self.plan().tolist()
+        return self.run(tokens, n_full, first, last)[0]
 
     def run(
-        self, tokens: torch.Tensor, n_full: int, first_window: int, cached: bool = True
+        self, tokens: torch.Tensor, n_full: int, first_window: int, last_window: int,
+        cached: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One step's forwards: a full forward for the ``n_full`` rows that need one (all of
         them without a cache), a cached forward for the others.
 
         :param tokens: ``(B, L)`` long, the current state of every row.
-        :param n_full: / :param first_window: the two entries of :meth:`plan`.
+        :param n_full: / :param first_window: / :param last_window: the entries of
+            :meth:`plan`; logits are computed for columns ``first_window`` to
+            ``last_window + K`` only, where the model takes ``logits_to_keep``.
         :param cached: ``False`` runs the full forward only (the others are then verified by
             :meth:`evaluate`).
         :return: ``(B, K, V)`` logits, entry ``i`` the distribution of token
@@ -221,17 +228,17 @@ class BlockForward:
         """
         batch = tokens.shape[0]
         columns = self.block_columns
+        keep = (first_window, last_window + self.block_length)
         if self.mode == "none":
-            self._count(tokens)
-            logits = self.model.logits(tokens, self._full_mask, self.position_ids)
-            picked = torch.take_along_dim(logits, columns.unsqueeze(-1), dim=1)
+            raw = self._plain(tokens, self._full_mask, self.position_ids, keep)
+            picked = self._pick(raw, self.window_start, keep)
             return picked, torch.ones(batch, dtype=torch.bool, device=tokens.device)
         full = self.pending_full()
         order = torch.argsort((~full).long(), stable=True)
         full_rows, cached_rows = order[:n_full], order[n_full:]
         out = None
         if n_full:
-            block = self._full_forward(tokens, full_rows, n_full == batch)
+            block = self._full_forward(tokens, full_rows, n_full == batch, keep)
             out = block if n_full == batch else block.new_zeros(batch, *block.shape[1:]).index_copy_(0, full_rows, block)
         if cached and n_full < batch:
             every = n_full == 0
@@ -246,13 +253,16 @@ class BlockForward:
         assert out is None or out.shape[0] == batch, "run() with no row to run"
         return out, full
 
-    def _full_forward(self, tokens: torch.Tensor, rows: torch.Tensor, every: bool) -> torch.Tensor:
-        """A full forward of ``rows`` that records their keys and values; their block logits."""
+    def _full_forward(
+        self, tokens: torch.Tensor, rows: torch.Tensor, every: bool, keep: tuple[int, int] | None = None
+    ) -> torch.Tensor:
+        """A full forward of ``rows`` that records their keys and values; their block logits
+        (computed for columns ``keep`` only, where the model allows)."""
         from transformers import DynamicCache
 
         cache = DynamicCache()
         pick = (lambda t: t) if every else (lambda t: None if t is None else t[rows])
-        raw = self._run(pick(tokens), pick(self._full_mask), pick(self.position_ids), cache)
+        raw = self._run(pick(tokens), pick(self._full_mask), pick(self.position_ids), cache, keep)
         layers = [(layer.keys, layer.values) for layer in cache.layers]
         if every or self._store is None:
             self._store = layers
@@ -262,22 +272,45 @@ class BlockForward:
                 values.index_copy_(0, rows, new_values)
         self._needs_full = self._needs_full.index_fill(0, rows, False)
         self._on_cache = self._on_cache.index_fill(0, rows, 1)
-        starts = self.window_start if every else self.window_start[rows]
-        columns = starts.unsqueeze(1) + torch.arange(self.block_length, device=tokens.device)
+        return self._pick(raw, self.window_start if every else self.window_start[rows], keep)
+
+    def _keep_argument(self, keep: tuple[int, int] | None) -> dict:
+        """``logits_to_keep`` for columns ``keep`` (``{}`` when the model takes none)."""
+        if keep is None or not self._takes_keep:
+            return {}
+        device = self.position_ids.device
+        return {"logits_to_keep": torch.arange(keep[0], min(keep[1], self.length), device=device)}
+
+    def _pick(self, raw: torch.Tensor, starts: torch.Tensor, keep: tuple[int, int] | None) -> torch.Tensor:
+        """``(R, K, V)`` block logits out of raw outputs over all columns, or over the kept
+        columns from ``keep[0]`` on."""
+        if keep is not None and self._takes_keep:
+            starts = starts - keep[0]
+        columns = starts.unsqueeze(1) + torch.arange(self.block_length, device=raw.device)
         return torch.take_along_dim(raw, columns.unsqueeze(-1), dim=1)
+
+    def _plain(self, tokens, attention_mask, position_ids, keep=None) -> torch.Tensor:
+        """Raw outputs of one uncached forward."""
+        self._count(tokens)
+        with torch.no_grad():
+            out = self.model.model(
+                input_ids=tokens, attention_mask=attention_mask, position_ids=position_ids,
+                **self._keep_argument(keep),
+            )
+        return out.logits if hasattr(out, "logits") else out[0]
 
     def _count(self, tokens: torch.Tensor) -> None:
         self.query_positions = tokens.shape[1]
         self.calls += 1
         self.row_forwards += tokens.shape[0]
 
-    def _run(self, tokens, attention_mask, position_ids, cache) -> torch.Tensor:
+    def _run(self, tokens, attention_mask, position_ids, cache, keep=None) -> torch.Tensor:
         """Raw (unshifted) logits ``(B, Q, V)`` of one forward that reads and extends ``cache``."""
         self._count(tokens)
         with torch.no_grad():
             out = self.model.model(
                 input_ids=tokens, attention_mask=attention_mask, position_ids=position_ids,
-                use_cache=True, **{self._argument: cache},
+                use_cache=True, **{self._argument: cache}, **self._keep_argument(keep),
             )
         return out.logits if hasattr(out, "logits") else out[0]
 

@@ -363,7 +363,7 @@ class DiffusionDecoder:
         known = torch.zeros(batch, dtype=torch.bool, device=device)
         previous = None  # (B, K, V): each row's last kernel step's distribution
         counters = _Counters(self._speculates)
-        n_full, first_window = forward.plan().tolist()
+        n_full, first_window, last_window = forward.plan().tolist()
         can_draft, step = False, 0
         while True:
             columns = forward.block_columns
@@ -373,10 +373,10 @@ class DiffusionDecoder:
             if self._speculates and can_draft:
                 new_block, previous, accepted = self._speculative_step(
                     x, rows, full_mask, block, decoding, known, previous, forward, kernel,
-                    n_full, first_window, counters,
+                    (n_full, first_window, last_window), counters,
                 )
             else:
-                logits, _ = self._timed(forward.run, x, n_full, first_window)
+                logits, _ = self._timed(forward.run, x, n_full, first_window, last_window)
                 new_block = kernel(block, logits, decoding)
                 previous = logits
                 if observer is not None:
@@ -398,10 +398,11 @@ class DiffusionDecoder:
                 status += [accepted.sum(), decoding.sum()]
             values = torch.stack([v.long() for v in status]).tolist()  # the step's one sync
             self._check(step, values[0], values[1], block_index)
-            leaving, n_full, first_window, can_draft = values[2], values[3], values[4], bool(values[5])
+            leaving, n_full, first_window, last_window = values[2:6]
+            can_draft = bool(values[6])
             if accepted is not None:
-                counters.accepted += values[6]
-                counters.verifications += values[7]
+                counters.accepted += values[7]
+                counters.verifications += values[8]
             step += 1
             if leaving:
                 tokens.index_copy_(0, rows, x)
@@ -445,8 +446,7 @@ class DiffusionDecoder:
         )
 
     def _speculative_step(
-        self, x, rows, full_mask, block, decoding, known, previous, forward, kernel, n_full,
-        first_window, counters,
+        self, x, rows, full_mask, block, decoding, known, previous, forward, kernel, plan, counters,
     ):
         """One step of a speculative composition: rows due a full forward (block start with a
         cache) take a plain step on it; the others are verified in one forward over their
@@ -455,9 +455,10 @@ class DiffusionDecoder:
         :return: the new ``(B, K)`` blocks, each row's last distribution ``(B, K, V)`` and the
             drafts each row accepted ``(B,)`` (``None`` when no graph was drafted).
         """
+        n_full, first_window, last_window = plan
         full_logits, full_rows = None, torch.zeros_like(decoding)
         if self.cache != "none" and n_full:
-            full_logits, full_rows = self._timed(forward.run, x, n_full, first_window, False)
+            full_logits, full_rows = self._timed(forward.run, x, n_full, first_window, last_window, False)
         state = DecodeState(
             tokens=x, attention_mask=full_mask[rows], block_start=forward.start,
             block_end=forward.start + self.block_length, mask_token_id=self.model.mask_token_id,
@@ -466,7 +467,7 @@ class DiffusionDecoder:
         )
         graph = hooks.draft(self.pm, state)
         if graph is None:
-            rest, _ = self._timed(forward.run, x, 0, first_window)
+            rest, _ = self._timed(forward.run, x, 0, first_window, last_window)
             logits = rest if full_logits is None else torch.where(full_rows[:, None, None], full_logits, rest)
             return kernel(block, logits, decoding), logits, None
         verdict, exact = self._verification_step(state, graph, forward, kernel, first_window)

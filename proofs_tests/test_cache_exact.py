@@ -135,11 +135,11 @@ def never_refreshed(prompt_len: int) -> type[BlockForward]:
     active one are never written into the cache."""
 
     class NeverRefreshed(BlockForward):
-        def _full_forward(self, tokens, rows, every):
-            logits = super()._full_forward(tokens, rows, every)
+        def _full_forward(self, tokens, rows, every, keep=None):
+            logits = super()._full_forward(tokens, rows, every, keep)
             stale = tokens.clone()
             stale[:, prompt_len:] = MASK_ID
-            super()._full_forward(stale, rows, every)
+            super()._full_forward(stale, rows, every, keep)
             return logits
 
     return NeverRefreshed

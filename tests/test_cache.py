@@ -183,8 +183,8 @@ def test_first_step_of_every_block_is_the_uncached_forward(monkeypatch, sharp_ad
     starts, widths = [], []
 
     class Spy(BlockForward):
-        def _full_forward(self, tokens, rows, every):
-            logits = super()._full_forward(tokens, rows, every)
+        def _full_forward(self, tokens, rows, every, keep=None):
+            logits = super()._full_forward(tokens, rows, every, keep)
             pick = slice(None) if every else rows
             mask = None if self._full_mask is None else self._full_mask[pick]
             starts.append((tokens[pick].clone(), mask, self.position_ids[pick], self.block_columns[pick], logits))
