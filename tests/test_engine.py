@@ -327,3 +327,25 @@ def test_row_streams_are_distinct_and_reproducible():
     streams.select(torch.tensor([2]))
     assert torch.equal(streams.uniform((1, 2, 50), 0), first[2:3])
     assert not torch.equal(RowStreams(4, torch.arange(4)).uniform((4, 2, 50), 0), first)  # seeds
+
+
+def test_engine_benchmark_measures_every_figure(tmp_path):
+    """``benchmarks/bench_engine.py`` on a tiny grid: overhead, wasted share (none: rows
+    leave and advance on their own), syncs per forward, and the hand-written loop."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    script = Path(__file__).parents[1] / "benchmarks" / "bench_engine.py"
+    spec = importlib.util.spec_from_file_location("bench_engine", script)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "engine.json"
+    rows = bench.main([
+        "--strategies", "threshold", "spiffy+threshold", "--caches", "none", "dual", "--batch", "4",
+        "--gen", "16", "--block", "8", "--prompts", "4", "--json", str(out),
+    ])
+    assert len(rows) == 4 and json.loads(out.read_text())["rows"] == rows
+    plain = [r for r in rows if r["strategy"] == "threshold"]
+    assert all(r["wasted"] == 0 and r["overhead"] > 1 and r["syncs_per_forward"] >= 1 for r in plain)
+    assert "vs_hand_loop" in plain[0] and plain[0]["hand_loop_steps"] >= plain[0]["steps"]
