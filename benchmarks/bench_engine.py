@@ -160,6 +160,31 @@ def run_case(adapter, strategy: str, cache: str, batch: int, gen_length: int, bl
     return row
 
 
+def markdown(after: list[dict[str, Any]], before: list[dict[str, Any]] | None = None) -> str:
+    """A markdown table of the rows, with a run of an older engine side by side when given
+    (matched on strategy, cache, batch, generation and block length)."""
+    key = lambda r: (r["strategy"], r["cache"], r["batch"], r["gen_length"], r["block_length"])
+    old = {key(r): r for r in before or []}
+    pct = lambda v: "-" if v is None else f"{v:.1%}"
+    lines = [
+        "| strategy | cache | batch | gen | block | wall (s) | overhead | wasted | syncs/forward | vs hand loop |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in after:
+        was = old.get(key(row))
+        pair = lambda field, fmt: fmt(row[field]) if was is None else f"{fmt(was[field])} → {fmt(row[field])}"
+        hand = "-"
+        if "vs_hand_loop" in row:
+            hand = f"{row['vs_hand_loop']:.2f}× ({row['vs_hand_loop_per_step']:.2f}× per step)"
+        lines.append(
+            f"| {row['strategy']} | {row['cache']} | {row['batch']} | {row['gen_length']} | "
+            f"{row['block_length']} | {pair('wall_s', lambda v: f'{v:.2f}')} | "
+            f"{pair('overhead', lambda v: f'{v:.2f}×')} | {pair('wasted', pct)} | "
+            f"{pair('syncs_per_forward', lambda v: f'{v:.2f}')} | {hand} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="toy-dllm")
@@ -171,7 +196,16 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", default=None)
+    parser.add_argument(
+        "--report", nargs="+", metavar="JSON",
+        help="print the markdown table of a result file (after), or of an older run's and a "
+        "newer run's side by side (before after), instead of measuring",
+    )
     args = parser.parse_args(argv)
+    if args.report:
+        loaded = [json.load(open(path))["rows"] for path in args.report]
+        print(markdown(loaded[-1], loaded[0] if len(loaded) > 1 else None), end="")
+        return loaded[-1]
     torch.set_num_threads(args.threads)
     adapter = load_model(args.model)
     prompts = prompts_for(adapter, args.prompts)
