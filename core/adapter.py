@@ -122,7 +122,7 @@ class ModelAdapter:
             )
         if self.block_alignment not in BLOCK_ALIGNMENTS:
             raise ModelError(
-                f"block alignment {self.block_alignment!r} is not supported; allowed: "
+                f"block_alignment {self.block_alignment!r} is not supported; allowed: "
                 + ", ".join(BLOCK_ALIGNMENTS)
             )
 

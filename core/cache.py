@@ -1,15 +1,22 @@
 """KV caching for block decoding (Fast-dLLM's prefix and dual cache), on ``transformers`` caches.
 
-The decoder asks a :class:`BlockForward`, built at the start of every block for the rows
-still decoding, for "the logits of the active block this step". Each call is one forward of
-the model (one NFE). The cache mode decides how much of the sequence that forward recomputes:
+The decoder asks a :class:`BlockForward`, built once per generation, for "the logits of
+every row's active block this step". Rows advance through their blocks independently, so
+each row has its own active block (``start`` per row) and its own cache state. The cache
+mode decides how much of the sequence a row's forward recomputes:
 
 - ``"none"``: every step is a forward over the whole sequence.
-- ``"prefix"``: the first step of the block is a full forward that also fills a
-  :class:`transformers.DynamicCache`; the keys and values of every position before the block
-  are kept, and the block's later steps recompute the block and everything after it.
-- ``"dual"``: the block-start forward also keeps the keys and values of the positions after
-  the block; later steps recompute the block alone.
+- ``"prefix"``: a row's first step in a block is a full forward that also records the keys
+  and values of every position; its later steps in the block recompute the block and
+  everything after it, reading the keys and values before the block from that record.
+- ``"dual"``: later steps recompute the block alone, reading everything else from the record.
+
+One call (:meth:`BlockForward.run`) serves every row: rows that need a full forward (block
+start, or a refresh) get one, the others one cached forward over their windows: at most two
+model calls, each row in exactly one of them. The windows of a cached forward have one width
+for all rows (``K``, or for prefix the longest suffix, narrower rows padded with invisible
+columns), and the record is kept at full length ``L`` with each row's stale window masked
+out, so that rows in different blocks share one ``transformers`` cache.
 
 Exactness. The cached keys and values are those of the block-start state. For a block-causal
 model nothing before the block attends to the block, and nothing in the block attends to
@@ -30,7 +37,7 @@ import inspect
 import torch
 
 from dloom.adapter import ModelAdapter
-from dloom.attention import model_mask
+from dloom.attention import mask_from_block_ids, model_mask
 from dloom.errors import ConfigurationError, ModelError
 from dloom.types import VerificationLayout
 
@@ -66,223 +73,367 @@ def check_refresh(mode: str, refresh: int | None) -> None:
 
 
 class BlockForward:
-    """The active block's logits, one model forward per call, reusing keys and values per mode.
+    """Every row's active-block logits, one model forward per row per call, reusing keys and
+    values per mode.
 
-    Built at block start, after the batch was compacted to the rows still decoding; those rows
-    stay fixed for the whole block. Shapes: ``B`` rows, ``L`` sequence length, ``K`` block
-    length, ``V`` vocabulary.
+    Shapes: ``B`` rows, ``L`` sequence length, ``K`` block length, ``V`` vocabulary, ``W``
+    the recomputed window of a cached forward.
 
     :param model: the model adapter; ``prefix`` and ``dual`` need a model whose forward takes
         a ``transformers`` cache (:func:`cache_argument`).
     :param mode: one of :data:`CACHE_MODES`.
-    :param attention_mask: for the whole sequence: ``None`` (bidirectional, no padding), a
-        ``(B, L)`` padding mask (1 = real token), or a ``(B, 1, L, L)`` bool mask (``True`` =
-        query may attend to key; block-causal models, :func:`dloom.attention.block_causal_mask`).
+    :param padding_mask: ``(B, L)`` padding mask (1 = real token), or ``None`` when no row is
+        padded.
     :param position_ids: ``(B, L)`` long.
-    :param start: first position of the active block.
-    :param end: one past its last position.
-    :param refresh: with a cache, the block's forwards per full (cache-rebuilding) forward:
-        forward ``0, k, 2k, ...`` of the block is a full forward (``None``: only the first).
+    :param start: first column of each row's active block: an int (every row) or ``(B,)``.
+    :param block_length: ``K``.
+    :param refresh: with a cache, a row's forwards per full (cache-rebuilding) forward within
+        a block: forward ``0, k, 2k, ...`` of the row's block is a full one (``None``: only
+        the first).
+    :param block_ids: ``(B, L)`` long block index of every position for a block-causal model
+        (:mod:`dloom.attention`), ``None`` for a bidirectional one.
 
-    :ivar query_positions: positions each row recomputed in the last call: ``L`` for a full
-        forward, ``L - start`` (prefix) or ``K`` (dual) for a cached one (one more for a
-        shifted model).
+    :ivar start: ``(B,)`` long, each row's active block; :meth:`advance` moves rows on.
+    :ivar window_start: ``(B,)`` long, first recomputed column of a cached forward (one
+        before the block for a shifted model).
+    :ivar query_positions: positions each row recomputed in the last model call: ``L`` for a
+        full forward, ``W`` for a cached one.
     """
 
     def __init__(
         self,
         model: ModelAdapter,
         mode: str,
-        attention_mask: torch.Tensor | None,
+        padding_mask: torch.Tensor | None,
         position_ids: torch.Tensor,
-        start: int,
-        end: int,
+        start: int | torch.Tensor,
+        block_length: int,
         refresh: int | None = None,
+        block_ids: torch.Tensor | None = None,
     ) -> None:
         if mode not in CACHE_MODES:
             raise ConfigurationError(f"cache is {mode!r}; allowed: {', '.join(CACHE_MODES)}")
         check_refresh(mode, refresh)
-        self.refresh = refresh
-        self._forwards_on_cache = 0
-        self.model = model
-        self.mode = mode
+        self.model, self.mode, self.refresh = model, mode, refresh
         self.position_ids = position_ids
-        self.start, self.end = start, end
-        self.query_positions = 0
-        length = position_ids.shape[1]
-        self._attention_mask = attention_mask
-        self._full_mask = attention_mask
-        if attention_mask is not None and attention_mask.dim() == 4:
-            self._full_mask = model_mask(attention_mask, model.model)
-        self._cache = None
-        self.window_start = start - int(model.shift_logits)
-        if mode == "none":
-            return
-        self._argument = cache_argument(model.model)
-        if self._argument is None:
-            raise ModelError(
-                f"model {model.name!r} does not take a KV cache; use cache='none'"
-            )
+        self.block_length = block_length
+        self.shift = int(model.shift_logits)
+        batch, self.length = position_ids.shape
         device = position_ids.device
-        # Recomputed window [window_start, window_end) of every cached step.
-        self.window_end = length if mode == "prefix" else end
-        kept_before = torch.arange(self.window_start, device=device)
-        kept_after = torch.arange(self.window_end, length, device=device)
-        window = torch.arange(self.window_start, self.window_end, device=device)
-        # The cache holds [0, window_start) then [window_end, L); the window's keys follow.
-        self._key_order = torch.cat([kept_before, kept_after, window])
-        self._step_mask = None
-        if attention_mask is not None and attention_mask.dim() == 2:
-            self._step_mask = attention_mask[:, self._key_order]
-        elif attention_mask is not None:
-            self._step_mask = model_mask(
-                attention_mask[:, :, window][..., self._key_order], model.model
-            )
+        self.start = torch.as_tensor(start, dtype=torch.long, device=device).expand(batch).clone()
+        self.padding_mask = padding_mask
+        self.block_ids = block_ids
+        self._keys_ok = (
+            torch.ones(batch, self.length, dtype=torch.bool, device=device)
+            if padding_mask is None else padding_mask.bool()
+        )
+        # A prepared 4-D mask: transformers passes it through (its 2-D path costs a host
+        # synchronisation per forward for a padded batch).
+        if block_ids is not None:
+            self._full_mask = model_mask(mask_from_block_ids(padding_mask, block_ids), model.model)
+        elif padding_mask is not None:
+            keys = padding_mask.bool()[:, None, None, :].expand(-1, 1, self.length, -1)
+            self._full_mask = model_mask(keys, model.model)
+        else:
+            self._full_mask = None
+        self._takes_keep = "logits_to_keep" in inspect.signature(model.model.forward).parameters
+        self.query_positions = 0
+        self.calls = 0  # model calls
+        self.row_forwards = 0  # rows over all model calls
+        self._store: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self._needs_full = torch.full((batch,), mode != "none", dtype=torch.bool, device=device)
+        self._on_cache = torch.zeros(batch, dtype=torch.long, device=device)
+        if mode != "none":
+            self._argument = cache_argument(model.model)
+            if self._argument is None:
+                raise ModelError(f"model {model.name!r} does not take a KV cache; use cache='none'")
+
+    # --- per-row bookkeeping (device tensors only) -----------------------------------------
+
+    @property
+    def window_start(self) -> torch.Tensor:
+        return self.start - self.shift
+
+    @property
+    def block_columns(self) -> torch.Tensor:
+        """``(B, K)`` long, the columns of every row's active block."""
+        return self.start.unsqueeze(1) + torch.arange(self.block_length, device=self.start.device)
+
+    def pending_full(self) -> torch.Tensor:
+        """``(B,)`` bool, rows whose next forward is a full one."""
+        if self.refresh is None:
+            return self._needs_full
+        return self._needs_full | (self._on_cache >= self.refresh)
+
+    def plan(self, staying: torch.Tensor | None = None) -> torch.Tensor:
+        """``(3,)`` long on the device: rows due a full forward, and the first and last window
+        start of any row (among ``staying``, ``(B,)`` bool, when rows are about to leave); the
+        decoder reads them at its step's one host synchronisation and passes them to
+        :meth:`run`."""
+        full, starts = self.pending_full(), self.window_start
+        if staying is not None:
+            full = full & staying
+            first = torch.where(staying, starts, self.length).min()
+            last = torch.where(staying, starts, 0).max()
+        else:
+            first, last = starts.min(), starts.max()
+        return torch.stack([full.sum(), first, last])
+
+    def advance(self, moving: torch.Tensor) -> None:
+        """Move the rows ``moving`` (``(B,)`` bool) on to their next block."""
+        self.start = self.start + self.block_length * moving.long()
+        if self.mode != "none":
+            self._needs_full = self._needs_full | moving
+
+    def select(self, index: torch.Tensor) -> None:
+        """Keep the rows ``index`` (``(B',)`` long), in that order (rows that left the batch)."""
+        self.position_ids = self.position_ids[index]
+        self.start = self.start[index]
+        self._keys_ok = self._keys_ok[index]
+        if self.padding_mask is not None:
+            self.padding_mask = self.padding_mask[index]
+        if self.block_ids is not None:
+            self.block_ids = self.block_ids[index]
+        if self._full_mask is not None:
+            self._full_mask = self._full_mask[index]
+        self._needs_full = self._needs_full[index]
+        self._on_cache = self._on_cache[index]
+        if self._store is not None:
+            self._store = [(k[index], v[index]) for k, v in self._store]
+
+    # --- forwards ---------------------------------------------------------------------------
 
     def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Run one forward on the current state and return the block's logits.
+        """:meth:`run` with its plan read here (one host synchronisation; the decoder reads
+        the plan at its own step synchronisation instead)."""
+        n_full, first, last = self.plan().tolist()
+        return self.run(tokens, n_full, first, last)[0]
 
-        :param tokens: ``(B, L)`` long, the current state of the rows of this block.
-        :return: ``(B, K, V)`` logits of positions ``start .. end - 1``, aligned so that
-            entry ``i`` is the distribution of token ``start + i``.
+    def run(
+        self, tokens: torch.Tensor, n_full: int, first_window: int, last_window: int,
+        cached: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step's forwards: a full forward for the ``n_full`` rows that need one (all of
+        them without a cache), a cached forward for the others.
+
+        :param tokens: ``(B, L)`` long, the current state of every row.
+        :param n_full: / :param first_window: / :param last_window: the entries of
+            :meth:`plan`; logits are computed for columns ``first_window`` to
+            ``last_window + K`` only, where the model takes ``logits_to_keep``.
+        :param cached: ``False`` runs the full forward only (the others are then verified by
+            :meth:`evaluate`).
+        :return: ``(B, K, V)`` logits, entry ``i`` the distribution of token
+            ``start + i`` (zeros for rows not run), and ``(B,)`` bool, the rows of the full
+            forward.
         """
+        batch = tokens.shape[0]
+        columns = self.block_columns
+        keep = (first_window, last_window + self.block_length)
         if self.mode == "none":
-            self.query_positions = tokens.shape[1]
-            logits = self.model.logits(tokens, self._full_mask, self.position_ids)
-            return logits[:, self.start : self.end]
-        if self._cache is None or (self.refresh is not None and self._forwards_on_cache >= self.refresh):
-            return self._block_start(tokens)
-        self._forwards_on_cache += 1
-        return self._cached_step(tokens)
+            raw = self._plain(tokens, self._full_mask, self.position_ids, keep)
+            picked = self._pick(raw, self.window_start, keep)
+            return picked, torch.ones(batch, dtype=torch.bool, device=tokens.device)
+        full = self.pending_full()
+        order = torch.argsort((~full).long(), stable=True)
+        full_rows, cached_rows = order[:n_full], order[n_full:]
+        out = None
+        if n_full:
+            block = self._full_forward(tokens, full_rows, n_full == batch, keep)
+            out = block if n_full == batch else block.new_zeros(batch, *block.shape[1:]).index_copy_(0, full_rows, block)
+        if cached and n_full < batch:
+            every = n_full == 0
+            rows = None if every else cached_rows
+            raw = self._window_forward(tokens if every else tokens[rows], rows, first_window)
+            block = raw[:, : self.block_length]
+            if out is None:
+                out = block
+            else:
+                out.index_copy_(0, cached_rows, block)
+            self._on_cache = self._on_cache + (~full).long()
+        assert out is None or out.shape[0] == batch, "run() with no row to run"
+        return out, full
 
-    def _run(self, tokens, attention_mask, position_ids, cache) -> torch.Tensor:
-        """Raw (unshifted) logits ``(B, Q, V)`` of one forward that reads and extends ``cache``."""
-        self.query_positions = tokens.shape[1]
-        with torch.no_grad():
-            out = self.model.model(
-                input_ids=tokens, attention_mask=attention_mask, position_ids=position_ids,
-                use_cache=True, **{self._argument: cache},
-            )
-        return out.logits if hasattr(out, "logits") else out[0]
-
-    def _block_start(self, tokens: torch.Tensor) -> torch.Tensor:
-        """The full forward of the block's first step; keeps the keys and values to reuse."""
+    def _full_forward(
+        self, tokens: torch.Tensor, rows: torch.Tensor, every: bool, keep: tuple[int, int] | None = None
+    ) -> torch.Tensor:
+        """A full forward of ``rows`` that records their keys and values; their block logits
+        (computed for columns ``keep`` only, where the model allows)."""
         from transformers import DynamicCache
 
         cache = DynamicCache()
-        raw = self._run(tokens, self._full_mask, self.position_ids, cache)
-        if self.mode == "prefix":
-            cache.crop(-(tokens.shape[1] - self.window_start))
+        pick = (lambda t: t) if every else (lambda t: None if t is None else t[rows])
+        raw = self._run(pick(tokens), pick(self._full_mask), pick(self.position_ids), cache, keep)
+        layers = [(layer.keys, layer.values) for layer in cache.layers]
+        if every or self._store is None:
+            self._store = layers
         else:
-            cache = DynamicCache(
-                ddp_cache_data=[
-                    (self._keep(layer.keys), self._keep(layer.values)) for layer in cache.layers
-                ]
+            for (keys, values), (new_keys, new_values) in zip(self._store, layers):
+                keys.index_copy_(0, rows, new_keys)
+                values.index_copy_(0, rows, new_values)
+        self._needs_full = self._needs_full.index_fill(0, rows, False)
+        self._on_cache = self._on_cache.index_fill(0, rows, 1)
+        return self._pick(raw, self.window_start if every else self.window_start[rows], keep)
+
+    def _keep_argument(self, keep: tuple[int, int] | None) -> dict:
+        """``logits_to_keep`` for columns ``keep`` (``{}`` when the model takes none)."""
+        if keep is None or not self._takes_keep:
+            return {}
+        device = self.position_ids.device
+        return {"logits_to_keep": torch.arange(keep[0], min(keep[1], self.length), device=device)}
+
+    def _pick(self, raw: torch.Tensor, starts: torch.Tensor, keep: tuple[int, int] | None) -> torch.Tensor:
+        """``(R, K, V)`` block logits out of raw outputs over all columns, or over the kept
+        columns from ``keep[0]`` on."""
+        if keep is not None and self._takes_keep:
+            starts = starts - keep[0]
+        columns = starts.unsqueeze(1) + torch.arange(self.block_length, device=raw.device)
+        return torch.take_along_dim(raw, columns.unsqueeze(-1), dim=1)
+
+    def _plain(self, tokens, attention_mask, position_ids, keep=None) -> torch.Tensor:
+        """Raw outputs of one uncached forward."""
+        self._count(tokens)
+        with torch.no_grad():
+            out = self.model.model(
+                input_ids=tokens, attention_mask=attention_mask, position_ids=position_ids,
+                **self._keep_argument(keep),
             )
-        self._cache = cache
-        self._forwards_on_cache = 1
-        return raw[:, self.window_start : self.window_start + self.end - self.start]
+        return out.logits if hasattr(out, "logits") else out[0]
 
-    def _keep(self, states: torch.Tensor) -> torch.Tensor:
-        """``(B, H, L, D)`` states -> those of ``[0, window_start)`` then ``[window_end, L)``."""
-        return torch.cat(
-            [states[:, :, : self.window_start], states[:, :, self.window_end :]], dim=2
+    def _count(self, tokens: torch.Tensor) -> None:
+        self.query_positions = tokens.shape[1]
+        self.calls += 1
+        self.row_forwards += tokens.shape[0]
+
+    def _run(self, tokens, attention_mask, position_ids, cache, keep=None) -> torch.Tensor:
+        """Raw (unshifted) logits ``(B, Q, V)`` of one forward that reads and extends ``cache``."""
+        self._count(tokens)
+        with torch.no_grad():
+            out = self.model.model(
+                input_ids=tokens, attention_mask=attention_mask, position_ids=position_ids,
+                use_cache=True, **{self._argument: cache}, **self._keep_argument(keep),
+            )
+        return out.logits if hasattr(out, "logits") else out[0]
+
+    def window_width(self, first_window: int) -> int:
+        """``W``: the block (and the column before it, shifted) for dual, everything from the
+        earliest window start on for prefix."""
+        if self.mode == "dual":
+            return self.block_length + self.shift
+        return self.length - first_window
+
+    def _windows(self, rows: torch.Tensor | None, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(R, W)`` columns of the rows' windows (clamped into the sequence) and which of
+        them are real (a prefix window is narrower for a row further on)."""
+        starts = self.window_start if rows is None else self.window_start[rows]
+        columns = starts.unsqueeze(1) + torch.arange(width, device=starts.device)
+        return columns.clamp(max=self.length - 1), columns < self.length
+
+    def _allowed(self, rows: torch.Tensor | None, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+        """``(R, Q, C)`` bool: the model's own attention from columns ``query`` (``(R, Q)``) to
+        columns ``key`` (``(R, C)``): keys that are not padding, in blocks not after the query's."""
+        keys_ok = self._keys_ok if rows is None else self._keys_ok[rows]
+        allowed = torch.gather(keys_ok, 1, key).unsqueeze(1).expand(-1, query.shape[1], -1)
+        if self.block_ids is not None:
+            ids = self.block_ids if rows is None else self.block_ids[rows]
+            allowed = allowed & (
+                torch.gather(ids, 1, key).unsqueeze(1) <= torch.gather(ids, 1, query).unsqueeze(2)
+            )
+        return allowed
+
+    def _row_cache(self, rows: torch.Tensor | None):
+        """A cache holding the recorded keys and values of ``rows`` (``None``: every row)."""
+        from transformers import DynamicCache
+
+        pick = (lambda t: t) if rows is None else (lambda t: t[rows])
+        return DynamicCache(ddp_cache_data=[(pick(k), pick(v)) for k, v in self._store])
+
+    def _window_forward(self, tokens: torch.Tensor, rows: torch.Tensor | None, first_window: int) -> torch.Tensor:
+        """A forward over the rows' windows alone, reading every other position from the
+        record: raw outputs ``(R, W, V)``.
+
+        :param tokens: ``(R, L)``, the rows' current state.
+        :param rows: the rows (``None``: every row, in order).
+        """
+        width = self.window_width(first_window)
+        columns, real = self._windows(rows, width)
+        positions = self.position_ids if rows is None else self.position_ids[rows]
+        keys = torch.arange(self.length, device=tokens.device).expand(len(tokens), -1)
+        starts = columns[:, :1]
+        stale = (keys >= starts) & (keys < starts + width)  # recorded, but recomputed here
+        recorded = self._allowed(rows, columns, keys) & ~stale.unsqueeze(1)
+        fresh = self._allowed(rows, columns, columns) & real.unsqueeze(1)
+        mask = torch.cat([recorded, fresh], dim=2).unsqueeze(1)
+        return self._run(
+            torch.gather(tokens, 1, columns), model_mask(mask, self.model.model),
+            torch.gather(positions, 1, columns), self._row_cache(rows),
         )
-
-    def _cached_step(self, tokens: torch.Tensor) -> torch.Tensor:
-        """A forward over the window alone, reading the other positions from the cache."""
-        window = slice(self.window_start, self.window_end)
-        raw = self._run(tokens[:, window], self._step_mask, self.position_ids[:, window], self._cache)
-        self._cache.crop(-(self.window_end - self.window_start))
-        return raw[:, : self.end - self.start]
 
     # --- verification forwards (speculative decoding) --------------------------------------
 
-    def evaluate(self, tokens: torch.Tensor, layout: VerificationLayout) -> torch.Tensor:
+    def evaluate(self, tokens: torch.Tensor, layout: VerificationLayout, first_window: int) -> torch.Tensor:
         """One forward over a verification layout; its raw outputs at the layout's columns.
 
-        Must follow the block's first call (which, with a cache, fills it). The spans cover
-        ``[window_start, end)``: the block, and for a shifted model the column before it.
+        With a cache, every row's record must be current (no full forward pending). The spans
+        cover ``[window_start, start + K)`` of their source row: the block, and for a shifted
+        model the column before it.
 
-        :param tokens: ``(B, L)`` long, the current state of the rows of this block.
+        :param tokens: ``(B, L)`` long, the current state of every row.
         :param layout: spans, their source rows and where they sit
             (:class:`~dloom.types.VerificationLayout`).
+        :param first_window: the second entry of :meth:`plan`.
         :return: ``(R, S, V)``, the outputs at every layout column: the first ``K`` columns
             of a span are its block's logits.
         """
-        width = self.end - self.window_start
+        width = self.block_length + self.shift
         source = layout.source
-        primary = tokens[source].clone()
-        primary[:, self.window_start : self.end] = layout.input_ids[:, :width]
+        span = self.window_start[source].unsqueeze(1) + torch.arange(width, device=tokens.device)
+        primary = tokens[source].scatter(1, span, layout.input_ids[:, :width])
         if not layout.packed:
-            return self._standalone(primary, source)[:, self.window_start - self._query_start :][:, :width]
-        return self._packed(primary, layout, width)
+            if self.mode == "none":
+                self._count(primary)
+                mask = None if self._full_mask is None else self._full_mask[source]
+                with torch.no_grad():
+                    out = self.model.model(
+                        input_ids=primary, attention_mask=mask, position_ids=self.position_ids[source],
+                    )
+                raw = out.logits if hasattr(out, "logits") else out[0]
+                return torch.take_along_dim(raw, span.unsqueeze(-1), dim=1)
+            return self._window_forward(primary, source, first_window)[:, :width]
+        return self._packed(primary, layout, width, span, first_window)
 
-    @property
-    def _query_start(self) -> int:
-        """First position a forward of this block recomputes (0 without a cache)."""
-        return 0 if self.mode == "none" else self.window_start
-
-    def _row_cache(self, source: torch.Tensor):
-        """A fresh cache holding the block-start keys and values of rows ``source``."""
-        from transformers import DynamicCache
-
-        return DynamicCache(
-            ddp_cache_data=[
-                (layer.keys[source], layer.values[source]) for layer in self._cache.layers
-            ]
-        )
-
-    def _standalone(self, sequences: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
-        """Raw outputs of the rows' own forwards, computed exactly as a plain step would."""
-        if self.mode == "none":
-            mask = None if self._full_mask is None else self._full_mask[source]
-            self.query_positions = sequences.shape[1]
-            with torch.no_grad():
-                out = self.model.model(
-                    input_ids=sequences, attention_mask=mask,
-                    position_ids=self.position_ids[source],
-                )
-            return out.logits if hasattr(out, "logits") else out[0]
-        window = slice(self.window_start, self.window_end)
-        mask = None if self._step_mask is None else self._step_mask[source]
-        return self._run(
-            sequences[:, window], mask, self.position_ids[source][:, window], self._row_cache(source)
-        )
-
-    def _packed(self, primary: torch.Tensor, layout: VerificationLayout, width: int) -> torch.Tensor:
+    def _packed(self, primary, layout, width, span, first_window) -> torch.Tensor:
         """Raw outputs of a packed layout: the context once, further spans appended to it."""
         device = primary.device
-        length = primary.shape[1]
         source = layout.source
+        count = len(source)
         appended = layout.input_ids[:, width:]
         if self.mode == "none":
-            cached = torch.arange(0, device=device)
-            recomputed = torch.arange(length, device=device)
+            recomputed = torch.arange(self.length, device=device).expand(count, -1)
+            real = torch.ones_like(recomputed, dtype=torch.bool)
+            cached = recomputed[:, :0]
         else:
-            cached = self._key_order[: self._key_order.numel() - (self.window_end - self.window_start)]
-            recomputed = torch.arange(self.window_start, self.window_end, device=device)
-        span_positions = self.window_start + layout.span_position[:, width:].clamp(0, width - 1)
-        # Absolute position of every query (R, Q) and key (R, C + Q).
-        query_abs = torch.cat([recomputed.expand(len(source), -1), span_positions], dim=1)
-        key_abs = torch.cat([cached.expand(len(source), -1), query_abs], dim=1)
-        n_cached, n_recomputed = cached.numel(), recomputed.numel()
+            recomputed, real = self._windows(source, self.window_width(first_window))
+            cached = torch.arange(self.length, device=device).expand(count, -1)
+        starts = span[:, :1]
+        span_positions = starts + layout.span_position[:, width:].clamp(0, width - 1)
+        # Column of every query (R, Q) and key (R, C + Q).
+        query_abs = torch.cat([recomputed, span_positions], dim=1)
+        key_abs = torch.cat([cached, query_abs], dim=1)
+        n_cached, n_recomputed = cached.shape[1], recomputed.shape[1]
         # Segment of every query and key: 0 for the context and the first span, the node
         # index + 1 for appended spans (-1 + 1 = 0 never occurs: padding gets -1).
+        appended_segment = torch.where(layout.segment[:, width:] >= 0, layout.segment[:, width:] + 1, -1)
         query_segment = torch.cat(
-            [torch.zeros(len(source), n_recomputed, dtype=torch.long, device=device),
-             torch.where(layout.segment[:, width:] >= 0, layout.segment[:, width:] + 1, -1)],
-            dim=1,
+            [torch.zeros(count, n_recomputed, dtype=torch.long, device=device), appended_segment], dim=1
         )
         key_segment = torch.cat(
-            [torch.zeros(len(source), n_cached, dtype=torch.long, device=device), query_segment], dim=1
+            [torch.zeros(count, n_cached, dtype=torch.long, device=device), query_segment], dim=1
         )
-        base = self._bool_mask(source, length)
-        allowed = torch.gather(
-            torch.gather(base, 1, query_abs.unsqueeze(-1).expand(-1, -1, length)),
-            2, key_abs.unsqueeze(1).expand(-1, query_abs.shape[1], -1),
-        )
-        in_window = (key_abs >= self.window_start) & (key_abs < self.end)
+        window_first = recomputed[:, :1]
+        stale = (cached >= window_first) & (cached < window_first + n_recomputed)
+        key_real = torch.cat([~stale, real, appended_segment >= 0], dim=1)
+        allowed = self._allowed(source, query_abs, key_abs) & key_real.unsqueeze(1)
+        in_window = (key_abs >= starts) & (key_abs < starts + width)
         from_context = (key_segment == 0).unsqueeze(1) & (
             (query_segment == 0).unsqueeze(2) | ~in_window.unsqueeze(1)
         )
@@ -290,29 +441,18 @@ class BlockForward:
             query_segment != 0
         ).unsqueeze(2)
         mask = (allowed & (from_context | own_span)).unsqueeze(1)
-        inputs = torch.cat([primary[:, recomputed], appended], dim=1)
+        inputs = torch.cat([torch.gather(primary, 1, recomputed), appended], dim=1)
         positions = torch.gather(self.position_ids[source], 1, query_abs)
         model_input = model_mask(mask, self.model.model)
-        self.query_positions = inputs.shape[1]
+        self._count(inputs)
         with torch.no_grad():
             if self.mode == "none":
-                out = self.model.model(
-                    input_ids=inputs, attention_mask=model_input, position_ids=positions
-                )
+                out = self.model.model(input_ids=inputs, attention_mask=model_input, position_ids=positions)
             else:
                 out = self.model.model(
                     input_ids=inputs, attention_mask=model_input, position_ids=positions,
                     use_cache=True, **{self._argument: self._row_cache(source)},
                 )
         raw = out.logits if hasattr(out, "logits") else out[0]
-        first = raw[:, self.window_start - recomputed[0] :][:, :width]
+        first = torch.take_along_dim(raw, (span - window_first).unsqueeze(-1), dim=1)
         return torch.cat([first, raw[:, n_recomputed:]], dim=1)
-
-    def _bool_mask(self, source: torch.Tensor, length: int) -> torch.Tensor:
-        """``(R, L, L)`` bool, the model's attention over the whole sequence for ``source``."""
-        mask = self._attention_mask
-        if mask is None:
-            return torch.ones(len(source), length, length, dtype=torch.bool, device=source.device)
-        if mask.dim() == 2:
-            return mask[source].bool()[:, None, :].expand(-1, length, -1)
-        return mask[source][:, 0].bool()

@@ -319,7 +319,7 @@ def generate(
         with Progress(console=err_console, transient=True, disable=len(prompts) <= batch_size) as bar:
             task = bar.add_task("decoding", total=len(prompts))
             for chunk in batches(prompts, batch_size):
-                result = decoder.generate(chunk)
+                result = decoder.generate(chunk, row_offset=len(rows))
                 finished = [result.row(i) for i in range(len(chunk))]
                 rows.extend(finished)
                 if as_json:

@@ -1,20 +1,23 @@
 """The diffusion decoder: semi-autoregressive block decoding with the transition kernel.
 
 The sequence is ``prompt + gen_length`` mask tokens, split into blocks of ``block_length``
-decoded left to right. Each step of the active block runs one forward, proposes a candidate
-and a confidence per position (:func:`dloom.kernel.propose`), asks the strategy's commit
-rule which positions to unmask, and commits them.
+decoded left to right. Each step of a row's active block runs one forward, proposes a
+candidate and a confidence per position (:func:`dloom.kernel.propose`), asks the strategy's
+commit rule which positions to unmask, and commits them.
 
-Per-row early stop: a row that has committed EOS with nothing masked before it is finished.
-Its tokens never change afterwards, its NFE stops counting, and from the next block on it is
-dropped from the forward batch. The loop synchronises with the host once per step (to learn
-whether the block is done and to check the step's contracts) and once per block (to compact
-the batch); never per token or per row.
+Per-row block progression: every row decodes its own active block. A row whose block is
+done moves on to its next block in the next forward, instead of waiting for the slowest row
+of the batch; a row that has finished (an EOS with nothing masked before it, or nothing
+masked) leaves the batch at once, its tokens final and its NFE no longer counted. So each
+row takes exactly the steps it takes when decoded alone, and no forward is spent on a row
+with nothing to decode. The loop synchronises with the host once per forward (to check the
+step's contracts, learn which rows left and which need a full forward); never per token or
+per row.
 
-Each step's forward goes through a :class:`dloom.cache.BlockForward`, built at block start
-for the rows still decoding: with ``cache="prefix"`` or ``"dual"`` it reuses the keys and
-values of the block-start forward (:mod:`dloom.cache`). For a block-causal model the decoder
-builds the block-causal attention mask itself (:func:`dloom.attention.block_causal_mask`).
+Every forward goes through the generation's :class:`dloom.cache.BlockForward`, which keeps
+each row's block columns and, with ``cache="prefix"`` or ``"dual"``, its keys and values
+(:mod:`dloom.cache`). For a block-causal model the decoder gives it every position's block
+(:mod:`dloom.attention`), laid out per the model's ``block_alignment``.
 """
 
 from __future__ import annotations
@@ -28,11 +31,11 @@ import torch
 
 from dloom import hooks
 from dloom.adapter import ModelAdapter, left_pad_prompts
-from dloom.attention import block_causal_mask
+from dloom.attention import absolute_block_ids, block_ids
 from dloom.cache import CACHE_MODES, BlockForward, cache_argument, check_refresh
 from dloom.composition import StrategySpec, build_plugin_manager, compose
 from dloom.errors import ConfigurationError, HookContractError, ModelError, NonFiniteLogitsError
-from dloom.kernel import REMASKING
+from dloom.kernel import REMASKING, RowStreams
 from dloom.metrics import GenerationResult, HookTimer
 from dloom.prompt_validation import check_lengths, check_prompts, check_special_ids, vocabulary_size
 from dloom.registry import Registry
@@ -80,7 +83,7 @@ class DiffusionDecoder:
         ``gen_length``: one token per step).
     :param temperature: 0 for greedy, > 0 samples with float64 Gumbel-max.
     :param remasking: confidence kind, one of :data:`dloom.kernel.REMASKING`.
-    :param seed: seeds the decoder's ``torch.Generator`` (``None``: nondeterministic).
+    :param seed: seeds every prompt's random stream (:class:`dloom.kernel.RowStreams`; ``None``: nondeterministic).
     :param cache: KV cache mode, one of :data:`dloom.cache.CACHE_MODES`: ``"none"``,
         ``"prefix"`` (reuse the keys and values before the active block) or ``"dual"`` (also
         those after it); exact for block-causal models, approximate for bidirectional ones.
@@ -242,121 +245,46 @@ class DiffusionDecoder:
             "device": str(self.model.device),
         }
 
-    def _timed_forward(self, call, *args) -> torch.Tensor:
-        """Run one model forward (``call(*args)``), adding its time to the ``forward`` share."""
+    def _timed(self, call, *args):
+        """Run ``call(*args)`` (model forwards), adding its time to the ``forward`` share."""
         if self._sync:
             self._sync()
         start = time.perf_counter()
-        logits = call(*args)
+        out = call(*args)
         if self._sync:
             self._sync()
         self._forward_seconds += time.perf_counter() - start
-        return logits
-
-    def _decode_block(
-        self,
-        block: int,
-        rows: torch.Tensor,
-        x: torch.Tensor,
-        attention_mask: torch.Tensor,
-        block_forward: BlockForward,
-        generator: torch.Generator | None,
-        eos_ids: torch.Tensor,
-        counters: _Counters,
-        observer: Callable[[StepRecord], None] | None,
-    ) -> torch.Tensor:
-        """Decode the active block of the rows ``x`` (``(B, L)``, updated in place; ``rows``
-        are their indices in the whole batch) and return each row's NFE in it (``(B,)``).
-
-        A plain step is one forward and one kernel step. Once a distribution of the block is
-        known, a speculative composition drafts future states from it; one verification
-        forward evaluates the current state and the drafts, and the verifier takes kernel
-        steps along the drafts for as long as they match (:mod:`dloom.speculation`).
-        Host synchronisation: once per forward, to learn whether the block is done.
-        """
-        mask_id = self.model.mask_token_id
-        start, end = block_forward.start, block_forward.end
-        kernel = KernelStep(
-            self.pm, self.temperature, self.remasking, generator, mask_id, eos_ids,
-            self.steps // (self.gen_length // self.block_length),
-            (x[:, start:end] == mask_id).sum(-1),
-        )
-        nfe = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
-        previous = None  # the distribution of the current state's predecessor
-        every_row = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
-        forward = 0
-        while True:
-            current = x[:, start:end]
-            decoding = selectable_positions(current, mask_id, eos_ids).any(-1)
-            state = DecodeState(
-                tokens=x, attention_mask=attention_mask, block_start=start, block_end=end,
-                mask_token_id=mask_id, active=decoding, logits=previous,
-                span_start=block_forward.window_start,
-            )
-            speculate = previous is not None and self._speculates
-            graph = hooks.draft(self.pm, state) if speculate else None
-            if graph is None:
-                logits = self._timed_forward(block_forward, x)
-                x[:, start:end] = kernel(current, logits, every_row)
-                previous, root_logits, accepted = logits, logits, None
-                if observer is not None:
-                    observer(StepRecord(block, rows, current, logits, x[:, start:end].clone()))
-            else:
-                verdict, root_logits, exact = self._verification_step(state, graph, block_forward, kernel)
-                x[:, start:end] = verdict.block
-                previous, accepted = verdict.logits, verdict.accepted
-                counters.record_layout(exact)
-            counters.forwards += 1
-            nfe += decoding.long()
-            if not self._synchronise(block, forward, x[:, start:end], root_logits, kernel, accepted, decoding, counters):
-                return nfe
-            forward += 1
+        return out
 
     def _verification_step(
-        self, state: DecodeState, graph, block_forward: BlockForward, kernel: KernelStep
+        self, state: DecodeState, graph, forward: BlockForward, kernel: KernelStep, first_window: int
     ):
-        """Prune, lay out, run one forward over the root and the drafts, and verify.
+        """Prune, lay out, run one forward over the roots and the drafts, and verify.
 
-        :return: the :class:`~dloom.types.Verdict`, the root's ``(B, K, V)`` logits, and
-            whether the layout gave exact draft distributions.
+        :return: the :class:`~dloom.types.Verdict` and whether the layout gave exact draft
+            distributions.
         """
         graph = hooks.prune(self.pm, graph, self.draft_budget)
         layout = hooks.build_mask(self.pm, state, graph)
-        outputs = self._timed_forward(block_forward.evaluate, state.tokens, layout)
-        all_logits = node_logits(outputs, layout, state.block_end - state.block_start)
+        outputs = self._timed(forward.evaluate, state.tokens, layout, first_window)
+        all_logits = node_logits(outputs, layout, self.block_length)
         verdict = hooks.verify(self.pm, state, graph, all_logits, kernel)
-        return verdict, all_logits[:, 0], layout_is_exact(layout, self.cache, self.model.attention)
+        return verdict, layout_is_exact(layout, self.cache, self.model.attention)
 
-    def _synchronise(
-        self, block, forward, current, root_logits, kernel, accepted, decoding, counters
-    ) -> bool:
-        """The step's one host synchronisation: check its contracts, count accepted drafts,
-        and return whether the block still has positions to decode."""
-        mask_id, eos_ids = self.model.mask_token_id, kernel.eos_ids
-        status = [
-            selectable_positions(current, mask_id, eos_ids).any(),
-            ~torch.isfinite(root_logits).all(),
-            kernel.idle,
-        ]
-        if accepted is not None:
-            status += [accepted.sum(), decoding.sum()]
-        values = torch.stack([v.long() for v in status]).tolist()
-        more, non_finite, idle = values[:3]
-        if accepted is not None:
-            counters.accepted += values[3]
-            counters.verifications += values[4]
+    def _check(self, forward: int, non_finite: int, idle: int, blocks: torch.Tensor) -> None:
+        """Raise for the contract violations the step's synchronisation found (``blocks``:
+        each row's block index, read only to name the earliest in the message)."""
         if non_finite:
             raise NonFiniteLogitsError(
-                f"model {self.model.name!r} returned NaN or inf logits at block {block}, "
-                f"forward {forward}; try dtype='float32' or check the checkpoint"
+                f"model {self.model.name!r} returned NaN or inf logits at block "
+                f"{int(blocks.min())}, forward {forward}; try dtype='float32' or check the checkpoint"
             )
         if idle:
             raise HookContractError(
                 f"commit rule {self.composition.provider('dloom_select_commit')!r} "
                 f"committed no position in a row that had masked positions "
-                f"(block {block}, forward {forward}); every step must commit at least one"
+                f"(block {int(blocks.min())}, forward {forward}); every step must commit at least one"
             )
-        return bool(more)
 
     def generate(
         self,
@@ -364,6 +292,8 @@ class DiffusionDecoder:
         attention_mask: torch.Tensor | None = None,
         observer: Callable[[StepRecord], None] | None = None,
         on_block: Callable[[BlockRecord], None] | None = None,
+        *,
+        row_offset: int = 0,
     ) -> GenerationResult:
         """Decode a batch of prompts.
 
@@ -371,9 +301,13 @@ class DiffusionDecoder:
             left-padded ids with its ``attention_mask``.
         :param observer: called after every plain step with a :class:`StepRecord` (the
             reference process as it runs; ``dloom calibrate`` records it).
-        :param on_block: called once per decoded block with a :class:`BlockRecord`: the
-            block's final tokens for the rows that decoded it, plain or speculative
-            (``dloom serve`` streams them).
+        :param on_block: called after every step in which some rows finished a block, plain
+            or speculative, with a :class:`BlockRecord` of those rows' final block tokens
+            (``dloom serve`` streams them). Costs no host synchronisation unless given.
+        :param row_offset: the index of the first prompt in the whole request: prompt ``i``
+            samples from random stream ``row_offset + i`` (:class:`dloom.kernel.RowStreams`),
+            so that a prompt's sample depends on the seed and its index, not on the batch it
+            is decoded in.
         :return: the decoded batch with its metrics.
         :raises ModelError: for empty prompts or a sequence beyond the model's context.
         :raises NonFiniteLogitsError: when the model returns NaN or inf.
@@ -385,52 +319,124 @@ class DiffusionDecoder:
         prompts = check_prompts(self.model, prompts, attention_mask)
         prompt_ids, prompt_mask = left_pad_prompts(self.model, prompts, attention_mask)
         batch, prompt_len = prompt_ids.shape
-        total = prompt_len + self.gen_length
-        if model.max_context is not None and total > model.max_context:
+        width, gen_end = self.block_length, prompt_len + self.gen_length
+        if model.max_context is not None and gen_end > model.max_context:
             raise ModelError(
-                f"prompt of {prompt_len} tokens + gen_length {self.gen_length} = {total} "
+                f"prompt of {prompt_len} tokens + gen_length {self.gen_length} = {gen_end} "
                 f"exceeds the model's context of {model.max_context} tokens"
             )
         device = prompt_ids.device
-        tokens = torch.cat(
-            [prompt_ids, torch.full((batch, self.gen_length), mask_id, device=device)], dim=1
-        )
-        full_mask = torch.cat([prompt_mask, torch.ones_like(tokens[:, prompt_len:])], dim=1)
+        absolute = model.block_alignment == "absolute"
+        if absolute:
+            # Blocks at multiples of K from each row's position 0: the first one holds the
+            # prompt's last partial block, and the last one is completed to K positions (as
+            # SDAR's generate.py does), so a row decodes up to K - 1 positions more than
+            # gen_length; past a row's last block, invisible padding.
+            start = prompt_len - prompt_mask.sum(-1) % width
+            region_end = start + (prompt_len + self.gen_length - start + width - 1) // width * width
+            gen_end = prompt_len + self.gen_length + width - 1
+        else:
+            start = torch.full((batch,), prompt_len, dtype=torch.long, device=device)
+            region_end = start + self.gen_length
+        columns = torch.arange(prompt_len, gen_end, device=device).expand(batch, -1)
+        decoded = columns < region_end.unsqueeze(1)
+        tokens = torch.cat([
+            prompt_ids,
+            torch.where(decoded, mask_id, model.pad_token_id),
+        ], dim=1)
+        full_mask = torch.cat([prompt_mask, decoded.long()], dim=1)
         positions = torch.clamp(full_mask.cumsum(-1) - 1, min=0)
-        padded = bool((prompt_mask == 0).any())
+        padded = bool((full_mask == 0).any())
         eos_ids = torch.tensor(model.eos_token_ids, dtype=torch.long, device=device)
-        generator = None
-        if self.seed is not None:
-            generator = torch.Generator(device=device).manual_seed(self.seed)
+        ids = None
+        if model.attention == "block-causal":
+            ids = (
+                absolute_block_ids(positions, width) if absolute
+                else block_ids(tokens.shape[1], prompt_len, width, device).expand(batch, -1)
+            )
+        forward = BlockForward(
+            model, self.cache, full_mask if padded else None, positions, start, width,
+            self.cache_refresh, ids,
+        )
+        samples = self.temperature > 0 or self.remasking == "random"
+        streams = (
+            RowStreams(self.seed, torch.arange(batch, device=device) + row_offset) if samples else None
+        )
+        x = tokens.clone()
+        kernel = KernelStep(
+            self.pm, self.temperature, self.remasking, streams, mask_id, eos_ids,
+            self.steps // (self.gen_length // width),
+            (torch.gather(x, 1, forward.block_columns) == mask_id).sum(-1),
+        )
+        rows = torch.arange(batch, device=device)  # each decoding row's index in the batch
+        block_index = torch.zeros_like(rows)
         nfe = torch.zeros(batch, dtype=torch.long, device=device)
-        finished = torch.zeros(batch, dtype=torch.bool, device=device)
+        known = torch.zeros(batch, dtype=torch.bool, device=device)
+        previous = None  # (B, K, V): each row's last kernel step's distribution
         counters = _Counters(self._speculates)
-        blocks = self.gen_length // self.block_length
-        for block in range(blocks):
-            rows = torch.nonzero(~finished).squeeze(1)
-            if rows.numel() == 0:
-                break
-            start = prompt_len + block * self.block_length
-            attn = full_mask[rows] if padded else None
-            if model.attention == "block-causal":
-                attn = block_causal_mask(full_mask[rows], prompt_len, self.block_length)
-            block_forward = BlockForward(
-                model, self.cache, attn, positions[rows], start, start + self.block_length,
-                self.cache_refresh,
-            )
-            x = tokens[rows]
-            block_nfe = self._decode_block(
-                block, rows, x, full_mask[rows], block_forward, generator, eos_ids, counters,
-                observer,
-            )
-            nfe.index_add_(0, rows, block_nfe)
-            tokens[rows] = x
-            finished[rows] = finished_rows(x[:, prompt_len:], mask_id, eos_ids)
+        n_full, first_window, last_window = forward.plan().tolist()
+        can_draft, step = False, 0
+        while True:
+            columns = forward.block_columns
+            block = torch.gather(x, 1, columns)
+            decoding = selectable_positions(block, mask_id, eos_ids).any(-1)
+            accepted = None
+            if self._speculates and can_draft:
+                new_block, previous, accepted = self._speculative_step(
+                    x, rows, full_mask, block, decoding, known, previous, forward, kernel,
+                    (n_full, first_window, last_window), counters,
+                )
+            else:
+                logits, _ = self._timed(forward.run, x, n_full, first_window, last_window)
+                new_block = kernel(block, logits, decoding)
+                previous = logits
+                if observer is not None:
+                    observer(StepRecord(block_index.clone(), rows, block, logits, new_block))
+            x.scatter_(1, columns, new_block)
+            nfe.index_add_(0, rows, decoding.long())
+            block_done = ~selectable_positions(new_block, mask_id, eos_ids).any(-1)
+            finished = finished_rows(x[:, prompt_len:gen_end], mask_id, eos_ids)
+            moving = block_done & ~finished
+            forward.advance(moving)
+            kernel.start_block(moving, torch.gather(x, 1, forward.block_columns))
+            done_block = block_index
+            block_index = block_index + moving.long()
+            known = decoding & ~moving
+            status = [
+                kernel.non_finite, kernel.idle, finished.sum(),
+                *forward.plan(~finished), (known & ~finished).any(),
+            ]
+            if accepted is not None:
+                status += [accepted.sum(), decoding.sum()]
             if on_block is not None:
-                on_block(BlockRecord(block, rows, x[:, start:start + self.block_length]))
+                status.append((block_done | finished).sum())
+            values = torch.stack([v.long() for v in status]).tolist()  # the step's one sync
+            self._check(step, values[0], values[1], block_index)
+            leaving, n_full, first_window, last_window = values[2:6]
+            can_draft = bool(values[6])
+            if accepted is not None:
+                counters.accepted += values[7]
+                counters.verifications += values[8]
+            step += 1
+            if on_block is not None and values[-1]:
+                done = block_done | finished
+                generated_columns = (columns >= prompt_len) & (torch.gather(full_mask[rows], 1, columns) == 1)
+                on_block(BlockRecord(done_block[done], rows[done], new_block[done], generated_columns[done]))
+            if leaving:
+                tokens.index_copy_(0, rows, x)
+                remaining = x.shape[0] - leaving
+                if remaining == 0:
+                    break
+                keep = torch.argsort(finished.long(), stable=True)[:remaining]
+                x, rows, known, block_index = x[keep], rows[keep], known[keep], block_index[keep]
+                previous = previous[keep]
+                forward.select(keep)
+                kernel.select(keep)
+        counters.forwards = step
+        counters.model_calls, counters.row_forwards = forward.calls, forward.row_forwards
 
-        generated = tokens[:, prompt_len:]
-        lengths = generated_lengths(generated, eos_ids)
+        generated = tokens[:, prompt_len:gen_end]
+        lengths = torch.minimum(generated_lengths(generated, eos_ids), region_end - prompt_len)
         length_list = lengths.tolist()
         generated_list = generated.tolist()
         token_lists = [row[:n] for row, n in zip(generated_list, length_list)]
@@ -439,7 +445,7 @@ class DiffusionDecoder:
             texts = [model.decode([t for t in row if t not in model.eos_token_ids]) for row in token_lists]
         hook_seconds = {"forward": self._forward_seconds, **self.timer.seconds}
         return GenerationResult(
-            sequences=tokens,
+            sequences=tokens[:, :gen_end],
             generated=generated,
             generated_lengths=lengths,
             nfe=nfe,
@@ -452,6 +458,47 @@ class DiffusionDecoder:
             config=self.config,
             texts=texts,
             token_lists=token_lists,
+            row_forwards=counters.row_forwards,
+            model_calls=counters.model_calls,
+            verification_forwards=counters.verification_forwards,
+        )
+
+    def _speculative_step(
+        self, x, rows, full_mask, block, decoding, known, previous, forward, kernel, plan, counters,
+    ):
+        """One step of a speculative composition: rows due a full forward (block start with a
+        cache) take a plain step on it; the others are verified in one forward over their
+        roots and drafts (rows without a known distribution evaluate their root only).
+
+        :return: the new ``(B, K)`` blocks, each row's last distribution ``(B, K, V)`` and the
+            drafts each row accepted ``(B,)`` (``None`` when no graph was drafted).
+        """
+        n_full, first_window, last_window = plan
+        full_logits, full_rows = None, torch.zeros_like(decoding)
+        if self.cache != "none" and n_full:
+            full_logits, full_rows = self._timed(forward.run, x, n_full, first_window, last_window, False)
+        state = DecodeState(
+            tokens=x, attention_mask=full_mask[rows], block_start=forward.start,
+            block_end=forward.start + self.block_length, mask_token_id=self.model.mask_token_id,
+            active=decoding & ~full_rows, logits=previous, span_start=forward.window_start,
+            known=known & ~full_rows, width=self.block_length, span_lead=forward.shift,
+        )
+        graph = hooks.draft(self.pm, state)
+        if graph is None:
+            rest, _ = self._timed(forward.run, x, 0, first_window, last_window)
+            logits = rest if full_logits is None else torch.where(full_rows[:, None, None], full_logits, rest)
+            return kernel(block, logits, decoding), logits, None
+        verdict, exact = self._verification_step(state, graph, forward, kernel, first_window)
+        counters.record_layout(exact)
+        counters.verification_forwards += 1
+        if full_logits is None:
+            return verdict.block, verdict.logits, verdict.accepted
+        stepped = kernel(block, full_logits, full_rows & decoding)
+        wide = full_rows[:, None, None]
+        return (
+            torch.where(full_rows[:, None], stepped, verdict.block),
+            torch.where(wide, full_logits, verdict.logits),
+            verdict.accepted,
         )
 
 
@@ -460,14 +507,14 @@ class StepRecord:
     """One plain step of the reference process, as an observer of
     :meth:`DiffusionDecoder.generate` sees it (``B`` rows of the block, ``K``, ``V``).
 
-    :ivar block: the block's index.
+    :ivar block: ``(B,)`` long, each row's block index (rows progress independently).
     :ivar rows: ``(B,)`` long, the rows' indices in the batch passed to ``generate``.
     :ivar before: ``(B, K)`` long, the block before the step.
     :ivar logits: ``(B, K, V)``, the distribution the step sampled from.
     :ivar after: ``(B, K)`` long, the block after it.
     """
 
-    block: int
+    block: torch.Tensor
     rows: torch.Tensor
     before: torch.Tensor
     logits: torch.Tensor
@@ -476,18 +523,24 @@ class StepRecord:
 
 @dataclass(frozen=True)
 class BlockRecord:
-    """One decoded block, as the ``on_block`` callback of :meth:`DiffusionDecoder.generate`
-    sees it (``B`` rows that decoded the block, ``K = block_length``).
+    """Blocks that rows finished in one step, as the ``on_block`` callback of
+    :meth:`DiffusionDecoder.generate` sees them (``B`` rows, ``K = block_length``). Rows
+    advance through their blocks independently, so each row names its own block.
 
-    :ivar block: the block's index.
+    :ivar blocks: ``(B,)`` long, each row's finished block (its index among that row's
+        blocks, from 0).
     :ivar rows: ``(B,)`` long, the rows' indices in the batch passed to ``generate``.
-    :ivar tokens: ``(B, K)`` long, the block's final tokens (final: a later block never
-        changes them; positions after a row's EOS may stay masked).
+    :ivar tokens: ``(B, K)`` long, the blocks' final tokens (a later step never changes
+        them; positions after a row's EOS may stay masked).
+    :ivar generated: ``(B, K)`` bool, which of those positions are generated ones (with
+        ``block_alignment="absolute"`` a row's first block also holds the prompt's tail, and
+        its last one may run into padding).
     """
 
-    block: int
+    blocks: torch.Tensor
     rows: torch.Tensor
     tokens: torch.Tensor
+    generated: torch.Tensor
 
 
 class _Counters:
@@ -495,6 +548,9 @@ class _Counters:
 
     def __init__(self, speculative: bool) -> None:
         self.forwards = 0
+        self.model_calls = 0
+        self.row_forwards = 0  # rows in model calls, over all calls
+        self.verification_forwards = 0
         self.verifications = 0  # row-verifications: rows decoding in a verification forward
         self.accepted = 0  # drafts accepted, over all rows
         # whether every verification layout was exact (vacuously so before the first one);

@@ -183,7 +183,7 @@ def evaluate(
         try:
             for start in range(0, len(examples), batch_size):
                 chunk = examples[start : start + batch_size]
-                records = tally.add(chunk, decoder.generate([e.prompt for e in chunk]))
+                records = tally.add(chunk, decoder.generate([e.prompt for e in chunk], row_offset=start))
                 if on_batch is not None:
                     on_batch(records)
                 bar.advance(task, len(chunk))

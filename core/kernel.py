@@ -7,16 +7,107 @@ those positions take their candidates (:func:`apply_commit`).
 
 from __future__ import annotations
 
+import secrets
+
 import torch
 
 REMASKING = ("low_confidence", "random", "margin", "entropy")
+
+_MASK64 = (1 << 64) - 1
+
+
+def _signed(value: int) -> int:
+    """A 64-bit pattern as the int64 torch stores."""
+    value &= _MASK64
+    return value - (1 << 64) if value >> 63 else value
+
+
+_GOLDEN = _signed(0x9E3779B97F4A7C15)
+_MIX1 = _signed(0xBF58476D1CE4E5B9)
+_MIX2 = _signed(0x94D049BB133111EB)
+
+
+def _shift_right(z: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 bit patterns (torch's ``>>`` is arithmetic)."""
+    return (z >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def mix64(z: torch.Tensor) -> torch.Tensor:
+    """SplitMix64's finaliser on int64 tensors (wrapping arithmetic): a bijection of 64-bit
+    patterns whose outputs pass standard tests of randomness for consecutive inputs."""
+    z = (z ^ _shift_right(z, 30)) * _MIX1
+    z = (z ^ _shift_right(z, 27)) * _MIX2
+    return z ^ _shift_right(z, 31)
+
+
+class RowStreams:
+    """Counter-based random numbers, one independent stream per prompt.
+
+    Draw ``n`` of stream ``s`` under ``seed`` is a pure function of ``(seed, s, n, tag,
+    element)``: the SplitMix64 finaliser of a key combining them, turned into a float64 in
+    ``(0, 1)`` from its top 53 bits. So a prompt's random numbers depend only on the seed,
+    its index in the request (its stream) and how many kernel steps it has taken, never on
+    which other prompts share its batch or in which order rows step; and no Python loop over
+    rows is needed. A row's counter advances only when it takes a kernel step
+    (:meth:`advance`).
+
+    :param seed: the decoder's seed; ``None`` draws one at random (nondeterministic).
+    :param streams: ``(B,)`` long, each row's stream (its prompt's index in the request).
+
+    :ivar draws: ``(B,)`` long, kernel steps each row has taken.
+    :ivar offset: ``(B,)`` long or ``None``: where each row's own numbering of dimension 1
+        starts (FailFast drafts over a window whose start depends on the batch; the offset
+        keys every draw to the row's own position).
+    """
+
+    def __init__(self, seed: int | None, streams: torch.Tensor) -> None:
+        self.seed = secrets.randbits(62) if seed is None else int(seed)
+        self.streams = streams
+        self.draws = torch.zeros_like(streams)
+        self.offset: torch.Tensor | None = None
+
+    def uniform(self, shape: tuple[int, ...], tag: int) -> torch.Tensor:
+        """Float64 uniforms in ``(0, 1)`` of ``shape`` ``(B, ...)``, row ``b`` from its stream's
+        current draw; ``tag`` tells apart the arrays one step draws (Gumbel noise, random
+        confidences)."""
+        key = mix64(torch.full_like(self.streams, _signed(self.seed * 4 + tag)) + self.streams * _GOLDEN)
+        key = mix64(key + self.draws * _MIX1)
+        count = 1
+        for size in shape[1:]:
+            count *= size
+        element = torch.arange(1, count + 1, device=key.device).view(1, *shape[1:])
+        if self.offset is not None and len(shape) > 1:
+            # entry i of dimension 1 is the row's position offset + i (its own numbering)
+            inner = count // shape[1]
+            element = element + (self.offset * inner).view(-1, *([1] * (len(shape) - 1)))
+        bits = mix64(key.view(-1, *([1] * (len(shape) - 1))) + element * _GOLDEN)
+        return (_shift_right(bits, 11).to(torch.float64) + 0.5) * 2.0**-53
+
+    def advance(self, stepped: torch.Tensor) -> None:
+        """Count a kernel step for the rows ``stepped`` (``(B,)`` bool)."""
+        self.draws = self.draws + stepped.long()
+
+    def select(self, index: torch.Tensor) -> None:
+        """Keep the rows ``index`` (``(B',)`` long), in that order."""
+        self.streams, self.draws = self.streams[index], self.draws[index]
+        if self.offset is not None:
+            self.offset = self.offset[index]
+
+
+def uniform_noise(source, shape, tag: int, device) -> torch.Tensor:
+    """Float64 uniforms in ``(0, 1)`` of ``shape`` from ``source``: a :class:`RowStreams`
+    (row ``b`` from its stream's current draw, ``tag`` telling arrays apart), a
+    ``torch.Generator`` or ``None`` (torch's global generator; ``tag`` unused)."""
+    if isinstance(source, RowStreams):
+        return source.uniform(tuple(shape), tag)
+    return torch.rand(shape, dtype=torch.float64, generator=source, device=device)
 
 
 def propose(
     logits: torch.Tensor,
     temperature: float,
     remasking: str,
-    generator: torch.Generator | None,
+    generator: torch.Generator | RowStreams | None,
     mask_token_id: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Candidate token and confidence for every position of the block.
@@ -32,26 +123,41 @@ def propose(
     (``random``), the top-1 minus top-2 probability (``margin``) or the negative entropy
     (``entropy``).
 
+    Precision: float64 where a guarantee needs it, that is for float64 logits (the
+    bit-for-bit reference) and for sampling (float64 Gumbel-max, whose draws the sampling
+    proofs check). Greedy ``low_confidence`` and ``random`` on lower-precision logits take
+    a float32 pass instead (:func:`greedy_float32`): the same candidates (the argmax does not
+    depend on the precision of a softmax) and the candidate's probability as
+    ``exp(max - logsumexp)`` within float32 rounding (tested to ``1e-6``), without a
+    float64 copy of the ``(B, K, V)`` logits nor a full softmax.
+
     :param logits: ``(B, K, V)`` logits of the active block, any float dtype.
     :param temperature: ``T >= 0``.
     :param remasking: one of :data:`REMASKING`.
-    :param generator: random source for the Gumbel noise and ``random`` remasking.
+    :param generator: random source for the Gumbel noise and ``random`` remasking: a
+        :class:`RowStreams` (the decoder's: one stream per prompt), a ``torch.Generator`` or
+        ``None`` (torch's global one).
     :param mask_token_id: the mask token's id.
-    :return: ``candidates`` ``(B, K)`` long and ``confidence`` ``(B, K)`` float64.
+    :return: ``candidates`` ``(B, K)`` long and ``confidence`` ``(B, K)`` float (float64,
+        or float32 from the float32 pass).
     """
+    if remasking not in REMASKING:
+        raise ValueError(f"remasking is {remasking!r}; allowed: {', '.join(REMASKING)}")
+    fast = temperature == 0 and remasking in ("low_confidence", "random")
+    if fast and logits.dtype != torch.float64:
+        candidates, confidence = greedy_float32(logits, mask_token_id, remasking == "low_confidence")
+        if remasking == "random":
+            confidence = uniform_noise(generator, candidates.shape, 1, logits.device)
+        return candidates, confidence
     logits64 = logits.to(torch.float64).clone()
     logits64[..., mask_token_id] = -torch.inf
     if temperature > 0:
-        uniform = torch.rand(
-            logits64.shape, dtype=torch.float64, generator=generator, device=logits64.device
-        )
+        uniform = uniform_noise(generator, logits64.shape, 0, logits64.device)
         candidates = torch.argmax(logits64 - temperature * torch.log(-torch.log(uniform)), dim=-1)
     else:
         candidates = torch.argmax(logits64, dim=-1)
     if remasking == "random":
-        confidence = torch.rand(
-            candidates.shape, dtype=torch.float64, generator=generator, device=logits64.device
-        )
+        confidence = uniform_noise(generator, candidates.shape, 1, logits64.device)
         return candidates, confidence
     probs = torch.softmax(logits64, dim=-1)
     if remasking == "low_confidence":
@@ -59,11 +165,33 @@ def propose(
     elif remasking == "margin":
         top2 = torch.topk(probs, k=2, dim=-1).values
         confidence = top2[..., 0] - top2[..., 1]
-    elif remasking == "entropy":
+    else:  # entropy
         confidence = torch.sum(probs * torch.log(probs.clamp_min(1e-300)), dim=-1)
-    else:
-        raise ValueError(f"remasking is {remasking!r}; allowed: {', '.join(REMASKING)}")
     return candidates, confidence
+
+
+def greedy_float32(
+    logits: torch.Tensor, mask_token_id: int, confidence: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy candidates and their probabilities in one float32 pass over the logits.
+
+    :param logits: ``(B, K, V)``, any float dtype (upcast to float32: exact from bfloat16
+        and float16).
+    :param confidence: also compute ``softmax(logits)[candidate]`` as
+        ``exp(max - logsumexp)`` (else the second result is the candidate's logit).
+    :return: ``candidates`` ``(B, K)`` long (the mask token excluded) and ``(B, K)`` float32.
+        NaN anywhere in a position's logits makes its confidence NaN (the decoder's check).
+    """
+    work = logits.float()  # a copy unless the logits are float32 already
+    mask = torch.tensor([mask_token_id], device=work.device)
+    if work is logits:
+        work = work.index_fill(-1, mask, -torch.inf)
+    else:
+        work.index_fill_(-1, mask, -torch.inf)
+    best, candidates = work.max(dim=-1)
+    if not confidence:
+        return candidates, best
+    return candidates, torch.exp(best - torch.logsumexp(work, dim=-1))
 
 
 def apply_commit(

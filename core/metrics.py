@@ -75,12 +75,22 @@ class GenerationResult:
 
     :ivar sequences: ``(B, L)`` long, prompt (left-padded) and generated region as decoded;
         positions a finished row never needed stay masked.
-    :ivar generated: ``(B, G)`` long, the generated region alone (``G = gen_length``).
+    :ivar generated: ``(B, G)`` long, the generated region alone (``G = gen_length``; with
+        a model's ``block_alignment="absolute"`` ``G = gen_length + block_length - 1``: each
+        row's last block is completed, and columns past it hold padding).
     :ivar generated_lengths: ``(B,)`` long, tokens up to and including the first EOS (all of
         ``G`` when no EOS was generated).
     :ivar nfe: ``(B,)`` long, forwards in which each row still had masked positions to decode
-        (a row waiting for the rest of the batch to finish a block does not count).
-    :ivar forwards: forward calls the decoder made for the whole batch.
+        (rows advance through blocks independently and leave the batch when finished, so
+        this is every forward the row took part in, the same as decoding it alone).
+    :ivar forwards: the decoder's steps over the whole batch, each one forward of every row
+        still decoding (and one host synchronisation).
+    :ivar model_calls: model calls those steps made: a step with a cache takes two when some
+        rows start a block (a full forward for them, a cached one for the others).
+    :ivar row_forwards: rows in those calls, summed (batch rows, not verification layout
+        rows); ``1 - sum(nfe) / row_forwards`` is the share of row-forwards spent on rows
+        that took no step.
+    :ivar verification_forwards: steps that verified drafts (speculative strategies).
     :ivar verifications: row-verifications: rows still decoding in a verification forward
         of a speculative strategy (0 without speculation).
     :ivar accepted_drafts: drafts those verifications accepted, over all rows; each saved
@@ -107,6 +117,9 @@ class GenerationResult:
     verifications: int = 0
     accepted_drafts: int = 0
     layout_exact: bool | None = None
+    row_forwards: int = 0
+    model_calls: int = 0
+    verification_forwards: int = 0
 
     @property
     def speculation(self) -> dict[str, Any] | None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from dloom import hooks
-from dloom.kernel import apply_commit, propose
+from dloom.kernel import RowStreams, apply_commit, propose
 from dloom.types import BlockSchedule, DecodeState, DraftGraph, Verdict, VerificationLayout
 
 
@@ -37,22 +37,26 @@ def selectable_positions(
 
 
 class KernelStep:
-    """One step of the transition kernel ``K`` on the active block, for the rows of a block.
+    """One step of the transition kernel ``K`` on the active block, for every row of a batch.
 
     Propose candidates and confidences (:func:`dloom.kernel.propose`), ask the commit rule
-    (``dloom_select_commit``) and commit. Counts each row's steps (the quota schedule's
-    ``step_in_block``) and records contract violations on the device, for the decoder to
-    check at its next host synchronisation.
+    (``dloom_select_commit``) and commit. Counts each row's steps in its current block (the
+    quota schedule's ``step_in_block``) and records contract violations on the device, for
+    the decoder to check at its next host synchronisation. Rows are in different blocks:
+    :meth:`start_block` resets the rows that moved on.
 
     :param pm: the decoder's plugin manager.
-    :param temperature: / :param remasking: / :param generator: as in :func:`propose`.
+    :param temperature: / :param remasking: as in :func:`propose`.
+    :param generator: the random source (:class:`dloom.kernel.RowStreams`, one stream per
+        prompt, advanced for the rows that step; or a ``torch.Generator`` or ``None``).
     :param mask_token_id: the mask id.
     :param eos_ids: ``(E,)`` long.
     :param steps_per_block: the block's step budget.
-    :param masked_at_start: ``(B,)`` long, masked positions per row at block start.
+    :param masked_at_start: ``(B,)`` long, masked positions per row at its block's start.
 
-    :ivar steps: ``(B,)`` long, kernel steps each row has taken in this block.
+    :ivar steps: ``(B,)`` long, kernel steps each row has taken in its current block.
     :ivar idle: ``()`` bool, some row with a selectable position committed nothing.
+    :ivar non_finite: ``()`` bool, some stepping row's logits held NaN or inf.
     """
 
     def __init__(
@@ -66,6 +70,7 @@ class KernelStep:
         self.masked_at_start = masked_at_start
         self.steps = torch.zeros_like(masked_at_start)
         self.idle = torch.zeros((), dtype=torch.bool, device=masked_at_start.device)
+        self.non_finite = torch.zeros_like(self.idle)
 
     def __call__(
         self, block: torch.Tensor, logits: torch.Tensor, advance: torch.Tensor
@@ -81,17 +86,36 @@ class KernelStep:
         commit = hooks.select_commit(self.pm, confidence, selectable, schedule)
         stepping = selectable.any(-1)
         self.idle = self.idle | (stepping & ~commit.any(-1)).any()
+        # NaN or inf anywhere in a stepping row's logits reaches its candidates' logits or
+        # confidences (a logsumexp, a softmax, an argmax): checked on (B, K), not (B, K, V).
+        picked = torch.gather(logits, -1, candidates.unsqueeze(-1)).squeeze(-1)
+        finite = torch.isfinite(picked) & torch.isfinite(confidence)
+        self.non_finite = self.non_finite | (stepping.unsqueeze(1) & ~finite).any()
         self.steps = self.steps + stepping.long()
+        if isinstance(self.generator, RowStreams):
+            self.generator.advance(stepping)
         return apply_commit(block, candidates, commit)
+
+    def start_block(self, moving: torch.Tensor, block: torch.Tensor) -> None:
+        """Rows ``moving`` (``(B,)`` bool) start the block ``block`` (``(B, K)``, their new one)."""
+        self.steps = torch.where(moving, 0, self.steps)
+        masked = (block == self.mask_token_id).sum(-1)
+        self.masked_at_start = torch.where(moving, masked, self.masked_at_start)
+
+    def select(self, index: torch.Tensor) -> None:
+        """Keep the rows ``index`` (``(B',)`` long), in that order."""
+        self.steps, self.masked_at_start = self.steps[index], self.masked_at_start[index]
+        if isinstance(self.generator, RowStreams):
+            self.generator.select(index)
 
 
 def follow_graph(graph: DraftGraph, node_logits: torch.Tensor, kernel: KernelStep) -> Verdict:
     """Take kernel steps from the root while each new block equals a draft (lossless).
 
-    Vectorised over rows: a Python loop over depth only (at most the longest path), each
-    iteration one kernel step of the whole batch with the rows that are still on the graph;
-    it stops as soon as no row is (so that, for one row, the sampler is drawn exactly as
-    often as the reference process draws it).
+    Vectorised over rows, with no host synchronisation: a Python loop of exactly
+    ``longest_path + 1`` iterations (the longest path through the graph), each one kernel
+    step of the rows still on the graph (the others take no step, so their random streams
+    do not advance: every row draws exactly what the reference process draws).
 
     :param graph: the evaluated graph; ``graph.tokens[:, 0]`` is the root's block.
     :param node_logits: ``(B, N + 1, K, V)``, every node's distribution from the forward.
@@ -106,9 +130,10 @@ def follow_graph(graph: DraftGraph, node_logits: torch.Tensor, kernel: KernelSte
     logits = node_logits[:, 0]
     on_graph = graph.valid[:, 0].clone()
     accepted = torch.zeros_like(rows)
-    for _ in range(int(graph.depth.max()) + 1 if graph.num_nodes else 1):
-        if not bool(on_graph.any()):  # one host sync per kernel step, as in a plain step
-            break
+    longest = graph.longest_path
+    if longest is None:
+        longest = int(graph.depth.max()) if graph.num_nodes else 0
+    for _ in range(longest + 1):
         block = kernel(block, logits, on_graph)
         children = graph.children(node) & graph.valid
         same = (graph.tokens == block.unsqueeze(1)).all(-1)

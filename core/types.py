@@ -36,40 +36,68 @@ class BlockSchedule:
 class DecodeState:
     """A snapshot of decoding at the start of a step.
 
+    Rows advance through their blocks independently, so the active block's columns may
+    differ per row: ``block_start`` is an int (every row) or a ``(B,)`` long tensor; every
+    row's block has the same length ``K``.
+
     :ivar tokens: ``(B, L)`` long, the current sequences (mask id where still masked).
-    :ivar attention_mask: ``(B, L)`` long, 0 on left padding.
-    :ivar block_start: first column of the active block.
+    :ivar attention_mask: ``(B, L)`` long, 0 on padding.
+    :ivar block_start: first column of each row's active block (int or ``(B,)``).
     :ivar block_end: one past its last column (``K = block_end - block_start``).
     :ivar mask_token_id: the model's mask id.
-    :ivar active: ``(B,)`` bool, rows still decoding.
+    :ivar active: ``(B,)`` bool, rows taking a kernel step in this forward.
     :ivar logits: ``(B, K, V)`` logits of the active block from the most recent forward
         whose distribution is known: that of the current state's predecessor (the state one
-        kernel step earlier), or ``None`` at the start of a block.
+        kernel step earlier), or ``None`` when no row has one.
     :ivar span_start: first column of the span a draft node occupies in a verification
         layout: ``block_start``, or ``block_start - 1`` for a shifted model (whose block
         logits come from the outputs one position earlier). A span covers
         ``[span_start, block_end)``, ``W = block_end - span_start`` columns.
+    :ivar known: ``(B,)`` bool, rows whose ``logits`` are their predecessor's (``False`` for
+        a row at the start of its block: nothing to draft from); ``None``: every row's.
+    :ivar width: ``K`` when the block columns are per-row tensors (unused with ints).
+    :ivar span_lead: ``block_start - span_start`` (1 for a shifted model) with per-row
+        tensors.
     """
 
     tokens: torch.Tensor
     attention_mask: torch.Tensor
-    block_start: int
-    block_end: int
+    block_start: int | torch.Tensor
+    block_end: int | torch.Tensor
     mask_token_id: int
     active: torch.Tensor
     logits: torch.Tensor | None = None
-    span_start: int | None = None
+    span_start: int | torch.Tensor | None = None
+    known: torch.Tensor | None = None
+    width: int = 0
+    span_lead: int = 0
+
+    @property
+    def block_length(self) -> int:
+        """``K``, the same for every row."""
+        if isinstance(self.block_end, int) and isinstance(self.block_start, int):
+            return self.block_end - self.block_start
+        return self.width
+
+    def _gather(self, start: torch.Tensor, width: int) -> torch.Tensor:
+        columns = start.unsqueeze(1) + torch.arange(width, device=self.tokens.device)
+        return torch.gather(self.tokens, 1, columns)
 
     @property
     def block(self) -> torch.Tensor:
         """``(B, K)`` long, the active block's tokens."""
-        return self.tokens[:, self.block_start : self.block_end]
+        if isinstance(self.block_start, int):
+            return self.tokens[:, self.block_start : self.block_end]
+        return self._gather(self.block_start, self.width)
 
     @property
     def span(self) -> torch.Tensor:
         """``(B, W)`` long, the columns of a verification span (:attr:`span_start` on)."""
         start = self.block_start if self.span_start is None else self.span_start
-        return self.tokens[:, start : self.block_end]
+        if isinstance(start, int):
+            return self.tokens[:, start : self.block_end]
+        lead = 0 if self.span_start is None else self.span_lead
+        return self._gather(start, self.width + lead)
 
 
 @dataclass(frozen=True)
@@ -88,6 +116,9 @@ class DraftGraph:
     :ivar score: ``(B, N + 1)`` float, how likely each node is (higher is likelier).
     :ivar valid: ``(B, N + 1)`` bool, ``False`` where a row could not fill a node or pruned
         it; ``valid[:, 0]`` marks the rows still decoding.
+    :ivar longest_path: the most kernel steps from the root to any node, as a Python int
+        (the verifier walks that many steps plus one without reading the device); ``None``:
+        read from ``depth``.
     """
 
     tokens: torch.Tensor
@@ -95,6 +126,7 @@ class DraftGraph:
     depth: torch.Tensor
     score: torch.Tensor
     valid: torch.Tensor
+    longest_path: int | None = None
 
     @property
     def num_nodes(self) -> int:

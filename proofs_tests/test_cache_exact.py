@@ -135,11 +135,11 @@ def never_refreshed(prompt_len: int) -> type[BlockForward]:
     active one are never written into the cache."""
 
     class NeverRefreshed(BlockForward):
-        def _block_start(self, tokens):
-            logits = super()._block_start(tokens)
+        def _full_forward(self, tokens, rows, every, keep=None):
+            logits = super()._full_forward(tokens, rows, every, keep)
             stale = tokens.clone()
             stale[:, prompt_len:] = MASK_ID
-            super()._block_start(stale)
+            super()._full_forward(stale, rows, every, keep)
             return logits
 
     return NeverRefreshed
@@ -148,11 +148,11 @@ def never_refreshed(prompt_len: int) -> type[BlockForward]:
 class OffByOnePositions(BlockForward):
     """Cached steps feed the recomputed window position ids one too high."""
 
-    def _cached_step(self, tokens):
+    def _window_forward(self, tokens, rows, first_window):
         correct = self.position_ids
         self.position_ids = correct + 1
         try:
-            return super()._cached_step(tokens)
+            return super()._window_forward(tokens, rows, first_window)
         finally:
             self.position_ids = correct
 

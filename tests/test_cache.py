@@ -85,7 +85,7 @@ def test_block_forward_on_an_unchanged_state_repeats_the_full_forward(tiny_adapt
     tokens, mask, positions, width = padded_state(PROMPTS, 12)
     start, end = width + 4, width + 8
     reference = adapter.logits(tokens, mask, positions)[:, start:end]
-    forward = BlockForward(adapter, mode, mask, positions, start, end)
+    forward = BlockForward(adapter, mode, mask, positions, start, end - start)
     first = forward(tokens)
     assert torch.equal(first, reference)  # the block-start forward is the uncached forward
     assert forward.query_positions == tokens.shape[1]
@@ -131,7 +131,7 @@ def test_cached_steps_on_a_bidirectional_model_use_block_start_keys_and_values(s
     positions keep the keys and values of the block-start state (and not the fresh forward)."""
     tokens, mask, positions, width = padded_state(PROMPTS, 12)
     length, start, end = tokens.shape[1], width + 4, width + 8
-    forward = BlockForward(sharp_adapter, mode, mask, positions, start, end)
+    forward = BlockForward(sharp_adapter, mode, mask, positions, start, end - start)
     forward(tokens)
     committed = tokens.clone()
     committed[:, start : start + 2] = 7
@@ -149,13 +149,13 @@ def test_cached_step_sees_the_committed_block(sharp_adapter):
     tokens, mask, positions, width = padded_state(PROMPTS, 12)
     start, end = width + 4, width + 8
     for mode in ("prefix", "dual"):
-        forward = BlockForward(sharp_adapter, mode, mask, positions, start, end)
+        forward = BlockForward(sharp_adapter, mode, mask, positions, start, end - start)
         first = forward(tokens)
         committed = tokens.clone()
         committed[:, start] = 7
         changed = forward(committed)
         assert not torch.allclose(changed, first)
-        assert forward._cache.get_seq_length() == forward.window_start + tokens.shape[1] - forward.window_end
+        assert all(keys.shape[2] == tokens.shape[1] for keys, _ in forward._store)
         torch.testing.assert_close(forward(committed), changed, rtol=0, atol=1e-12)
 
 
@@ -178,25 +178,29 @@ def test_cached_decoding_of_padded_batches_is_valid(sharp_adapter, mode, strateg
 
 
 def test_first_step_of_every_block_is_the_uncached_forward(monkeypatch, sharp_adapter):
-    """Spy on every block's first call: its logits are the full forward's on that state, and
-    later steps of the block recompute the window only."""
+    """Spy on every row's full forward: its logits are the uncached forward's on that state,
+    and the other steps of the block recompute the window only."""
     starts, widths = [], []
 
     class Spy(BlockForward):
-        def __call__(self, tokens):
-            fresh = self._cache is None
-            logits = super().__call__(tokens)
-            if fresh:
-                starts.append((tokens.clone(), self._full_mask, self.position_ids, self.start, self.end, logits))
-            widths.append(self.query_positions)
+        def _full_forward(self, tokens, rows, every, keep=None):
+            logits = super()._full_forward(tokens, rows, every, keep)
+            pick = slice(None) if every else rows
+            mask = None if self._full_mask is None else self._full_mask[pick]
+            starts.append((tokens[pick].clone(), mask, self.position_ids[pick], self.block_columns[pick], logits))
             return logits
+
+        def _count(self, tokens):
+            super()._count(tokens)
+            widths.append(self.query_positions)
 
     monkeypatch.setattr(engine, "BlockForward", Spy)
     decoder = DiffusionDecoder(sharp_adapter, "quota", gen_length=16, block_length=4, cache="prefix")
     result = decoder.generate(PROMPTS)
     assert len(starts) == 4 and len(widths) == result.forwards == 16
-    for tokens, mask, positions, start, end, logits in starts:
-        assert torch.equal(logits, sharp_adapter.logits(tokens, mask, positions)[:, start:end])
+    for tokens, mask, positions, columns, logits in starts:
+        full = sharp_adapter.logits(tokens, mask, positions)
+        assert torch.equal(logits, torch.take_along_dim(full, columns.unsqueeze(-1), dim=1))
     length = 6 + 16
     assert widths == [w for block in range(4) for w in [length] + [length - 6 - 4 * block] * 3]
 
@@ -241,7 +245,7 @@ def test_refresh_rebuilds_the_cache_every_k_forwards(tiny_adapter, mode):
     their state), the others recompute the window only."""
     tokens, mask, positions, width = padded_state(PROMPTS, 12)
     start, end = width + 4, width + 8
-    forward = BlockForward(tiny_adapter, mode, mask, positions, start, end, refresh=3)
+    forward = BlockForward(tiny_adapter, mode, mask, positions, start, end - start, refresh=3)
     generator = torch.Generator().manual_seed(1)
     widths = []
     for call in range(7):
@@ -381,10 +385,10 @@ def test_decoder_uses_the_block_causal_mask(tiny_adapter):
     start, end = width, width + 4
     later = tokens.clone()
     later[:, end:] = 7
-    layout = block_causal_mask(padding, width, 4)
-    for adapter, mask, independent in ((block_causal, layout, True), (tiny_adapter, padding, False)):
-        before = BlockForward(adapter, "none", mask, positions, start, end)(tokens)
-        after = BlockForward(adapter, "none", mask, positions, start, end)(later)
+    layout = block_ids(tokens.shape[1], width, 4, tokens.device).expand(len(PROMPTS), -1)
+    for adapter, ids, independent in ((block_causal, layout, True), (tiny_adapter, None, False)):
+        before = BlockForward(adapter, "none", padding, positions, start, 4, block_ids=ids)(tokens)
+        after = BlockForward(adapter, "none", padding, positions, start, 4, block_ids=ids)(later)
         assert torch.equal(before, after) is independent
 
 
@@ -411,3 +415,84 @@ def test_cache_benchmark_reports_every_mode_against_none(tmp_path):
         < rows["none"]["query_positions_per_forward"]
     with pytest.raises(SystemExit):
         bench.main(["--lengths", "medium"])
+
+
+# --- block alignment (block-causal families) -----------------------------------------------
+
+
+def aligned(adapter: ModelAdapter, alignment: str) -> ModelAdapter:
+    return ModelAdapter(
+        adapter.model, mask_token_id=MASK_ID, eos_token_ids=(), pad_token_id=PAD_ID,
+        attention="block-causal", block_alignment=alignment, max_context=96, name=alignment,
+    )
+
+
+def sdar_style_generate(model, prompt, *, gen_length, block_length, tau):
+    """An independent transcription of SDAR's ``block_diffusion_generate`` layout: blocks of
+    ``block_length`` at multiples of it from position 0, prompt included, the last block
+    completed (the sequence is rounded up to whole blocks); the block-causal mask is
+    ``tril(ones(nb, nb))`` repeated over each block's positions; the first block decoded is
+    the one holding the prompt's end. Greedy, commit rule: every masked position with
+    confidence > ``tau``, else the most confident one; full forwards, no early stop."""
+    k = block_length
+    blocks = -(-(len(prompt) + gen_length) // k)
+    length = blocks * k
+    x = torch.full((1, length), MASK_ID, dtype=torch.long)
+    x[0, : len(prompt)] = torch.tensor(prompt)
+    mask = torch.tril(torch.ones(blocks, blocks)).repeat_interleave(k, 0).repeat_interleave(k, 1)
+    mask = mask.bool()[None, None]
+    for block in range(len(prompt) // k, blocks):
+        window = slice(block * k, (block + 1) * k)
+        while (x[0, window] == MASK_ID).any():
+            with torch.no_grad():
+                logits = model(input_ids=x, attention_mask=mask, position_ids=torch.arange(length)[None]).logits
+            logits = logits[0, window].to(torch.float64)
+            logits[:, MASK_ID] = -torch.inf
+            confidence, candidate = torch.softmax(logits, -1).max(-1)
+            masked = x[0, window] == MASK_ID
+            confidence = torch.where(masked, confidence, -torch.inf)
+            commit = masked & (confidence > tau)
+            if not commit.any():
+                commit[confidence.argmax()] = True
+            x[0, window] = torch.where(commit, candidate, x[0, window])
+    return x[0, len(prompt):].tolist()
+
+
+ALIGNMENT_PROMPTS = [[5], [5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15, 16, 17], [18, 19, 20, 21, 22]]
+
+
+@pytest.mark.parametrize("mode", CACHE_MODES)
+def test_absolute_alignment_decodes_like_sdars_own_layout(sharp_adapter, mode):
+    """``block_alignment="absolute"``: each prompt, alone and in a left-padded batch of
+    mixed lengths (prompt length mod 4 = 1, 3, 0, 2, 1), decodes exactly as the SDAR-style
+    reference loop; prefix and dual caches stay exact."""
+    adapter = aligned(sharp_adapter, "absolute")
+    decoder = DiffusionDecoder(adapter, "threshold", tau=0.7, gen_length=8, block_length=4, cache=mode)
+    batch = decoder.generate(ALIGNMENT_PROMPTS)
+    for index, prompt in enumerate(ALIGNMENT_PROMPTS):
+        reference = sdar_style_generate(sharp_adapter.model, prompt, gen_length=8, block_length=4, tau=0.7)
+        assert len(reference) == 8 + (-len(prompt)) % 4  # the last block is completed
+        assert batch.token_lists[index] == reference, index
+        alone = decoder.generate([prompt])
+        assert alone.token_lists[0] == reference and int(alone.nfe[0]) == int(batch.nfe[index])
+
+
+def test_absolute_alignment_puts_the_prompts_last_partial_block_first(sharp_adapter):
+    """The first block decoded holds the prompt's last ``len % K`` tokens; with
+    ``"prompt"`` alignment it starts after the prompt, and the decodes differ from SDAR's."""
+    first_blocks = []
+    decoder = DiffusionDecoder(aligned(sharp_adapter, "absolute"), "quota", gen_length=8, block_length=4)
+    decoder.generate([[12, 13, 14, 15, 16, 17]], observer=lambda r: first_blocks.append(r.before[0].tolist()))
+    assert first_blocks[0] == [16, 17, MASK_ID, MASK_ID]
+    prompt_aligned = DiffusionDecoder(aligned(sharp_adapter, "prompt"), "threshold", tau=0.7, gen_length=8, block_length=4)
+    differs = [
+        prompt_aligned.generate([p]).token_lists[0]
+        != sdar_style_generate(sharp_adapter.model, p, gen_length=8, block_length=4, tau=0.7)
+        for p in ALIGNMENT_PROMPTS if len(p) % 4
+    ]
+    assert any(differs)
+
+
+def test_block_alignment_must_be_known(sharp_adapter):
+    with pytest.raises(ModelError, match="block_alignment 'zero' is not supported; allowed: prompt, absolute"):
+        aligned(sharp_adapter, "zero")

@@ -11,14 +11,16 @@ import torch.nn.functional as F
 
 from conftest import EOS_ID, MASK_ID, PAD_ID
 from dloom import DiffusionDecoder, ModelAdapter
+from dloom.kernel import RowStreams
 
 
 def llada_generate(model, prompt, *, steps, gen_length, block_length, temperature, remasking, generator):
     """A plain transcription of LLaDA's reference ``generate`` loop (batch of one).
 
     Differences, matching dloom's documented conventions: Gumbel noise and ``random``
-    remasking draws cover the active block only, come from ``generator``, and the mask
-    token is never a candidate.
+    remasking draws cover the active block only and come from ``generator``, a
+    :class:`dloom.kernel.RowStreams` (draw ``n`` at the ``n``-th step, the Gumbel noise
+    tagged 0 and the random confidences 1), and the mask token is never a candidate.
     """
     x = torch.full((1, len(prompt) + gen_length), MASK_ID, dtype=torch.long)
     x[0, : len(prompt)] = torch.tensor(prompt)
@@ -38,7 +40,7 @@ def llada_generate(model, prompt, *, steps, gen_length, block_length, temperatur
                 logits = model(input_ids=x).logits[:, start:end].to(torch.float64)
             logits[..., MASK_ID] = -torch.inf
             if temperature > 0:
-                noise = torch.rand(logits.shape, dtype=torch.float64, generator=generator)
+                noise = generator.uniform(tuple(logits.shape), 0)
                 x0 = torch.argmax(logits.exp() / (-torch.log(noise)) ** temperature, dim=-1)
             else:
                 x0 = torch.argmax(logits, dim=-1)
@@ -46,7 +48,7 @@ def llada_generate(model, prompt, *, steps, gen_length, block_length, temperatur
                 p = F.softmax(logits, dim=-1)
                 x0_p = torch.gather(p, -1, x0.unsqueeze(-1)).squeeze(-1)
             else:
-                x0_p = torch.rand(x0.shape, dtype=torch.float64, generator=generator)
+                x0_p = generator.uniform(tuple(x0.shape), 1)
             block_masked = mask_index[:, start:end]
             x0 = torch.where(block_masked, x0, x[:, start:end])
             confidence = torch.where(block_masked, x0_p, torch.tensor(-torch.inf, dtype=torch.float64))
@@ -54,6 +56,8 @@ def llada_generate(model, prompt, *, steps, gen_length, block_length, temperatur
             _, select = torch.topk(confidence[0], k=int(num_transfer[0, i]))
             transfer[0, select] = True
             x[:, start:end][transfer] = x0[transfer]
+            if generator is not None:
+                generator.advance(torch.tensor([True]))
     return x[0, len(prompt):].tolist()
 
 
@@ -76,7 +80,7 @@ def test_quota_reproduces_plain_llada_loop(tiny_adapter, temperature, remasking,
         reference = llada_generate(
             tiny_adapter.model, prompt, steps=steps, gen_length=16, block_length=4,
             temperature=temperature, remasking=remasking,
-            generator=torch.Generator().manual_seed(seed),
+            generator=RowStreams(seed, torch.tensor([0])),
         )
         assert ours == until_eos(reference)
 
@@ -143,10 +147,11 @@ def test_early_stop_freezes_row_and_stops_its_nfe():
     assert result.nfe.tolist() == [3, 16]
     assert result.generated_lengths.tolist() == [3, 16]
     assert result.token_lists[0][-1] == EOS_ID and len(result.token_lists[0]) == 3
-    # Its remaining positions were never decoded, and the second block ran on one row only.
+    # Its remaining positions were never decoded, and it left the batch at once (not at the
+    # end of its block): no forward was spent on it after its third.
     assert (result.generated[0, 3:] == MASK_ID).all()
-    assert model.batch_sizes[:8] == [2] * 8 and model.batch_sizes[8:] == [1] * 8
-    assert result.forwards == 16
+    assert model.batch_sizes == [2] * 3 + [1] * 13
+    assert result.forwards == 16 and result.row_forwards == 19 == int(result.nfe.sum())
     # Decoding the finished row alone gives the same tokens.
     alone = decoder.generate([[7, 1, 1]])
     assert alone.token_lists[0] == result.token_lists[0] and alone.forwards == 3
@@ -200,3 +205,149 @@ def test_shifted_logits_use_previous_position(tiny_adapter):
     plain = tiny_adapter.logits(ids)
     moved = shifted.logits(ids)
     assert torch.equal(moved[:, 1:], plain[:, :-1])
+
+
+# --- per-row block progression ------------------------------------------------------------
+
+MIXED = [[5, 6, 7], [8, 9, 10, 11, 12, 13], [14], [15, 16, 17, 18], [19, 20, 21, 22, 23, 24, 25, 26, 27]]
+
+
+def eos_prone(seed: int = 1, eos: float = 1.3) -> ModelAdapter:
+    """A sharpened float64 tiny model with EOS made likely: rows stop at different times."""
+    from conftest import sharpen, tiny_model
+
+    model = sharpen(tiny_model(seed=seed, initializer_range=0.5))
+    with torch.no_grad():
+        model.lm_head.weight[EOS_ID].mul_(eos)
+    return ModelAdapter(
+        model, mask_token_id=MASK_ID, eos_token_ids=(EOS_ID,), pad_token_id=PAD_ID,
+        max_context=96, name=f"eos-prone-{seed}",
+    )
+
+
+def assert_rows_equal_alone(decoder, prompts, batch):
+    for index, prompt in enumerate(prompts):
+        alone = decoder.generate([prompt])
+        assert batch.token_lists[index] == alone.token_lists[0], index
+        assert int(batch.nfe[index]) == int(alone.nfe[0]), index
+
+
+@pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
+@pytest.mark.parametrize(
+    "strategy, params",
+    [("quota", {"steps": 8}), ("threshold", {"tau": 0.6}), ("factor", {}), ("frechet", {})],
+)
+def test_rows_advance_through_blocks_on_their_own(strategy, params, cache):
+    """Mixed prompt lengths and a rule whose steps per block differ per row: every row of the
+    batch decodes as it does alone (tokens and NFE), rows are seen in different blocks in
+    one forward, and no row-forward is spent on a row that takes no step."""
+    adapter = eos_prone()
+    steps = params.pop("steps", None)
+    decoder = DiffusionDecoder(
+        adapter, strategy, gen_length=16, block_length=4, steps=steps, cache=cache, params=params
+    )
+    blocks_seen = []
+    batch = decoder.generate(MIXED, observer=lambda record: blocks_seen.append(record.block.tolist()))
+    assert_rows_equal_alone(decoder, MIXED, batch)
+    assert batch.row_forwards == int(batch.nfe.sum())  # no idle row in any forward
+    if strategy != "quota":
+        assert any(len(set(blocks)) > 1 for blocks in blocks_seen)  # rows in different blocks
+    assert batch.forwards == max(batch.nfe.tolist())  # the batch takes its slowest row's steps
+
+
+def test_a_finished_row_leaves_the_batch_before_its_block_ends():
+    """One block of 16, one token per step: rows that finish early leave at once, so each
+    forward's batch holds exactly the rows still decoding."""
+    adapter = eos_prone(eos=1.8)
+    sizes = []
+    adapter.model.register_forward_pre_hook(
+        lambda _, args, kwargs: sizes.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+    )
+    decoder = DiffusionDecoder(adapter, "quota", gen_length=16, block_length=16)
+    batch = decoder.generate(MIXED)
+    assert any(n < 16 for n in batch.nfe.tolist())  # some row left in the middle of its block
+    assert sizes == [sum(1 for n in batch.nfe.tolist() if n > step) for step in range(16)]
+
+
+@pytest.mark.parametrize("cache, layout", [("none", "rows"), ("prefix", "rows"), ("dual", "packed")])
+def test_spiffy_rows_draft_and_verify_on_their_own_blocks(cache, layout):
+    """Spiffy over threshold with per-row blocks: every row equals its own plain threshold
+    decoding (lossless), in the batch and alone."""
+    adapter = eos_prone()
+    settings = dict(gen_length=16, block_length=4, cache=cache)
+    with pytest.warns(UserWarning, match="uncalibrated default graph"):
+        spiffy = DiffusionDecoder(adapter, "spiffy+threshold", layout=layout, tau=0.6, **settings)
+    plain = DiffusionDecoder(adapter, "threshold", tau=0.6, **settings)
+    batch = spiffy.generate(MIXED)
+    assert batch.accepted_drafts > 0
+    reference = plain.generate(MIXED)
+    assert batch.token_lists == reference.token_lists
+    for index, prompt in enumerate(MIXED):
+        assert spiffy.generate([prompt]).token_lists[0] == batch.token_lists[index]
+
+
+# --- per-prompt random streams -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("strategy", ["quota", "threshold"])
+def test_a_seeded_sample_does_not_depend_on_the_batch_size(tiny_adapter, strategy):
+    """Eight prompts (four distinct, each twice) decoded in batches of 1, 3 and 8 with
+    ``row_offset`` set to each batch's first index: the same samples whatever the batching;
+    two copies of a prompt take different samples (their streams differ)."""
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14]] * 2
+    decoder = DiffusionDecoder(
+        tiny_adapter, strategy, gen_length=8, block_length=4, temperature=1.0, seed=11
+    )
+
+    def in_batches(size):
+        out = []
+        for first in range(0, len(prompts), size):
+            out += decoder.generate(prompts[first : first + size], row_offset=first).token_lists
+        return out
+
+    whole = in_batches(8)
+    assert in_batches(1) == whole and in_batches(3) == whole
+    assert whole[:4] != whole[4:]  # copies of a prompt are independent samples
+    same_prompt = decoder.generate([[5, 6, 7]] * 8).token_lists
+    assert len({tuple(t) for t in same_prompt}) > 4
+    other_seed = DiffusionDecoder(tiny_adapter, strategy, gen_length=8, block_length=4, temperature=1.0, seed=12)
+    assert other_seed.generate(prompts).token_lists != whole
+
+
+def test_row_streams_are_distinct_and_reproducible():
+    streams = RowStreams(3, torch.arange(4))
+    first = streams.uniform((4, 2, 50), 0)
+    assert torch.equal(first, RowStreams(3, torch.arange(4)).uniform((4, 2, 50), 0))
+    assert first.min() > 0 and first.max() < 1 and first.dtype == torch.float64
+    assert not torch.equal(first[0], first[1])  # rows
+    assert not torch.equal(first, streams.uniform((4, 2, 50), 1))  # tags
+    streams.advance(torch.tensor([True, False, False, False]))
+    after = streams.uniform((4, 2, 50), 0)
+    assert not torch.equal(after[0], first[0]) and torch.equal(after[1:], first[1:])
+    streams.select(torch.tensor([2]))
+    assert torch.equal(streams.uniform((1, 2, 50), 0), first[2:3])
+    assert not torch.equal(RowStreams(4, torch.arange(4)).uniform((4, 2, 50), 0), first)  # seeds
+
+
+def test_engine_benchmark_measures_every_figure(tmp_path):
+    """``benchmarks/bench_engine.py`` on a tiny grid: overhead, wasted share (none: rows
+    leave and advance on their own), syncs per forward, and the hand-written loop."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    script = Path(__file__).parents[1] / "benchmarks" / "bench_engine.py"
+    spec = importlib.util.spec_from_file_location("bench_engine", script)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "engine.json"
+    rows = bench.main([
+        "--strategies", "threshold", "spiffy+threshold", "--caches", "none", "dual", "--batch", "4",
+        "--gen", "16", "--block", "8", "--prompts", "4", "--json", str(out),
+    ])
+    assert len(rows) == 4 and json.loads(out.read_text())["rows"] == rows
+    plain = [r for r in rows if r["strategy"] == "threshold"]
+    assert all(r["wasted"] == 0 and r["overhead"] > 1 and r["syncs_per_forward"] >= 1 for r in plain)
+    assert "vs_hand_loop" in plain[0] and plain[0]["hand_loop_steps"] >= plain[0]["steps"]
+    table = bench.markdown(rows, rows).splitlines()
+    assert len(table) == 2 + len(rows) and "0.0% → 0.0%" in table[2]

@@ -40,7 +40,7 @@ class ScriptedDecoder:
     composition = SimpleNamespace(name="scripted")
     config = {"strategy": "scripted"}
 
-    def generate(self, prompts):
+    def generate(self, prompts, row_offset=0):
         texts = [self.answers[p] if i % 2 == 0 else "wrong" for i, p in enumerate(prompts)]
         batch = len(prompts)
         return GenerationResult(

@@ -463,3 +463,23 @@ def test_a_diffusion_decoder_refuses_failfast_with_a_pointer_to_the_right_decode
 
     with pytest.raises(ConfigurationError, match="use dloom.failfast.FailFastDecoder"):
         DiffusionDecoder(tiny_adapter, "failfast")
+
+
+@pytest.mark.parametrize("params", [{"verification": "match"}, {"verification": "ratio", "small_block": 1}])
+def test_a_seeded_failfast_sample_does_not_depend_on_the_batch_size(target, drafter, params):
+    """Prompts of different lengths (each twice) decoded in batches of 1, 3 and 8 with
+    ``row_offset`` at each batch's first index: the same samples; copies differ."""
+    prompts = [PROMPT, [9, 3], [4, 4, 4, 10, 11], [12]] * 2
+    decoder = FailFastDecoder(
+        target, drafter, max_new_tokens=12, temperature=1.0, seed=5, params=params
+    )
+
+    def in_batches(size):
+        out = []
+        for first in range(0, len(prompts), size):
+            out += decoder.generate(prompts[first : first + size], row_offset=first).token_lists
+        return out
+
+    whole = in_batches(8)
+    assert in_batches(1) == whole and in_batches(3) == whole
+    assert whole[:4] != whole[4:]

@@ -15,8 +15,38 @@ def test_greedy_candidates_never_the_mask_token():
     candidates, confidence = propose(logits, 0.0, "low_confidence", None, MASK)
     assert candidates.tolist() == [[2]]
     expected = torch.softmax(torch.tensor([0.0, 1.0, 2.0, 0.5], dtype=torch.float64), -1)[2]
-    assert confidence.dtype == torch.float64
-    assert confidence.item() == pytest.approx(expected.item())
+    assert confidence.dtype == torch.float32  # the float32 pass (float32 logits, greedy)
+    assert confidence.item() == pytest.approx(expected.item(), abs=1e-6)
+    candidates, confidence = propose(logits.double(), 0.0, "low_confidence", None, MASK)
+    assert candidates.tolist() == [[2]] and confidence.dtype == torch.float64
+    assert confidence.item() == expected.item()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("remasking", ["low_confidence", "random"])
+def test_the_float32_pass_matches_the_float64_kernel(dtype, remasking):
+    """Greedy on lower-precision logits: the float32 pass gives the float64 kernel's
+    candidates and confidences within 1e-6, the mask token excluded even where it is the
+    largest logit, without a float64 copy of the logits."""
+    generator = torch.Generator().manual_seed(0)
+    logits = (torch.randn(3, 8, 500, generator=generator) * 4).to(dtype)
+    logits[0, :, MASK] = 50.0  # the mask dominates these positions
+    ours, ours_conf = propose(logits, 0.0, remasking, torch.Generator().manual_seed(1), MASK)
+    reference, reference_conf = propose(logits.double(), 0.0, remasking, torch.Generator().manual_seed(1), MASK)
+    assert torch.equal(ours, reference) and MASK not in ours.flatten().tolist()
+    assert (ours_conf.double() - reference_conf).abs().max() < 1e-6
+
+
+def test_non_finite_logits_reach_the_confidences():
+    """The decoder's NaN check reads ``(B, K)``: a NaN or +inf anywhere in a position's
+    vocabulary makes that position's confidence or candidate logit non-finite."""
+    for bad in (float("nan"), float("inf")):
+        logits = torch.zeros(2, 3, 50)
+        logits[1, 2, 17] = bad
+        candidates, confidence = propose(logits, 0.0, "low_confidence", None, MASK)
+        picked = torch.gather(logits, -1, candidates.unsqueeze(-1)).squeeze(-1)
+        finite = torch.isfinite(confidence) & torch.isfinite(picked)
+        assert finite.tolist() == [[True] * 3, [True, True, False]]
 
 
 def test_margin_and_entropy():

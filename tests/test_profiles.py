@@ -473,9 +473,9 @@ def test_cli_chat_flag(tmp_path, monkeypatch):
     seen = []
     original = DiffusionDecoder.generate
 
-    def spy(self, prompts, attention_mask=None):
+    def spy(self, prompts, attention_mask=None, **options):
         seen.extend(prompts)
-        return original(self, prompts, attention_mask)
+        return original(self, prompts, attention_mask, **options)
 
     monkeypatch.setattr(DiffusionDecoder, "generate", spy)
     args = ["generate", "w9", "--model", str(directory), "--gen-length", "4", "--json"]

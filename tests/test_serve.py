@@ -443,8 +443,11 @@ def test_on_block_hands_over_every_decoded_block_of_every_row(model, strategy):
     seen = {}
 
     def on_block(record):
-        for row, tokens in zip(record.rows.tolist(), record.tokens.tolist()):
-            assert len(seen.setdefault(row, [])) == record.block * BLOCK  # no block skipped or repeated
+        for row, block, tokens, new in zip(
+            record.rows.tolist(), record.blocks.tolist(), record.tokens.tolist(), record.generated.tolist()
+        ):
+            assert len(seen.setdefault(row, [])) == block * BLOCK  # no block skipped or repeated
+            assert all(new)  # prompt-aligned blocks hold generated positions only
             seen[row].extend(tokens)
 
     result = decoder.generate(PROMPTS, on_block=on_block)

@@ -32,7 +32,7 @@ from dloom.failfast.settings import (
     check_shared_tokenizer,
 )
 from dloom.failfast.verification import verify_match, verify_ratio
-from dloom.kernel import REMASKING, apply_commit, propose
+from dloom.kernel import REMASKING, RowStreams, apply_commit, propose
 from dloom.metrics import HookTimer
 from dloom.prompt_validation import check_lengths, check_prompts
 from dloom.registry import Registry
@@ -56,7 +56,7 @@ class FailFastDecoder:
     :param remasking: confidence kind of the drafter's commit rule
         (:data:`dloom.kernel.REMASKING`); the policy's recorded confidence is always the
         committed token's probability.
-    :param seed: seeds the decoder's ``torch.Generator`` (``None``: nondeterministic).
+    :param seed: seeds every prompt's random stream (``None``: nondeterministic).
     :param drafter_cache: one of :data:`DRAFTER_CACHE_MODES`.
     :param unsafe_ratio_out_of_order: allow ``verification="ratio"`` with ``small_block > 1``.
         That combination is biased; it exists for negative controls (tests showing the bias
@@ -229,11 +229,17 @@ class FailFastDecoder:
             "device": str(self.model.device),
         }
 
-    def generate(self, prompts: Prompts, attention_mask: torch.Tensor | None = None) -> FailFastResult:
+    def generate(
+        self, prompts: Prompts, attention_mask: torch.Tensor | None = None, *, row_offset: int = 0
+    ) -> FailFastResult:
         """Decode a batch of prompts.
 
         :param prompts: texts, token-id lists (left-padded here), or a ``(B, P)`` tensor of
             left-padded ids with its ``attention_mask``.
+        :param row_offset: the index of the first prompt in the whole request: prompt ``i``
+            samples from random stream ``row_offset + i`` (:class:`dloom.kernel.RowStreams`;
+            a row's draws advance with its own drafting steps and verifications only, and are
+            keyed to its own draft positions).
         :return: the generated tokens (``generated`` ``(B, max_new_tokens)``, the target's
             pad id after each row's end) and the metrics.
         :raises ModelError: empty prompts, or a sequence beyond either model's context.
@@ -254,8 +260,9 @@ class FailFastDecoder:
         device = prompt_ids.device
         mask_id = self.drafter.mask_token_id
         generator = None
-        if self.seed is not None:
-            generator = torch.Generator(device=device).manual_seed(self.seed)
+        if self.temperature > 0 or self.remasking == "random":
+            # one random stream per prompt: a prompt's sample does not depend on its batch
+            generator = RowStreams(self.seed, torch.arange(batch, device=device) + row_offset)
         canvas = torch.cat(
             [prompt_ids, torch.full((batch, self.max_new_tokens), mask_id, device=device)], dim=1
         )
@@ -304,7 +311,7 @@ class FailFastDecoder:
 
     def _draft(
         self, canvas: torch.Tensor, accepted_len: torch.Tensor, finished: torch.Tensor, stable: int,
-        drafter_forward: DrafterForward, drafter_nfe: torch.Tensor, generator: torch.Generator | None,
+        drafter_forward: DrafterForward, drafter_nfe: torch.Tensor, generator: RowStreams | None,
         timings: dict[str, float],
     ) -> tuple[torch.Tensor, torch.Tensor | None, int, tuple[int, int]]:
         """Draft after every unfinished row's accepted prefix, in place on ``canvas``.
@@ -346,7 +353,12 @@ class FailFastDecoder:
             steps += 1
             in_block = (offset >= block_start.unsqueeze(1)) & (offset < (block_start + settings.small_block).unsqueeze(1))
             selectable = (tail == mask_id) & in_block & drafting.unsqueeze(1)
+            if generator is not None:  # draws keyed to each row's own draft positions
+                generator.offset = stable - prompt_len - accepted_len
             candidates, confidence = propose(logits, self.temperature, self.remasking, generator, mask_id)
+            if generator is not None:
+                generator.advance(drafting)
+                generator.offset = None
             commit = hooks.select_commit(self.pm, confidence, selectable, schedule)
             tail = apply_commit(tail, candidates, commit)
             logits64 = logits.to(torch.float64, copy=True)
@@ -405,7 +417,7 @@ class FailFastDecoder:
     def _verify(
         self, canvas: torch.Tensor, accepted_len: torch.Tensor, finished: torch.Tensor,
         draft_len: torch.Tensor, widths: tuple[int, int], draft_probs: torch.Tensor | None,
-        eos_ids: torch.Tensor, generator: torch.Generator | None, timings: dict[str, float],
+        eos_ids: torch.Tensor, generator: RowStreams | None, timings: dict[str, float],
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One target forward over every unfinished row's draft; updates ``canvas``,
         ``accepted_len`` and ``finished`` in place. ``widths``: the longest draft and the
@@ -442,6 +454,8 @@ class FailFastDecoder:
             accepted, token = verify_ratio(draft, draft_len, target_logits, q, self.temperature, generator)
         else:
             accepted, token = verify_match(draft, draft_len, target_logits, self.temperature, generator)
+        if generator is not None:
+            generator.advance(active)
         accepted = torch.where(active, accepted, 0)
         token_column = prompt_len + accepted_len + accepted
         write = active & (token_column < width)

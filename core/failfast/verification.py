@@ -4,14 +4,24 @@ from __future__ import annotations
 
 import torch
 
+from dloom.kernel import RowStreams, uniform_noise
 
-def gumbel_argmax(scores: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+# Tags of the arrays one verification draws from a row's stream (the drafter's kernel steps
+# use 0 and 1, :func:`dloom.kernel.propose`).
+GUMBEL_TAG, ACCEPT_TAG, RESAMPLE_TAG = 2, 3, 4
+
+
+def gumbel_argmax(
+    scores: torch.Tensor, generator: torch.Generator | RowStreams | None, tag: int = GUMBEL_TAG
+) -> torch.Tensor:
     """A sample of ``softmax(scores)`` per row by Gumbel-max in float64.
 
-    :param scores: ``(..., V)`` float64 log-weights (``-inf`` = impossible).
-    :return: ``(...)`` long.
+    :param scores: ``(B, ..., V)`` float64 log-weights (``-inf`` = impossible).
+    :param generator: a :class:`~dloom.kernel.RowStreams` (row ``b`` from its prompt's
+        stream), a ``torch.Generator`` or ``None``.
+    :return: ``(B, ...)`` long.
     """
-    uniform = torch.rand(scores.shape, dtype=torch.float64, generator=generator, device=scores.device)
+    uniform = uniform_noise(generator, scores.shape, tag, scores.device)
     return torch.argmax(scores - torch.log(-torch.log(uniform)), dim=-1)
 
 
@@ -66,7 +76,7 @@ def verify_ratio(
     index = draft.unsqueeze(-1)
     p_x = p[:, :width].gather(-1, index).squeeze(-1)
     q_x = draft_probs.gather(-1, index).squeeze(-1)
-    uniform = torch.rand(draft.shape, dtype=torch.float64, generator=generator, device=draft.device)
+    uniform = uniform_noise(generator, draft.shape, ACCEPT_TAG, draft.device)
     valid = torch.arange(width, device=draft.device) < draft_len.unsqueeze(1)
     accepted = ((uniform * q_x < p_x) & valid).long().cumprod(-1).sum(-1)
     at = accepted.view(-1, 1, 1).expand(-1, 1, p.shape[-1])
@@ -75,4 +85,4 @@ def verify_ratio(
     residual = torch.clamp(p_at - padded_q.gather(1, at).squeeze(1), min=0.0)
     rejected = (accepted < draft_len).unsqueeze(1) & (residual.sum(-1, keepdim=True) > 0)
     final = torch.where(rejected, residual, p_at)
-    return accepted, gumbel_argmax(torch.log(final), generator)
+    return accepted, gumbel_argmax(torch.log(final), generator, RESAMPLE_TAG)

@@ -44,7 +44,7 @@ class QueueFullError(DloomError):
 
 @dataclass(frozen=True)
 class BlockTokens:
-    """Event: one more decoded block of a streamed row (``tokens``: its ``block_length`` ids)."""
+    """Event: one more decoded block of a streamed row (``tokens``: its generated ids)."""
 
     tokens: list[int]
 
@@ -257,10 +257,10 @@ class Scheduler:
         they land (one host copy per block, not per row)."""
 
         def on_block(record: BlockRecord) -> None:
-            rows, tokens = record.rows.tolist(), record.tokens.tolist()
-            for row, block in zip(rows, tokens):
+            rows, tokens, generated = record.rows.tolist(), record.tokens.tolist(), record.generated.tolist()
+            for row, block, keep in zip(rows, tokens, generated):
                 job = jobs[row]
                 if job.stream and job.state == "running":
-                    job.post(BlockTokens(block))
+                    job.post(BlockTokens([token for token, new in zip(block, keep) if new]))
 
         return on_block

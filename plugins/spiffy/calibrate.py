@@ -63,8 +63,8 @@ class TransitionRecorder:
         after, ranks, tokens = (
             t.cpu() for t in (record.after, frame.rank_of_position, frame.tokens)
         )
-        for index, row in enumerate(record.rows.tolist()):
-            self._steps[(record.block, row)].append((after[index], ranks[index], tokens[index]))
+        for index, (block, row) in enumerate(zip(record.block.tolist(), record.rows.tolist())):
+            self._steps[(block, row)].append((after[index], ranks[index], tokens[index]))
 
     def flush(self) -> None:
         """Turn the recorded blocks into counted paths (call after each ``generate``)."""

@@ -51,6 +51,8 @@ class Spiffy:
         self.layout = layout
         self.graph: CalibratedGraph | None = None
         self._templates: dict[torch.device, GraphTemplate] = {}
+        self._longest = 0  # the graph's longest path from the root
+        self._order: list[int] = []  # nodes deepest first (children before parents)
 
     # --- setup -------------------------------------------------------------------------
 
@@ -99,7 +101,10 @@ class Spiffy:
                 "configures its plugins"
             )
         if device not in self._templates:
-            self._templates[device] = self.graph.template(device)
+            template = self.graph.template(device)  # depth on the host: read once here
+            self._templates[device] = template
+            self._longest = int(template.depth.max())
+            self._order = torch.argsort(template.depth, descending=True, stable=True).tolist()
         return self._templates[device]
 
     # --- the four speculation hooks ----------------------------------------------------
@@ -126,12 +131,15 @@ class Spiffy:
         fillable = ((template.position_rank < frame.masked[:, None, None]) | ~real).all(-1)
         score = torch.exp((log_probs * real).sum(-1) / real.sum(-1))
         one = torch.ones_like(score[:, :1])
+        # Rows at the start of their block have no predecessor distribution: no drafts.
+        drafting = state.active if state.known is None else state.active & state.known
         return DraftGraph(
             tokens=torch.cat([block.unsqueeze(1), drafts], dim=1),
             parents=template.parents,
             depth=template.depth,
             score=torch.cat([one, score], dim=1),
-            valid=torch.cat([state.active.unsqueeze(1), fillable & state.active.unsqueeze(1)], dim=1),
+            valid=torch.cat([state.active.unsqueeze(1), fillable & drafting.unsqueeze(1)], dim=1),
+            longest_path=self._longest,
         )
 
     @hookimpl
@@ -142,7 +150,9 @@ class Spiffy:
         log_own = torch.log(graph.score.clamp_min(1e-300))
         combined = log_own.clone()
         # Children before parents: deepest first (a child is always deeper than its parent).
-        for node in torch.argsort(graph.depth, descending=True, stable=True).tolist()[:-1]:
+        own = any(graph.depth is t.depth for t in self._templates.values())
+        order = self._order if own else torch.argsort(graph.depth, descending=True, stable=True).tolist()
+        for node in order[:-1]:
             children = graph.parents[:, node].to(log_own.dtype) * valid  # (B, N + 1)
             total = log_own[:, node] + (children * combined).sum(-1)
             combined[:, node] = total / (1 + children.sum(-1))
@@ -154,7 +164,7 @@ class Spiffy:
             best = torch.where(frontier, combined, torch.full_like(combined, -torch.inf)).argmax(-1)
             pick = torch.zeros_like(kept).scatter_(1, best.unsqueeze(1), frontier.any(-1, keepdim=True))
             kept |= pick
-        return DraftGraph(graph.tokens, graph.parents, graph.depth, graph.score, kept)
+        return DraftGraph(graph.tokens, graph.parents, graph.depth, graph.score, kept, graph.longest_path)
 
     @hookimpl
     def dloom_build_mask(self, state: DecodeState, graph: DraftGraph) -> VerificationLayout:

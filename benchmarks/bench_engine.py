@@ -1,0 +1,249 @@
+"""Benchmark the decode engine itself: what the loop costs beyond the model's forwards.
+
+For each strategy (quota, threshold, Fréchet, spiffy+threshold) x cache mode (none, prefix,
+dual) x batch size x generation length, one run measures:
+
+- ``overhead``: wall time / time inside the model's forwards (1.0 = the loop costs nothing);
+- ``wasted``: the share of row-forwards (rows summed over every model call, counted by a
+  hook on the model) spent on rows that took no kernel step: ``1 - sum(NFE) / row-forwards``
+  (plain rules; a speculative step's layout rows are drafts, not waste, so it is left out);
+- ``syncs_per_forward``: device-to-host reads of the decoder (``.tolist()``, ``.item()``,
+  ``bool``/``int`` of a tensor, ``torch.nonzero``) per step, counted by patching them;
+- for threshold without a cache, ``vs_hand_loop``: dloom's wall time over that of a minimal
+  hand-written Fast-dLLM threshold loop decoding the same prompts (the yardstick a user
+  would write: block by block, every row of the batch until the block is done).
+
+Usage::
+
+    python benchmarks/bench_engine.py --json engine.json                 # the default grid
+    python benchmarks/bench_engine.py --batch 1 8 --gen 64 --json x.json  # a reduced grid
+
+It runs on the toy zoo's ``toy-dllm`` (trained: realistic confidences, so threshold and
+Fréchet take realistic steps; context 128, so gen 64 at most) on the CPU. Run it against an
+older checkout (``PYTHONPATH`` pointing at its package) for before/after figures: nothing
+here depends on the engine's internals. ``test_engine_step`` is a pytest-benchmark case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+import warnings
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from dloom import DiffusionDecoder, load_model
+from dloom.zoo.tasks import held_out
+
+STRATEGIES = {
+    "quota": ("quota", {}),
+    "threshold": ("threshold", {"tau": 0.9}),
+    "frechet": ("frechet", {}),
+    "spiffy+threshold": ("spiffy+threshold", {"tau": 0.9}),
+}
+CACHES = ("none", "prefix", "dual")
+_SYNC_METHODS = ("item", "tolist", "__bool__", "__int__", "nonzero")
+
+
+@contextmanager
+def counting_syncs(model: torch.nn.Module):
+    """Count the decoder's device-to-host reads (the model's own are not counted)."""
+    counts = {"decoder": 0}
+    inside = [0]
+    originals = {name: getattr(torch.Tensor, name) for name in _SYNC_METHODS}
+    nonzero = torch.nonzero
+
+    def wrap(original):
+        def counted(*args, **kwargs):
+            if not inside[0]:
+                counts["decoder"] += 1
+            return original(*args, **kwargs)
+        return counted
+
+    pre = model.register_forward_pre_hook(lambda *_: inside.__setitem__(0, inside[0] + 1))
+    post = model.register_forward_hook(lambda *_: inside.__setitem__(0, inside[0] - 1))
+    for name, original in originals.items():
+        setattr(torch.Tensor, name, wrap(original))
+    torch.nonzero = wrap(nonzero)
+    try:
+        yield counts
+    finally:
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, original)
+        torch.nonzero = nonzero
+        pre.remove()
+        post.remove()
+
+
+def prompts_for(adapter, count: int) -> list[str]:
+    return [example.prompt for example in held_out(count)]
+
+
+def hand_threshold_loop(adapter, prompts: list[str], gen_length: int, block_length: int, tau: float) -> int:
+    """A minimal hand-written Fast-dLLM threshold loop (no cache, no early stop): left-pad,
+    then for each block, forward the whole batch until every row's block is decoded; commit
+    positions with confidence > tau, else each row's most confident one. Returns its
+    forwards."""
+    steps = 0
+    model, mask_id = adapter.model, adapter.mask_token_id
+    rows = adapter.encode(prompts)
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([[adapter.pad_token_id] * (width - len(r)) + r + [mask_id] * gen_length for r in rows])
+    attention = torch.tensor([[0] * (width - len(r)) + [1] * (len(r) + gen_length) for r in rows])
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        for start in range(width, width + gen_length, block_length):
+            end = start + block_length
+            while bool((ids[:, start:end] == mask_id).any()):
+                logits = model(input_ids=ids, attention_mask=attention, position_ids=positions).logits
+                steps += 1
+                if adapter.shift_logits:
+                    logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+                probs = torch.softmax(logits[:, start:end].float(), dim=-1)
+                probs[..., mask_id] = 0
+                confidence, candidate = probs.max(-1)
+                masked = ids[:, start:end] == mask_id
+                confidence = torch.where(masked, confidence, -1.0)
+                commit = masked & (confidence > tau)
+                top = torch.zeros_like(commit).scatter_(1, confidence.argmax(-1, keepdim=True), True)
+                commit |= top & masked & ~commit.any(-1, keepdim=True)
+                ids[:, start:end] = torch.where(commit, candidate, ids[:, start:end])
+    return steps
+
+
+def run_case(adapter, strategy: str, cache: str, batch: int, gen_length: int, block_length: int,
+             prompts: list[str]) -> dict[str, Any]:
+    name, params = STRATEGIES[strategy]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        decoder = DiffusionDecoder(
+            adapter, name, gen_length=gen_length, block_length=block_length, cache=cache, params=params
+        )
+    chunks = [prompts[i : i + batch] for i in range(0, len(prompts), batch)]
+    decoder.generate(chunks[0])  # warm-up
+    calls: list[int] = []
+    hook = adapter.model.register_forward_pre_hook(
+        lambda _, args, kwargs: calls.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+    )
+    wall = forward = 0.0
+    nfe = steps = 0
+    try:
+        with counting_syncs(adapter.model) as syncs:
+            for chunk in chunks:
+                started = time.perf_counter()
+                result = decoder.generate(chunk)
+                wall += time.perf_counter() - started
+                forward += result.hook_seconds["forward"]
+                nfe += int(result.nfe.sum())
+                steps += result.forwards
+    finally:
+        hook.remove()
+    row = {
+        "strategy": strategy, "cache": cache, "batch": batch, "gen_length": gen_length,
+        "block_length": block_length, "prompts": len(prompts), "steps": steps,
+        "model_calls": len(calls), "row_forwards": sum(calls), "nfe": nfe,
+        "wall_s": wall, "forward_s": forward, "overhead": wall / forward if forward else None,
+        "syncs_per_forward": syncs["decoder"] / steps,
+        "wasted": None if strategy.startswith("spiffy") else 1 - nfe / sum(calls),
+    }
+    if strategy == "threshold" and cache == "none":
+        started = time.perf_counter()
+        hand_steps = sum(hand_threshold_loop(adapter, c, gen_length, block_length, 0.9) for c in chunks)
+        row["hand_loop_s"] = time.perf_counter() - started
+        row["hand_loop_steps"] = hand_steps
+        row["vs_hand_loop"] = wall / row["hand_loop_s"]  # whole decode (dloom stops rows at EOS)
+        row["vs_hand_loop_per_step"] = (wall / steps) / (row["hand_loop_s"] / hand_steps)
+    return row
+
+
+def markdown(after: list[dict[str, Any]], before: list[dict[str, Any]] | None = None) -> str:
+    """A markdown table of the rows, with a run of an older engine side by side when given
+    (matched on strategy, cache, batch, generation and block length)."""
+    key = lambda r: (r["strategy"], r["cache"], r["batch"], r["gen_length"], r["block_length"])
+    old = {key(r): r for r in before or []}
+    pct = lambda v: "-" if v is None else f"{v:.1%}"
+    lines = [
+        "| strategy | cache | batch | gen | block | wall (s) | overhead | wasted | syncs/forward | vs hand loop |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in after:
+        was = old.get(key(row))
+        pair = lambda field, fmt: fmt(row[field]) if was is None else f"{fmt(was[field])} → {fmt(row[field])}"
+        hand = "-"
+        if "vs_hand_loop" in row:
+            hand = f"{row['vs_hand_loop']:.2f}× ({row['vs_hand_loop_per_step']:.2f}× per step)"
+        lines.append(
+            f"| {row['strategy']} | {row['cache']} | {row['batch']} | {row['gen_length']} | "
+            f"{row['block_length']} | {pair('wall_s', lambda v: f'{v:.2f}')} | "
+            f"{pair('overhead', lambda v: f'{v:.2f}×')} | {pair('wasted', pct)} | "
+            f"{pair('syncs_per_forward', lambda v: f'{v:.2f}')} | {hand} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="toy-dllm")
+    parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES))
+    parser.add_argument("--caches", nargs="+", default=list(CACHES))
+    parser.add_argument("--batch", nargs="+", type=int, default=[1, 8, 32])
+    parser.add_argument("--gen", nargs="+", type=int, default=[64])
+    parser.add_argument("--block", nargs="+", type=int, default=[8, 32])
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--json", default=None)
+    parser.add_argument(
+        "--report", nargs="+", metavar="JSON",
+        help="print the markdown table of a result file (after), or of an older run's and a "
+        "newer run's side by side (before after), instead of measuring",
+    )
+    args = parser.parse_args(argv)
+    if args.report:
+        loaded = [json.load(open(path))["rows"] for path in args.report]
+        print(markdown(loaded[-1], loaded[0] if len(loaded) > 1 else None), end="")
+        return loaded[-1]
+    torch.set_num_threads(args.threads)
+    adapter = load_model(args.model)
+    prompts = prompts_for(adapter, args.prompts)
+    rows = []
+    for gen_length in args.gen:
+        for block_length in args.block:
+            for strategy in args.strategies:
+                for cache in args.caches:
+                    for batch in args.batch:
+                        row = run_case(adapter, strategy, cache, batch, gen_length, block_length, prompts)
+                        rows.append(row)
+                        wasted = "-" if row["wasted"] is None else f"{row['wasted']:.1%}"
+                        print(
+                            f"{strategy:17s} {cache:6s} B={batch:<3d} G={gen_length} K={block_length:<3d} "
+                            f"overhead {row['overhead']:.2f}x wasted {wasted:>6s} "
+                            f"syncs/fwd {row['syncs_per_forward']:.2f}"
+                            + (f" vs hand loop {row['vs_hand_loop']:.2f}x (per step "
+                               f"{row['vs_hand_loop_per_step']:.2f}x)" if "vs_hand_loop" in row else ""),
+                            flush=True,
+                        )
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"model": args.model, "threads": args.threads, "torch": torch.__version__,
+                       "rows": rows}, handle, indent=1)
+    return rows
+
+
+def test_engine_step(benchmark):
+    """pytest-benchmark: one threshold generation of 8 prompts on toy-dllm, no cache."""
+    adapter = load_model("toy-dllm")
+    decoder = DiffusionDecoder(adapter, "threshold", gen_length=32, block_length=8)
+    prompts = prompts_for(adapter, 8)
+    result = benchmark(decoder.generate, prompts)
+    benchmark.extra_info["nfe"] = int(result.nfe.sum())
+    benchmark.extra_info["median_overhead"] = statistics.median(
+        [result.wall_seconds / result.hook_seconds["forward"]]
+    )
+
+
+if __name__ == "__main__":
+    main()
