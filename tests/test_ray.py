@@ -17,6 +17,7 @@ ray = pytest.importorskip("ray", reason="the Ray tests need the optional extra d
 from dloom.errors import ConfigurationError, UnknownStrategyError  # noqa: E402
 from dloom.evaluation import select_examples  # noqa: E402
 from dloom.ray import DecodeSpec, decode_prompts, iter_decoded, read_shards  # noqa: E402
+from dloom.ray.batch import contiguous_runs  # noqa: E402
 
 PROMPTS = [example.prompt for example in select_examples("all", 10, seed=3)]
 
@@ -31,17 +32,23 @@ def ray_runtime():
 
 
 def alone(spec: DecodeSpec, prompts: list[str]) -> list[list[int]]:
-    """Each prompt decoded by itself in this process."""
+    """Each prompt decoded by itself in this process (prompt i with its request index i)."""
     decoder = spec.build()
-    return [decoder.generate([prompt]).row(0)["tokens"] for prompt in prompts]
+    return [decoder.generate([p], row_offset=i).row(0)["tokens"] for i, p in enumerate(prompts)]
 
 
 @pytest.mark.parametrize(
-    "strategy, params, batch_size",
-    [("threshold", ("tau=0.9",), 4), ("spiffy+threshold", ("tau=0.9",), 3)],
+    "strategy, params, batch_size, settings",
+    [
+        ("threshold", ("tau=0.9",), 4, {}),
+        ("spiffy+threshold", ("tau=0.9",), 3, {}),
+        ("quota", (), 4, {"temperature": 1.0, "seed": 5}),  # sampled: per-prompt streams
+    ],
 )
-def test_rows_equal_each_prompt_decoded_alone(ray_runtime, strategy, params, batch_size):
-    spec = DecodeSpec(strategy=strategy, params=params, settings={"gen_length": 32, "block_length": 8})
+def test_rows_equal_each_prompt_decoded_alone(ray_runtime, strategy, params, batch_size, settings):
+    spec = DecodeSpec(
+        strategy=strategy, params=params, settings={"gen_length": 32, "block_length": 8, **settings}
+    )
     rows = decode_prompts(PROMPTS, spec, actors=2, batch_size=batch_size)
     assert [row["index"] for row in rows] == list(range(len(PROMPTS)))
     assert [row["prompt"] for row in rows] == PROMPTS
@@ -100,6 +107,11 @@ def test_an_interrupted_run_resumes_from_its_shards(sharded_run, tmp_path):
     assert os.stat(kept).st_mtime_ns == kept_mtime  # finished shards are not decoded again
     assert sorted(read_shards(tmp_path)) == list(range(len(PROMPTS)))
     assert "rows-00000003-00000004.jsonl" in {p.name for p in tmp_path.glob("rows-*.jsonl")}
+
+
+def test_contiguous_runs():
+    assert contiguous_runs([0, 1, 2, 5, 6, 9]) == [(0, 3), (3, 5), (5, 6)]
+    assert contiguous_runs([4]) == [(0, 1)]
 
 
 def test_a_corrupt_shard_is_named(tmp_path):

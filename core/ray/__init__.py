@@ -3,8 +3,7 @@
 :func:`decode_prompts` decodes a list of prompts with Ray Data: ``map_batches`` over a pool
 of actors, each holding one model replica (one per GPU on a GPU cluster), with results
 written as shards so that an interrupted run resumes where it stopped. Outputs are those of
-decoding each prompt alone in one process (greedy; sampled runs too where the decoder's
-random streams are per prompt).
+decoding the request in one process, greedy or seeded sampling.
 """
 
 from dloom.ray.batch import DecodeSpec, decode_prompts, iter_decoded, read_shards

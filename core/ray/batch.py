@@ -9,10 +9,11 @@ so a shard is either whole or absent); a rerun with the same ``output_dir`` deco
 prompts no shard holds.
 
 Each result row is what ``dloom generate --json`` prints for the prompt
-(:meth:`dloom.metrics.GenerationResult.row`) plus its ``index`` in the request, and
-``seconds``, its share of its batch's wall time. Greedy decoding is batch-invariant in dloom,
-so the rows equal those of decoding each prompt alone in one process, whatever the batching,
-the number of actors or the point at which a run was resumed.
+(:meth:`dloom.metrics.GenerationResult.row`) plus its ``index`` in the request, the
+``prompt`` and ``seconds``, its share of its batch's wall time. Decoding in dloom is
+batch-invariant (greedy, and sampled too: prompt ``i`` of a request draws from random stream
+``i`` of the seed), so the rows equal those of decoding the request in one process, whatever
+the batching, the number of actors or the point at which a run was resumed.
 """
 
 from __future__ import annotations
@@ -91,23 +92,38 @@ class DecodeActor:
         """``batch``: columns ``index`` (ints) and ``prompt`` (JSON-encoded prompts).
         Returns the column ``row``: one JSON-encoded result row per prompt, or a single
         ``{"error": {"type", "message"}}`` record for a dloom error (nothing is written)."""
-        indices = [int(i) for i in batch["index"]]
-        prompts = [json.loads(p) for p in batch["prompt"]]
+        order = sorted(range(len(batch["index"])), key=lambda i: int(batch["index"][i]))
+        indices = [int(batch["index"][i]) for i in order]
+        prompts = [json.loads(batch["prompt"][i]) for i in order]
+        rows: list[dict[str, Any]] = []
         try:
             if self.build_error is not None:
                 raise self.build_error
-            result = self.decoder.generate(prompts)
+            for start, end in contiguous_runs(indices):
+                # Prompt i samples from random stream i (row_offset): the same numbers as
+                # decoding it in one process, whichever batch Ray put it in.
+                result = self.decoder.generate(prompts[start:end], row_offset=indices[start])
+                share = result.wall_seconds / (end - start)
+                rows += [
+                    {"index": indices[start + i], "prompt": prompts[start + i], **result.row(i), "seconds": share}
+                    for i in range(end - start)
+                ]
         except DloomError as error:
             record = {"type": type(error).__name__, "message": str(error)}
             return {"row": [json.dumps({"error": record})]}
-        share = result.wall_seconds / len(prompts)
-        rows = [
-            {"index": index, "prompt": prompt, **result.row(i), "seconds": share}
-            for i, (index, prompt) in enumerate(zip(indices, prompts))
-        ]
         if self.output_dir is not None:
             write_shard(Path(self.output_dir), rows)
         return {"row": [json.dumps(row) for row in rows]}
+
+
+def contiguous_runs(indices: list[int]) -> list[tuple[int, int]]:
+    """``(start, end)`` slices of sorted ``indices`` whose values are consecutive."""
+    runs, start = [], 0
+    for i in range(1, len(indices) + 1):
+        if i == len(indices) or indices[i] != indices[i - 1] + 1:
+            runs.append((start, i))
+            start = i
+    return runs
 
 
 def write_shard(output_dir: Path, rows: list[dict[str, Any]]) -> Path:
