@@ -286,6 +286,37 @@ class DiffusionDecoder:
                 f"(block {int(blocks.min())}, forward {forward}); every step must commit at least one"
             )
 
+    def _layout(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor):
+        """The sequences to decode and where each row's blocks lie.
+
+        :param prompt_ids: / :param prompt_mask: ``(B, P)`` left-padded prompts.
+        :return: ``tokens`` ``(B, L)`` (prompt, then masks over each row's generated region,
+            then padding), its padding mask and position ids ``(B, L)``, each row's first
+            block column ``(B,)`` and the end of its generated region ``(B,)``. With
+            ``block_alignment="absolute"`` blocks sit at multiples of ``K`` from each row's
+            position 0: the first holds the prompt's last partial block, and the last is
+            completed to ``K`` positions (as SDAR's ``generate.py`` does), so a row decodes
+            up to ``K - 1`` positions more than ``gen_length``; ``L = P + gen_length + K - 1``.
+        """
+        batch, prompt_len = prompt_ids.shape
+        width, device = self.block_length, prompt_ids.device
+        if self.model.block_alignment == "absolute":
+            start = prompt_len - prompt_mask.sum(-1) % width
+            region_end = start + (prompt_len + self.gen_length - start + width - 1) // width * width
+            gen_end = prompt_len + self.gen_length + width - 1
+        else:
+            start = torch.full((batch,), prompt_len, dtype=torch.long, device=device)
+            region_end = start + self.gen_length
+            gen_end = prompt_len + self.gen_length
+        columns = torch.arange(prompt_len, gen_end, device=device).expand(batch, -1)
+        decoded = columns < region_end.unsqueeze(1)
+        tokens = torch.cat(
+            [prompt_ids, torch.where(decoded, self.model.mask_token_id, self.model.pad_token_id)], dim=1
+        )
+        full_mask = torch.cat([prompt_mask, decoded.long()], dim=1)
+        positions = torch.clamp(full_mask.cumsum(-1) - 1, min=0)
+        return tokens, full_mask, positions, start, region_end
+
     def generate(
         self,
         prompts: Prompts,
@@ -326,26 +357,9 @@ class DiffusionDecoder:
                 f"exceeds the model's context of {model.max_context} tokens"
             )
         device = prompt_ids.device
+        tokens, full_mask, positions, start, region_end = self._layout(prompt_ids, prompt_mask)
+        gen_end = tokens.shape[1]
         absolute = model.block_alignment == "absolute"
-        if absolute:
-            # Blocks at multiples of K from each row's position 0: the first one holds the
-            # prompt's last partial block, and the last one is completed to K positions (as
-            # SDAR's generate.py does), so a row decodes up to K - 1 positions more than
-            # gen_length; past a row's last block, invisible padding.
-            start = prompt_len - prompt_mask.sum(-1) % width
-            region_end = start + (prompt_len + self.gen_length - start + width - 1) // width * width
-            gen_end = prompt_len + self.gen_length + width - 1
-        else:
-            start = torch.full((batch,), prompt_len, dtype=torch.long, device=device)
-            region_end = start + self.gen_length
-        columns = torch.arange(prompt_len, gen_end, device=device).expand(batch, -1)
-        decoded = columns < region_end.unsqueeze(1)
-        tokens = torch.cat([
-            prompt_ids,
-            torch.where(decoded, mask_id, model.pad_token_id),
-        ], dim=1)
-        full_mask = torch.cat([prompt_mask, decoded.long()], dim=1)
-        positions = torch.clamp(full_mask.cumsum(-1) - 1, min=0)
         padded = bool((full_mask == 0).any())
         eos_ids = torch.tensor(model.eos_token_ids, dtype=torch.long, device=device)
         ids = None
