@@ -15,6 +15,7 @@ and generation code computed on them (see its README). Here dloom loads each wit
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from functools import lru_cache
@@ -399,6 +400,55 @@ def sdar_block_decode(prompt: list[int], settings: dict, layout: str = "absolute
 def test_native_sdar_reproduces_generate_py_under_its_block_layout(run):
     tokens, forwards = sdar_block_decode(run["prompt"], run["settings"])
     assert (tokens, forwards) == (run["generated"], run["forwards"])
+
+
+def dloom_sdar_decoder(run: dict, cache: str) -> DiffusionDecoder:
+    """dloom's decoder with the settings of one of SDAR's recorded decodes.
+
+    ``low_confidence_dynamic`` with threshold 0.85 and one token per step as its floor is
+    ``threshold`` with ``tau`` 0.85; top-1 sampling gives every candidate probability 1, so
+    each block commits whole in one step: ``quota`` with one step per block.
+    """
+    settings = run["settings"]
+    lengths = {"gen_length": settings["gen_length"], "block_length": settings["block_length"], "cache": cache}
+    if settings["top_k"] == 1:
+        blocks = settings["gen_length"] // settings["block_length"]
+        return DiffusionDecoder(adapter("sdar"), "quota", steps=blocks, **lengths)
+    assert settings["denoising_steps"] == settings["block_length"]  # the floor is one token per step
+    return DiffusionDecoder(adapter("sdar"), "threshold", tau=settings["confidence_threshold"], **lengths)
+
+
+@pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
+@pytest.mark.parametrize("run", reference("sdar")["decoding"], ids=lambda r: r["name"])
+def test_dloom_decodes_sdar_exactly_as_generate_py(run, cache):
+    """dloom's own decoder, with the block layout read from the checkpoint (absolute
+    alignment), gives generate.py's tokens under every cache mode. generate.py's forward
+    count adds one prefill forward and one cache-store forward per decoded block to the
+    decoding forwards that dloom counts as NFE."""
+    result = dloom_sdar_decoder(run, cache).generate([run["prompt"]])
+    generated = result.generated[0].tolist()
+    assert generated[: len(run["generated"])] == run["generated"]
+    prompt, k = len(run["prompt"]), run["settings"]["block_length"]
+    blocks = -(-(prompt + run["settings"]["gen_length"]) // k) - prompt // k
+    assert int(result.nfe[0]) == run["forwards"] - 1 - blocks
+
+
+def test_dloom_decodes_sdar_prompts_of_different_lengths_in_one_padded_batch():
+    """Prompts of 6 and 8 tokens: left padding shifts neither row's blocks."""
+    runs = [r for r in reference("sdar")["decoding"] if r["settings"]["top_k"] != 1]
+    result = dloom_sdar_decoder(runs[0], "dual").generate([r["prompt"] for r in runs])
+    for row, run in enumerate(runs):
+        assert result.generated[row].tolist()[: len(run["generated"])] == run["generated"]
+
+
+def test_dloom_decodes_sdar_differently_with_the_prompt_as_its_own_block():
+    """Negative control for the decoder: the same settings with ``block_alignment="prompt"``
+    miss generate.py's tokens for the 6-token prompt, whose last block is partial."""
+    run = next(r for r in reference("sdar")["decoding"] if r["settings"]["top_k"] != 1)
+    assert len(run["prompt"]) % run["settings"]["block_length"]
+    shifted = dataclasses.replace(adapter("sdar"), block_alignment="prompt")
+    decoder = DiffusionDecoder(shifted, "threshold", tau=0.85, gen_length=16, block_length=4)
+    assert decoder.generate([run["prompt"]]).generated[0].tolist()[:16] != run["generated"][:16]
 
 
 @pytest.mark.parametrize("index", [0, 1], ids=["top-k 1", "temperature 0"])
