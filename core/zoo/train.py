@@ -544,15 +544,19 @@ def evaluate(model: LlamaForCausalLM, kind: str, examples: Sequence[Example], ba
 
 
 # --------------------------------------------------------------------------- training
+def _part_seed(seed: int, start_step: int) -> int:
+    """The seed of the part of a run that starts at ``start_step``: ``seed`` itself for a new
+    run, ``seed * 100_000_000 + start_step`` for a continued one (new data and masks,
+    deterministic in the run's seed and where it was continued)."""
+    return seed if start_step == 0 else seed * 100_000_000 + start_step
+
+
 def _batches(
     seed: int, weights: dict[str, float], workload: Workload, start_step: int = 0
 ) -> Iterator[tuple[list[Example], int]]:
-    """Training batches of ``workload.batch`` examples and their extra left padding.
-
-    A run continued at ``start_step`` > 0 draws from the stream of seed
-    ``seed * 100_000_000 + start_step``: new data, deterministic in the run's seed and step.
-    """
-    data_seed = seed if start_step == 0 else seed * 100_000_000 + start_step
+    """Training batches of ``workload.batch`` examples and their extra left padding; a run
+    continued at ``start_step`` draws from the stream of :func:`_part_seed` (new data)."""
+    data_seed = _part_seed(seed, start_step)
     families = [workload.sources.get(name, name) for name in weights]
     stream = train_stream(data_seed, families=families, weights=list(weights.values()), suite=workload.suite)
     pad_rng = random.Random(f"pad:{data_seed}")
@@ -672,7 +676,7 @@ def train_one(
         curves = {"loss_curve": [], "monitor_curve": []}
     if minutes is None and steps is None:
         raise ValueError(f"{name}: no budget (give minutes or steps)")
-    torch.manual_seed(seed if start_step == 0 else seed * 100_000_000 + start_step)
+    torch.manual_seed(_part_seed(seed, start_step))
     if resume:
         model = LlamaForCausalLM.from_pretrained(directory, local_files_only=True, dtype=torch.float32)
         if run is None:
@@ -686,7 +690,7 @@ def train_one(
     print(f"[{name}] {n_params(model):,} parameters, kind={spec.kind}, workload={workload.name}, "
           f"resume={resume}" + (f" (continuing at step {start_step})" if run is not None else ""), flush=True)
     opt = torch.optim.AdamW(model.parameters(), lr=peak, betas=(0.9, 0.98), weight_decay=0.01)
-    gen = torch.Generator().manual_seed(seed if start_step == 0 else seed * 100_000_000 + start_step)
+    gen = torch.Generator().manual_seed(_part_seed(seed, start_step))
     batches = _batches(seed, mix, workload, start_step)
     monitor = held_out(len(workload.suite) * workload.monitor_per_family, seed=1, suite=workload.suite)
     budget = None if steps is not None or minutes is None else minutes * 60
