@@ -267,3 +267,17 @@ def test_short_tokenizer_files_are_unchanged(tmp_path):
     for name in ("toy-dllm", "toy-ar", "toy-ar-small"):
         for file in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
             assert (tmp_path / file).read_bytes() == (model_path(name) / file).read_bytes(), (name, file)
+
+
+def test_evaluation_selects_the_long_suite_by_name_or_family():
+    from dloom.errors import ConfigurationError
+    from dloom.evaluation import select_examples
+
+    assert select_examples("long", 8) == held_out(8, suite=FAMILIES)
+    assert {e.family for e in select_examples("chain,prog", 6, split="train")} == {"chain", "prog"}
+    assert not any(is_held_out(e.family, e.prompt) for e in select_examples("long", 20, split="train"))
+    assert select_examples("all", 7) == held_out(7)  # the toy suite, as before
+    with pytest.raises(ConfigurationError, match="mix the toy and the long-answer suites"):
+        select_examples("add,chain", 4)
+    with pytest.raises(ConfigurationError, match="unknown task family 'poem'; known: all, long, add, .*chain"):
+        select_examples("poem", 4)
