@@ -330,3 +330,22 @@ def test_weights_outside_the_model_s_workload_are_refused(capsys):
     with pytest.raises(SystemExit):
         main(["--model", "long-dllm-ar", "--weights", "add=2", "--steps", "1"])
     assert "--weights: add not in long-dllm-ar's workload (chain, word, tale, prog, text)" in capsys.readouterr().err
+
+
+def test_the_long_dllm_stage_starts_from_its_causal_stage(monkeypatch, tmp_path):
+    import dataclasses
+    import json
+
+    train = _tiny_long_spec(monkeypatch)
+    tiny_ar = train.SPECS["long-dllm-ar"]
+    monkeypatch.setitem(train.SPECS, "long-dllm", dataclasses.replace(tiny_ar, kind="dllm"))
+    common = ["--out", str(tmp_path), "--threads", "1", "--eval-n", "4", "--steps", "2"]
+    train.main(["--model", "long-dllm-ar", *common])
+    train.main(["--model", "long-dllm", "--init-from", str(tmp_path / "long-dllm-ar"), "--seed", "1", *common])
+    record = json.loads((tmp_path / "long-dllm" / "eval.json").read_text())
+    assert [run["model"] for run in record["history"]] == ["long-dllm-ar"]
+    assert set(record["per_family"]) == {"chain", "word", "tale", "prog"} and record["n"] == 4
+    config = json.loads((tmp_path / "long-dllm" / "config.json").read_text())
+    assert config["dloom"] == {"kind": "dllm", "attention": "bidirectional", "shift": True,
+                               "gen_length": 128, "block_length": 32}
+    assert config["vocab_size"] == 99 and config["is_causal"] is False
