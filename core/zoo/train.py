@@ -65,7 +65,7 @@ AR models generate greedily until ``<eos>``.
 
 The long-answer zoo (issue 19; :mod:`dloom.zoo.long_tasks`, :mod:`dloom.zoo.corpus`):
 
-* Workload ``LONG``: ``chain``, ``word``, ``tale``, ``prog`` (answers 55..127 characters,
+* Workload ``LONG``: ``chain``, ``word``, ``tale``, ``prog`` (answers 45..127 characters,
   ~30 % padding of the 128-position region on held-out prompts) and the training-only
   ``text`` (continuing Shakespeare), mix ``LONG_WEIGHTS``; the 99-token tokenizer
   (``<pad>``, ``<mask>``, ``<eos>`` and ``long_tasks.ALPHABET``, printable ASCII and the
