@@ -28,7 +28,9 @@ adjective and animal (``STORY_RE``).  All other checkers compare with the unique
 Train / held-out separation: a prompt is *held out* iff
 ``blake2b(family + "\\0" + prompt) % 10 == 0`` (``is_held_out``).  ``train_stream`` skips
 held-out prompts and ``held_out`` keeps only them, so the two splits never share a prompt,
-whatever the seeds.  Both are deterministic functions of their seed.
+whatever the seeds.  Both are deterministic functions of their seed; their ``suite``
+argument selects another suite's families (:data:`dloom.zoo.long_tasks.FAMILIES`) under the
+same split.
 """
 
 from __future__ import annotations
