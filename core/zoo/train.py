@@ -222,8 +222,8 @@ from .corpus import TEXT
 from .tasks import ALPHABET, FAMILIES, GEN_LENGTH, Example, TaskFamily, held_out, lookup_curriculum, train_stream
 
 __all__ = [
-    "SPECS", "ModelSpec", "build_config", "build_model", "decode_ar", "decode_dllm", "dllm_from_ar", "evaluate", "main",
-    "reevaluate",
+    "LONG", "SHORT", "SPECS", "ModelSpec", "Workload", "build_config", "build_model", "decode_ar", "decode_dllm",
+    "dllm_from_ar", "evaluate", "main", "reevaluate", "save_checkpoint", "unfinished_run",
 ]
 
 
