@@ -18,7 +18,12 @@ from rich.progress import Progress
 from dloom.engine import DiffusionDecoder
 from dloom.errors import ConfigurationError
 from dloom.metrics import speculation_summary
-from dloom.zoo.tasks import FAMILIES, Example, held_out, train_stream
+from dloom.zoo import long_tasks
+from dloom.zoo.tasks import FAMILIES, Example, TaskFamily, held_out, train_stream
+
+SUITES: dict[str, dict[str, TaskFamily]] = {"all": FAMILIES, "long": long_tasks.FAMILIES}
+"""Task suites by the name ``--tasks`` selects them with: the toy suite and the long-answer one."""
+_CHECKERS = {**FAMILIES, **long_tasks.FAMILIES}
 
 
 @dataclass
@@ -72,7 +77,8 @@ class EvalReport:
 
 
 def select_examples(tasks: str, n: int, seed: int = 0, split: str = "held-out") -> list[Example]:
-    """``n`` examples from ``tasks`` (``"all"`` or comma-separated family names).
+    """``n`` examples from ``tasks``: ``"all"`` (the toy suite), ``"long"`` (the long-answer
+    suite, :mod:`dloom.zoo.long_tasks`) or comma-separated family names of one suite.
 
     :param split: ``"held-out"`` (balanced over families, what evaluations use) or
         ``"train"`` (the training stream, what calibrations use, never a held-out prompt).
@@ -82,16 +88,20 @@ def select_examples(tasks: str, n: int, seed: int = 0, split: str = "held-out") 
         raise ConfigurationError(f"split is {split!r}; allowed: 'held-out', 'train'")
     if n < 1:
         raise ConfigurationError(f"-n is {n}; allowed: a positive number of examples")
-    names = None if tasks == "all" else [t.strip() for t in tasks.split(",") if t.strip()]
-    unknown = [t for t in names or [] if t not in FAMILIES]
+    names = None if tasks in SUITES else [t.strip() for t in tasks.split(",") if t.strip()]
+    unknown = [t for t in names or [] if t not in _CHECKERS]
     if unknown or names == []:
         raise ConfigurationError(
-            f"unknown task family {unknown[0] if unknown else tasks!r}; known: all, "
-            + ", ".join(FAMILIES)
+            f"unknown task family {unknown[0] if unknown else tasks!r}; known: all, long, "
+            + ", ".join(_CHECKERS)
         )
+    suites = {name for name, suite in SUITES.items() for t in names or [] if t in suite}
+    if len(suites) > 1:
+        raise ConfigurationError(f"tasks {tasks!r} mix the toy and the long-answer suites; allowed: families of one")
+    suite = SUITES[tasks if names is None else suites.pop()]
     if split == "train":
-        return list(itertools.islice(train_stream(seed, families=names), n))
-    return held_out(n, seed=seed, families=names)
+        return list(itertools.islice(train_stream(seed, families=names, suite=suite), n))
+    return held_out(n, seed=seed, families=names, suite=suite)
 
 
 class EvaluationInterrupted(KeyboardInterrupt):
@@ -121,7 +131,7 @@ class _Tally:
                 "family": example.family,
                 "prompt": example.prompt,
                 "text": text,
-                "correct": FAMILIES[example.family].check(example.prompt, text),
+                "correct": _CHECKERS[example.family].check(example.prompt, text),
                 "nfe": nfe,
             }
             for example, text, nfe in zip(chunk, texts, result.nfe.tolist())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -159,7 +161,7 @@ def test_init_from_is_refused_outside_a_new_dllm(argv, tmp_path, capsys):
 
     with pytest.raises(SystemExit):
         main([*argv, "--init-from", str(tmp_path)])
-    assert "--init-from starts a new toy-dllm" in capsys.readouterr().err
+    assert "--init-from starts a new dLLM: use it with --model toy-dllm or long-dllm" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -217,3 +219,133 @@ def test_the_time_budget_is_split_by_the_recipe_shares(argv, budgets, monkeypatc
     monkeypatch.setattr(train, "train_one", lambda name, minutes, *rest: calls.setdefault(name, minutes))
     train.main([*argv, "--out", str(tmp_path)])
     assert calls == pytest.approx(budgets)
+
+
+# --- the long-answer workload: configs, block decoding, checkpoints and resuming ------------
+def test_long_models_share_one_wide_vocabulary_and_have_the_issue_s_shape():
+    from dloom.zoo import long_tasks
+    from dloom.zoo.train import SPECS, build_config, n_params
+
+    configs = {name: build_config(name) for name in ("long-dllm-ar", "long-dllm", "long-ar", "long-ar-small")}
+    assert {c.vocab_size for c in configs.values()} == {len(long_tasks.ALPHABET) + 3}
+    assert {c.max_position_embeddings for c in configs.values()} == {256}
+    assert configs["long-dllm"].dloom == {"kind": "dllm", "attention": "bidirectional", "shift": False,
+                                          "gen_length": 128, "block_length": 32}
+    sizes = {name: n_params(build_model(name)) for name in configs}
+    assert sizes["long-dllm-ar"] == sizes["long-dllm"]  # the causal stage has the dLLM's shape
+    assert 2 <= sizes["long-ar"] / sizes["long-dllm"] <= 4  # the AR target
+    assert sizes["long-ar-small"] < sizes["long-dllm"] / 2  # the drafter
+    assert build_config("toy-dllm").dloom == {"kind": "dllm", "attention": "bidirectional", "shift": False,
+                                              "gen_length": GEN_LENGTH}  # the toy zoo's, unchanged
+    assert SPECS["toy-dllm"].workload.name == "short"
+
+
+class _Ramp(torch.nn.Module):
+    """A stand-in dLLM over a region of 8 in blocks of 4 whose confidence grows with the
+    position (later positions surer), recording which positions each forward saw masked."""
+
+    def __init__(self):
+        super().__init__()
+        self.config = type("Config", (), {"dloom": {"gen_length": 8, "block_length": 4, "shift": False}})()
+        self.masked = []
+
+    def forward(self, input_ids, attention_mask, position_ids):
+        self.masked.append((input_ids[0, -8:] == tok.MASK_ID).tolist())
+        logits = torch.zeros((*input_ids.shape, len(tok.vocab())))
+        logits[..., 5] = torch.arange(input_ids.shape[1], dtype=torch.float)  # peakier further right
+        return type("Out", (), {"logits": logits})()
+
+
+def test_block_decoding_finishes_each_block_before_the_next():
+    from dloom.zoo.train import decode_dllm
+
+    model = _Ramp()
+    decode_dllm(model, ["copy ab"])
+    committed = [[i for i in range(8) if before[i] and not after[i]]
+                 for before, after in zip(model.masked, [*model.masked[1:], [False] * 8])]
+    # Inside a block the surest (rightmost) position first; the second block only after the first.
+    assert committed == [[3], [2], [1], [0], [7], [6], [5], [4]]
+
+
+def _tiny_long_spec(monkeypatch):
+    """long-dllm-ar made tiny (one layer of 16, batches of 4) so a run takes seconds."""
+    import dataclasses
+
+    from dloom.zoo import train
+
+    tiny = dataclasses.replace(train.LONG, batch=4, monitor_per_family=1)
+    spec = train.ModelSpec("ar", hidden=16, layers=1, heads=2, ffn=32, share=0.1, workload=tiny)
+    monkeypatch.setitem(train.SPECS, "long-dllm-ar", spec)
+    return train
+
+
+def test_an_interrupted_run_saves_checkpoints_and_resume_continues_it(monkeypatch, tmp_path):
+    import json
+
+    train = _tiny_long_spec(monkeypatch)
+    batches = train._batches
+
+    def killed_after(n):
+        def stream(*args):
+            yield from itertools.islice(batches(*args), n)
+            raise KeyboardInterrupt  # the process is stopped mid-run
+
+        return stream
+
+    monkeypatch.setattr(train, "_batches", killed_after(5))
+    argv = ["--model", "long-dllm-ar", "--out", str(tmp_path), "--threads", "1", "--eval-n", "4", "--seed", "3"]
+    with pytest.raises(KeyboardInterrupt):
+        train.main([*argv, "--steps", "12", "--checkpoint-minutes", "1e-9"])  # a checkpoint every step
+    directory = tmp_path / "long-dllm-ar"
+    saved = json.loads((directory / "progress.json").read_text())
+    assert (saved["steps"], saved["finished"], saved["total_steps"]) == (5, False, 12)
+    assert not (directory / "eval.json").exists() and not (directory / ".partial").exists()
+    weights_at_5 = train.LlamaForCausalLM.from_pretrained(directory).state_dict()
+
+    started = []
+    monkeypatch.setattr(train, "_batches", lambda *args: started.append(args) or batches(*args))
+    train.main([*argv, "--resume"])  # its own budget, seed, lr and mix
+    record = json.loads((directory / "eval.json").read_text())
+    assert record["steps"] == 12 and record["seed"] == 3 and record["peak_lr"] == saved["peak_lr"]
+    assert started[0][3] == 5  # new data, drawn from step 5 on
+    assert [point[0] for point in record["loss_curve"]] == [1, 6]  # first step of each part
+    assert json.loads((directory / "progress.json").read_text())["finished"] is True
+    assert set(record["per_family"]) == {"chain", "word", "tale", "prog"}
+    resumed = train.LlamaForCausalLM.from_pretrained(directory).state_dict()
+    assert any(not torch.equal(v, weights_at_5[k]) for k, v in resumed.items())  # it trained on
+
+
+def test_a_continued_run_warms_up_to_its_scheduled_rate():
+    from dloom.zoo.train import WARMUP, _lr
+
+    scheduled = _lr(5_000, 0.5, 2e-3)
+    assert _lr(5_000, 0.5, 2e-3, start=5_000) == pytest.approx(scheduled / WARMUP)
+    assert _lr(5_000 + WARMUP, 0.5, 2e-3, start=5_000) == pytest.approx(scheduled)
+    assert _lr(0, 0.0, 2e-3) == pytest.approx(2e-3 / WARMUP)  # a new run: as before
+
+
+def test_weights_outside_the_model_s_workload_are_refused(capsys):
+    from dloom.zoo.train import main
+
+    with pytest.raises(SystemExit):
+        main(["--model", "long-dllm-ar", "--weights", "add=2", "--steps", "1"])
+    assert "--weights: add not in long-dllm-ar's workload (chain, word, tale, prog, text)" in capsys.readouterr().err
+
+
+def test_the_long_dllm_stage_starts_from_its_causal_stage(monkeypatch, tmp_path):
+    import dataclasses
+    import json
+
+    train = _tiny_long_spec(monkeypatch)
+    tiny_ar = train.SPECS["long-dllm-ar"]
+    monkeypatch.setitem(train.SPECS, "long-dllm", dataclasses.replace(tiny_ar, kind="dllm"))
+    common = ["--out", str(tmp_path), "--threads", "1", "--eval-n", "4", "--steps", "2"]
+    train.main(["--model", "long-dllm-ar", *common])
+    train.main(["--model", "long-dllm", "--init-from", str(tmp_path / "long-dllm-ar"), "--seed", "1", *common])
+    record = json.loads((tmp_path / "long-dllm" / "eval.json").read_text())
+    assert [run["model"] for run in record["history"]] == ["long-dllm-ar"]
+    assert set(record["per_family"]) == {"chain", "word", "tale", "prog"} and record["n"] == 4
+    config = json.loads((tmp_path / "long-dllm" / "config.json").read_text())
+    assert config["dloom"] == {"kind": "dllm", "attention": "bidirectional", "shift": True,
+                               "gen_length": 128, "block_length": 32}
+    assert config["vocab_size"] == 99 and config["is_causal"] is False

@@ -30,6 +30,12 @@ Encoding contract (how prompts and answers are laid out; training used exactly t
   at ``<eos>``.
 * The answer text is everything before the first ``<eos>``; ``tasks.FAMILIES[f].check``
   grades it.
+
+The long-answer models in training (``long-*`` in ``dloom.zoo.train``, not shipped yet)
+follow the same contract with the 99-token tokenizer of ``long_tasks.ALPHABET`` (the same
+ids for the characters the two share), ``gen_length`` 128 decoded in blocks of
+``block_length`` 32 (both in their ``dloom`` config entry), answers of at most 127
+characters graded by ``long_tasks.FAMILIES[f].check``.
 """
 
 from __future__ import annotations

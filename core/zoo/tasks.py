@@ -28,7 +28,9 @@ adjective and animal (``STORY_RE``).  All other checkers compare with the unique
 Train / held-out separation: a prompt is *held out* iff
 ``blake2b(family + "\\0" + prompt) % 10 == 0`` (``is_held_out``).  ``train_stream`` skips
 held-out prompts and ``held_out`` keeps only them, so the two splits never share a prompt,
-whatever the seeds.  Both are deterministic functions of their seed.
+whatever the seeds.  Both are deterministic functions of their seed; their ``suite``
+argument selects another suite's families (:data:`dloom.zoo.long_tasks.FAMILIES`) under the
+same split.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import hashlib
 import random
 import re
 import string
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 __all__ = [
@@ -321,11 +323,11 @@ def is_held_out(family: str, prompt: str) -> bool:
     return int.from_bytes(digest, "big") % 10 == 0
 
 
-def _families(families: Sequence[str] | None) -> list[str]:
-    names = list(FAMILIES) if families is None else list(families)
-    unknown = [name for name in names if name not in FAMILIES]
+def _families(families: Sequence[str] | None, suite: Mapping[str, TaskFamily]) -> list[str]:
+    names = list(suite) if families is None else list(families)
+    unknown = [name for name in names if name not in suite]
     if unknown:
-        raise ValueError(f"unknown task families {unknown}; known: {sorted(FAMILIES)}")
+        raise ValueError(f"unknown task families {unknown}; known: {sorted(suite)}")
     return names
 
 
@@ -333,17 +335,20 @@ def train_stream(
     seed: int,
     families: Sequence[str | TaskFamily] | None = None,
     weights: Sequence[float] | None = None,
+    suite: Mapping[str, TaskFamily] = FAMILIES,
 ) -> Iterator[Example]:
     """Yield training examples forever: never a held-out prompt, deterministic in ``seed``.
 
     :param seed: seeds the stream's private ``random.Random``.
     :param families: families to draw from, by name or as :class:`TaskFamily` objects such
-        as :func:`lookup_curriculum` (default: all, in ``FAMILIES`` order).
+        as :func:`lookup_curriculum` (default: all of ``suite``, in its order).
     :param weights: relative sampling weight per family (default: uniform).
+    :param suite: the families names are looked up in: this suite's ``FAMILIES`` (default)
+        or another one, such as :data:`dloom.zoo.long_tasks.FAMILIES`.
     """
-    chosen = list(FAMILIES) if families is None else list(families)
-    _families([family for family in chosen if not isinstance(family, TaskFamily)])  # unknown names
-    population = [family if isinstance(family, TaskFamily) else FAMILIES[family] for family in chosen]
+    chosen = list(suite) if families is None else list(families)
+    _families([family for family in chosen if not isinstance(family, TaskFamily)], suite)  # unknown names
+    population = [family if isinstance(family, TaskFamily) else suite[family] for family in chosen]
     rng = random.Random(f"train:{seed}")
     while True:
         family = rng.choices(population, weights=weights)[0]
@@ -352,19 +357,25 @@ def train_stream(
             yield example
 
 
-def held_out(n: int, seed: int = 0, families: Sequence[str] | None = None) -> list[Example]:
-    """``n`` held-out examples, balanced over ``families`` (round-robin), deterministic.
+def held_out(
+    n: int,
+    seed: int = 0,
+    families: Sequence[str] | None = None,
+    suite: Mapping[str, TaskFamily] = FAMILIES,
+) -> list[Example]:
+    """``n`` held-out examples, balanced over ``families`` of ``suite`` (round-robin, default:
+    all of them), deterministic.
 
     Prompts are distinct within the list as long as the family's held-out space allows.
     """
-    names = _families(families)
+    names = _families(families, suite)
     rngs = {name: random.Random(f"held-out:{seed}:{name}") for name in names}
     seen: set[tuple[str, str]] = set()
     examples: list[Example] = []
     for i in range(n):
         name = names[i % len(names)]
         for attempt in range(10_000):
-            example = FAMILIES[name].generate(rngs[name])
+            example = suite[name].generate(rngs[name])
             key = (name, example.prompt)
             if is_held_out(name, example.prompt) and (key not in seen or attempt > 5_000):
                 seen.add(key)

@@ -1,0 +1,353 @@
+"""The long-answer task suite: answers that fill most of a 128-position region.
+
+The shipped suite (:mod:`dloom.zoo.tasks`) has answers of 8..31 characters in 32 positions;
+most of its output is ``<eos>`` padding and most answers are committed in one forward.  These
+families have the shape of real dLLM decoding: answers of 45..127 characters (76..106 on
+average, by family; about 30 % padding over the suite) decoded in
+``GEN_LENGTH`` = 128 positions (four blocks of 32), where later parts of an answer depend on
+earlier ones and several slots inside an answer have more than one right filler.
+
+==========  ==========================================  =======================================
+family      prompt                                      answer (one of the right ones)
+==========  ==========================================  =======================================
+``chain``   ``chain 616-567+143-28+305-92+17``          ``616-567=49;49+143=192;...;377+17=394``
+``word``    ``ann had 15 pears, got 12, ate 3. ...?``   ``ann had 15 pears. she got 12, so
+                                                        15+12=27. ... now ann has 24 pears.``
+``tale``    ``tale tom fox park``                       ``tom went to the park. there he saw a
+                                                        red fox. ...``
+``prog``    ``prog calc(a,b): add,square,dec``          ``def calc(a,b):\\n    t=a+b\\n ...``
+==========  ==========================================  =======================================
+
+* ``chain`` writes a running sum out step by step; every step's left operand is the previous
+  step's result, so the answer's end depends on all of its beginning.  One right answer.
+* ``word``: a worked solution of a two- or three-step word problem ending in the number asked
+  for; each step's connective (``so``/``now``/``giving``) and the closing sentence's
+  form are free, every arithmetic step and the final count are checked.
+* ``tale``: four sentences from a grammar (``TALE_RE``) with several right fillers per slot
+  (verb, adjective, what the animal did, the ending); the prompt fixes the name, animal and
+  place, the name fixes the pronoun.
+* ``prog``: a Python function of several statements, one per operation named in the prompt;
+  the checker parses it (``def`` line, assignments, ``return``) and runs its arithmetic on
+  test inputs against the reference, so every equivalent spelling (``t*t`` / ``t**2``,
+  ``a+b`` / ``b+a``, any temporary name) is right.
+
+Characters: prompts and answers use :data:`ALPHABET` (the shipped suite's characters plus
+upper case, newline and the rest of printable ASCII, the vocabulary of the long-answer zoo
+models, which the natural-text component :mod:`dloom.zoo.corpus` needs too).
+
+Splits follow :mod:`dloom.zoo.tasks`: a prompt is held out iff
+``blake2b(family + "\\0" + prompt) % 10 == 0``; ``tasks.train_stream(seed, suite=FAMILIES)``
+never yields a held-out prompt and ``tasks.held_out(n, suite=FAMILIES)`` yields only them.
+"""
+
+from __future__ import annotations
+
+import ast
+import random
+import re
+import string
+
+from .tasks import ALPHABET as SHORT_ALPHABET
+from .tasks import TaskFamily
+
+__all__ = [
+    "ALPHABET",
+    "FAMILIES",
+    "GEN_LENGTH",
+    "MAX_ANSWER_CHARS",
+    "MAX_PROMPT_CHARS",
+    "MIN_ANSWER_CHARS",
+    "TALE_RE",
+]
+
+GEN_LENGTH = 128
+"""Answer-region length of the long-answer models: the answer, then ``<eos>`` padding."""
+MAX_PROMPT_CHARS = 56
+MIN_ANSWER_CHARS = 45
+"""A lower bound: the shortest ``chain`` (six steps, small numbers) has about 50 characters."""
+MAX_ANSWER_CHARS = GEN_LENGTH - 1
+
+ALPHABET = SHORT_ALPHABET + "".join(
+    c for c in string.ascii_uppercase + string.punctuation + "\n" if c not in SHORT_ALPHABET
+)
+"""The long-answer zoo's characters: the shipped suite's ``ALPHABET`` first (same order, so
+same ids), then upper case, the remaining ASCII punctuation and the newline."""
+
+_LETTERS = string.ascii_lowercase
+
+
+# ---------------------------------------------------------------------------- chain
+CHAIN_STEPS = (6, 9)
+"""Inclusive range of the steps of a ``chain`` prompt."""
+_CHAIN_PROMPT = re.compile(r"^chain (\d+)((?:[+-]\d+)+)$")
+
+
+def _gen_chain(rng: random.Random) -> tuple[str, str]:
+    value = rng.randint(100, 999)
+    terms, steps = [str(value)], []
+    for _ in range(rng.randint(*CHAIN_STEPS)):
+        sign = rng.choice("+-")
+        if sign == "+" and value > 989:
+            sign = "-"
+        if sign == "-" and value < 20:
+            sign = "+"
+        high = 999 - value if sign == "+" else value
+        operand = rng.randint(10, min(high, 999))
+        result = value + operand if sign == "+" else value - operand
+        terms.append(f"{sign}{operand}")
+        steps.append(f"{value}{sign}{operand}={result}")
+        value = result
+    return "chain " + "".join(terms), ";".join(steps)
+
+
+def _check_chain(prompt: str, answer: str) -> bool:
+    match = _CHAIN_PROMPT.match(prompt)
+    if match is None:
+        return False
+    value = int(match.group(1))
+    expected = []
+    for sign, operand in re.findall(r"([+-])(\d+)", match.group(2)):
+        result = value + int(operand) if sign == "+" else value - int(operand)
+        expected.append(f"{value}{sign}{operand}={result}")
+        value = result
+    return answer == ";".join(expected)
+
+
+# ----------------------------------------------------------------------------- word
+_WORD_NAMES = {"ann": "she", "sue": "she", "mia": "she", "eva": "she", "zoe": "she",
+               "tom": "he", "bob": "he", "max": "he", "leo": "he", "sam": "he"}
+_TALE_NAMES = {**_WORD_NAMES, "ivy": "she", "amy": "she", "kim": "she", "ben": "he", "dan": "he", "jim": "he"}
+_WORD_ITEMS = ("pears", "eggs", "coins", "books", "apples", "cards", "shells")
+_WORD_GAINS = ("got", "found", "bought")
+_WORD_LOSSES = ("ate", "lost", "sold")
+_WORD_LINKS = ("so", "now", "giving")
+_WORD_STEPS = (2, 3)
+_WORD_PROMPT = re.compile(r"^([a-z]+) had (\d+) ([a-z]+), ((?:[a-z]+ \d+, )*[a-z]+ \d+)\. how many\?$")
+_WORD_STEP = re.compile(r"^(she|he) ([a-z]+) (\d+), (?:" + "|".join(_WORD_LINKS) + r") (\d+)([+-])(\d+)=(\d+)$")
+
+
+def _word_end(name: str, count: int, item: str, form: int) -> str:
+    return (f"now {name} has {count} {item}", f"{name} has {count} {item} now",
+            f"so {name} has {count} {item}")[form]
+
+
+def _gen_word(rng: random.Random) -> tuple[str, str]:
+    """A word problem and a worked solution; redrawn until both fit their limits."""
+    while True:
+        prompt, answer = _draw_word(rng)
+        if len(prompt) <= MAX_PROMPT_CHARS and len(answer) <= MAX_ANSWER_CHARS:
+            return prompt, answer
+
+
+def _draw_word(rng: random.Random) -> tuple[str, str]:
+    name = rng.choice(sorted(_WORD_NAMES))
+    pronoun, item = _WORD_NAMES[name], rng.choice(_WORD_ITEMS)
+    count = rng.randint(10, 60)
+    start, events, sentences = count, [], [f"{name} had {count} {item}"]
+    for _ in range(rng.randint(*_WORD_STEPS)):
+        if count < 12 or rng.random() < 0.5:
+            verb, amount = rng.choice(_WORD_GAINS), rng.randint(2, 40)
+            result, sign = count + amount, "+"
+        else:
+            verb, amount = rng.choice(_WORD_LOSSES), rng.randint(2, count - 1)
+            result, sign = count - amount, "-"
+        events.append(f"{verb} {amount}")
+        sentences.append(f"{pronoun} {verb} {amount}, {rng.choice(_WORD_LINKS)} {count}{sign}{amount}={result}")
+        count = result
+    sentences.append(_word_end(name, count, item, rng.randrange(3)))
+    return f"{name} had {start} {item}, {', '.join(events)}. how many?", ". ".join(sentences) + "."
+
+
+def _check_word(prompt: str, answer: str) -> bool:
+    match = _WORD_PROMPT.match(prompt)
+    if match is None or not answer.endswith("."):
+        return False
+    name, count, item = match.group(1), int(match.group(2)), match.group(3)
+    events = [(verb, int(amount)) for verb, amount in (e.split(" ") for e in match.group(4).split(", "))]
+    sentences = answer[:-1].split(". ")
+    if name not in _WORD_NAMES or len(sentences) != len(events) + 2:
+        return False
+    if sentences[0] != f"{name} had {count} {item}":
+        return False
+    for (verb, amount), sentence in zip(events, sentences[1:-1]):
+        step = _WORD_STEP.match(sentence)
+        if step is None or step.group(1) != _WORD_NAMES[name] or step.group(2) != verb:
+            return False
+        sign = "+" if verb in _WORD_GAINS else "-" if verb in _WORD_LOSSES else None
+        result = count + amount if sign == "+" else count - amount
+        if step.group(3, 4, 5, 6, 7) != (str(amount), str(count), sign, str(amount), str(result)):
+            return False
+        count = result
+    return sentences[-1] in {_word_end(name, count, item, form) for form in range(3)}
+
+
+# ----------------------------------------------------------------------------- tale
+_TALE_ANIMALS = ("cat", "dog", "fox", "owl", "hen", "cow", "frog", "duck", "goat", "pig", "bee", "bat")
+_TALE_PLACES = ("park", "farm", "lake", "wood", "hill", "beach", "field", "garden", "river", "town", "shop", "road")
+_TALE_GOES = ("went", "walked", "ran")
+_TALE_ADJS = ("big", "small", "red", "shy", "old", "happy")
+_TALE_ACTS = ("ran away", "hid in the grass", "looked at {obj}", "sat down", "came closer")
+_TALE_ENDS = ("{pro} smiled and went home", "{pro} waved and said goodbye",
+              "it was a good day for {obj}", "{pro} told the story at home")
+_OBJECT = {"she": "her", "he": "him"}
+_TALE_PROMPT = re.compile(r"^tale ([a-z]+) ([a-z]+) ([a-z]+)$")
+
+
+def _tale_pattern(words: tuple[str, ...]) -> str:
+    return "(?:" + "|".join(re.escape(w).replace(r"\{obj\}", "(?P<obj{}>her|him)")
+                            .replace(r"\{pro\}", "(?P<pro{}>she|he)") for w in words) + ")"
+
+
+def _numbered(pattern: str) -> str:
+    """Give every ``{}`` group name of ``pattern`` a distinct number (regex group names are unique)."""
+    counter = iter(range(1000))
+    return re.sub(r"\{\}", lambda _: str(next(counter)), pattern)
+
+
+TALE_RE = re.compile(_numbered(
+    r"^(?P<name>[a-z]+) (?:" + "|".join(_TALE_GOES) + r") to the (?P<place>[a-z]+)\. "
+    r"there (?P<pro>she|he) saw a (?:" + "|".join(_TALE_ADJS) + r") (?P<animal>[a-z]+)\. "
+    r"the (?P<animal2>[a-z]+) " + _tale_pattern(_TALE_ACTS) + r"\. "
+    + _tale_pattern(_TALE_ENDS) + r"\.$"
+))
+"""The tale grammar: ``NAME GO to the PLACE. there PRO saw a ADJ ANIMAL. the ANIMAL ACT.
+END.`` with ``GO``, ``ADJ``, ``ACT`` and ``END`` free (pronouns must match the name)."""
+
+
+def _gen_tale(rng: random.Random) -> tuple[str, str]:
+    name = rng.choice(sorted(_TALE_NAMES))
+    animal, place = rng.choice(_TALE_ANIMALS), rng.choice(_TALE_PLACES)
+    pro = _TALE_NAMES[name]
+    act = rng.choice(_TALE_ACTS).format(obj=_OBJECT[pro])
+    end = rng.choice(_TALE_ENDS).format(pro=pro, obj=_OBJECT[pro])
+    answer = (f"{name} {rng.choice(_TALE_GOES)} to the {place}. there {pro} saw a "
+              f"{rng.choice(_TALE_ADJS)} {animal}. the {animal} {act}. {end}.")
+    return f"tale {name} {animal} {place}", answer
+
+
+def _check_tale(prompt: str, answer: str) -> bool:
+    prompt_match, match = _TALE_PROMPT.match(prompt), TALE_RE.match(answer)
+    if prompt_match is None or match is None:
+        return False
+    name, animal, place = prompt_match.groups()
+    pro = _TALE_NAMES.get(name)
+    if match.group("name", "animal", "animal2", "place", "pro") != (name, animal, animal, place, pro):
+        return False
+    found = match.groupdict()
+    objects = {v for k, v in found.items() if k.startswith("obj") and v is not None}
+    pronouns = {v for k, v in found.items() if k.startswith("pro") and k != "pro" and v is not None}
+    return objects <= {_OBJECT[pro]} and pronouns <= {pro}
+
+
+# ----------------------------------------------------------------------------- prog
+_PROG_OPS = {  # operation -> the statement's expression over the running value {t}
+    "square": "{t}*{t}",
+    "double": "{t}+{t}",
+    "triple": "3*{t}",
+    "inc": "{t}+1",
+    "dec": "{t}-1",
+    "half": "{t}//2",
+    "neg": "-{t}",
+    "addx": "{t}+{x}",
+    "suby": "{t}-{y}",
+    "mulx": "{t}*{x}",
+}
+_PROG_FIRST = {"add": "{x}+{y}", "sub": "{x}-{y}", "mul": "{x}*{y}", "max": "max({x},{y})", "min": "min({x},{y})"}
+_PROG_NAMES = ("f", "g", "calc", "run", "step", "mix", "go")
+_PROG_TEMPS = ("t", "r", "s", "v")
+_PROG_OPS_PER_PROMPT = (4, 6)
+_PROG_PROMPT = re.compile(r"^prog ([a-z]+)\(([a-z]),([a-z])\): ([a-z]+(?:,[a-z]+)*)$")
+_PROG_INPUTS = ((3, 5), (-2, 7), (10, 1), (0, -4), (6, 6), (-9, -3))
+
+
+def _gen_prog(rng: random.Random) -> tuple[str, str]:
+    name = rng.choice(_PROG_NAMES)
+    x, y = rng.sample(_LETTERS[:6], 2)
+    temp = rng.choice([t for t in _PROG_TEMPS if t not in (x, y)])
+    first = rng.choice(sorted(_PROG_FIRST))
+    ops = [rng.choice(sorted(_PROG_OPS)) for _ in range(rng.randint(*_PROG_OPS_PER_PROMPT) - 1)]
+    lines = [f"def {name}({x},{y}):", f"    {temp}=" + _PROG_FIRST[first].format(x=x, y=y)]
+    lines += [f"    {temp}=" + _PROG_OPS[op].format(t=temp, x=x, y=y) for op in ops]
+    lines.append(f"    return {temp}")
+    return f"prog {name}({x},{y}): {','.join([first, *ops])}", "\n".join(lines)
+
+
+def _reference(ops: list[str], x: int, y: int) -> int:
+    env = {"x": x, "y": y}
+    value = _eval(ast.parse(_PROG_FIRST[ops[0]].format(x="x", y="y"), mode="eval").body, env)
+    for op in ops[1:]:
+        value = _eval(ast.parse(_PROG_OPS[op].format(t="t", x="x", y="y"), mode="eval").body, {**env, "t": value})
+    return value
+
+
+_BINARY = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+           ast.FloorDiv: lambda a, b: a // b, ast.Pow: lambda a, b: a**b}
+
+
+def _eval(node: ast.AST, env: dict[str, int]) -> int:
+    """Integer arithmetic of a whitelisted expression (names, small constants, + - * // **,
+    unary minus, ``max``/``min`` of two); anything else raises ``ValueError``."""
+    if isinstance(node, ast.Name) and node.id in env:
+        return env[node.id]
+    if isinstance(node, ast.Constant) and type(node.value) is int and 0 <= node.value < 100:
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return -_eval(node.operand, env)
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        left, right = _eval(node.left, env), _eval(node.right, env)
+        if isinstance(node.op, ast.Pow) and not 0 <= right <= 4:
+            raise ValueError("exponent out of range")
+        return _BINARY[type(node.op)](left, right)
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("max", "min")
+            and len(node.args) == 2 and not node.keywords):
+        return (max if node.func.id == "max" else min)(*(_eval(a, env) for a in node.args))
+    raise ValueError(f"expression not allowed: {ast.dump(node)}")
+
+
+_PROG_ASSIGN = re.compile(r"^    ([a-z])=(\S+)$")
+
+
+def _check_prog(prompt: str, answer: str) -> bool:
+    match = _PROG_PROMPT.match(prompt)
+    if match is None:
+        return False
+    name, x, y, op_text = match.groups()
+    ops = op_text.split(",")
+    if x == y or ops[0] not in _PROG_FIRST or any(op not in _PROG_OPS for op in ops[1:]):
+        return False
+    lines = answer.split("\n")
+    if len(lines) < 3 or lines[0] != f"def {name}({x},{y}):":
+        return False
+    returned = re.fullmatch(r"    return ([a-z])", lines[-1])
+    assignments = [_PROG_ASSIGN.match(line) for line in lines[1:-1]]
+    if returned is None or None in assignments:
+        return False
+    for inputs in _PROG_INPUTS:
+        env = {x: inputs[0], y: inputs[1]}
+        for assignment in assignments:
+            target, expression = assignment.groups()
+            if target in (x, y):
+                return False
+            env[target] = _eval(ast.parse(expression, mode="eval").body, env)
+        if env.get(returned.group(1)) != _reference(ops, *inputs):
+            return False
+    return True
+
+
+def _check_prog_safely(prompt: str, answer: str) -> bool:
+    try:
+        return _check_prog(prompt, answer)
+    except (SyntaxError, ValueError, ZeroDivisionError, RecursionError):
+        return False
+
+
+FAMILIES: dict[str, TaskFamily] = {
+    family.name: family
+    for family in (
+        TaskFamily("chain", _gen_chain, _check_chain),
+        TaskFamily("word", _gen_word, _check_word),
+        TaskFamily("tale", _gen_tale, _check_tale),
+        TaskFamily("prog", _gen_prog, _check_prog_safely),
+    )
+}
+"""The checkable long-answer families (``tasks.held_out(..., suite=FAMILIES)``)."""

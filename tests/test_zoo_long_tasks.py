@@ -1,0 +1,283 @@
+"""The long-answer suite (``dloom.zoo.long_tasks``), its text corpus and its wide tokenizer."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import random
+import re
+import statistics
+
+import pytest
+
+from dloom.zoo import corpus
+from dloom.zoo import tokenizer as zoo_tokenizer
+from dloom.zoo.long_tasks import (
+    ALPHABET,
+    FAMILIES,
+    GEN_LENGTH,
+    MAX_ANSWER_CHARS,
+    MAX_PROMPT_CHARS,
+    MIN_ANSWER_CHARS,
+)
+from dloom.zoo.tasks import ALPHABET as SHORT_ALPHABET
+from dloom.zoo.tasks import FAMILIES as SHORT_FAMILIES
+from dloom.zoo.tasks import Example, held_out, is_held_out, train_stream
+
+N = 300
+
+
+def _examples(family: str, seed: int = 0, n: int = N) -> list[Example]:
+    rng = random.Random(seed)
+    return [FAMILIES[family].generate(rng) for _ in range(n)]
+
+
+def test_family_names_are_the_api_and_distinct_from_the_short_suite():
+    assert list(FAMILIES) == ["chain", "word", "tale", "prog"]
+    assert not set(FAMILIES) & set(SHORT_FAMILIES)
+    assert all(f.name == name for name, f in FAMILIES.items())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_checker_accepts_generated_answers_and_lengths_fit(family):
+    for e in _examples(family):
+        assert FAMILIES[family].check(e.prompt, e.answer), e
+        assert len(e.prompt) <= MAX_PROMPT_CHARS, e
+        assert MIN_ANSWER_CHARS <= len(e.answer) <= MAX_ANSWER_CHARS < GEN_LENGTH, e
+        assert set(e.prompt + e.answer) <= set(ALPHABET), e
+
+
+def test_answers_fill_the_region_padding_at_most_35_percent():
+    # The issue's bar: on the held-out prompts a benchmark decodes, <eos> padding is at most
+    # 35 % of the 128-position region on average (measured: about 29 %).
+    examples = held_out(500, suite=FAMILIES)
+    padding = statistics.mean(1 - len(e.answer) / GEN_LENGTH for e in examples)
+    assert padding <= 0.35
+    per_family = {f: statistics.mean(len(e.answer) for e in examples if e.family == f) for f in FAMILIES}
+    assert all(len_ >= 70 for len_ in per_family.values()), per_family  # every family long, not only some
+
+
+def _corruptions(answer: str) -> list[str]:
+    """One digit or letter changed at the start, middle and end; truncated; extended; empty."""
+    wrong = [answer[:-1], answer[: len(answer) // 2], answer + "1", "", answer + " "]
+    for i in (0, len(answer) // 2, len(answer) - 2):
+        c = answer[i]
+        swap = str((int(c) + 1) % 10) if c.isdigit() else "q" if c.isalpha() else "#"
+        wrong.append(answer[:i] + swap + answer[i + 1 :])
+    return [w for w in wrong if w != answer]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_checker_rejects_corrupted_answers(family):
+    for e in _examples(family, n=60):
+        for wrong in _corruptions(e.answer):
+            assert not FAMILIES[family].check(e.prompt, wrong), (e, wrong)
+
+
+def test_chain_examples():
+    check = FAMILIES["chain"].check
+    prompt = "chain 616-567+143-28"
+    assert check(prompt, "616-567=49;49+143=192;192-28=164")
+    for wrong in ("616-567=49;49+143=192;192-28=165",  # last step off by one
+                  "616-567=49;49+143=192",  # a step left out
+                  "616-567=49;49+143=192;192-28=164;",  # trailing separator
+                  "616-567=49;50+143=193;193-28=165"):  # a result not carried over
+        assert not check(prompt, wrong), wrong
+
+
+def test_word_accepts_every_connective_and_closing_and_checks_each_step():
+    check = FAMILIES["word"].check
+    prompt = "ann had 15 pears, got 12, ate 3. how many?"
+    for first, second in itertools.product(("so", "now", "giving"), repeat=2):
+        for end in ("now ann has 24 pears", "ann has 24 pears now", "so ann has 24 pears"):
+            assert check(prompt, f"ann had 15 pears. she got 12, {first} 15+12=27. she ate 3, {second} 27-3=24. {end}.")
+    good = "ann had 15 pears. she got 12, so 15+12=27. she ate 3, so 27-3=24. now ann has 24 pears."
+    for wrong in (good.replace("27-3=24", "27-3=25"),  # arithmetic
+                  good.replace("has 24", "has 25"),  # final count
+                  good.replace("she got", "he got"),  # pronoun of the name
+                  good.replace("she ate 3", "she lost 3"),  # another verb than the prompt's
+                  good.replace("so 15+12", "thus 15+12"),  # connective outside the grammar
+                  good.replace(" now ann has 24 pears.", "")):  # no closing sentence
+        assert not check(prompt, wrong), wrong
+
+
+def test_tale_accepts_every_grammatical_story_and_rejects_inconsistent_ones():
+    check = FAMILIES["tale"].check
+    prompt = "tale tom fox park"
+    acts = ("ran away", "hid in the grass", "looked at him", "sat down", "came closer")
+    ends = ("he smiled and went home", "he waved and said goodbye", "it was a good day for him",
+            "he told the story at home")
+    for go, adj, act, end in itertools.product(("went", "walked", "ran"), ("big", "red"), acts, ends):
+        assert check(prompt, f"tom {go} to the park. there he saw a {adj} fox. the fox {act}. {end}.")
+    good = "tom went to the park. there he saw a red fox. the fox looked at him. he smiled and went home."
+    for wrong in (good.replace("there he", "there she"), good.replace("at him", "at her"),
+                  good.replace("he smiled", "she smiled"), good.replace("red fox", "red cat"),
+                  good.replace("the park", "the farm"), good.replace("the fox looked", "the cat looked"),
+                  good.replace("red", "green"), good[:-1], good.replace("tom went", "bob went")):
+        assert not check(prompt, wrong), wrong
+
+
+def test_prog_accepts_equivalent_programs_and_rejects_wrong_or_unsafe_ones():
+    check = FAMILIES["prog"].check
+    prompt = "prog calc(a,b): add,square,dec,mulx"
+    reference = "def calc(a,b):\n    t=a+b\n    t=t*t\n    t=t-1\n    t=t*a\n    return t"
+    assert check(prompt, reference)
+    for equivalent in (reference.replace("t=a+b", "t=b+a"), reference.replace("t=t*t", "t=t**2"),
+                       "def calc(a,b):\n    r=a+b\n    r=r*r\n    r=r-1\n    r=r*a\n    return r",
+                       "def calc(a,b):\n    s=(a+b)**2\n    s=(s-1)*a\n    return s"):
+        assert check(prompt, equivalent), equivalent
+    for wrong in (reference.replace("t=t-1", "t=t+1"),  # another operation
+                  reference.replace("t=t*a", "t=t*b"),  # the other argument
+                  reference.replace("def calc", "def f"),  # another name
+                  reference.replace("    return t", "    return a"),
+                  reference.replace("t=a+b", "a=a+b"),  # overwrites an argument
+                  reference.replace("t=t*t", "t=__import__('os').getpid()"),  # not arithmetic
+                  reference.replace("t=t*t", "t=t**99"),  # exponent out of range
+                  reference.replace("t=t-1", "t=t//0"),  # raises
+                  reference.replace("\n    t=t-1", "\nt=t-1")):  # indentation
+        assert not check(prompt, wrong), wrong
+
+
+def _first_difference(x: str, y: str) -> float:
+    """Where two answers first differ, as a share of the shorter one's length."""
+    return next(i for i, (a, b) in enumerate(zip(x, y)) if a != b) / min(len(x), len(y))
+
+
+def _alternatives(e: Example) -> list[str]:
+    """Other right answers to ``e.prompt``, each differing from ``e.answer`` in one free slot."""
+    if e.family == "word":  # the first step's connective
+        link = re.search(r", (so|now|giving) ", e.answer).group(1)
+        return [e.answer.replace(f", {link} ", f", {other} ", 1) for other in ("so", "now", "giving") if other != link]
+    if e.family == "prog":  # the temporary variable's name
+        head, body = e.answer.split("\n", 1)
+        temp = re.match(r"    ([a-z])=", body).group(1)
+        args = set(re.search(r"\((.),(.)\)", head).groups())
+        return [f"{head}\n" + re.sub(rf"\b{temp}\b", other, body) for other in "tuvw" if other not in {temp, *args}]
+    raise AssertionError(e.family)
+
+
+@pytest.mark.parametrize("family", ["word", "prog"])
+def test_right_answers_differ_inside_the_answer_not_only_at_its_end(family):
+    # A free slot early in the answer: a decoder meets real uncertainty in its middle.
+    firsts = []
+    for e in _examples(family, n=100):
+        for other in _alternatives(e):
+            assert FAMILIES[family].check(e.prompt, other), other
+            firsts.append(_first_difference(e.answer, other))
+    assert statistics.median(firsts) < 0.5, family
+
+
+def test_tale_prompts_have_many_right_stories_differing_early():
+    by_prompt: dict[str, set[str]] = {}
+    for e in _examples("tale", n=20_000):
+        by_prompt.setdefault(e.prompt, set()).add(e.answer)
+    assert statistics.median(len(answers) for answers in by_prompt.values()) >= 5  # ~8.7 draws a prompt
+    firsts = [_first_difference(x, y) for answers in by_prompt.values()
+              for x, y in itertools.combinations(sorted(answers), 2)]
+    assert statistics.median(firsts) < 0.6
+
+
+def test_checkers_reject_malformed_prompts_without_raising():
+    for family in FAMILIES.values():
+        assert family.check("", "") is False
+        assert family.check("garbage", "whatever it is") is False
+        assert family.check("chain 1+2", "def f(a,b):\n    return a") is False
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_generators_are_deterministic_by_seed(family):
+    assert _examples(family, seed=3, n=50) == _examples(family, seed=3, n=50)
+    assert _examples(family, seed=3, n=50) != _examples(family, seed=4, n=50)
+
+
+def test_train_and_held_out_splits_are_disjoint():
+    train = list(itertools.islice(train_stream(0, suite=FAMILIES), 4_000))
+    held = held_out(400, suite=FAMILIES)
+    assert {e.family for e in train} == set(FAMILIES) == {e.family for e in held}
+    assert not any(is_held_out(e.family, e.prompt) for e in train)
+    assert all(is_held_out(e.family, e.prompt) for e in held)
+    assert not {(e.family, e.prompt) for e in train} & {(e.family, e.prompt) for e in held}
+    assert len({(e.family, e.prompt) for e in held}) == len(held)  # distinct prompts
+
+
+def test_train_stream_can_mix_in_the_text_corpus():
+    stream = train_stream(0, families=["chain", corpus.TEXT], weights=[1, 1], suite=FAMILIES)
+    families = {e.family for e in itertools.islice(stream, 100)}
+    assert families == {"chain", "text"}
+    with pytest.raises(ValueError, match="unknown task families"):
+        next(train_stream(0, families=["add"], suite=FAMILIES))
+
+
+# --------------------------------------------------------------------------- corpus
+def test_corpus_is_the_documented_extract():
+    raw = corpus.CORPUS_PATH.read_bytes()
+    assert 900_000 < len(raw) < 1_200_000
+    provenance = (corpus.CORPUS_PATH.parent / "PROVENANCE.md").read_text()
+    assert hashlib.sha256(raw).hexdigest() in provenance  # the file the provenance describes
+    assert set(corpus.text()) <= set(ALPHABET)
+    assert {"'", "\n", "A"} <= set(corpus.text())  # what the wide alphabet was widened for
+
+
+def test_text_examples_continue_the_corpus():
+    rng = random.Random(0)
+    examples = [corpus.TEXT.generate(rng) for _ in range(300)]
+    for e in examples:
+        assert corpus.MIN_PROMPT_CHARS <= len(e.prompt) <= MAX_PROMPT_CHARS
+        assert corpus.MIN_TEXT_ANSWER_CHARS <= len(e.answer) <= MAX_ANSWER_CHARS
+        assert e.prompt[-1].isspace() and not e.answer[0].isspace()
+        assert corpus.TEXT.check(e.prompt, e.answer)
+        assert not corpus.TEXT.check(e.prompt, e.answer[:-1] + "#")
+    assert statistics.mean(len(e.answer) for e in examples) > 110  # almost no padding
+
+
+# ------------------------------------------------------------------------ tokenizer
+@pytest.fixture(scope="module")
+def wide_tokenizer(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    directory = tmp_path_factory.mktemp("wide")
+    zoo_tokenizer.save(directory, ALPHABET, 256)
+    return AutoTokenizer.from_pretrained(directory, local_files_only=True)
+
+
+def test_wide_alphabet_extends_the_short_one_with_the_same_ids():
+    assert ALPHABET.startswith(SHORT_ALPHABET) and len(set(ALPHABET)) == len(ALPHABET) == 96
+    short, wide = zoo_tokenizer.vocab(), zoo_tokenizer.vocab(ALPHABET)
+    assert all(wide[c] == i for c, i in short.items())
+    assert len(wide) == 99
+
+
+def test_wide_tokenizer_round_trips_text_and_every_family(wide_tokenizer):
+    vocab = zoo_tokenizer.vocab(ALPHABET)
+    rng = random.Random(1)
+    texts = [ALPHABET, "O, that this too too solid flesh would melt,\nThaw and resolve itself.\n\n"]
+    texts += [e.answer for family in FAMILIES for e in _examples(family, n=30)]
+    texts += [corpus.TEXT.generate(rng).answer for _ in range(30)]
+    for text in texts:
+        ids = wide_tokenizer.encode(text)
+        assert ids == [vocab[c] for c in text]  # one token per character, newlines included
+        assert wide_tokenizer.decode(ids) == text
+    assert wide_tokenizer.model_max_length == 256 and len(wide_tokenizer) == 99
+
+
+def test_short_tokenizer_files_are_unchanged(tmp_path):
+    from dloom.zoo import model_path
+
+    zoo_tokenizer.save(tmp_path)
+    for name in ("toy-dllm", "toy-ar", "toy-ar-small"):
+        for file in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            assert (tmp_path / file).read_bytes() == (model_path(name) / file).read_bytes(), (name, file)
+
+
+def test_evaluation_selects_the_long_suite_by_name_or_family():
+    from dloom.errors import ConfigurationError
+    from dloom.evaluation import select_examples
+
+    assert select_examples("long", 8) == held_out(8, suite=FAMILIES)
+    assert {e.family for e in select_examples("chain,prog", 6, split="train")} == {"chain", "prog"}
+    assert not any(is_held_out(e.family, e.prompt) for e in select_examples("long", 20, split="train"))
+    assert select_examples("all", 7) == held_out(7)  # the toy suite, as before
+    with pytest.raises(ConfigurationError, match="mix the toy and the long-answer suites"):
+        select_examples("add,chain", 4)
+    with pytest.raises(ConfigurationError, match="unknown task family 'poem'; known: all, long, add, .*chain"):
+        select_examples("poem", 4)
