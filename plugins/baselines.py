@@ -1,4 +1,5 @@
-"""Baseline commit rules: LLaDA's quota and Fast-dLLM's threshold and factor rules.
+"""Baseline commit rules: LLaDA's quota, Dream's schedule and Fast-dLLM's threshold and
+factor rules.
 
 Each is a ``dloom_select_commit`` implementation, vectorised over the batch (see
 ALGORITHMS.md §1). Every rule commits at least one selectable position per row.
@@ -30,6 +31,59 @@ class QuotaCommit:
         ).long()
         _, ranks = sorted_profile(confidence, selectable)
         return commit_top(ranks, selectable, quota)
+
+
+def dream_counts(masked: int, steps: int, eps: float) -> list[int]:
+    """Positions Dream's ``diffusion_generate`` commits at each of ``steps`` steps, starting
+    from ``masked``: ``int(n * (1 - t[i + 1] / t[i]))`` of the ``n`` still masked, with
+    ``t = linspace(1, eps, steps + 1)`` in float32 as Dream computes it, and all that remain
+    at the last step."""
+    times = torch.linspace(1, eps, steps + 1)
+    counts = []
+    for i in range(steps):
+        count = masked if i == steps - 1 else int(masked * (1 - times[i + 1] / times[i]))
+        counts.append(count)
+        masked -= count
+    return counts
+
+
+class DreamCommit:
+    """Dream's schedule: the highest-confidence positions, as many per step as Dream's
+    ``diffusion_generate`` unmasks (:func:`dream_counts` over the block's step budget).
+
+    Where Dream's count is 0 its step changes nothing (the next forward sees the same state),
+    so this rule skips such steps: it commits Dream's tokens in fewer forwards. Dream's
+    ``maskgit_plus`` ranks by probability (``remasking="low_confidence"``), its ``entropy``
+    by negative entropy (``remasking="entropy"``).
+
+    :param eps: the last timestep of Dream's schedule (its ``eps``, 1e-3 by default).
+    """
+
+    def __init__(self, eps: float) -> None:
+        self.eps = eps
+        self._tables: dict[tuple[int, int, str], torch.Tensor] = {}
+
+    def _table(self, width: int, steps: int, device: torch.device) -> torch.Tensor:
+        """``(width + 1, steps)`` long: row ``m`` holds the nonzero counts of Dream's
+        schedule from ``m`` masked positions, in order, then zeros."""
+        key = (width, steps, str(device))
+        if key not in self._tables:
+            table = torch.zeros(width + 1, steps, dtype=torch.long)
+            for masked in range(width + 1):
+                counts = [c for c in dream_counts(masked, steps, self.eps) if c]
+                table[masked, : len(counts)] = torch.tensor(counts, dtype=torch.long)
+            self._tables[key] = table.to(device)
+        return self._tables[key]
+
+    @hookimpl
+    def dloom_select_commit(
+        self, confidence: torch.Tensor, selectable: torch.Tensor, schedule: BlockSchedule
+    ) -> torch.Tensor:
+        table = self._table(selectable.shape[-1], schedule.steps_per_block, selectable.device)
+        step = schedule.step_in_block.clamp(max=schedule.steps_per_block - 1)
+        quota = table[schedule.masked_at_block_start.clamp(max=table.shape[0] - 1), step]
+        _, ranks = sorted_profile(confidence, selectable)
+        return commit_top(ranks, selectable, quota.clamp(min=1))
 
 
 class ThresholdCommit:
@@ -74,6 +128,24 @@ def dloom_register_strategies(register) -> None:
             claim=Claim(
                 "reference",
                 conditions="the transition kernel K itself, at every temperature and remasking",
+            ),
+        )
+    )
+    register(
+        StrategyRegistration(
+            name="dream",
+            plugin_class=DreamCommit,
+            parameters=(
+                Parameter(
+                    "eps", 1e-3, float, "the last timestep of Dream's schedule",
+                    low=0.0, high=1.0, low_open=True, high_open=True,
+                ),
+            ),
+            guarantee="reference kernel (Dream): Dream's own number of tokens per step",
+            summary="Dream's schedule: int(n (1 - t_{i+1} / t_i)) tokens per step, steps that commit none skipped",
+            claim=Claim(
+                "approximate", against="quota",
+                conditions="Dream's schedule, not LLaDA's: the same kernel with another number of tokens per step",
             ),
         )
     )

@@ -96,7 +96,7 @@ def test_plugins_table_mentions_baselines_and_its_hooks():
     assert "(third party)" not in line
     assert "0.1.0" in line
     assert "dloom_register_strategies, dloom_select_commit" in line
-    assert "quota, threshold, factor" in line
+    assert "quota, dream, threshold, factor" in line
     assert result.stderr == ""
 
 
@@ -109,7 +109,7 @@ def test_plugins_json():
             {
                 "name": "baselines", "version": "0.1.0", "builtin": True,
                 "hooks": ["dloom_register_strategies", "dloom_select_commit"],
-                "strategies": ["quota", "threshold", "factor"],
+                "strategies": ["quota", "dream", "threshold", "factor"],
             },
             {
                 "name": "failfast", "version": "0.1.0", "builtin": True,

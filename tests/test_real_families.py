@@ -31,6 +31,7 @@ from dloom.attention import block_causal_mask
 from dloom.cli import app
 from dloom.errors import ModelError
 from dloom.kernel import propose
+from dloom.plugins.baselines import dream_counts
 
 FIXTURES = Path(__file__).parent / "fixtures" / "real-families"
 FAMILIES = ("llada", "dream", "sdar", "qwen2")
@@ -282,45 +283,23 @@ def dream_prompts(run: dict) -> list[list[int]]:
     return [[t for t, m in zip(p, mask) if m] for p, mask in zip(run["prompt"], run["attention_mask"])]
 
 
-def dream_commit_counts(steps: int, masked: int, eps: float) -> list[int]:
-    """Tokens Dream's ``diffusion_generate`` commits per step (``timesteps = linspace(1, eps,
-    steps + 1)``; ``int(n * (1 - s / t))`` of the ``n`` masked, all at the last step)."""
-    times = torch.linspace(1, eps, steps + 1)
-    counts = []
-    for i in range(steps):
-        count = masked if i == steps - 1 else int(masked * (1 - times[i + 1] / times[i]))
-        counts.append(count)
-        masked -= count
-    return counts
-
-
 @pytest.mark.parametrize("run", reference("dream")["decoding"], ids=lambda r: r["name"])
-def test_dream_decodes_equal_the_reference_up_to_its_schedule(run):
-    """Dream's schedule for 16 tokens in 16 steps commits ``0, 1 x 14, 2``: its first step
-    changes nothing, and its last forward commits two positions. dloom's quota commits one
-    per step; its first 15 steps see Dream's states 1-15, so 15 of the 16 positions must be
-    Dream's tokens, and the 16th is the token Dream committed from dloom's 15th-step logits
-    (the one dloom instead re-predicts with one more forward). Both use 16 forwards."""
+def test_dloom_decodes_dream_exactly_as_diffusion_generate(run):
+    """dloom's ``dream`` rule gives every recorded decode token for token, a left-padded
+    batch included. Dream's schedule for 16 tokens in 16 steps commits ``0, 1 x 14, 2``; its
+    first step changes nothing, so dloom skips it and needs 15 forwards for Dream's 16."""
     settings = run["settings"]
-    assert dream_commit_counts(settings["steps"], settings["max_new_tokens"], settings["eps"]) == [0] + [1] * 14 + [2]
-    steps: list = []
-    decoder = DiffusionDecoder(
-        adapter("dream"), "quota", gen_length=settings["max_new_tokens"],
-        block_length=settings["max_new_tokens"], steps=settings["steps"],
-        remasking="entropy" if settings["alg"] == "entropy" else "low_confidence",
-    )
-    result = decoder.generate(dream_prompts(run), observer=steps.append)
+    assert dream_counts(settings["max_new_tokens"], settings["steps"], settings["eps"]) == [0] + [1] * 14 + [2]
+    lengths = {"gen_length": settings["max_new_tokens"], "block_length": settings["max_new_tokens"], "steps": settings["steps"]}
+    remasking = "entropy" if settings["alg"] == "entropy" else "low_confidence"
+    decoder = DiffusionDecoder(adapter("dream"), "dream", eps=settings["eps"], remasking=remasking, **lengths)
+    result = decoder.generate(dream_prompts(run))
     expected = run["generated"] if isinstance(run["generated"][0], list) else [run["generated"]]
-    assert result.nfe.tolist() == [run["forwards"]] * len(expected)
-    for row, tokens in enumerate(expected):
-        # dloom's last commit: masked after its 15th step, not after its 16th
-        before, after = (step.after[(step.rows == row).nonzero()[0, 0]] for step in steps[-2:])
-        final = int(((before == adapter("dream").mask_token_id) & (after != before)).nonzero()[0, 0])
-        mine = result.generated[row].tolist()
-        assert [t for i, t in enumerate(mine) if i != final] == [t for i, t in enumerate(tokens) if i != final]
-        dream_choice = steps[-2].logits[(steps[-2].rows == row).nonzero()[0, 0], final]
-        dream_choice[adapter("dream").mask_token_id] = -torch.inf
-        assert tokens[final] == int(dream_choice.argmax())
+    assert result.generated.tolist() == expected
+    assert result.nfe.tolist() == [run["forwards"] - 1] * len(expected)
+    # Negative control: LLaDA's one-token-per-step schedule misses Dream's last two commits.
+    quota = DiffusionDecoder(adapter("dream"), "quota", remasking=remasking, **lengths)
+    assert quota.generate(dream_prompts(run)).generated.tolist() != expected
 
 
 @pytest.mark.parametrize("run", [r for r in reference("qwen2")["decoding"] if r["name"].startswith("greedy_p")], ids=lambda r: r["name"])
