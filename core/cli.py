@@ -374,6 +374,10 @@ def eval_command(
     graph: Optional[Path] = GraphOption,
     budget: Optional[int] = BudgetOption,
     layout: Optional[str] = LayoutOption,
+    ray_actors: Optional[int] = typer.Option(
+        None, "--ray", min=1,
+        help="Decode on Ray with N actors, one model replica each (pip install \"dloom[ray]\").",
+    ),
 ) -> None:
     """Accuracy per task family, NFE, TPF and TPS of a strategy on the held-out task suite.
 
@@ -381,20 +385,29 @@ def eval_command(
     line (the report; "complete": false after Ctrl-C, which exits with status 130 and keeps
     the examples that finished).
     """
-    from dloom.evaluation import EvaluationInterrupted, evaluate, select_examples
+    from dloom.evaluation import EvaluationInterrupted, evaluate, evaluate_on_ray, select_examples
 
     examples: list[Any] = []
     stream = JsonlStream()
+    decoder = None
     try:
         examples = select_examples(tasks, n, seed)
-        decoder = build_decoder(
-            model, strategy, [*param, *spiffy_params(graph, budget, layout)], device=device, dtype=dtype, gen_length=gen_length,
-            block_length=block_length, steps=steps, temperature=temperature,
+        params = [*param, *spiffy_params(graph, budget, layout)]
+        settings = dict(
+            gen_length=gen_length, block_length=block_length, steps=steps, temperature=temperature,
             remasking=remasking, seed=seed, cache=cache, cache_refresh=cache_refresh,
-            target=target, drafter=drafter,
         )
-        batch_size = plan_batches(decoder, [e.prompt for e in examples], batch_size, max_batch_tokens)
-        report = evaluate(decoder, examples, batch_size=batch_size, on_batch=stream if as_json else None)
+        if ray_actors is not None:  # each actor builds the decoder; its errors come back as dloom's
+            from dloom.ray import DecodeSpec
+
+            spec = DecodeSpec(model, strategy, tuple(params), settings, device, dtype, target, drafter)
+            report = evaluate_on_ray(spec, examples, ray_actors, batch_size, on_batch=stream if as_json else None)
+        else:
+            decoder = build_decoder(
+                model, strategy, params, device=device, dtype=dtype, target=target, drafter=drafter, **settings,
+            )
+            batch_size = plan_batches(decoder, [e.prompt for e in examples], batch_size, max_batch_tokens)
+            report = evaluate(decoder, examples, batch_size=batch_size, on_batch=stream if as_json else None)
     except EvaluationInterrupted as stop:
         if as_json:
             stream.catch_up(stop.partial.outputs)

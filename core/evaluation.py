@@ -126,6 +126,21 @@ class _Tally:
     def add(self, chunk: Sequence[Example], result: Any) -> list[dict[str, Any]]:
         """Grade one decoded batch; return its output records."""
         texts = result.texts or [""] * len(chunk)
+        records = self._grade(chunk, texts, result.nfe.tolist())
+        self.generated += result.total_generated
+        self._add_time(result.wall_seconds, result.hook_seconds, getattr(result, "speculation", None))
+        return records
+
+    def add_rows(self, chunk: Sequence[Example], rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Grade result rows decoded elsewhere (:mod:`dloom.ray`): ``GenerationResult.row``
+        records, the first row of each decoded batch carrying its ``batch`` summary."""
+        records = self._grade(chunk, [row["text"] or "" for row in rows], [row["nfe"] for row in rows])
+        self.generated += sum(len(row["tokens"]) for row in rows)
+        for batch in (row["batch"] for row in rows if "batch" in row):
+            self._add_time(batch["wall_seconds"], batch["hook_seconds"], batch["speculation"])
+        return records
+
+    def _grade(self, chunk: Sequence[Example], texts: Sequence[str], nfes: Sequence[int]) -> list[dict[str, Any]]:
         records = [
             {
                 "family": example.family,
@@ -134,16 +149,17 @@ class _Tally:
                 "correct": _CHECKERS[example.family].check(example.prompt, text),
                 "nfe": nfe,
             }
-            for example, text, nfe in zip(chunk, texts, result.nfe.tolist())
+            for example, text, nfe in zip(chunk, texts, nfes)
         ]
         self.outputs.extend(records)
-        self.generated += result.total_generated
-        self.nfe_total += int(result.nfe.sum())
-        self.wall += result.wall_seconds
-        for name, seconds in result.hook_seconds.items():
-            self.hook_seconds[name] += seconds
-        self.speculation = _add_speculation(self.speculation, getattr(result, "speculation", None))
+        self.nfe_total += sum(nfes)
         return records
+
+    def _add_time(self, wall: float, hook_seconds: dict[str, float], speculation: dict[str, Any] | None) -> None:
+        self.wall += wall
+        for name, seconds in hook_seconds.items():
+            self.hook_seconds[name] += seconds
+        self.speculation = _add_speculation(self.speculation, speculation)
 
     def report(self, config: dict[str, Any], complete: bool) -> EvalReport:
         outputs, wall, nfe_total = self.outputs, self.wall, self.nfe_total
@@ -199,6 +215,38 @@ def evaluate(
                 bar.advance(task, len(chunk))
         except KeyboardInterrupt:
             raise EvaluationInterrupted(tally.report(config, complete=False)) from None
+    return tally.report(config, complete=True)
+
+
+def evaluate_on_ray(
+    spec: Any,
+    examples: Sequence[Example],
+    actors: int,
+    batch_size: int = 32,
+    on_batch: Callable[[list[dict[str, Any]]], None] | None = None,
+) -> EvalReport:
+    """:func:`evaluate` with the decoding spread over a pool of Ray actors (``dloom eval
+    --ray N``), each holding one model replica; the grades, NFE and outputs are those of
+    :func:`evaluate` (decoding is batch-invariant). TPS and hook shares are over the actors'
+    decoding time, summed.
+
+    :param spec: a :class:`dloom.ray.DecodeSpec`.
+    :param actors: model replicas.
+    :param on_batch: called with the output records of each row as it arrives.
+    :raises EvaluationInterrupted: on Ctrl-C, carrying the report of the rows that arrived.
+    """
+    from dloom.ray import iter_decoded
+
+    tally = _Tally()
+    config: dict[str, Any] = {}
+    try:
+        for row in iter_decoded([e.prompt for e in examples], spec, actors=actors, batch_size=batch_size):
+            config = config or {**row["config"], "batch_size": batch_size, "ray_actors": actors}
+            records = tally.add_rows([examples[row["index"]]], [row])
+            if on_batch is not None:
+                on_batch(records)
+    except KeyboardInterrupt:
+        raise EvaluationInterrupted(tally.report(config, complete=False)) from None
     return tally.report(config, complete=True)
 
 

@@ -196,7 +196,7 @@ def test_trained_block_length_comes_from_the_config_key():
 def test_unknown_block_alignment_is_refused():
     with pytest.raises(ValueError, match="block_alignment 'left'; allowed: prompt, absolute"):
         ModelProfile(name="x", family="x", block_alignment="left")
-    with pytest.raises(ModelError, match="block alignment 'left' is not supported; allowed: prompt, absolute"):
+    with pytest.raises(ModelError, match="block_alignment 'left' is not supported; allowed: prompt, absolute"):
         ModelAdapter(torch.nn.Linear(1, 1), mask_token_id=1, eos_token_ids=(), pad_token_id=0, block_alignment="left")
 
 
@@ -347,8 +347,15 @@ def test_sdar_gets_the_block_causal_mask(sdar_dir):
         lambda module, args, kwargs: seen.append(kwargs["attention_mask"]), with_kwargs=True
     )
     DiffusionDecoder(adapter, gen_length=8).generate(["w10 w11 w12", "w20"])
-    padding = torch.tensor([[1, 1, 1] + [1] * 8, [0, 0, 1] + [1] * 8])
-    assert torch.equal(seen[0], block_causal_mask(padding, 3, 4))  # first forward: no cache
+    # SDAR's layout: blocks of 4 from each row's own position 0, prompt included, so the
+    # canvas runs K - 1 = 3 positions past gen_length; each row's blocks end at its last
+    # block's boundary (row 0: 3 + 8 -> 12 positions, row 1: 1 + 8 -> 12), padding after.
+    real = torch.tensor([[1] * 12 + [0] * 2, [0, 0] + [1] * 12])
+    block = ((real.cumsum(-1) - 1).clamp(min=0) // 4)
+    expected = (block[:, None, :] <= block[:, :, None]) & real.bool()[:, None, :]
+    first = seen[0]  # first forward: no cache
+    assert first.shape[-1] == 14
+    assert torch.equal(first[:, 0] & real.bool()[:, :, None], expected & real.bool()[:, :, None])
 
 
 @pytest.mark.parametrize("cache", ["prefix", "dual"])

@@ -141,3 +141,19 @@ def test_an_actor_error_surfaces_as_the_dloom_error(ray_runtime, tmp_path):
     with pytest.raises(UnknownStrategyError, match="unknown strategy 'no-such-rule'"):
         decode_prompts(["copy ab"], DecodeSpec(strategy="no-such-rule"), actors=1, output_dir=tmp_path)
     assert not list(tmp_path.glob("rows-*.jsonl"))  # nothing written for a failed batch
+
+
+def test_eval_on_ray_grades_as_the_single_process_eval(ray_runtime):
+    """``dloom eval --ray 2`` streams the same graded rows and summary as ``dloom eval``."""
+    from typer.testing import CliRunner
+
+    from dloom.cli import app
+
+    command = ["eval", "-n", "8", "--strategy", "threshold", "--batch-size", "3", "--json"]
+    runs = [CliRunner().invoke(app, command + extra) for extra in ([], ["--ray", "2"])]
+    assert all(run.exit_code == 0 for run in runs), [run.output for run in runs]
+    (*rows, summary), (*ray_rows, ray_summary) = ([json.loads(line) for line in run.stdout.splitlines()] for run in runs)
+    assert sorted(ray_rows, key=lambda r: r["prompt"]) == sorted(rows, key=lambda r: r["prompt"])
+    for key in ("accuracy", "per_task", "nfe_mean", "tpf", "n", "complete"):
+        assert ray_summary[key] == summary[key], key
+    assert ray_summary["config"]["ray_actors"] == 2

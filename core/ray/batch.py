@@ -10,7 +10,9 @@ prompts no shard holds.
 
 Each result row is what ``dloom generate --json`` prints for the prompt
 (:meth:`dloom.metrics.GenerationResult.row`) plus its ``index`` in the request, the
-``prompt`` and ``seconds``, its share of its batch's wall time. Decoding in dloom is
+``prompt`` and ``seconds``, its share of its batch's wall time; the first row of each
+decoded batch also carries ``batch``: the batch's ``rows``, ``wall_seconds``,
+``hook_seconds`` and ``speculation`` summary, counted once. Decoding in dloom is
 batch-invariant (greedy, and sampled too: prompt ``i`` of a request draws from random stream
 ``i`` of the seed), so the rows equal those of decoding the request in one process, whatever
 the batching, the number of actors or the point at which a run was resumed.
@@ -37,7 +39,8 @@ SPEC_FILE = "spec.json"
 class DecodeSpec:
     """What each actor needs to build its decoder, as ``dloom generate`` takes it.
 
-    :ivar model: a zoo name or a checkpoint directory readable by every actor.
+    :ivar model: a zoo name or a checkpoint directory readable by every actor (``None``:
+        the command line's default, ``toy-dllm``; FailFast takes ``target`` and ``drafter``).
     :ivar strategy: a strategy spec (``"threshold"``, ``"spiffy+quota"``, ``"failfast"``).
     :ivar params: strategy parameters as ``NAME=VALUE`` strings (``"tau=0.9"``).
     :ivar settings: decoder settings by keyword (``gen_length``, ``block_length``, ``steps``,
@@ -48,7 +51,7 @@ class DecodeSpec:
     :ivar drafter: FailFast's dLLM drafter (``None``: its default).
     """
 
-    model: str = "toy-dllm"
+    model: str | None = None
     strategy: str = "quota"
     params: tuple[str, ...] = ()
     settings: dict[str, Any] = field(default_factory=dict)
@@ -104,10 +107,15 @@ class DecodeActor:
                 # decoding it in one process, whichever batch Ray put it in.
                 result = self.decoder.generate(prompts[start:end], row_offset=indices[start])
                 share = result.wall_seconds / (end - start)
-                rows += [
+                decoded = [
                     {"index": indices[start + i], "prompt": prompts[start + i], **result.row(i), "seconds": share}
                     for i in range(end - start)
                 ]
+                decoded[0]["batch"] = {
+                    "rows": end - start, "wall_seconds": result.wall_seconds,
+                    "hook_seconds": dict(result.hook_seconds), "speculation": result.speculation,
+                }
+                rows += decoded
         except DloomError as error:
             record = {"type": type(error).__name__, "message": str(error)}
             return {"row": [json.dumps({"error": record})]}
@@ -244,7 +252,10 @@ def iter_decoded(
     if not todo:
         return
 
-    import ray
+    try:
+        import ray
+    except ImportError as error:
+        raise ConfigurationError(f"decoding on Ray needs Ray ({error}); pip install \"dloom[ray]\"") from None
 
     if not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False)
