@@ -23,7 +23,6 @@ from typer.testing import CliRunner
 
 from conftest import tiny_model
 from dloom import DiffusionDecoder, ModelAdapter, load_model
-from dloom.attention import block_causal_mask
 from dloom.checkpoints import native_config, native_layout
 from dloom.cli import app
 from dloom.errors import ModelError
