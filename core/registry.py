@@ -30,13 +30,7 @@ from dloom.hookspecs import PROJECT_NAME
 from dloom.types import Claim, Parameter, StrategyRegistration
 
 BUILTIN_DISTRIBUTION = "dloom"
-DECODING_HOOKS = (
-    "dloom_select_commit",
-    "dloom_draft",
-    "dloom_prune",
-    "dloom_build_mask",
-    "dloom_verify",
-)
+DECODING_HOOKS = hookspecs.DECODING_HOOKS  # kept importable here for plugins and tests
 
 
 @dataclass(frozen=True)
@@ -132,7 +126,7 @@ def check_plugin_class(plugin_class: object) -> None:
     :raises PluginLoadError: naming the hook: an unknown hook name (with the closest
         known one), or arguments the hook does not pass.
     """
-    known = [name for name in dir(hookspecs) if name.startswith("dloom_")]
+    known = sorted(hookspecs.HOOKS)
     for name in dir(plugin_class):
         if not name.startswith("dloom_"):
             continue
