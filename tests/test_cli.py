@@ -125,7 +125,7 @@ def test_plugins_json():
                 "name": "spiffy", "version": "0.1.0", "builtin": True,
                 "hooks": [
                     "dloom_build_mask", "dloom_configure", "dloom_draft", "dloom_prune",
-                    "dloom_register_strategies", "dloom_verify",
+                    "dloom_register_commands", "dloom_register_strategies", "dloom_verify",
                 ],
                 "strategies": ["spiffy"],
             },

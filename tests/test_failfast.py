@@ -402,7 +402,7 @@ def test_cli_generate_and_eval_run_failfast(saved_pair):
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout.splitlines()[-1])  # the summary after one line per example
     assert report["n"] == 3 and report["config"]["drafter"] == dllm
-    assert report["failfast"]["rows"] == 3 and report["failfast"]["drafter_forwards"] > 0
+    assert report["totals"]["rows"] == 3 and report["totals"]["drafter_forwards"] > 0
 
 
 @pytest.mark.parametrize(
