@@ -16,8 +16,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_checkable
 
-from dloom.errors import CompositionError
-
 if TYPE_CHECKING:
     import torch
 
@@ -67,27 +65,18 @@ def decoder_kind(strategy: Any, registry: Registry | None = None) -> str:
     """The decoder (one of :data:`DECODERS`) that the strategy spec ``strategy`` runs in.
 
     A string spec (``"a+b"``) is looked up in the registry: a component whose registration
-    names a decoder other than ``"diffusion"`` decides it. Plugin objects run in the
-    diffusion decoder.
+    names a decoder other than ``"diffusion"`` decides it (that decoder then refuses the
+    components it cannot run). Plugin objects run in the diffusion decoder.
 
     :raises UnknownStrategyError: for a name no plugin registered.
-    :raises CompositionError: when components need two different non-diffusion decoders.
     """
     if not isinstance(strategy, str):
         return DIFFUSION
     from dloom.registry import get_registry
 
     registry = registry or get_registry()
-    needs = {}
-    for part in strategy.split("+"):
-        if part.strip():
-            registration = registry.get(part.strip()).registration
-            if registration.decoder != DIFFUSION:
-                needs.setdefault(registration.decoder, part.strip())
-    if len(needs) > 1:
-        described = ", ".join(f"{name!r} the {kind!r} decoder" for kind, name in needs.items())
-        raise CompositionError(f"strategy {strategy!r} mixes decoders: {described}; use one")
-    return next(iter(needs), DIFFUSION)
+    kinds = [registry.get(part.strip()).registration.decoder for part in strategy.split("+") if part.strip()]
+    return next((kind for kind in kinds if kind != DIFFUSION), DIFFUSION)
 
 
 def strategies_for(kind: str, registry: Registry | None = None) -> list[str]:

@@ -1,7 +1,7 @@
 """Baseline commit rules: LLaDA's quota and Fast-dLLM's threshold and factor rules.
 
 Each is a ``dloom_select_commit`` implementation, vectorised over the batch (see
-ALGORITHMS.md §1). Every rule commits at least one selectable position per row.
+``docs/strategies.md``). Every rule commits at least one selectable position per row.
 """
 
 from __future__ import annotations

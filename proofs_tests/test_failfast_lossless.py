@@ -1,4 +1,4 @@
-"""FailFast is lossless against its AR target (DESIGN.md "The reference process", ALGORITHMS.md §4).
+"""FailFast is lossless against its AR target (``docs/strategies/failfast.md``, "Guarantee").
 
 * Greedy: the output is the target's own greedy decoding, token for token, compared with an
   uncached one-token-per-forward loop and with ``transformers`` ``generate(do_sample=False)``,

@@ -185,7 +185,7 @@ def test_a_sequence_beyond_the_context_is_refused(target, drafter):
 
 
 def _sequential(done: int, first_low: int, cap: int, s: FailFastSettings) -> int:
-    """ALGORITHMS.md §4 step by step: the length the policy stops at once ``done`` tokens are in."""
+    """The length policy of ``docs/strategies/failfast.md`` step by step: the length the policy stops at once ``done`` tokens are in."""
     if s.policy == "naive":
         return min(s.naive_length, cap)
     length = min(s.initial_length, cap)

@@ -7,7 +7,7 @@ counter for the duration of one :meth:`DiffusionDecoder.generate`. A call made w
 ``torch.nn.Module`` is running is the model's own (transformers' mask helpers, say), anything
 else is the decoder's (engine, cache, hooks, plugins).
 
-The contract (DESIGN.md, "Models"): the decoder syncs at most once per step, plus a constant
+The contract: the decoder syncs at most once per step, plus a constant
 per block (batch compaction) and per call (padding check, results). A per-token or per-row
 sync breaks the bound, because every case runs many steps per block and several rows.
 """
