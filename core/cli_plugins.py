@@ -34,10 +34,11 @@ PARAM_OPTION = "param"
 """The ``--param`` option's parameter name: commands with it take strategy options."""
 
 
-def _registry() -> Registry:
-    """The registry, or exit with status 2 and the dloom error (strict plugin loading)."""
+def _or_exit(build: Any) -> Any:
+    """``build()``, or exit with status 2 and the dloom error (a plugin failure under
+    ``DLOOM_STRICT_PLUGINS=1``)."""
     try:
-        return get_registry()
+        return build()
     except DloomError as error:
         Console(stderr=True).print(f"[bold red]error:[/] {escape(str(error))}", highlight=False)
         raise typer.Exit(code=2) from None
@@ -90,23 +91,27 @@ class StrategyOptionsCommand(TyperCommand):
 
     def _strategy_options(self, ctx: Any) -> list[tuple[Any, str, str]]:
         """``(parameter, strategy, name)`` per option this command takes, built once per
-        context; an option whose flag the command has already is reported and skipped."""
-        key = f"{PROJECT_NAME}.strategy_options"
+        context."""
+        key = f"{PROJECT_NAME}.strategy_options.{self.name}"
         if key not in ctx.meta:
-            registry = _registry()
-            taken = {opt for param in self.params for opt in param.opts}
-            options = []
-            for flag, strategy, parameter in strategy_options(registry):
-                if flag in taken:
-                    report_failure(registry, f"{strategy}:{flag}", PluginLoadError(
-                        f"strategy {strategy!r} offers option {flag}, which `dloom {self.name}` "
-                        "already has; use --param instead"
-                    ))
-                    continue
-                options.append((flag, strategy, parameter))
-            params = _option_params(options)
-            ctx.meta[key] = [(p, s, par.name) for p, (_, s, par) in zip(params, options)]
+            ctx.meta[key] = _or_exit(self._build_strategy_options)
         return ctx.meta[key]
+
+    def _build_strategy_options(self) -> list[tuple[Any, str, str]]:
+        """An option whose flag the command has already is reported and skipped."""
+        registry = get_registry()
+        taken = {opt for param in self.params for opt in param.opts}
+        options = []
+        for flag, strategy, parameter in strategy_options(registry):
+            if flag in taken:
+                report_failure(registry, f"{strategy}:{flag}", PluginLoadError(
+                    f"strategy {strategy!r} offers option {flag}, which `dloom {self.name}` "
+                    "already has; use --param instead"
+                ))
+                continue
+            options.append((flag, strategy, parameter))
+        params = _option_params(options)
+        return [(p, s, par.name) for p, (_, s, par) in zip(params, options)]
 
     def get_params(self, ctx: Any) -> list[Any]:
         own = super().get_params(ctx)
@@ -141,7 +146,10 @@ def plugin_commands(registry: Registry, core: set[str]) -> dict[str, Any]:
         cli = typer.Typer()
         try:
             register(cli=cli)
-            declared = typer.main.get_group(cli).commands if cli.registered_commands else {}
+            declared = (
+                typer.main.get_group(cli).commands
+                if cli.registered_commands or cli.registered_groups else {}
+            )
         except Exception as error:  # noqa: BLE001 - isolate every plugin's commands
             report_failure(registry, f"{plugin} (dloom_register_commands)", error)
             continue
@@ -164,7 +172,7 @@ class DloomGroup(TyperGroup):
         key = f"{PROJECT_NAME}.plugin_commands"
         root = ctx.find_root()
         if key not in root.meta:
-            root.meta[key] = plugin_commands(_registry(), set(self.commands))
+            root.meta[key] = _or_exit(lambda: plugin_commands(get_registry(), set(self.commands)))
         return root.meta[key]
 
     def list_commands(self, ctx: Any) -> list[str]:

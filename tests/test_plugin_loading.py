@@ -459,3 +459,20 @@ def test_a_registration_with_a_bad_decoder_or_option_is_skipped(site, change, me
     with pytest.warns(RuntimeWarning, match=message.replace("(", r"\(").replace(")", r"\)")):
         registry = get_registry()
     assert "gate2" not in registry.strategies and [f.name for f in registry.failures][-1].startswith("badreg:")
+
+
+def test_a_strategy_option_named_like_a_core_option_is_skipped(site, monkeypatch):
+    site.install("seedplug", COMMAND_SOURCE.replace('"tau"', '"seed"').replace("the gate's threshold", "a seed")
+                 .replace("0.9, float", "0, int").replace(", low=0.0, high=1.0,\n", ",\n")
+                 .replace("low_open=True, high_open=True", "low=0"))
+    assert get_registry().get("gate").registration.options == ("seed",)
+    monkeypatch.setenv("COLUMNS", "300")
+    monkeypatch.setenv("TERMINAL_WIDTH", "300")
+    with pytest.warns(RuntimeWarning, match="offers option --seed, which `dloom generate` already has"):
+        result = CliRunner().invoke(app, ["generate", "--help"])
+    assert result.exit_code == 0 and "Seed of the sampler" in result.output
+    assert "gate: a seed" not in result.output
+    monkeypatch.setenv("DLOOM_STRICT_PLUGINS", "1")
+    reset_registry()
+    result = CliRunner().invoke(app, ["generate", "--help"])
+    assert result.exit_code == 2 and "DLOOM_STRICT_PLUGINS=1 makes this fatal" in " ".join(result.output.split())
