@@ -23,7 +23,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from dloom.cli_plugins import DloomGroup, StrategyOptionsCommand
-from dloom.decoding import Decoder
+from dloom.decoding import AR_TARGET, DIFFUSION, Decoder
 from dloom.errors import ConfigurationError, DloomError
 
 app = typer.Typer(
@@ -254,7 +254,7 @@ def _diffusion_decoder(
 ) -> Decoder:
     """A ``"diffusion"`` strategy's :class:`~dloom.DiffusionDecoder` over ``--model``."""
     from dloom import DiffusionDecoder, load_model
-    from dloom.decoding import AR_TARGET, strategies_for
+    from dloom.decoding import strategies_for
 
     if target is not None or drafter is not None:
         raise ConfigurationError(
@@ -274,7 +274,7 @@ def _diffusion_decoder(
     return decoder
 
 
-DECODER_BUILDERS = {"diffusion": _diffusion_decoder, "ar-target": _ar_target_decoder}
+DECODER_BUILDERS = {DIFFUSION: _diffusion_decoder, AR_TARGET: _ar_target_decoder}
 """How the command line builds each decoder of :data:`dloom.decoding.DECODERS`."""
 
 
