@@ -23,14 +23,14 @@ import warnings
 import pytest
 import torch
 
-from dloom import BlockSchedule, DiffusionDecoder, ModelAdapter, hookimpl, load_model
+from dloom import BlockSchedule, DiffusionDecoder, ModelAdapter, hookimpl, hookspecs, load_model
 from dloom.plugins.spiffy import Spiffy
 from dloom.registry import get_registry
 from dloom.zoo import model_path
 from dloom.zoo.tasks import held_out
 
 COMMIT_RULES = ["quota", "threshold", "factor", "frechet"]
-SPECULATION_HOOKS = ["draft", "prune", "build_mask", "verify"]
+SPECULATION_HOOKS = [hook.removeprefix("dloom_") for hook in hookspecs.SPECULATION_HOOKS]
 
 
 def commit_rule(name: str):

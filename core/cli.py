@@ -1,4 +1,9 @@
-"""The ``dloom`` command line: generate, eval, demo, check claims, and list plugins and strategies."""
+"""The ``dloom`` command line: generate, eval, demo, check claims, and list plugins and strategies.
+
+Plugins add their own commands and strategy options (:mod:`dloom.cli_plugins`); the helpers
+here (:func:`fail`, :func:`build_decoder`, :func:`read_prompts`, :func:`check_output`, the
+``*Option`` defaults) are theirs to use too.
+"""
 
 from __future__ import annotations
 
@@ -17,9 +22,12 @@ from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
+from dloom.cli_plugins import DloomGroup, StrategyOptionsCommand
+from dloom.decoding import AR_TARGET, DIFFUSION, Decoder
 from dloom.errors import ConfigurationError, DloomError
 
 app = typer.Typer(
+    cls=DloomGroup,
     add_completion=False,
     no_args_is_help=True,
     help="dloom: faster decoding for diffusion language models, without changing what they say.",
@@ -101,7 +109,7 @@ def plan_batches(decoder: Any, prompts: list[Any], batch_size: int, max_batch_to
     from dloom.prompt_validation import check_prompts
 
     rows = check_prompts(decoder.model, prompts, sources=sources)
-    generated = getattr(decoder, "gen_length", None) or decoder.max_new_tokens
+    generated = decoder.config["gen_length"]
     length = max(len(r) for r in rows) + generated
     plan = plan_batch_size(decoder.model, batch_size, length, max_batch_tokens)
     if plan.note(length):
@@ -190,18 +198,8 @@ CacheRefreshOption = typer.Option(
 DeviceOption = typer.Option("cpu", help="torch device, e.g. cpu or cuda.")
 DtypeOption = typer.Option("float32", help="float32, float64, bfloat16 or float16.")
 JsonOption = typer.Option(False, "--json", help="Machine-readable output.")
-TargetOption = typer.Option(None, "--target", help="AR target of --strategy failfast (default toy-ar).")
-DrafterOption = typer.Option(None, "--drafter", help="dLLM drafter of --strategy failfast (default toy-dllm).")
-GraphOption = typer.Option(None, "--graph", help="Spiffy: draft-graph file (default: the built-in one).")
-BudgetOption = typer.Option(None, "--budget", min=0, help="Spiffy: D*, drafts per verification forward.")
-LayoutOption = typer.Option(None, "--layout", help="Spiffy: rows (exact everywhere) or packed.")
-
-
-def spiffy_params(graph: Optional[Path], budget: Optional[int], layout: Optional[str]) -> list[str]:
-    """``--graph``, ``--budget`` and ``--layout`` as ``spiffy.NAME=VALUE`` parameters (a
-    strategy without ``spiffy`` then refuses them, naming its components)."""
-    given = {"graph": graph, "budget": budget, "layout": layout}
-    return [f"spiffy.{name}={value}" for name, value in given.items() if value is not None]
+TargetOption = typer.Option(None, "--target", help="AR target of an AR-target strategy, e.g. failfast (default toy-ar).")
+DrafterOption = typer.Option(None, "--drafter", help="dLLM drafter of an AR-target strategy, e.g. failfast (default toy-dllm).")
 
 
 def build_decoder(
@@ -209,39 +207,64 @@ def build_decoder(
     trust_remote_code: bool = False, device: str = "cpu", dtype: str = "float32",
     device_map: Optional[str] = None, target: Optional[str] = None, drafter: Optional[str] = None,
     **settings: Any,
-):
-    """Load ``model`` and build a :class:`~dloom.DiffusionDecoder` (shared by the commands).
+) -> Decoder:
+    """Load the models and build the decoder that ``strategy``'s registration names
+    (:func:`dloom.decoding.decoder_kind`; shared by the commands).
 
     ``settings`` go to the decoder: lengths, ``steps``, ``temperature``, ``remasking``,
     ``seed``, ``cache`` and ``cache_refresh``. Options that would have no effect are
-    refused: ``--model`` with failfast (it takes ``--target`` and ``--drafter``), and
-    ``--steps`` with a commit rule that does not read the step budget.
+    refused: ``--model`` with an AR-target strategy (it takes ``--target`` and
+    ``--drafter``), those two with a diffusion one, and ``--steps`` with a commit rule that
+    does not read the step budget.
     """
-    from dloom import DiffusionDecoder, load_model
-    from dloom.failfast import build_failfast_decoder, uses_failfast
+    from dloom.decoding import decoder_kind
 
-    if uses_failfast(strategy):  # an AR target with a dLLM drafter, not a diffusion decoder
-        if model is not None:
-            raise ConfigurationError(
-                f"--model {model} does not apply to --strategy failfast: give the AR model with "
-                "--target and the dLLM drafter with --drafter"
-            )
-        if settings.pop("cache_refresh", None) is not None:
-            raise ConfigurationError("--cache-refresh applies to diffusion decoding, not to failfast")
-        if device_map is not None:
-            raise ConfigurationError("--device-map does not apply to failfast; use --device")
-        return build_failfast_decoder(
-            target or "toy-ar", drafter or "toy-dllm", strategy, parse_params(param),
-            device=device, dtype=dtype, mask_token_id=mask_token_id,
-            trust_remote_code=trust_remote_code, **settings,
+    build = DECODER_BUILDERS[decoder_kind(strategy)]
+    return build(
+        model, strategy, parse_params(param), mask_token_id=mask_token_id,
+        trust_remote_code=trust_remote_code, device=device, dtype=dtype, device_map=device_map,
+        target=target, drafter=drafter, **settings,
+    )
+
+
+def _ar_target_decoder(
+    model: Optional[str], strategy: str, params: dict[str, str], *, device_map: Optional[str],
+    target: Optional[str], drafter: Optional[str], **settings: Any,
+) -> Decoder:
+    """An ``"ar-target"`` strategy's decoder: ``--target`` (default ``toy-ar``) decodes,
+    ``--drafter`` (default ``toy-dllm``) drafts."""
+    from dloom.decoding import load_ar_target_decoder
+
+    if model is not None:
+        raise ConfigurationError(
+            f"--model {model} does not apply to --strategy {strategy}: give the AR model with "
+            "--target and the dLLM drafter with --drafter"
         )
+    if settings.pop("cache_refresh", None) is not None:
+        raise ConfigurationError(f"--cache-refresh applies to diffusion decoding, not to {strategy}")
+    if device_map is not None:
+        raise ConfigurationError(f"--device-map does not apply to {strategy}; use --device")
+    return load_ar_target_decoder(target or "toy-ar", drafter or "toy-dllm", strategy, params, **settings)
+
+
+def _diffusion_decoder(
+    model: Optional[str], strategy: str, params: dict[str, str], *, mask_token_id: Optional[int],
+    trust_remote_code: bool, device: str, dtype: str, device_map: Optional[str],
+    target: Optional[str], drafter: Optional[str], **settings: Any,
+) -> Decoder:
+    """A ``"diffusion"`` strategy's :class:`~dloom.DiffusionDecoder` over ``--model``."""
+    from dloom import DiffusionDecoder, load_model
+    from dloom.decoding import strategies_for
+
     if target is not None or drafter is not None:
-        raise ConfigurationError("--target and --drafter apply to --strategy failfast only")
+        raise ConfigurationError(
+            f"--target and --drafter apply to --strategy {' or '.join(strategies_for(AR_TARGET))} only"
+        )
     adapter = load_model(
         model or DEFAULT_MODEL, mask_token_id=mask_token_id, trust_remote_code=trust_remote_code,
         device=device, dtype=dtype, device_map=device_map,
     )
-    decoder = DiffusionDecoder(adapter, strategy, params=parse_params(param), **settings)
+    decoder = DiffusionDecoder(adapter, strategy, params=params, **settings)
     if settings.get("steps") is not None and not decoder.composition.reads_step_budget():
         rule = decoder.composition.provider("dloom_select_commit")
         raise ConfigurationError(
@@ -251,7 +274,11 @@ def build_decoder(
     return decoder
 
 
-@app.command()
+DECODER_BUILDERS = {DIFFUSION: _diffusion_decoder, AR_TARGET: _ar_target_decoder}
+"""How the command line builds each decoder of :data:`dloom.decoding.DECODERS`."""
+
+
+@app.command(cls=StrategyOptionsCommand)
 def generate(
     prompt: Optional[List[str]] = typer.Argument(None, help="Prompt texts."),
     model: str = ModelOption,
@@ -277,9 +304,6 @@ def generate(
     as_json: bool = typer.Option(False, "--json", help="One JSON object per prompt."),
     target: Optional[str] = TargetOption,
     drafter: Optional[str] = DrafterOption,
-    graph: Optional[Path] = GraphOption,
-    budget: Optional[int] = BudgetOption,
-    layout: Optional[str] = LayoutOption,
 ) -> None:
     """Decode prompts with a strategy and print the texts and metrics.
 
@@ -299,7 +323,7 @@ def generate(
         if not prompts:
             raise ConfigurationError("no prompts: pass PROMPT arguments or --prompts FILE.jsonl")
         decoder = build_decoder(
-            model, strategy, [*param, *spiffy_params(graph, budget, layout)], mask_token_id=mask_token_id,
+            model, strategy, param, mask_token_id=mask_token_id,
             trust_remote_code=trust_remote_code, device=device, dtype=dtype, device_map=device_map,
             gen_length=gen_length, block_length=block_length, steps=steps,
             temperature=temperature, remasking=remasking, seed=seed, cache=cache,
@@ -348,7 +372,7 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
     console.print(table)
 
 
-@app.command("eval")
+@app.command("eval", cls=StrategyOptionsCommand)
 def eval_command(
     model: str = ModelOption,
     strategy: str = StrategyOption,
@@ -371,9 +395,6 @@ def eval_command(
     as_json: bool = JsonOption,
     target: Optional[str] = TargetOption,
     drafter: Optional[str] = DrafterOption,
-    graph: Optional[Path] = GraphOption,
-    budget: Optional[int] = BudgetOption,
-    layout: Optional[str] = LayoutOption,
     ray_actors: Optional[int] = typer.Option(
         None, "--ray", min=1,
         help="Decode on Ray with N actors, one model replica each (pip install \"dloom[ray]\").",
@@ -392,7 +413,7 @@ def eval_command(
     decoder = None
     try:
         examples = select_examples(tasks, n, seed)
-        params = [*param, *spiffy_params(graph, budget, layout)]
+        params = list(param)
         settings = dict(
             gen_length=gen_length, block_length=block_length, steps=steps, temperature=temperature,
             remasking=remasking, seed=seed, cache=cache, cache_refresh=cache_refresh,
@@ -417,16 +438,16 @@ def eval_command(
         interrupted(0, len(examples), "examples evaluated")
     except DloomError as error:
         fail(error)
-    print_report(report, as_json, outputs, decoder.totals() if hasattr(decoder, "totals") else None)
+    print_report(report, as_json, outputs, None if decoder is None else decoder.totals())
 
 
-def print_report(report: Any, as_json: bool, outputs: bool, speculation: Optional[dict[str, Any]]) -> None:
-    """The summary of ``dloom eval``: a JSON line, or the tables (``speculation``:
-    failfast's counts)."""
+def print_report(report: Any, as_json: bool, outputs: bool, totals: Optional[dict[str, Any]]) -> None:
+    """The summary of ``dloom eval``: a JSON line, or the tables (``totals``: the
+    decoder's own counts, :meth:`dloom.decoding.Decoder.totals`, under ``"totals"``)."""
     if as_json:
         data = report.to_json(with_outputs=outputs)
-        if speculation is not None:
-            data["failfast"] = speculation
+        if totals is not None:
+            data["totals"] = totals
         write_jsonl([data])
         return
     title = f"{report.config['strategy']} on {report.config['model']}"
@@ -443,11 +464,11 @@ def print_report(report: Any, as_json: bool, outputs: bool, speculation: Optiona
             f"accepted drafts per verification {report.speculation['accepted_per_verification']:.2f}"
             f"   guarantee {report.speculation['guarantee']}"
         )
-    if speculation is not None:
-        console.print(
-            f"target forwards {speculation['target_forwards']}   drafter forwards "
-            f"{speculation['drafter_forwards']}   accepted/round {speculation['accepted_per_round']:.2f}"
-        )
+    if totals is not None:
+        console.print("   ".join(
+            f"{name.replace('_', ' ')} {value:.2f}" if isinstance(value, float) else f"{name.replace('_', ' ')} {value}"
+            for name, value in totals.items() if isinstance(value, (int, float))
+        ))
 
 
 def check_output(path: Path, force: bool) -> None:
@@ -465,71 +486,6 @@ def check_output(path: Path, force: bool) -> None:
         raise ConfigurationError(f"-o {path} exists; pass --force to overwrite it")
     if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise ConfigurationError(f"-o {path} is not writable")
-
-
-@app.command()
-def calibrate(
-    model: str = ModelOption,
-    strategy: str = StrategyOption,
-    param: List[str] = ParamOption,
-    budget: int = typer.Option(10, "--budget", "-D", min=1, help="D: draft nodes to keep."),
-    output: Path = typer.Option(..., "--output", "-o", help="Where to write the graph (JSON)."),
-    tasks: str = typer.Option("all", help="'all' or comma-separated task families (training split)."),
-    n: int = typer.Option(70, "-n", help="Task prompts to calibrate on."),
-    prompts_file: Optional[Path] = typer.Option(
-        None, "--prompts", help="JSONL prompts instead of the task suite.", exists=True, dir_okay=False
-    ),
-    seed: int = typer.Option(0, help="Seeds the example selection and the sampler."),
-    token_ranks: int = typer.Option(4, min=1, help="Vocabulary ranks a draft formula may use."),
-    score: str = typer.Option("own", help="Node selection score: own or own+parents (the paper's)."),
-    gen_length: Optional[int] = GenLengthOption,
-    block_length: Optional[int] = BlockLengthOption,
-    steps: Optional[int] = StepsOption,
-    temperature: float = TemperatureOption,
-    remasking: str = RemaskingOption,
-    batch_size: int = typer.Option(16, min=1, help="Prompts per forward batch."),
-    device: str = DeviceOption,
-    dtype: str = DtypeOption,
-    force: bool = typer.Option(False, "--force", help="Overwrite --output if it exists."),
-) -> None:
-    """Record the base strategy's transitions and write a Spiffy draft graph of D nodes."""
-    from dloom.evaluation import select_examples
-    from dloom.failfast import uses_failfast
-    from dloom.plugins.spiffy.calibrate import calibrate as run_calibration
-
-    try:
-        check_output(output, force)
-        if uses_failfast(strategy):
-            raise ConfigurationError(
-                f"calibrate records a diffusion commit rule's steps; {strategy!r} decodes an AR "
-                "target with a dLLM drafter and takes no draft graph: calibrate a commit rule, "
-                "e.g. --strategy quota or --strategy threshold"
-            )
-        if prompts_file is not None:
-            prompts, description = read_prompts(prompts_file), {"prompts_file": str(prompts_file)}
-        else:
-            prompts = [e.prompt for e in select_examples(tasks, n, seed, split="train")]
-            description = {"tasks": tasks, "split": "train", "seed": seed}
-        decoder = build_decoder(
-            model, strategy, param, device=device, dtype=dtype, gen_length=gen_length,
-            block_length=block_length, steps=steps, temperature=temperature,
-            remasking=remasking, seed=seed,
-        )
-        with Progress(console=err_console, transient=True) as bar:
-            task = bar.add_task("calibrating", total=len(prompts))
-            graph = run_calibration(
-                decoder, prompts, budget, token_ranks=token_ranks, score=score, batch_size=batch_size,
-                description=description, progress=lambda done: bar.update(task, completed=done),
-            )
-        graph.save(output)
-    except DloomError as error:
-        fail(error)
-    info = graph.calibration
-    console.print(
-        f"wrote {output}: {graph.budget} nodes from {info['paths']} paths over {len(prompts)} "
-        f"prompts ({info['distinct_formulas']} distinct formulas), base {decoder.composition.name}, "
-        f"block {graph.block_length}"
-    )
 
 
 @app.command()
@@ -674,7 +630,7 @@ def strategies(as_json: bool = typer.Option(False, "--json", help="Machine-reada
 # --- dloom check -------------------------------------------------------------------------
 
 
-@app.command()
+@app.command(cls=StrategyOptionsCommand)
 def check(
     strategy: str = typer.Option(..., "--strategy", "-s", help="Strategy name(s), joined with '+'."),
     against: Optional[str] = typer.Option(

@@ -19,7 +19,6 @@ from dloom.types import BlockSchedule, DraftGraph
 
 StrategySpec = Union[str, object, Sequence[Union[str, object]]]
 DEFAULTS_PLUGIN = "dloom.defaults"
-SPECULATION_HOOKS = ("dloom_draft", "dloom_build_mask", "dloom_verify")
 
 
 class CoreDefaults:
@@ -29,6 +28,12 @@ class CoreDefaults:
     def dloom_prune(self, graph: DraftGraph, budget: int) -> DraftGraph:
         """Keep the whole graph (no pruning)."""
         return graph
+
+
+REQUIRED_SPECULATION_HOOKS = tuple(
+    hook for hook in hookspecs.SPECULATION_HOOKS if hook not in hooks_implemented_by(CoreDefaults)
+)
+"""The speculation hooks a speculator must provide together (the core has no default)."""
 
 
 @dataclass(frozen=True)
@@ -236,9 +241,9 @@ def _check_single_answers(composition: Composition) -> None:
                 f"strategies {providers[0]!r} and {providers[1]!r} both answer {hook}, a "
                 f"single-answer hook; a decoder takes one provider of each hook"
             )
-    speculation = [h for h in SPECULATION_HOOKS if composition.provider(h) is not None]
-    if speculation and len(speculation) != len(SPECULATION_HOOKS):
-        missing = [h for h in SPECULATION_HOOKS if h not in speculation]
+    speculation = [h for h in REQUIRED_SPECULATION_HOOKS if composition.provider(h) is not None]
+    if speculation and len(speculation) != len(REQUIRED_SPECULATION_HOOKS):
+        missing = [h for h in REQUIRED_SPECULATION_HOOKS if h not in speculation]
         raise CompositionError(
             f"composition {composition.name!r} speculates ({', '.join(speculation)}) but "
             f"nothing provides {', '.join(missing)}"

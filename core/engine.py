@@ -245,6 +245,16 @@ class DiffusionDecoder:
             "device": str(self.model.device),
         }
 
+    @property
+    def name(self) -> str:
+        """The strategy's name, its composition's (:class:`dloom.decoding.Decoder`)."""
+        return self.composition.name
+
+    def totals(self) -> None:
+        """``None``: every figure of this decoder is in each result
+        (:class:`dloom.decoding.Decoder`)."""
+        return None
+
     def _timed(self, call, *args):
         """Run ``call(*args)`` (model forwards), adding its time to the ``forward`` share."""
         if self._sync:

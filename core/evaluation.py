@@ -15,7 +15,7 @@ import torch
 from rich.console import Console
 from rich.progress import Progress
 
-from dloom.engine import DiffusionDecoder
+from dloom.decoding import Decoder
 from dloom.errors import ConfigurationError
 from dloom.metrics import speculation_summary
 from dloom.zoo import long_tasks
@@ -184,7 +184,7 @@ class _Tally:
 
 
 def evaluate(
-    decoder: DiffusionDecoder,
+    decoder: Decoder,
     examples: Sequence[Example],
     batch_size: int = 32,
     progress: bool = True,
@@ -192,7 +192,7 @@ def evaluate(
 ) -> EvalReport:
     """Decode ``examples`` in batches and grade them.
 
-    :param decoder: a decoder over a model with a tokenizer.
+    :param decoder: any :class:`~dloom.decoding.Decoder` over a model with a tokenizer.
     :param examples: task examples (prompts and checkers).
     :param batch_size: prompts per batch.
     :param progress: show a progress bar on stderr.
@@ -205,7 +205,7 @@ def evaluate(
     tally = _Tally()
     config = {**decoder.config, "batch_size": batch_size, "torch_threads": torch.get_num_threads()}
     with Progress(console=Console(stderr=True), transient=True, disable=not progress) as bar:
-        task = bar.add_task(f"eval {decoder.composition.name}", total=len(examples))
+        task = bar.add_task(f"eval {decoder.name}", total=len(examples))
         try:
             for start in range(0, len(examples), batch_size):
                 chunk = examples[start : start + batch_size]

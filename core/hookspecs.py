@@ -12,18 +12,25 @@ Shapes used below: ``B`` rows in the batch, ``K`` positions in the active block 
 span), ``V`` vocabulary size, ``N`` drafts of a draft graph (plus the root, node 0), ``R`` rows
 of a verification layout, ``S`` its width.
 
-Besides the five decoding hooks, ``dloom_register_strategies`` registers strategies and
-``dloom_configure`` lets the plugins of a decoder check its settings once.
+Besides the five decoding hooks (:data:`DECODING_HOOKS`), ``dloom_register_strategies``
+registers strategies, ``dloom_register_commands`` adds commands to the ``dloom`` command line
+and ``dloom_configure`` lets the plugins of a decoder check its settings once.
+
+Every list of hook names the core uses is derived here, from the specifications themselves:
+:data:`HOOKS` (all of them), :data:`DECODING_HOOKS` (the single-answer ones, which the
+decoders call) and :data:`SPECULATION_HOOKS` (the decoding hooks a speculator implements).
 """
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import pluggy
 
 if TYPE_CHECKING:
     import torch
+    import typer
 
     from dloom.types import (
         BlockSchedule,
@@ -50,6 +57,19 @@ def dloom_register_strategies(register: Callable[[StrategyRegistration], None]) 
     :param register: call it once per strategy with a
         :class:`~dloom.types.StrategyRegistration`. The core stamps each strategy with the
         name of the plugin that registered it and rejects a name that is already taken.
+    """
+
+
+@hookspec
+def dloom_register_commands(cli: typer.Typer) -> None:
+    """Add this plugin's commands to the ``dloom`` command line.
+
+    Called once per ``dloom`` invocation, for every loaded plugin module that implements
+    it (in the style of ``llm``'s ``register_commands``). Declare commands on ``cli`` as on
+    any :class:`typer.Typer`; they are listed by ``dloom --help`` with the core's. A
+    command named like a core command or another plugin's is reported and skipped.
+
+    :param cli: a :class:`typer.Typer` of this plugin's own: ``@cli.command()`` adds one.
     """
 
 
@@ -163,3 +183,18 @@ def dloom_verify(
     :return: a :class:`~dloom.types.Verdict`: the new block, the distribution it was
         sampled from, and how many drafts each row accepted.
     """
+
+
+HOOKS: tuple[str, ...] = tuple(
+    name for name, spec in vars(sys.modules[__name__]).items()
+    if name.startswith(f"{PROJECT_NAME}_") and hasattr(spec, f"{PROJECT_NAME}_spec")
+)
+"""Every hook name, in the order specified above."""
+
+DECODING_HOOKS: tuple[str, ...] = tuple(
+    name for name in HOOKS if getattr(globals()[name], f"{PROJECT_NAME}_spec")["firstresult"]
+)
+"""The decoding hooks: the single-answer (``firstresult``) ones, which the decoders call."""
+
+SPECULATION_HOOKS: tuple[str, ...] = tuple(name for name in DECODING_HOOKS if name != "dloom_select_commit")
+"""The decoding hooks of a speculator: every decoding hook but the commit rule's."""

@@ -1,4 +1,4 @@
-"""Pieces of the transition kernel ``K`` (DESIGN.md, "The reference process").
+"""Pieces of the transition kernel ``K`` (``docs/concepts.md``, "The decode loop").
 
 One step on the active block: candidates and confidences from the block's logits
 (:func:`propose`), a commit rule picks positions (the ``dloom_select_commit`` hook), and

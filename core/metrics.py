@@ -18,17 +18,19 @@ from typing import Any, Callable
 
 import torch
 
-from dloom.hookspecs import hookimpl
+from dloom.hookspecs import DECODING_HOOKS, PROJECT_NAME, hookimpl
 
 
 class HookTimer:
-    """A ``wrapper=True`` plugin that adds up the wall time of every decoding hook call."""
+    """A ``wrapper=True`` plugin that adds up the wall time of every decoding hook call, by
+    the hook's name without its ``dloom_`` prefix (one wrapper per
+    :data:`dloom.hookspecs.DECODING_HOOKS`)."""
 
     def __init__(self, synchronize: Callable[[], None] | None = None) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
         self._synchronize = synchronize or (lambda: None)
 
-    def _timed(self, name: str):  # generator used by each wrapper below
+    def _timed(self, name: str):  # generator used by each wrapper
         self._synchronize()
         start = time.perf_counter()
         try:
@@ -38,25 +40,19 @@ class HookTimer:
             self.seconds[name] += time.perf_counter() - start
         return result
 
-    @hookimpl(wrapper=True)
-    def dloom_select_commit(self):
-        return (yield from self._timed("select_commit"))
 
-    @hookimpl(wrapper=True)
-    def dloom_draft(self):
-        return (yield from self._timed("draft"))
+def _timing_wrapper(hook: str) -> Callable[[HookTimer], Any]:
+    name = hook.removeprefix(f"{PROJECT_NAME}_")
 
-    @hookimpl(wrapper=True)
-    def dloom_prune(self):
-        return (yield from self._timed("prune"))
+    def wrapper(self: HookTimer):
+        return (yield from self._timed(name))
 
-    @hookimpl(wrapper=True)
-    def dloom_build_mask(self):
-        return (yield from self._timed("build_mask"))
+    wrapper.__name__ = wrapper.__qualname__ = hook
+    return hookimpl(wrapper=True)(wrapper)
 
-    @hookimpl(wrapper=True)
-    def dloom_verify(self):
-        return (yield from self._timed("verify"))
+
+for _hook in DECODING_HOOKS:
+    setattr(HookTimer, _hook, _timing_wrapper(_hook))
 
 
 def speculation_summary(verifications: int, accepted_drafts: int, exact: bool) -> dict[str, Any]:

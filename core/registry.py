@@ -30,13 +30,7 @@ from dloom.hookspecs import PROJECT_NAME
 from dloom.types import Claim, Parameter, StrategyRegistration
 
 BUILTIN_DISTRIBUTION = "dloom"
-DECODING_HOOKS = (
-    "dloom_select_commit",
-    "dloom_draft",
-    "dloom_prune",
-    "dloom_build_mask",
-    "dloom_verify",
-)
+DECODING_HOOKS = hookspecs.DECODING_HOOKS  # kept importable here for plugins and tests
 
 
 @dataclass(frozen=True)
@@ -100,6 +94,9 @@ class Registry:
     strategies: dict[str, Strategy] = field(default_factory=dict)
     plugins: dict[str, PluginInfo] = field(default_factory=dict)
     failures: list[PluginFailure] = field(default_factory=list)
+    modules: dict[str, ModuleType] = field(default_factory=dict)
+    """Each loaded plugin's module (what its module-level hooks, such as
+    ``dloom_register_commands``, are called on), by plugin name."""
 
     def get(self, name: str) -> Strategy:
         """Return the strategy called ``name``.
@@ -132,7 +129,7 @@ def check_plugin_class(plugin_class: object) -> None:
     :raises PluginLoadError: naming the hook: an unknown hook name (with the closest
         known one), or arguments the hook does not pass.
     """
-    known = [name for name in dir(hookspecs) if name.startswith("dloom_")]
+    known = sorted(hookspecs.HOOKS)
     for name in dir(plugin_class):
         if not name.startswith("dloom_"):
             continue
@@ -154,6 +151,35 @@ def check_plugin_class(plugin_class: object) -> None:
         raise PluginLoadError(str(error)) from None
 
 
+def check_registration(registration: StrategyRegistration, others: Iterable[Strategy]) -> None:
+    """Check a registration's ``decoder`` and ``options`` (``others``: the strategies
+    registered before it).
+
+    :raises PluginLoadError: a decoder not in :data:`dloom.decoding.DECODERS`, an option
+        that names none of the strategy's parameters, or one another strategy owns.
+    """
+    from dloom.decoding import DECODERS
+
+    where = f"strategy {registration.name!r}"
+    if registration.decoder not in DECODERS:
+        raise PluginLoadError(
+            f"{where} names decoder {registration.decoder!r}; allowed: {', '.join(DECODERS)}"
+        )
+    parameters = [p.name for p in registration.parameters]
+    owners = {option: s.name for s in others for option in s.registration.options}
+    for option in registration.options:
+        if option not in parameters:
+            raise PluginLoadError(
+                f"{where} offers option {option!r}, which is none of its parameters "
+                f"({', '.join(parameters) or 'none'})"
+            )
+        if option in owners:
+            raise PluginLoadError(
+                f"{where} offers option --{option.replace('_', '-')}, which strategy "
+                f"{owners[option]!r} already owns"
+            )
+
+
 def _strict() -> bool:
     return os.environ.get("DLOOM_STRICT_PLUGINS", "") not in ("", "0", "false", "no")
 
@@ -166,7 +192,8 @@ def _selected_third_party() -> set[str] | None:
     return {name.strip() for name in value.split(",") if name.strip()}
 
 
-def _report(registry: Registry, name: str, error: BaseException) -> None:
+def report_failure(registry: Registry, name: str, error: BaseException) -> None:
+    """Record and warn about a plugin part that is skipped (fatal under ``DLOOM_STRICT_PLUGINS=1``)."""
     message = f"dloom plugin {name!r} was skipped: {type(error).__name__}: {error}"
     if getattr(error, "fatal", False):  # already reported by an inner check in strict mode
         raise error
@@ -234,8 +261,9 @@ def _register_plugin(
             )
         try:
             check_plugin_class(registration.plugin_class)
+            check_registration(registration, [*registry.strategies.values(), *registered])
         except PluginLoadError as error:
-            _report(registry, f"{name}:{registration.name}", error)
+            report_failure(registry, f"{name}:{registration.name}", error)
             return
         registered.append(Strategy(registration.name, name, registration))
 
@@ -246,6 +274,7 @@ def _register_plugin(
     hooks = set(hooks_implemented_by(module))
     for strategy in registered:
         hooks.update(strategy.hooks)
+    registry.modules[name] = module
     registry.plugins[name] = PluginInfo(
         name=name,
         version=version,
@@ -272,7 +301,7 @@ def load_registry() -> Registry:
                 raise TypeError(f"entry point {ep.value!r} must name a module")
             _register_plugin(registry, ep.name, module, version, builtin)
         except Exception as error:  # noqa: BLE001 - isolate every third-party plugin
-            _report(registry, ep.name, error)
+            report_failure(registry, ep.name, error)
     return registry
 
 

@@ -1,7 +1,7 @@
 """The decoder's side of speculation: the kernel step drafts are verified with, following a
 draft graph losslessly, and reading every node's logits out of a verification forward.
 
-Lossless verification (DESIGN.md, "The reference process"): from the root, take one kernel
+Lossless verification (``docs/concepts.md``, "Lossless"): from the root, take one kernel
 step with the root's distribution; if the new block equals a draft exactly, that draft's
 distribution is the one a forward on that state would give, so the next kernel step uses it
 without a forward; continue along that draft's children and stop at the first state that is

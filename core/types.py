@@ -332,6 +332,13 @@ class StrategyRegistration:
     :ivar claim: the guarantee in a form ``dloom check`` tests (``None``: no claim).
     :ivar default_commit_rule: for a strategy without a commit rule (a speculator): the
         strategy composed in when a composition has no commit rule, e.g. ``"quota"``.
+    :ivar decoder: the decoder the strategy runs in, one of
+        :data:`dloom.decoding.DECODERS`: ``"diffusion"`` (:class:`dloom.DiffusionDecoder`,
+        the default) or ``"ar-target"`` (an autoregressive target with a dLLM drafter).
+        ``dloom generate``/``eval`` build that decoder for ``--strategy``.
+    :ivar options: names of ``parameters`` that ``dloom generate``, ``eval`` and ``check``
+        also take as ``--NAME`` options (``_`` written ``-``); ``--NAME VALUE`` means
+        ``--param STRATEGY.NAME=VALUE``. An option name is owned by one strategy.
     """
 
     name: str
@@ -341,3 +348,5 @@ class StrategyRegistration:
     summary: str = ""
     claim: Claim | None = None
     default_commit_rule: str | None = None
+    decoder: str = "diffusion"
+    options: Sequence[str] = field(default_factory=tuple)

@@ -2,7 +2,7 @@
 factor rules.
 
 Each is a ``dloom_select_commit`` implementation, vectorised over the batch (see
-ALGORITHMS.md §1). Every rule commits at least one selectable position per row.
+``docs/strategies.md``). Every rule commits at least one selectable position per row.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """FailFast (arXiv 2512.20573): a dLLM drafts for an autoregressive target, losslessly.
 
 The strategy's object is a :class:`dloom.failfast.FailFastSettings`; it implements no
-decoding hook, because it does not run inside :class:`dloom.DiffusionDecoder`: it needs an AR
-target. :class:`dloom.failfast.FailFastDecoder` runs it (``dloom generate --strategy failfast
---target toy-ar --drafter toy-dllm``). See ALGORITHMS.md §4 and ``docs/strategies/failfast.md``.
+decoding hook, because it does not run inside :class:`dloom.DiffusionDecoder`: its
+registration names the ``"ar-target"`` decoder (:mod:`dloom.decoding`), which
+:class:`dloom.failfast.FailFastDecoder` is (``dloom generate --strategy failfast --target
+toy-ar --drafter toy-dllm``). The algorithm is described in ``docs/strategies/failfast.md``.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ def dloom_register_strategies(register) -> None:
                 "verification; ratio verification only for left-to-right drafts)"
             ),
             summary="FailFast: a dLLM drafts dynamic-length chunks, an AR target verifies them",
+            decoder="ar-target",
             claim=Claim(
                 "lossless", against="target",
                 conditions=(

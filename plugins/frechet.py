@@ -2,7 +2,7 @@
 
 Sort the masked positions of the active block by confidence, ``c_(1) >= c_(2) >= ...``. For
 the ``n`` most confident positions, with ``c`` the probability the model gives each greedy
-token (see ALGORITHMS.md §1):
+token (see ``docs/strategies.md``, "frechet"):
 
 * ``L_n = max(0, 1 - sum_{j<=n} (1 - c_(j)))``: the chance that all ``n`` greedy tokens are
   right together is at least one minus the chances that each is wrong (a union bound; it is

@@ -1,6 +1,6 @@
 """Prefix and dual KV caching are exact for block-causal models.
 
-Claim (ALGORITHMS.md §2, DESIGN.md "Models"): in a block-causal dLLM (full attention inside
+Claim (``docs/concepts.md``, "KV caching"): in a block-causal dLLM (full attention inside
 a block, causal across blocks, the prompt seen by all) nothing before the active block
 attends to it and the block attends to nothing after it. So the keys and values the
 block-start forward computes for the positions before the block are the ones every later

@@ -1,4 +1,4 @@
-"""FailFast is lossless against its AR target (DESIGN.md "The reference process", ALGORITHMS.md §4).
+"""FailFast is lossless against its AR target (``docs/strategies/failfast.md``, "Guarantee").
 
 * Greedy: the output is the target's own greedy decoding, token for token, compared with an
   uncached one-token-per-forward loop and with ``transformers`` ``generate(do_sample=False)``,
@@ -22,7 +22,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from dloom.check.sampling import _verdict
-from dloom.check.target import failfast_factory, sampling_seed, target_distribution, target_greedy
+from dloom.check.target import ar_target_factory, sampling_seed, target_distribution, target_greedy
 from dloom.check.tiny import tiny_ar, tiny_dllm
 from dloom.errors import ConfigurationError
 from dloom.failfast import FailFastDecoder
@@ -165,7 +165,7 @@ SAMPLING_CASES = [
 @pytest.mark.parametrize("case, seed, temperature, params", SAMPLING_CASES)
 def test_sampled_outputs_have_the_targets_distribution(case, seed, temperature, params):
     result = sampling_seed(
-        failfast_factory("failfast", params), seed, temperature=temperature, samples=SAMPLES,
+        ar_target_factory("failfast", params), seed, temperature=temperature, samples=SAMPLES,
         alpha=ALPHA, seeds=len(SAMPLING_CASES), epsilon=EPSILON,
     )
     assert not result.impossible

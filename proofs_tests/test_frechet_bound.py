@@ -1,4 +1,4 @@
-"""Property tests of the Fréchet commit rule's claims (ALGORITHMS.md §1).
+"""Property tests of the Fréchet commit rule's claims (``docs/strategies.md``, "frechet").
 
 * Soundness: for every joint distribution tried, ``L_n`` bounds from below the probability
   that the ``n`` most confident greedy tokens are right together, ``U_n`` bounds from above

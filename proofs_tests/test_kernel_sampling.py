@@ -1,6 +1,6 @@
 """The kernel samples exactly from softmax(logits / T).
 
-Claim (DESIGN.md, "The reference process"): at temperature T > 0 the candidate of every
+Claim (``docs/concepts.md``, "The decode loop"): at temperature T > 0 the candidate of every
 position is a draw from ``softmax(logits / T)`` with the mask token excluded; dloom's
 log-space Gumbel-max equals LLaDA's ``argmax(exp(l) / (-log u) ** T)`` draw for draw. The
 decoder's counter-based per-prompt streams (:class:`dloom.kernel.RowStreams`) are such a

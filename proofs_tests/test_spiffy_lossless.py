@@ -1,6 +1,6 @@
 """Spiffy is lossless: it decodes what its commit rule decodes one forward per step.
 
-Claim (ALGORITHMS.md §3, DESIGN.md "The reference process"): a verification forward gives
+Claim (``docs/strategies/spiffy.md``): a verification forward gives
 every draft the distribution a standalone forward on that draft's state would give (batch
 rows always; packed spans under the dual cache or on block-causal models), and the verifier
 takes every step with the reference kernel, continuing from a draft only when the sampled

@@ -125,7 +125,7 @@ def test_plugins_json():
                 "name": "spiffy", "version": "0.1.0", "builtin": True,
                 "hooks": [
                     "dloom_build_mask", "dloom_configure", "dloom_draft", "dloom_prune",
-                    "dloom_register_strategies", "dloom_verify",
+                    "dloom_register_commands", "dloom_register_strategies", "dloom_verify",
                 ],
                 "strategies": ["spiffy"],
             },
@@ -282,3 +282,63 @@ def test_console_script_runs():
     done = subprocess.run([exe, "strategies"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "threshold" in done.stdout
+
+
+# --- what the core reads off registrations, never off names -------------------------------
+
+
+def test_help_lists_the_plugin_owned_command_and_options(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "300")
+    monkeypatch.setenv("TERMINAL_WIDTH", "300")
+    assert "calibrate" in flat(invoke("--help").output)  # spiffy's dloom_register_commands
+    listing = flat(invoke("generate", "--help").output)
+    for flag, text in [("--graph", "spiffy: draft-graph file"), ("--budget", "spiffy: D*"),
+                       ("--layout", "spiffy: drafts as batch rows")]:
+        assert flag in listing and text in listing
+    assert "--budget" in flat(invoke("calibrate", "--help").output)  # calibrate's own: D nodes
+
+
+def test_the_decoder_kind_comes_from_the_registration():
+    from dloom.decoding import AR_TARGET, DIFFUSION, decoder_kind
+    from dloom.errors import UnknownStrategyError
+    from dloom.registry import get_registry
+
+    assert get_registry().get("failfast").registration.decoder == AR_TARGET
+    assert decoder_kind("failfast") == AR_TARGET
+    assert decoder_kind("spiffy+quota") == decoder_kind("threshold") == DIFFUSION
+    assert decoder_kind(object()) == DIFFUSION
+    with pytest.raises(UnknownStrategyError, match="'nosuch'"):
+        decoder_kind("quota+nosuch")
+
+
+def test_build_decoder_dispatches_on_the_registration_not_the_name(monkeypatch):
+    import dataclasses
+
+    from dloom.registry import Strategy, get_registry
+
+    registry = get_registry()
+    failfast = registry.get("failfast")
+    renamed = dataclasses.replace(failfast.registration, name="chains")
+    monkeypatch.setitem(registry.strategies, "chains", Strategy("chains", failfast.plugin, renamed))
+    built = []
+    monkeypatch.setitem(cli.DECODER_BUILDERS, "ar-target", lambda *a, **k: built.append(a[1]) or "ar")
+    assert cli.build_decoder(None, "chains", ["tau=0.5"]) == "ar" and built == ["chains"]
+    result = invoke("generate", "x", "--strategy", "quota", "--target", "t")
+    assert result.exit_code == 2
+    assert "--target and --drafter apply to --strategy chains or failfast only" in flat(result.output)
+
+
+def test_every_decoder_follows_the_decoder_protocol(tiny_adapter):
+    from dloom import DiffusionDecoder
+    from dloom.check import tiny
+    from dloom.decoding import Decoder, ar_target_decoder
+
+    diffusion = DiffusionDecoder(tiny_adapter, "threshold", gen_length=8, block_length=8)
+    assert isinstance(diffusion, Decoder)
+    assert diffusion.name == "threshold" and diffusion.totals() is None
+    target, drafter = tiny.tiny_ar(0, vocab=8), tiny.tiny_dllm(0, vocab=8)
+    ar = ar_target_decoder(target, drafter, "failfast", {"n_max": 4, "initial_length": 2}, max_new_tokens=4)
+    assert isinstance(ar, Decoder)
+    assert ar.name == "failfast" and ar.config["gen_length"] == 4
+    ar.generate([[1, 2]])
+    assert ar.totals()["rows"] == 1

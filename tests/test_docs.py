@@ -40,11 +40,8 @@ SIGNATURE_HEADING = re.compile(r"^## (dloom_\w+)\(([^)]*)\)$", re.M)
 
 
 def specs() -> dict[str, object]:
-    """Every hook specification, by name."""
-    return {
-        name: obj for name, obj in vars(hookspecs).items()
-        if name.startswith("dloom_") and hasattr(obj, "dloom_spec")
-    }
+    """Every hook specification, by name (:data:`dloom.hookspecs.HOOKS`)."""
+    return {name: getattr(hookspecs, name) for name in hookspecs.HOOKS}
 
 
 def hook_sections() -> dict[str, tuple[list[str], str]]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,6 +11,7 @@ from typer.testing import CliRunner
 
 from conftest import tiny_model
 from dloom.cli import app
+from dloom.decoding import Decoder
 from dloom.errors import ConfigurationError
 from dloom.evaluation import evaluate, select_examples
 from dloom.metrics import GenerationResult
@@ -35,10 +35,15 @@ def char_model_dir(tmp_path: Path) -> Path:
 
 
 class ScriptedDecoder:
-    """Answers every other example correctly, two forwards per row, 4 tokens per row."""
+    """A :class:`dloom.decoding.Decoder` that answers every other example correctly, two
+    forwards per row, 4 tokens per row."""
 
-    composition = SimpleNamespace(name="scripted")
+    model = None
+    name = "scripted"
     config = {"strategy": "scripted"}
+
+    def totals(self):
+        return None
 
     def generate(self, prompts, row_offset=0):
         texts = [self.answers[p] if i % 2 == 0 else "wrong" for i, p in enumerate(prompts)]
@@ -53,6 +58,7 @@ class ScriptedDecoder:
 def test_evaluate_counts_accuracy_nfe_tpf_tps():
     examples = select_examples("add,sort", 8)
     decoder = ScriptedDecoder()
+    assert isinstance(decoder, Decoder)
     decoder.answers = {e.prompt: e.answer for e in examples}
     report = evaluate(decoder, examples, batch_size=4, progress=False)
     assert report.n == 8

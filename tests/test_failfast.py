@@ -185,7 +185,7 @@ def test_a_sequence_beyond_the_context_is_refused(target, drafter):
 
 
 def _sequential(done: int, first_low: int, cap: int, s: FailFastSettings) -> int:
-    """ALGORITHMS.md §4 step by step: the length the policy stops at once ``done`` tokens are in."""
+    """The length policy of ``docs/strategies/failfast.md`` step by step: the length the policy stops at once ``done`` tokens are in."""
     if s.policy == "naive":
         return min(s.naive_length, cap)
     length = min(s.initial_length, cap)
@@ -402,7 +402,7 @@ def test_cli_generate_and_eval_run_failfast(saved_pair):
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout.splitlines()[-1])  # the summary after one line per example
     assert report["n"] == 3 and report["config"]["drafter"] == dllm
-    assert report["failfast"]["rows"] == 3 and report["failfast"]["drafter_forwards"] > 0
+    assert report["totals"]["rows"] == 3 and report["totals"]["drafter_forwards"] > 0
 
 
 @pytest.mark.parametrize(

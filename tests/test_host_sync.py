@@ -7,7 +7,7 @@ counter for the duration of one :meth:`DiffusionDecoder.generate`. A call made w
 ``torch.nn.Module`` is running is the model's own (transformers' mask helpers, say), anything
 else is the decoder's (engine, cache, hooks, plugins).
 
-The contract (DESIGN.md, "Models"): the decoder syncs exactly once per step (rows advance
+The contract (docs/concepts.md): the decoder syncs exactly once per step (rows advance
 through blocks and leave the batch on what that one read tells), plus a constant per call
 (padding check, the first step's plan, results), and a speculative strategy once more per
 verification forward (the layout's row count). A per-token, per-row or per-block sync breaks

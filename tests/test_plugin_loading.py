@@ -350,3 +350,129 @@ def test_entry_point_must_name_a_module(site):
     with pytest.warns(RuntimeWarning, match="must name a module"):
         registry = get_registry()
     assert [f.name for f in registry.failures] == ["attrplug"]
+
+
+# --- plugin-owned commands and options --------------------------------------------------------
+
+COMMAND_SOURCE = """
+    import typer
+    import dloom
+    from dloom.plugins.baselines import ThresholdCommit
+
+
+    @dloom.hookimpl
+    def dloom_register_commands(cli):
+        @cli.command()
+        def hello(name: str = typer.Option("world", help="Whom to greet.")):
+            '''Greet someone (a third-party command).'''
+            print(f"hello {name}")
+
+
+    @dloom.hookimpl
+    def dloom_register_strategies(register):
+        register(dloom.StrategyRegistration(
+            name="gate", plugin_class=ThresholdCommit,
+            parameters=(dloom.Parameter("tau", 0.9, float, "the gate's threshold", low=0.0, high=1.0,
+                                        low_open=True, high_open=True),),
+            options=("tau",),
+        ))
+"""
+
+CORE_NAMED_COMMAND_SOURCE = """
+    import dloom
+
+
+    @dloom.hookimpl
+    def dloom_register_commands(cli):
+        @cli.command()
+        def generate():
+            '''Would shadow the core's generate.'''
+
+        @cli.command()
+        def wave():
+            '''A command of its own.'''
+            print("wave")
+"""
+
+
+def test_a_third_party_plugin_adds_a_command_listed_in_help(site):
+    site.install("cmdplug", COMMAND_SOURCE)
+    runner = CliRunner()
+    result = runner.invoke(app, ["hello", "--name", "dloom"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "hello dloom\n"
+    listing = runner.invoke(app, ["--help"]).output
+    assert "hello" in listing and "Greet someone" in listing and "calibrate" in listing
+    assert "dloom_register_commands" in plugins_json()["plugins"][-1]["hooks"]
+
+
+def test_a_strategy_option_is_taken_by_generate_eval_and_check_as_its_param(site, monkeypatch):
+    site.install("cmdplug", COMMAND_SOURCE)
+    monkeypatch.setenv("COLUMNS", "300")  # rich wraps help at the terminal's width
+    monkeypatch.setenv("TERMINAL_WIDTH", "300")
+    for command in ("generate", "eval", "check"):
+        listing = " ".join(CliRunner().invoke(app, [command, "--help"]).output.split())
+        assert "--tau" in listing and "gate: the gate's threshold." in listing, command
+        assert "--budget" in listing and "--layout" in listing and "--graph" in listing, command
+    seen = {}
+
+    def build_decoder(model, strategy, param, **settings):
+        seen["param"] = list(param)
+        raise dloom.errors.ConfigurationError("stop here")
+
+    monkeypatch.setattr(cli, "build_decoder", build_decoder)
+    result = CliRunner().invoke(app, ["generate", "x", "--strategy", "gate", "--param", "gate.tau=0.1", "--tau", "0.5"])
+    assert result.exit_code == 2 and "stop here" in result.output
+    assert seen["param"] == ["gate.tau=0.1", "gate.tau=0.5"]  # the option comes last and wins
+
+
+def test_a_strategy_option_value_is_checked_by_its_parameter(site):
+    site.install("cmdplug", COMMAND_SOURCE)
+    result = CliRunner().invoke(app, ["generate", "x", "--strategy", "gate", "--tau", "1.5"])
+    assert result.exit_code == 2
+    assert "parameter 'tau' of strategy 'gate' is 1.5; allowed: (0, 1)" in " ".join(result.output.split())
+    result = CliRunner().invoke(app, ["generate", "x", "--strategy", "quota", "--tau", "0.5"])
+    assert result.exit_code == 2 and "gate" in result.output  # quota has no gate component
+
+
+def test_a_plugin_command_named_like_a_core_command_is_skipped(site):
+    site.install("shadow", CORE_NAMED_COMMAND_SOURCE)
+    with pytest.warns(RuntimeWarning, match="declares command 'generate', which the core has already"):
+        result = CliRunner().invoke(app, ["wave"])
+    assert result.exit_code == 0 and result.stdout == "wave\n"
+    assert [f.name for f in get_registry().failures] == ["shadow:generate"]
+    result = CliRunner().invoke(app, ["generate", "--help"])
+    assert "Decode prompts with a strategy" in result.output
+
+
+@pytest.mark.parametrize("change, message", [
+    ('decoder="quantum"', "names decoder 'quantum'; allowed: diffusion, ar-target"),
+    ('options=("depth",)', "offers option 'depth', which is none of its parameters (tau)"),
+    ('options=("tau",), name="gate2"', "offers option --tau, which strategy 'gate' already owns"),
+])
+def test_a_registration_with_a_bad_decoder_or_option_is_skipped(site, change, message):
+    source = COMMAND_SOURCE if "gate2" in change else COMMAND_SOURCE.replace('options=("tau",)', change)
+    if "gate2" in change:
+        site.install("cmdplug", COMMAND_SOURCE)
+        source = COMMAND_SOURCE.replace('name="gate"', 'name="gate2"')
+    site.install("badreg", source)
+    with pytest.warns(RuntimeWarning, match=message.replace("(", r"\(").replace(")", r"\)")):
+        registry = get_registry()
+    assert "gate2" not in registry.strategies and [f.name for f in registry.failures][-1].startswith("badreg:")
+
+
+def test_a_strategy_option_named_like_a_core_option_is_skipped(site, monkeypatch):
+    site.install("seedplug", COMMAND_SOURCE.replace('"tau"', '"seed"').replace("the gate's threshold", "a seed")
+                 .replace("0.9, float", "0, int").replace(", low=0.0, high=1.0,\n", ",\n")
+                 .replace("low_open=True, high_open=True", "low=0"))
+    assert get_registry().get("gate").registration.options == ("seed",)
+    monkeypatch.setenv("COLUMNS", "300")
+    monkeypatch.setenv("TERMINAL_WIDTH", "300")
+    with pytest.warns(RuntimeWarning, match="offers option --seed, which `dloom generate` already has"):
+        result = CliRunner().invoke(app, ["generate", "--help"])
+    assert result.exit_code == 0 and "Seed of the sampler" in result.output
+    assert "gate: a seed" not in result.output
+    monkeypatch.setenv("DLOOM_STRICT_PLUGINS", "1")
+    reset_registry()
+    result = CliRunner().invoke(app, ["generate", "--help"])
+    assert result.exit_code == 2 and "DLOOM_STRICT_PLUGINS=1 makes this fatal" in " ".join(result.output.split())

@@ -1,6 +1,6 @@
 """The exact output distribution of the transition kernel, by enumeration.
 
-The reference process (DESIGN.md) on one prompt is a Markov chain whose state is the
+The reference process (``docs/concepts.md``, "The decode loop") on one prompt is a Markov chain whose state is the
 generated region (plus the step index within the active block, which quota rules read).
 From each state one forward gives the active block's logits; every masked position draws its
 candidate independently from ``softmax(logits / T)`` with the mask token excluded (the

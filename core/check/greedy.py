@@ -1,7 +1,7 @@
 """Greedy token identity: does a strategy produce the reference's tokens, prompt by prompt?
 
 Under ``T == 0`` a lossless strategy must produce the same tokens as its reference, bit for
-bit (DESIGN.md). Both decode the same prompts in the same batches with the same settings;
+bit (``docs/concepts.md``, "Lossless"). Both decode the same prompts in the same batches with the same settings;
 outputs (tokens up to and including the first EOS) are compared, and the first differing
 prompt and position are reported. Run it in float64: in lower precision two exact strategies
 can part ways on a near-tie, which is rounding, not a broken strategy.

@@ -281,9 +281,9 @@ def _lossless(
 ) -> CheckReport:
     sample: Callable[[], SamplingTest]
     if against == TARGET:
-        from dloom.check.target import failfast_factory, target_sampling_test
+        from dloom.check.target import ar_target_factory, target_sampling_test
 
-        make_decoder = failfast_factory(ours.spec, ours.params)
+        make_decoder = ar_target_factory(ours.spec, ours.params)
         ref_name = "the target"
         greedy = greedy_options.run_against_target(make_decoder, notes)
         sample = partial(target_sampling_test, make_decoder, options)

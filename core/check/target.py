@@ -1,5 +1,5 @@
-"""Checks of a ``lossless against target`` claim: a speculative decoder of an AR target
-(FailFast) must produce the target's own output.
+"""Checks of a ``lossless against target`` claim: a strategy run in the ``"ar-target"``
+decoder (:mod:`dloom.decoding`; FailFast) must produce the AR target's own output.
 
 * :func:`target_greedy`: the target's greedy decoding, one uncached forward per token (the
   reference of the greedy check).
@@ -30,6 +30,7 @@ from dloom.check.enumerate import Output
 from dloom.check.greedy import GreedyComparison, compare_outputs
 from dloom.check.progress import stage
 from dloom.check.sampling import SamplingOptions, SamplingTest, SeedResult, conclude, seed_result
+from dloom.decoding import Decoder, ar_target_decoder
 from dloom.errors import ConfigurationError
 
 MAX_OUTPUTS = 20_000
@@ -119,7 +120,7 @@ def greedy_pair(prompt_count: int, max_new_tokens: int | None) -> tuple[ModelAda
 
 
 def compare_target_greedy(
-    make_decoder: Callable[..., Any], target: ModelAdapter, drafter: ModelAdapter,
+    make_decoder: Callable[..., Decoder], target: ModelAdapter, drafter: ModelAdapter,
     prompts: Sequence[Sequence[int]], max_new_tokens: int, batch_size: int = 32,
 ) -> GreedyComparison:
     """Greedy outputs of ``make_decoder(target, drafter, max_new_tokens=..., temperature=0)``
@@ -138,7 +139,7 @@ def compare_target_greedy(
 
 
 def sampling_seed(
-    make_decoder: Callable[..., Any], seed: int, *, vocab: int = TINY_SAMPLING["vocab"],
+    make_decoder: Callable[..., Decoder], seed: int, *, vocab: int = TINY_SAMPLING["vocab"],
     max_new_tokens: int = TINY_SAMPLING["max_new_tokens"], **values: Any,
 ) -> SeedResult:
     """One tiny enumerable pair's chi-square test: ``samples`` sampled outputs of the decoder
@@ -162,7 +163,7 @@ def sampling_seed(
     return seed_result(seed, model, prompt, {"max_new_tokens": max_new_tokens}, counts, exact, options)
 
 
-def target_sampling_test(make_decoder: Callable[..., Any], options: SamplingOptions) -> SamplingTest:
+def target_sampling_test(make_decoder: Callable[..., Decoder], options: SamplingOptions) -> SamplingTest:
     """:func:`sampling_seed` on ``options.seeds`` tiny pairs, and the verdict."""
     results = []
     for seed in range(options.seeds):
@@ -171,11 +172,11 @@ def target_sampling_test(make_decoder: Callable[..., Any], options: SamplingOpti
     return conclude(results, options)
 
 
-def failfast_factory(spec: Any, params: Mapping[str, Any] | None = None) -> Callable[..., Any]:
-    """``make_decoder`` for a FailFast strategy spec (a name or a ``FailFastSettings``)."""
-    from dloom.failfast import FailFastDecoder
+def ar_target_factory(spec: Any, params: Mapping[str, Any] | None = None) -> Callable[..., Decoder]:
+    """``make_decoder`` for a strategy spec that runs in the ``"ar-target"`` decoder (a name
+    or the strategy's object): :func:`dloom.decoding.ar_target_decoder`."""
 
-    def make(target: ModelAdapter, drafter: ModelAdapter, **settings: Any) -> Any:
-        return FailFastDecoder(target, drafter, spec, params=dict(params or {}), **settings)
+    def make(target: ModelAdapter, drafter: ModelAdapter, **settings: Any) -> Decoder:
+        return ar_target_decoder(target, drafter, spec, params, **settings)
 
     return make

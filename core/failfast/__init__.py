@@ -1,4 +1,5 @@
-"""FailFast: a dLLM drafts for an autoregressive target, losslessly (ALGORITHMS.md §4).
+"""FailFast: a dLLM drafts for an autoregressive target, losslessly (arXiv 2512.20573;
+``docs/strategies/failfast.md``).
 
 Each round, per row:
 
@@ -62,11 +63,7 @@ Host synchronisation: once per drafter step (is any row still drafting) and once
 (the verification layout's width, the new cache length); never per token or per row.
 """
 
-from dloom.failfast.decoder import (
-    FailFastDecoder,
-    build_failfast_decoder,
-    uses_failfast,
-)
+from dloom.failfast.decoder import FailFastDecoder, build_failfast_decoder
 from dloom.failfast.policy import proposal_length
 from dloom.failfast.result import FailFastResult
 from dloom.failfast.settings import (
@@ -82,6 +79,6 @@ from dloom.failfast.verification import sample_target, verify_match, verify_rati
 __all__ = [
     "DEFAULT_MAX_NEW_TOKENS", "DRAFTER_CACHE_MODES", "POLICIES", "VERIFICATIONS",
     "FailFastDecoder", "FailFastResult", "FailFastSettings", "build_failfast_decoder",
-    "check_shared_tokenizer", "proposal_length", "sample_target", "uses_failfast",
+    "check_shared_tokenizer", "proposal_length", "sample_target",
     "verify_match", "verify_ratio",
 ]

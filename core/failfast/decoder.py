@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from dataclasses import dataclass
 from typing import Any, Mapping
 
 import torch
@@ -205,9 +204,9 @@ class FailFastDecoder:
         return composition
 
     @property
-    def composition(self) -> _Named:
-        """What reports read of the strategy: its ``name`` (as a decoder's composition)."""
-        return _Named(self.strategy_name)
+    def name(self) -> str:
+        """The strategy's name (:class:`dloom.decoding.Decoder`)."""
+        return self.strategy_name
 
     @property
     def config(self) -> dict[str, Any]:
@@ -520,13 +519,6 @@ class FailFastDecoder:
         return result
 
 
-@dataclass(frozen=True)
-class _Named:
-    """What :func:`dloom.evaluation.evaluate` reads of a decoder's composition: its name."""
-
-    name: str
-
-
 def build_failfast_decoder(
     target: str | ModelAdapter,
     drafter: str | ModelAdapter,
@@ -577,8 +569,3 @@ def build_failfast_decoder(
         target, drafter, strategy, params=params, max_new_tokens=gen_length, drafter_cache=cache,
         **settings,
     )
-
-
-def uses_failfast(strategy: str) -> bool:
-    """Whether a ``--strategy`` value names the ``failfast`` strategy (alone or in a ``+``)."""
-    return "failfast" in (part.strip() for part in strategy.split("+"))

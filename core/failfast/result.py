@@ -40,7 +40,7 @@ class FailFastResult(GenerationResult):
 
     @property
     def accepted_per_round(self) -> float:
-        """Mean accepted draft tokens per verification (the acceptance of DESIGN.md)."""
+        """Mean accepted draft tokens per verification (the acceptance: accepted draft tokens over verification rounds)."""
         rounds = [a for row in self.accepted for a in row]
         return sum(rounds) / len(rounds) if rounds else 0.0
 

@@ -26,7 +26,7 @@ with the default mix; the shipped weights came from several runs each, with thei
 learning rates and mixes, listed below with their commands.  ``--model all --resume`` and
 ``--eval-only`` act on the three shipped models.
 
-Recipe (``/work/shared/TRAINING-NOTES.md``, second trial): AdamW (weight decay 0.01), peak
+Recipe (the second of two 25-minute trials on these cores; ``docs/zoo.md``, "Retraining"): AdamW (weight decay 0.01), peak
 lr 2e-3 (1.5e-3 for ``toy-ar``; half of it for a run that starts from a checkpoint,
 ``--resume`` or ``--init-from``), betas (0.9, 0.98), 100 linear warm-up steps, then cosine to 5 % of the peak, grad-clip 1.0.
 Batch 64 (the notes used 128: on two shared cores a step of 128 took ~5 s, so the batch was

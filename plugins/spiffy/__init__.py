@@ -1,7 +1,9 @@
 """Spiffy: lossless speculative decoding of a dLLM with calibrated draft graphs of its own
-future states (ALGORITHMS.md §3).
+future states (Agrawal et al., 2025; the draft graphs, pruning and verification are described in
+``docs/strategies/spiffy.md``).
 
-``dloom calibrate`` (:mod:`dloom.plugins.spiffy.calibrate`) records the reference process
+``dloom calibrate`` (:mod:`dloom.plugins.spiffy.cli`, running
+:mod:`dloom.plugins.spiffy.calibrate`) records the reference process
 and keeps the most frequent transitions as a draft graph (:mod:`dloom.plugins.spiffy.graph`);
 at run time the plugin (:mod:`dloom.plugins.spiffy.plugin`) fills that graph from the latest
 distribution, prunes it, lays it out for one forward and verifies it with the kernel.
@@ -14,7 +16,7 @@ from dloom import Claim, Parameter, StrategyRegistration, hookimpl
 from .graph import CalibratedGraph
 from .plugin import LAYOUTS, Spiffy
 
-__all__ = ["CalibratedGraph", "Spiffy", "dloom_register_strategies"]
+__all__ = ["CalibratedGraph", "Spiffy", "dloom_register_commands", "dloom_register_strategies"]
 
 GUARANTEE = (
     "lossless against its commit rule run one forward per step (same tokens under T = 0, "
@@ -44,5 +46,14 @@ def dloom_register_strategies(register) -> None:
                 "block-causal models",
             ),
             default_commit_rule="quota",
+            options=("graph", "budget", "layout"),
         )
     )
+
+
+@hookimpl
+def dloom_register_commands(cli) -> None:
+    """``dloom calibrate`` (imported only when the command line is built)."""
+    from .cli import register_commands
+
+    register_commands(cli)
