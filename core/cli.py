@@ -374,6 +374,7 @@ def eval_command(
     graph: Optional[Path] = GraphOption,
     budget: Optional[int] = BudgetOption,
     layout: Optional[str] = LayoutOption,
+    oracle: bool = typer.Option(False, help="Also report the oracle NFE (oracle_nfe_mean; two extra greedy decodes per example)."),
 ) -> None:
     """Accuracy per task family, NFE, TPF and TPS of a strategy on the held-out task suite.
 
@@ -381,7 +382,8 @@ def eval_command(
     line (the report; "complete": false after Ctrl-C, which exits with status 130 and keeps
     the examples that finished).
     """
-    from dloom.evaluation import EvaluationInterrupted, evaluate, select_examples
+    from dloom.evaluation import EvaluationInterrupted, add_oracle, evaluate, select_examples
+    from dloom.oracle import check_decoder
 
     examples: list[Any] = []
     stream = JsonlStream()
@@ -393,8 +395,12 @@ def eval_command(
             remasking=remasking, seed=seed, cache=cache, cache_refresh=cache_refresh,
             target=target, drafter=drafter,
         )
+        if oracle:
+            check_decoder(decoder)
         batch_size = plan_batches(decoder, [e.prompt for e in examples], batch_size, max_batch_tokens)
         report = evaluate(decoder, examples, batch_size=batch_size, on_batch=stream if as_json else None)
+        if oracle:
+            add_oracle(report, decoder, examples)
     except EvaluationInterrupted as stop:
         if as_json:
             stream.catch_up(stop.partial.outputs)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 
@@ -120,6 +120,21 @@ class OracleCommit:
         return torch.where(found, match, top)
 
 
+def check_decoder(decoder: Any) -> None:
+    """Raise :class:`ConfigurationError` unless ``decoder`` has a greedy output for the oracle
+    to reach: a :class:`DiffusionDecoder` with ``temperature=0`` and ``low_confidence``."""
+    if not isinstance(decoder, DiffusionDecoder):
+        raise ConfigurationError(
+            f"the oracle needs a dloom.DiffusionDecoder, got {type(decoder).__name__} "
+            "(FailFast's target forwards have no commit rule to bound)"
+        )
+    if decoder.temperature != 0 or decoder.remasking != "low_confidence":
+        raise ConfigurationError(
+            f"the oracle reproduces a greedy decode: temperature={decoder.temperature}, "
+            f"remasking={decoder.remasking!r}; allowed: temperature=0, remasking='low_confidence'"
+        )
+
+
 def oracle_nfe(decoder: DiffusionDecoder, prompts: Prompts, oracle=OracleCommit) -> OracleResult:
     """The oracle's forwards per prompt under ``decoder``'s model, lengths and layout.
 
@@ -128,15 +143,12 @@ def oracle_nfe(decoder: DiffusionDecoder, prompts: Prompts, oracle=OracleCommit)
     :param prompts: texts or token-id lists (one row each).
     :param oracle: the commit rule class (tests pass deliberately broken ones).
     :return: an :class:`OracleResult`.
-    :raises ConfigurationError: for a decoder that samples (no greedy output to reach).
+    :raises ConfigurationError: for a decoder that samples (no greedy output to reach) or
+        is not a :class:`DiffusionDecoder`.
     :raises OracleMismatchError: when the oracle's output differs from the reference's
         without a dead end (it committed a token that is not final).
     """
-    if decoder.temperature != 0 or decoder.remasking != "low_confidence":
-        raise ConfigurationError(
-            f"the oracle reproduces a greedy decode: temperature={decoder.temperature}, "
-            f"remasking={decoder.remasking!r}; allowed: temperature=0, remasking='low_confidence'"
-        )
+    check_decoder(decoder)
     model = decoder.model
     prompts = check_prompts(model, prompts, None)
     lengths = dict(gen_length=decoder.gen_length, block_length=decoder.block_length)

@@ -3,6 +3,8 @@ commit rule that also reproduces it, and a broken oracle is caught by its output
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -81,3 +83,29 @@ def test_oracle_refuses_sampling(tiny_adapter):
     decoder = DiffusionDecoder(tiny_adapter, "quota", gen_length=8, block_length=8, temperature=0.5)
     with pytest.raises(ConfigurationError, match="temperature=0.5"):
         oracle_nfe(decoder, [[5, 6]])
+
+
+def test_eval_reports_the_oracle_nfe_only_when_asked():
+    from typer.testing import CliRunner
+
+    from dloom.cli import app
+
+    def summary(*extra):
+        result = CliRunner().invoke(app, ["eval", "--model", "toy-dllm", "-n", "3", "--json", *extra])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.output.strip().splitlines()[-1])
+
+    plain, with_oracle = summary(), summary("--oracle")
+    assert "oracle_nfe_mean" not in plain
+    assert with_oracle["oracle_reached_share"] == 1.0
+    assert 1 <= with_oracle["oracle_nfe_mean"] <= with_oracle["nfe_mean"]
+
+
+def test_eval_refuses_the_oracle_under_sampling_before_decoding():
+    from typer.testing import CliRunner
+
+    from dloom.cli import app
+
+    result = CliRunner().invoke(app, ["eval", "--model", "toy-dllm", "-n", "3", "--oracle", "--temperature", "0.7"])
+    assert result.exit_code != 0
+    assert "temperature=0.7" in result.output
