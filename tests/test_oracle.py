@@ -8,7 +8,8 @@ import json
 import pytest
 import torch
 
-from dloom import DiffusionDecoder, hookimpl, load_model
+from conftest import MASK_ID, PAD_ID
+from dloom import DiffusionDecoder, ModelAdapter, hookimpl, load_model
 from dloom.errors import ConfigurationError
 from dloom.evaluation import select_examples
 from dloom.oracle import OracleCommit, OracleMismatchError, oracle_nfe
@@ -109,3 +110,18 @@ def test_eval_refuses_the_oracle_under_sampling_before_decoding():
     result = CliRunner().invoke(app, ["eval", "--model", "toy-dllm", "-n", "3", "--oracle", "--temperature", "0.7"])
     assert result.exit_code != 0
     assert "temperature=0.7" in result.output
+
+
+def test_oracle_follows_absolute_block_alignment(sharp_adapter):
+    """Block-causal, ``block_alignment="absolute"``: the first block holds the prompt's last
+    ``len % K`` tokens and the last one is completed; the oracle's targets follow that layout
+    (a target misplaced by one block or column would fail the output check)."""
+    adapter = ModelAdapter(
+        sharp_adapter.model, mask_token_id=MASK_ID, eos_token_ids=(), pad_token_id=PAD_ID,
+        attention="block-causal", block_alignment="absolute", max_context=96, name="absolute",
+    )
+    prompts = [[5], [5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15, 16, 17], [18, 19, 20, 21, 22]]
+    oracle = check_bound(adapter, prompts, dict(gen_length=8, block_length=4), others=0)
+    lengths = [8 + (-len(p)) % 4 for p in prompts]
+    assert oracle.generated_lengths.tolist() == lengths  # no EOS: every completed block decoded
+    assert oracle.reached.any()
