@@ -97,14 +97,14 @@ class OracleCommit:
     def __init__(self, targets: torch.Tensor, log: _CandidateLog, mask_token_id: int, eos_ids: torch.Tensor):
         self.targets, self.log = targets, log
         self.mask_token_id, self.eos_ids = mask_token_id, eos_ids
-        self.block = 0
+        self.block = torch.zeros((), dtype=torch.long, device=targets.device)
         self.dead_end = torch.zeros((), dtype=torch.bool, device=targets.device)
 
     def observe(self, record: StepRecord) -> None:
         """The engine's observer: after a step that completes the block, the next step is on
-        the next block (a finished row takes no further step)."""
+        the next block (a finished row takes no further step). Stays on the device."""
         done = ~selectable_positions(record.after, self.mask_token_id, self.eos_ids).any()
-        self.block = int(record.block[0]) + int(done)
+        self.block = record.block[0] + done.long()
 
     def matches(self, selectable: torch.Tensor) -> torch.Tensor:
         """``(1, K)`` bool, the selectable positions whose candidate is the final token."""
