@@ -374,7 +374,9 @@ def eval_command(
     graph: Optional[Path] = GraphOption,
     budget: Optional[int] = BudgetOption,
     layout: Optional[str] = LayoutOption,
-    oracle: bool = typer.Option(False, help="Also report the oracle NFE (oracle_nfe_mean; two extra greedy decodes per example)."),
+    oracle: bool = typer.Option(
+        False, help="Also report the oracle NFE (oracle_nfe_mean; two extra greedy decodes per example)."
+    ),
 ) -> None:
     """Accuracy per task family, NFE, TPF and TPS of a strategy on the held-out task suite.
 

@@ -114,7 +114,8 @@ class OracleCommit:
     def dloom_select_commit(self, confidence, selectable, schedule):
         match = self.matches(selectable)
         _, ranks = sorted_profile(confidence, selectable)
-        top = commit_top(ranks, selectable, torch.ones(selectable.shape[0], dtype=torch.long, device=selectable.device))
+        one = torch.ones(selectable.shape[0], dtype=torch.long, device=selectable.device)
+        top = commit_top(ranks, selectable, one)
         found = match.any(-1, keepdim=True)
         self.dead_end = self.dead_end | (selectable.any(-1, keepdim=True) & ~found).any()
         return torch.where(found, match, top)

@@ -107,7 +107,8 @@ def test_eval_refuses_the_oracle_under_sampling_before_decoding():
 
     from dloom.cli import app
 
-    result = CliRunner().invoke(app, ["eval", "--model", "toy-dllm", "-n", "3", "--oracle", "--temperature", "0.7"])
+    args = ["eval", "--model", "toy-dllm", "-n", "3", "--oracle", "--temperature", "0.7"]
+    result = CliRunner().invoke(app, args)
     assert result.exit_code != 0
     assert "temperature=0.7" in result.output
 
