@@ -9,7 +9,10 @@ In one process it decodes the same held-out task prompts of the toy zoo with eve
 configuration in :data:`CONFIGS` (the one-token-per-step baseline first), grades them with
 :func:`dloom.evaluation.evaluate`, and records accuracy, NFE, tokens per forward (TPF),
 tokens per second (TPS), hook time shares, Spiffy's acceptance (drafts accepted per
-row-verification, as a histogram) and the ratios against the baseline of the same run.
+row-verification, as a histogram) and the ratios against the baseline of the same run; and the
+distance to the limit: the oracle NFE of the same prompts (:mod:`dloom.oracle`), each
+configuration's NFE ÷ oracle, NFE per answer token, padding share (generated positions after
+the first EOS) and, for Spiffy, the most it could save over its commit rule alone.
 Then it writes, all from that one run (``DOCS`` is ``--docs``, default ``docs/``):
 
 * ``--out`` (default ``benchmarks/results/report.json``): every figure, machine-readable;
@@ -46,6 +49,7 @@ import torch
 
 from dloom import DiffusionDecoder, hookimpl, load_model
 from dloom.evaluation import evaluate, select_examples
+from dloom.oracle import oracle_nfe
 from dloom.registry import get_registry
 
 matplotlib.use("Agg")  # files only, no display
@@ -124,13 +128,35 @@ class AcceptanceRecorder:
         return torch.bincount(accepted).tolist()
 
 
+class BlockFloor:
+    """A ``dloom_select_commit`` wrapper counting, per row, the steps that are among the first
+    two of their block: ``sum over blocks of min(steps, 2)``, the fewest forwards a
+    speculative strategy over this commit rule could take (a block's first forward is plain;
+    at best one verification then completes the block). Device tensors, read once."""
+
+    def __init__(self) -> None:
+        self._steps: list[torch.Tensor] = []
+
+    @hookimpl(wrapper=True)
+    def dloom_select_commit(self, confidence, selectable, schedule):
+        commit = yield
+        self._steps.append((selectable.any(-1) & (schedule.step_in_block < 2)).sum())
+        return commit
+
+    def total(self) -> int:
+        return int(torch.stack(self._steps).sum()) if self._steps else 0
+
+
 def measure(model, config: Config, examples, batch_size: int) -> dict[str, Any]:
     """Decode and grade ``examples`` with ``config``; the row of the report (with texts)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         decoder = DiffusionDecoder(model, config.strategy, params=config.params, cache=config.cache)
-    recorder = AcceptanceRecorder()
+    recorder, floor = AcceptanceRecorder(), BlockFloor()
     decoder.pm.register(recorder)
+    speculative = decoder.composition.provider("dloom_draft") is not None
+    if not speculative:
+        decoder.pm.register(floor)
     report = evaluate(decoder, examples, batch_size=batch_size, progress=False)
     claim = get_registry().get(decoder.composition.provider("dloom_select_commit")).claim
     return {
@@ -149,13 +175,34 @@ def measure(model, config: Config, examples, batch_size: int) -> dict[str, Any]:
         "hook_share": {hook: report.hook_share.get(hook, 0.0) for hook in HOOKS},
         "speculation": report.speculation,
         "acceptance_histogram": recorder.histogram(),
+        "nfe_per_answer_token": 1 / report.tpf if report.tpf else None,
+        "padding_share": 1 - report.tpf * report.nfe_mean / decoder.gen_length,
+        "spiffy_floor_nfe_mean": None if speculative else floor.total() / len(examples),
         "warnings": [str(w.message) for w in caught],
         "texts": [o["text"] for o in report.outputs],
+        "nfe": [o["nfe"] for o in report.outputs],
     }
 
 
-def compare(rows: list[dict[str, Any]]) -> None:
-    """Add ratios against the baseline (the first row) and output agreement, in place.
+def measure_oracle(model, examples) -> dict[str, Any]:
+    """The oracle NFE of ``examples`` under the baseline's lengths (:func:`dloom.oracle.oracle_nfe`)."""
+    result = oracle_nfe(DiffusionDecoder(model, BASELINE.strategy), [e.prompt for e in examples])
+    reached = result.nfe[result.reached]
+    return {
+        "nfe": result.nfe.tolist(),
+        "reached": result.reached.tolist(),
+        "nfe_mean": float(reached.float().mean()) if len(reached) else None,
+        "reached_share": float(result.reached.float().mean()),
+    }
+
+
+def compare(rows: list[dict[str, Any]], oracle: dict[str, Any]) -> None:
+    """Add ratios against the baseline (the first row) and the oracle, and output agreement,
+    in place.
+
+    ``nfe_over_oracle`` compares NFE on the prompts where the oracle reproduced the greedy
+    output; ``spiffy_max_saving`` is a speculative row's commit rule alone (same parameters
+    and cache) in NFE over the fewest forwards speculation over it could take.
 
     ``identical_to_commit_rule`` compares a speculative configuration with its commit rule
     run alone under the same parameters and cache (``None`` when not measured or not
@@ -178,8 +225,15 @@ def compare(rows: list[dict[str, Any]]) -> None:
         row["identical_to_baseline"] = same(row, base)
         reference = alone(row) if row["speculation"] else None
         row["identical_to_commit_rule"] = same(row, reference) if reference else None
+        kept = [nfe for nfe, reached in zip(row["nfe"], oracle["reached"]) if reached]
+        row["nfe_over_oracle"] = (
+            sum(kept) / len(kept) / oracle["nfe_mean"] if oracle["nfe_mean"] else None
+        )
+        floor = reference["spiffy_floor_nfe_mean"] if reference else None
+        row["spiffy_max_saving"] = reference["nfe_mean"] / floor if floor else None
     for row in rows:
         row.pop("texts")
+        row.pop("nfe")
 
 
 def run(
@@ -198,7 +252,10 @@ def run(
         row = rows[-1]
         print(f"{config.name:22s} acc {row['accuracy']:6.1%}  NFE {row['nfe_mean']:6.2f}  "
               f"TPF {row['tpf']:5.2f}  TPS {row['tps']:7.1f}", file=sys.stderr, flush=True)
-    compare(rows)
+    oracle = measure_oracle(model, examples)
+    print(f"{'oracle':22s} NFE {oracle['nfe_mean']:6.2f}  reached {oracle['reached_share']:6.1%}",
+          file=sys.stderr, flush=True)
+    compare(rows, oracle)
     sample = DiffusionDecoder(model, BASELINE.strategy).config
     return {
         "command": command,
@@ -215,6 +272,7 @@ def run(
         "machine": f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores",
         "torch": torch.__version__,
         "baseline": BASELINE.name,
+        "oracle": {key: oracle[key] for key in ("nfe_mean", "reached_share")},
         "rows": rows,
         "seconds": round(time.perf_counter() - started, 1),
     }
@@ -279,6 +337,7 @@ def detail_tables(report: dict[str, Any]) -> str:
             "| configuration | " + " | ".join(HOOKS) + " |", "|---|" + "---|" * len(HOOKS)]
     for row in report["rows"]:
         out.append(f"| {row['label']} | " + " | ".join(f"{row['hook_share'][h]:.1%}" for h in HOOKS) + " |")
+    out += ["", oracle_table(report)]
     speculative = [r for r in report["rows"] if r["speculation"]]
     if speculative:
         out += ["", "## Speculation", "",
@@ -294,6 +353,46 @@ def detail_tables(report: dict[str, Any]) -> str:
                 f"{s['accepted_per_verification']:.2f} | {percent(row['identical_to_commit_rule'])} |"
             )
     return "\n".join(out)
+
+
+def ratio(value: float | None, digits: int = 2) -> str:
+    return "" if value is None else f"{value:.{digits}f}×"
+
+
+def oracle_table(report: dict[str, Any]) -> str:
+    """Distance to the limit: each configuration against the oracle NFE of the same prompts."""
+    oracle = report["oracle"]
+    out = [
+        "## Distance to the limit", "",
+        f"The oracle commits, at every forward, each masked position whose argmax is already "
+        f"the final greedy token (the engine's own layout, `dloom.oracle`): "
+        f"**{oracle['nfe_mean']:.2f} forwards per prompt**, on the "
+        f"{oracle['reached_share']:.0%} of prompts where it reproduces the greedy output (the "
+        "others meet a dead end). *Spiffy could save at most* is the commit rule alone in NFE "
+        "over the sum, over its blocks, of min(steps, 2): a block's first forward is plain and "
+        "at best one verification completes it.", "",
+        "| configuration | NFE | NFE ÷ oracle | NFE / answer token | padding share "
+        "| Spiffy could save at most | Spiffy saves |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in report["rows"]:
+        out.append(
+            f"| {row['label']} | {row['nfe_mean']:.2f} | {ratio(row['nfe_over_oracle'])} | "
+            f"{row['nfe_per_answer_token']:.3f} | {row['padding_share']:.0%} | "
+            f"{ratio(row['spiffy_max_saving'])} | {ratio(spiffy_saving(report, row))} |"
+        )
+    return "\n".join(out)
+
+
+def spiffy_saving(report: dict[str, Any], row: dict[str, Any]) -> float | None:
+    """A speculative row's measured saving over its commit rule alone (same parameters and
+    cache), ``None`` for other rows or when that rule was not measured."""
+    if not row["speculation"]:
+        return None
+    rule = row["commit_rule"]
+    alone = next((r for r in report["rows"] if r["speculation"] is None and r["strategy"] == rule
+                  and r["params"] == {rule: row["params"][rule]} and r["cache"] == row["cache"]), None)
+    return alone["nfe_mean"] / row["nfe_mean"] if alone else None
 
 
 def micro_table(path: Path) -> str:

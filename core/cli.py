@@ -399,6 +399,9 @@ def eval_command(
         None, "--ray", min=1,
         help="Decode on Ray with N actors, one model replica each (pip install \"dloom[ray]\").",
     ),
+    oracle: bool = typer.Option(
+        False, help="Also report the oracle NFE (oracle_nfe_mean; two extra greedy decodes per example)."
+    ),
 ) -> None:
     """Accuracy per task family, NFE, TPF and TPS of a strategy on the held-out task suite.
 
@@ -406,7 +409,8 @@ def eval_command(
     line (the report; "complete": false after Ctrl-C, which exits with status 130 and keeps
     the examples that finished).
     """
-    from dloom.evaluation import EvaluationInterrupted, evaluate, evaluate_on_ray, select_examples
+    from dloom.evaluation import EvaluationInterrupted, add_oracle, evaluate, evaluate_on_ray, select_examples
+    from dloom.oracle import check_decoder
 
     examples: list[Any] = []
     stream = JsonlStream()
@@ -419,6 +423,8 @@ def eval_command(
             remasking=remasking, seed=seed, cache=cache, cache_refresh=cache_refresh,
         )
         if ray_actors is not None:  # each actor builds the decoder; its errors come back as dloom's
+            if oracle:
+                raise ConfigurationError("--oracle decodes in this process; it does not combine with --ray")
             from dloom.ray import DecodeSpec
 
             spec = DecodeSpec(model, strategy, tuple(params), settings, device, dtype, target, drafter)
@@ -427,8 +433,12 @@ def eval_command(
             decoder = build_decoder(
                 model, strategy, params, device=device, dtype=dtype, target=target, drafter=drafter, **settings,
             )
+            if oracle:
+                check_decoder(decoder)
             batch_size = plan_batches(decoder, [e.prompt for e in examples], batch_size, max_batch_tokens)
             report = evaluate(decoder, examples, batch_size=batch_size, on_batch=stream if as_json else None)
+            if oracle:
+                add_oracle(report, decoder, examples)
     except EvaluationInterrupted as stop:
         if as_json:
             stream.catch_up(stop.partial.outputs)

@@ -43,6 +43,9 @@ class EvalReport:
         otherwise); see :attr:`dloom.metrics.GenerationResult.speculation`.
     :ivar complete: ``False`` when the run was interrupted: the figures cover the
         ``n`` examples that finished.
+    :ivar oracle_nfe_mean: the oracle's mean forwards over the examples where it reproduces
+        the greedy output (:func:`add_oracle`; ``None`` unless asked for).
+    :ivar oracle_reached_share: the share of examples where it does.
     """
 
     accuracy: float
@@ -56,6 +59,8 @@ class EvalReport:
     outputs: list[dict[str, Any]] = field(default_factory=list)
     speculation: dict[str, Any] | None = None
     complete: bool = True
+    oracle_nfe_mean: float | None = None
+    oracle_reached_share: float | None = None
 
     def to_json(self, with_outputs: bool = False) -> dict[str, Any]:
         """The JSON object of ``dloom eval --json``."""
@@ -71,9 +76,23 @@ class EvalReport:
             "config": self.config,
             "complete": self.complete,
         }
+        if self.oracle_reached_share is not None:
+            data["oracle_nfe_mean"] = self.oracle_nfe_mean
+            data["oracle_reached_share"] = self.oracle_reached_share
         if with_outputs:
             data["outputs"] = self.outputs
         return data
+
+
+def add_oracle(report: EvalReport, decoder: Any, examples: Sequence[Example]) -> None:
+    """Set ``report``'s oracle figures for ``examples`` under ``decoder``'s lengths
+    (:func:`dloom.oracle.oracle_nfe`: two greedy decodes per example)."""
+    from dloom.oracle import oracle_nfe
+
+    result = oracle_nfe(decoder, [e.prompt for e in examples])
+    reached = result.nfe[result.reached].float()
+    report.oracle_nfe_mean = float(reached.mean()) if len(reached) else None
+    report.oracle_reached_share = float(result.reached.float().mean())
 
 
 def select_examples(tasks: str, n: int, seed: int = 0, split: str = "held-out") -> list[Example]:

@@ -56,6 +56,26 @@ def test_one_run_measures_every_requested_configuration(generated):
     assert set(spiffy["hook_share"]) == {"forward", "select_commit", "draft", "prune", "build_mask", "verify"}
 
 
+def test_distance_to_the_limit(generated):
+    _, report = generated
+    base, threshold, spiffy = report["rows"]
+    oracle = report["oracle"]
+    assert oracle["reached_share"] == 1.0  # toy-dllm meets no dead end on these prompts
+    # the oracle is a bound for every rule reproducing the greedy output: quota, and Spiffy where it does
+    assert 1 <= oracle["nfe_mean"] <= base["nfe_mean"] and base["nfe_over_oracle"] >= 1.0
+    assert base["nfe_over_oracle"] == pytest.approx(base["nfe_mean"] / oracle["nfe_mean"])
+    # Spiffy takes at least min(steps, 2) forwards per block of its rule alone
+    assert threshold["spiffy_floor_nfe_mean"] <= threshold["nfe_mean"]
+    assert spiffy["spiffy_floor_nfe_mean"] is None
+    assert spiffy["nfe_mean"] >= threshold["spiffy_floor_nfe_mean"]
+    assert spiffy["spiffy_max_saving"] == pytest.approx(
+        threshold["nfe_mean"] / threshold["spiffy_floor_nfe_mean"])
+    assert threshold["spiffy_max_saving"] is None
+    for row in report["rows"]:
+        assert row["nfe_per_answer_token"] == pytest.approx(1 / row["tpf"])
+        assert 0 <= row["padding_share"] < 1
+
+
 def test_the_page_plots_and_headline_tables_are_written(generated, report_module):
     root, report = generated
     page = (root / "docs" / "benchmarks" / "report.md").read_text()
@@ -66,6 +86,8 @@ def test_the_page_plots_and_headline_tables_are_written(generated, report_module
     headline = report_module.headline_table(report)
     assert "| Spiffy over threshold τ = 0.9 | lossless against threshold |" in headline
     assert headline in page
+    assert report_module.oracle_table(report) in page
+    assert f"**{report['oracle']['nfe_mean']:.2f} forwards per prompt**" in page
     for path in (root / "README.md", root / "docs" / "index.md"):
         text = path.read_text()
         assert "stale table" not in text
