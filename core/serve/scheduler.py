@@ -21,11 +21,12 @@ that decodes a lane's waiting rows as one batch.
   batch.
 * **Cancellation.** A row cancelled before its batch starts leaves the queue and frees its
   tokens at once. A row cancelled while decoding keeps its place until the batch ends
-  (today's engine decodes a batch to its end); its output is discarded.
+  (a batch is one ``generate`` call); its output is discarded.
 
 Block-boundary joins (continuous batching) replace one method, :meth:`Scheduler._decode`:
-with per-row block progression in the engine it would admit the lane's waiting rows at
-every block boundary and retire finished or cancelled rows there, posting the same events.
+the engine already retires a finished row at once (per-row block progression); a
+block-boundary version would also admit the lane's waiting rows at every block boundary and
+retire cancelled rows there, posting the same events.
 """
 
 from __future__ import annotations
