@@ -312,8 +312,10 @@ def serve_seeded_together(model):
                 pool.submit(client.completions.create, model=MODEL, prompt=prompt, **SEEDED)
                 for prompt in SEEDED_REQUESTS
             ]
-            wait_for(lambda: metrics_of(served)["dloom_queue_depth"] == rows)
-            served.service.scheduler.start()
+            try:
+                wait_for(lambda: metrics_of(served)["dloom_queue_depth"] == rows)
+            finally:
+                served.service.scheduler.start()  # else the waiting clients would hang
             answers = [future.result() for future in futures]
         batches = metrics_of(served)["dloom_batches_total"]
     finally:
