@@ -69,6 +69,38 @@ def generated_lengths(generated: torch.Tensor, eos_ids: torch.Tensor) -> torch.T
     return torch.clamp(first + 1, max=width)
 
 
+def row_streams(
+    row_offset: int | Sequence[int] | torch.Tensor, batch: int, device: torch.device
+) -> torch.Tensor:
+    """Each prompt's random stream index, ``(B,)`` long on ``device``.
+
+    :param row_offset: an int (prompt ``i`` gets stream ``row_offset + i``) or one index per
+        prompt (a sequence or a ``(B,)`` tensor).
+    :param batch: the number of prompts ``B``.
+    :raises ConfigurationError: for a negative index, or a sequence whose length is not ``B``.
+    """
+    allowed = "allowed: an int >= 0, or one int >= 0 per prompt (a sequence or a 1-D tensor)"
+    if isinstance(row_offset, int) and not isinstance(row_offset, bool):
+        if row_offset < 0:
+            raise ConfigurationError(f"row_offset is {row_offset}; {allowed}")
+        return torch.arange(batch, device=device) + row_offset
+    try:
+        streams = torch.as_tensor(row_offset, device=device)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise ConfigurationError(f"row_offset is {row_offset!r}; {allowed}") from error
+    if streams.dtype == torch.bool or streams.is_floating_point() or streams.is_complex() or streams.dim() != 1:
+        raise ConfigurationError(f"row_offset is {row_offset!r}; {allowed}")
+    if streams.numel() != batch:
+        raise ConfigurationError(
+            f"row_offset has {streams.numel()} stream indices for {batch} prompts; {allowed}"
+        )
+    if bool((streams < 0).any()):
+        raise ConfigurationError(
+            f"row_offset {streams.tolist()} has a negative stream index; {allowed}"
+        )
+    return streams.long()
+
+
 class DiffusionDecoder:
     """Decode a dLLM with a strategy composition.
 
@@ -334,7 +366,7 @@ class DiffusionDecoder:
         observer: Callable[[StepRecord], None] | None = None,
         on_block: Callable[[BlockRecord], None] | None = None,
         *,
-        row_offset: int = 0,
+        row_offset: int | Sequence[int] | torch.Tensor = 0,
     ) -> GenerationResult:
         """Decode a batch of prompts.
 
@@ -345,12 +377,16 @@ class DiffusionDecoder:
         :param on_block: called after every step in which some rows finished a block, plain
             or speculative, with a :class:`BlockRecord` of those rows' final block tokens
             (``dloom serve`` streams them). Costs no host synchronisation unless given.
-        :param row_offset: the index of the first prompt in the whole request: prompt ``i``
-            samples from random stream ``row_offset + i`` (:class:`dloom.kernel.RowStreams`),
-            so that a prompt's sample depends on the seed and its index, not on the batch it
-            is decoded in.
+        :param row_offset: each prompt's random stream (:class:`dloom.kernel.RowStreams`), so
+            that a prompt's sample depends on the seed and its stream, not on the batch it is
+            decoded in. An int is the index of the first prompt in the whole request (prompt
+            ``i`` samples from stream ``row_offset + i``); a sequence or ``(B,)`` tensor gives
+            one stream per prompt (``dloom serve`` batches prompts of different requests,
+            each with its index in its own request).
         :return: the decoded batch with its metrics.
         :raises ModelError: for empty prompts or a sequence beyond the model's context.
+        :raises ConfigurationError: for a negative ``row_offset`` or one whose length is not
+            the number of prompts.
         :raises NonFiniteLogitsError: when the model returns NaN or inf.
         """
         start_time = time.perf_counter()
@@ -367,6 +403,7 @@ class DiffusionDecoder:
                 f"exceeds the model's context of {model.max_context} tokens"
             )
         device = prompt_ids.device
+        stream_ids = row_streams(row_offset, batch, device)
         tokens, full_mask, positions, start, region_end = self._layout(prompt_ids, prompt_mask)
         gen_end = tokens.shape[1]
         absolute = model.block_alignment == "absolute"
@@ -384,7 +421,7 @@ class DiffusionDecoder:
         )
         samples = self.temperature > 0 or self.remasking == "random"
         streams = (
-            RowStreams(self.seed, torch.arange(batch, device=device) + row_offset) if samples else None
+            RowStreams(self.seed, stream_ids) if samples else None
         )
         x = tokens.clone()
         kernel = KernelStep(

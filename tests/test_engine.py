@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from conftest import EOS_ID, MASK_ID, PAD_ID
 from dloom import DiffusionDecoder, ModelAdapter
+from dloom.errors import ConfigurationError
 from dloom.kernel import RowStreams
 
 
@@ -312,6 +313,34 @@ def test_a_seeded_sample_does_not_depend_on_the_batch_size(tiny_adapter, strateg
     assert len({tuple(t) for t in same_prompt}) > 4
     other_seed = DiffusionDecoder(tiny_adapter, strategy, gen_length=8, block_length=4, temperature=1.0, seed=12)
     assert other_seed.generate(prompts).token_lists != whole
+
+
+def test_row_offset_gives_each_prompt_its_own_stream(tiny_adapter):
+    """A sequence of stream indices, one per prompt: ``generate([a, b], row_offset=[5, 2])``
+    samples ``a`` from stream 5 and ``b`` from stream 2, as decoding each alone does (the
+    server batches prompts of different requests this way); the int form would differ."""
+    a, b = [5, 6, 7], [8, 9]
+    decoder = DiffusionDecoder(tiny_adapter, "quota", gen_length=8, block_length=4, temperature=1.0, seed=11)
+    together = decoder.generate([a, b], row_offset=[5, 2]).token_lists
+    alone = [decoder.generate([a], row_offset=5).token_lists[0], decoder.generate([b], row_offset=2).token_lists[0]]
+    assert together == alone
+    assert decoder.generate([a, b], row_offset=torch.tensor([5, 2])).token_lists == alone
+    assert decoder.generate([a, b], row_offset=5).token_lists[1] != alone[1]  # stream 6, not 2
+    assert decoder.generate([a], row_offset=4).token_lists[0] != alone[0]  # the index matters
+
+
+@pytest.mark.parametrize("row_offset, message", [
+    ([1], "row_offset has 1 stream indices for 2 prompts"),
+    ([1, 2, 3], "row_offset has 3 stream indices for 2 prompts"),
+    ([0, -1], r"row_offset \[0, -1\] has a negative stream index"),
+    (-1, "row_offset is -1; allowed: an int >= 0"),
+    ([0.5, 1.0], r"row_offset is \[0.5, 1.0\]; allowed"),
+    ([[0, 1]], r"row_offset is \[\[0, 1\]\]; allowed"),
+])
+def test_a_bad_row_offset_is_refused(tiny_adapter, row_offset, message):
+    decoder = DiffusionDecoder(tiny_adapter, "quota", gen_length=8, block_length=4, temperature=1.0, seed=11)
+    with pytest.raises(ConfigurationError, match=message):
+        decoder.generate([[5, 6, 7], [8, 9]], row_offset=row_offset)
 
 
 def test_row_streams_are_distinct_and_reproducible():

@@ -288,14 +288,64 @@ def test_concurrent_clients_each_get_their_own_offline_output(model, served):
     assert after['dloom_requests_total{outcome="completed"}'] - before['dloom_requests_total{outcome="completed"}'] == len(cases)
 
 
-def test_seeded_sampled_requests_are_never_batched(model, served):
-    client = served.client()
-    with ThreadPoolExecutor(6) as pool:
-        answers = list(pool.map(
-            lambda _: client.completions.create(model=MODEL, prompt=PROMPTS[3], temperature=3.0, seed=11), range(6)
-        ))
-    assert {a.usage.batch_rows for a in answers} == {1}
-    assert {a.choices[0].text for a in answers} == {offline(model, PROMPTS[3], temperature=3.0, seed=11)[0]}
+SEEDED = {"temperature": 3.0, "seed": 11}  # hot enough that random streams disagree on the toy model
+SEEDED_REQUESTS = [PROMPTS[3], PROMPTS[0], [PROMPTS[1], PROMPTS[4], PROMPTS[3]], PROMPTS[2], PROMPTS[3]]
+
+
+def offline_request(model, prompts):
+    """The texts of one request's ``prompts`` decoded together offline, seeded as ``SEEDED``."""
+    decoder = dloom.DiffusionDecoder(model, "quota", block_length=BLOCK, **SEEDED)
+    lists = decoder.generate(prompts if isinstance(prompts, list) else [prompts]).token_lists
+    return [model.decode([t for t in tokens if t not in model.eos_token_ids]) for tokens in lists]
+
+
+def serve_seeded_together(model):
+    """``SEEDED_REQUESTS`` sent at once to a fresh server whose worker starts only when all
+    their rows are queued: each request's texts, and the batches the server decoded."""
+    rows = sum(len(p) if isinstance(p, list) else 1 for p in SEEDED_REQUESTS)
+    served = Served(ServeConfig(model, DecodeDefaults(block_length=BLOCK), max_batch_size=16))
+    try:
+        served.service.scheduler.stop()  # rows stay queued until all have arrived
+        client = served.client()
+        with ThreadPoolExecutor(len(SEEDED_REQUESTS)) as pool:
+            futures = [
+                pool.submit(client.completions.create, model=MODEL, prompt=prompt, **SEEDED)
+                for prompt in SEEDED_REQUESTS
+            ]
+            try:
+                wait_for(lambda: metrics_of(served)["dloom_queue_depth"] == rows)
+            finally:
+                served.service.scheduler.start()  # else the waiting clients would hang
+            answers = [future.result() for future in futures]
+        batches = metrics_of(served)["dloom_batches_total"]
+    finally:
+        served.stop()
+    texts = [[choice.text for choice in sorted(a.choices, key=lambda c: c.index)] for a in answers]
+    return texts, batches
+
+
+def test_seeded_sampled_requests_share_a_batch_and_each_equals_its_offline_decode(model):
+    """Requests with the same seed share one lane and one batch; each row samples from the
+    stream of its index in its own request, so every request decodes as it does alone."""
+    texts, batches = serve_seeded_together(model)
+    assert batches < len(SEEDED_REQUESTS)  # batched together (one batch here)
+    assert texts == [offline_request(model, prompts) for prompts in SEEDED_REQUESTS]
+
+
+def test_seeded_batching_with_the_batch_row_as_random_stream_is_caught(model, monkeypatch):
+    """Negative control: streams keyed to the row of the batch instead of the index in the
+    request change the samples, and the comparison above sees it."""
+    generate = dloom.DiffusionDecoder.generate
+
+    def by_batch_row(self, prompts, *args, row_offset=0, **kwargs):
+        return generate(self, prompts, *args, row_offset=0, **kwargs)  # row i: stream i
+
+    monkeypatch.setattr(dloom.DiffusionDecoder, "generate", by_batch_row)
+    texts, batches = serve_seeded_together(model)
+    monkeypatch.undo()
+    assert batches < len(SEEDED_REQUESTS)
+    expected = [offline_request(model, prompts) for prompts in SEEDED_REQUESTS]
+    assert texts != expected
 
 
 # --- back-pressure and cancellation ----------------------------------------------------
@@ -475,10 +525,11 @@ def test_equivalent_settings_share_a_lane_and_a_seed_only_matters_when_sampling(
     pool = DecoderPool(model, DecodeDefaults(strategy="threshold"))
     assert pool.resolve(params={"tau": 0.9}).key == pool.resolve().key  # 0.9 is the default
     assert pool.resolve(params={"tau": 0.8}).key != pool.resolve().key
-    assert pool.resolve(seed=3).key == pool.resolve(seed=4).key and not pool.resolve(seed=3).key.solo
+    assert pool.resolve(seed=3).key == pool.resolve(seed=4).key  # greedy: the seed changes nothing
     sampled = pool.resolve(temperature=1.0, seed=3)
-    assert sampled.key.solo and sampled.key != pool.resolve(temperature=1.0, seed=4).key
-    assert not pool.resolve(temperature=1.0).key.solo
+    assert sampled.key == pool.resolve(temperature=1.0, seed=3).key  # same seed: one lane
+    assert sampled.key != pool.resolve(temperature=1.0, seed=4).key
+    assert sampled.key != pool.resolve(temperature=1.0).key
 
 
 def test_visible_output_cuts_at_eos_max_tokens_and_stop(model):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -14,6 +14,7 @@ from dloom.adapter import ModelAdapter, left_pad_prompts
 from dloom.ar import ARTarget
 from dloom.cache import cache_argument
 from dloom.composition import build_plugin_manager, compose
+from dloom.engine import row_streams
 from dloom.errors import (
     ConfigurationError,
     HookContractError,
@@ -229,19 +230,26 @@ class FailFastDecoder:
         }
 
     def generate(
-        self, prompts: Prompts, attention_mask: torch.Tensor | None = None, *, row_offset: int = 0
+        self,
+        prompts: Prompts,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        row_offset: int | Sequence[int] | torch.Tensor = 0,
     ) -> FailFastResult:
         """Decode a batch of prompts.
 
         :param prompts: texts, token-id lists (left-padded here), or a ``(B, P)`` tensor of
             left-padded ids with its ``attention_mask``.
-        :param row_offset: the index of the first prompt in the whole request: prompt ``i``
-            samples from random stream ``row_offset + i`` (:class:`dloom.kernel.RowStreams`;
-            a row's draws advance with its own drafting steps and verifications only, and are
-            keyed to its own draft positions).
+        :param row_offset: each prompt's random stream (:class:`dloom.kernel.RowStreams`; a
+            row's draws advance with its own drafting steps and verifications only, and are
+            keyed to its own draft positions): an int is the index of the first prompt in the
+            whole request (prompt ``i`` samples from stream ``row_offset + i``), a sequence or
+            ``(B,)`` tensor gives one stream per prompt, as in
+            :meth:`dloom.DiffusionDecoder.generate`.
         :return: the generated tokens (``generated`` ``(B, max_new_tokens)``, the target's
             pad id after each row's end) and the metrics.
         :raises ModelError: empty prompts, or a sequence beyond either model's context.
+        :raises ConfigurationError: a negative ``row_offset`` or one of the wrong length.
         :raises NonFiniteLogitsError: when the drafter returns NaN or inf logits.
         """
         start_time = time.perf_counter()
@@ -257,11 +265,12 @@ class FailFastDecoder:
                 f"exceeds the drafter {self.drafter.name!r}'s context of {self.drafter.max_context}"
             )
         device = prompt_ids.device
+        stream_ids = row_streams(row_offset, batch, device)
         mask_id = self.drafter.mask_token_id
         generator = None
         if self.temperature > 0 or self.remasking == "random":
             # one random stream per prompt: a prompt's sample does not depend on its batch
-            generator = RowStreams(self.seed, torch.arange(batch, device=device) + row_offset)
+            generator = RowStreams(self.seed, stream_ids)
         canvas = torch.cat(
             [prompt_ids, torch.full((batch, self.max_new_tokens), mask_id, device=device)], dim=1
         )

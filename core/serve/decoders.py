@@ -41,12 +41,12 @@ class DecodeDefaults:
 
 @dataclass(frozen=True)
 class LaneKey:
-    """Everything that makes two rows decodable in one batch: the decoder's settings, and
-    for a seeded request that draws random numbers its seed (such a request is decoded
-    alone, so that its random stream does not depend on other requests)."""
+    """Everything that makes two rows decodable in one batch: the decoder's settings, the
+    seed included for a decoder that draws random numbers (each row samples from its own
+    stream, keyed to the seed and the row's index in its request, so seeded rows of many
+    requests share a batch and each still decodes as its request alone)."""
 
     settings: str  # the decoder's config as sorted JSON (seed left out unless it matters)
-    solo: bool
 
 
 @dataclass(frozen=True)
@@ -113,10 +113,7 @@ class DecoderPool:
         config = dict(decoder.config)
         if not random or seed is None:
             config["seed"] = None  # the seed changes nothing, or nothing is reproducible
-        resolved = Resolved(
-            LaneKey(json.dumps(config, sort_keys=True, default=str), solo=random and seed is not None),
-            decoder,
-        )
+        resolved = Resolved(LaneKey(json.dumps(config, sort_keys=True, default=str)), decoder)
         with self._lock:
             self._decoders[request_key] = resolved
             while len(self._decoders) > self.capacity:

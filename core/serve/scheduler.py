@@ -10,18 +10,23 @@ that decodes a lane's waiting rows as one batch.
 * **Request-level dynamic batching.** One worker thread owns the device. Each time it is
   free it takes the lane whose oldest row has waited longest and decodes up to
   ``max_batch_size`` of that lane's waiting rows in one
-  :meth:`~dloom.DiffusionDecoder.generate` call (a seeded request that samples is decoded
-  alone). Rows arriving meanwhile wait for the next call.
+  :meth:`~dloom.DiffusionDecoder.generate` call. Rows arriving meanwhile wait for the next
+  call.
 * **Batch invariance.** Under greedy decoding a row's tokens do not depend on the other
   rows of its batch (the engine pads on the left and masks the padding), so every response
   equals decoding its prompt alone offline; ``tests/test_serve.py`` checks it under load.
+  A sampling row draws from its own random stream, keyed to the lane's seed and the row's
+  index in its request (:attr:`Job.index`, passed as ``row_offset``), so a seeded request
+  decodes exactly as ``generate`` of its own prompts with that seed, whatever shares its
+  batch.
 * **Cancellation.** A row cancelled before its batch starts leaves the queue and frees its
   tokens at once. A row cancelled while decoding keeps its place until the batch ends
-  (today's engine decodes a batch to its end); its output is discarded.
+  (a batch is one ``generate`` call); its output is discarded.
 
 Block-boundary joins (continuous batching) replace one method, :meth:`Scheduler._decode`:
-with per-row block progression in the engine it would admit the lane's waiting rows at
-every block boundary and retire finished or cancelled rows there, posting the same events.
+the engine already retires a finished row at once (per-row block progression); a
+block-boundary version would also admit the lane's waiting rows at every block boundary and
+retire cancelled rows there, posting the same events.
 """
 
 from __future__ import annotations
@@ -84,12 +89,14 @@ class Job:
     :ivar prompt: the prompt's token ids.
     :ivar stream: whether the request wants each block as it lands.
     :ivar post: delivers an event to the request (called from the worker thread).
+    :ivar index: the prompt's index in its request (``0 .. n-1``): its random stream.
     :ivar state: ``queued``, ``running``, ``done`` or ``cancelled``.
     """
 
     prompt: list[int]
     stream: bool
     post: Callable[[Event], None]
+    index: int = 0
     cost: int = 0
     state: str = "queued"
     lane: LaneKey | None = None
@@ -214,10 +221,9 @@ class Scheduler:
 
     def _take(self) -> tuple[Lane, list[Job]]:
         """The next batch (lock held): the lane whose oldest row has waited longest, up to
-        ``max_batch_size`` of its rows (one for a solo lane)."""
+        ``max_batch_size`` of its rows."""
         lane = min(self._lanes.values(), key=lambda lane: lane.waiting[0].submitted)
-        size = 1 if lane.key.solo else self.max_batch_size
-        jobs = [lane.waiting.popleft() for _ in range(min(size, len(lane.waiting)))]
+        jobs = [lane.waiting.popleft() for _ in range(min(self.max_batch_size, len(lane.waiting)))]
         if not lane.waiting:
             del self._lanes[lane.key]
         for job in jobs:
@@ -230,7 +236,9 @@ class Scheduler:
         decides how rows share the device; see the module docstring)."""
         on_block = self._streamer(jobs) if any(job.stream for job in jobs) else None
         try:
-            result = lane.decoder.generate([job.prompt for job in jobs], on_block=on_block)
+            result = lane.decoder.generate(
+                [job.prompt for job in jobs], on_block=on_block, row_offset=[job.index for job in jobs]
+            )
         except Exception as error:  # noqa: BLE001 - every waiting client must hear of it
             events: list[Event] = [Failed(error)] * len(jobs)
         else:

@@ -33,7 +33,7 @@ class GenerationFields(BaseModel):
     temperature: float | None = Field(
         None, ge=0, description="0 (the default, unlike OpenAI's 1) decodes greedily"
     )
-    seed: int | None = Field(None, description="seeds the sampler (a seeded sampled request is decoded alone)")
+    seed: int | None = Field(None, description="seeds the sampler (the request's output is the same whatever shares its batch)")
     stop: str | list[str] | None = Field(None, validate_default=True, description="up to 4 stop sequences")
     stream: bool = False
     stream_options: StreamOptions | None = None

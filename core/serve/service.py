@@ -171,7 +171,7 @@ class Service:
                     pass
             return post
 
-        jobs = [Job(prompt, stream, poster(i)) for i, prompt in enumerate(prepared.prompts)]
+        jobs = [Job(prompt, stream, poster(i), index=i) for i, prompt in enumerate(prepared.prompts)]
         self.scheduler.submit(prepared.resolved, jobs)
         return jobs, events
 
