@@ -406,3 +406,27 @@ def test_the_fallback_warning_points_at_the_line_that_built_the_decoder(tiny_ada
     with pytest.warns(UserWarning, match="uncalibrated default graph") as caught:
         DiffusionDecoder(tiny_adapter, "spiffy+quota", gen_length=8, block_length=4)
     assert caught[0].filename == __file__
+
+
+def test_the_frame_ranks_saturated_positions_as_the_kernel_commits_them():
+    """Float32 logits give two near-certain positions the same kernel confidence, which the
+    commit rules order by position; the frame must rank them the same way (a float64
+    ranking would put position 2 first and every deeper quota draft would miss)."""
+    logits = torch.full((1, 3, 5), -30.0)
+    logits[0, 0, 1], logits[0, 2, 1] = 0.0, 1.0  # p = 1 - 4e-13 and 1 - 1.5e-13 in float64
+    logits[0, 1, 2] = -27.0  # a clearly less confident position
+    block = torch.full((1, 3), 4)  # all masked (mask id 4)
+    frame = rank_frame(logits, block, mask_token_id=4, token_ranks=2)
+    assert frame.position_by_rank[0].tolist() == [0, 2, 1]
+    assert frame.probs[0, 2, 0] > frame.probs[0, 0, 0]  # float64 would have ranked 2 first
+
+
+def test_spiffy_over_quota_accepts_several_drafts_per_verification():
+    """Exact counts on four held-out prompts: the engine's step from a draft follows the
+    draft's ranking (the regression this pins accepted 0.54 drafts per verification)."""
+    from dloom import load_model
+    from dloom.evaluation import select_examples
+
+    prompts = [e.prompt for e in select_examples("all", 4, seed=0)]
+    result = DiffusionDecoder(load_model("toy-dllm"), "spiffy+quota").generate(prompts)
+    assert result.accepted_drafts >= 2 * result.verifications

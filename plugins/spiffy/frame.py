@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from dloom.kernel import propose
+
 
 @dataclass(frozen=True)
 class Frame:
@@ -47,7 +49,12 @@ def rank_frame(
     probs = torch.softmax(logits64, dim=-1)
     top_probs, top_tokens = torch.topk(probs, k=min(token_ranks, probs.shape[-1] - 1), dim=-1)
     is_masked = block == mask_token_id
-    confidence = torch.where(is_masked, top_probs[..., 0], torch.full_like(top_probs[..., 0], -1.0))
+    # Positions are ranked by the kernel's own greedy confidence, in the kernel's precision:
+    # float32 logits saturate near-certain positions to equal confidences, which the commit
+    # rules order by position, and so must the drafts.
+    _, kernel_confidence = propose(logits, 0.0, "low_confidence", None, mask_token_id)
+    kernel_confidence = kernel_confidence.to(torch.float64)
+    confidence = torch.where(is_masked, kernel_confidence, torch.full_like(kernel_confidence, -1.0))
     order = torch.sort(confidence, dim=-1, descending=True, stable=True).indices
     inverse = torch.empty_like(order)
     inverse.scatter_(-1, order, torch.arange(order.shape[-1], device=order.device).expand_as(order))
