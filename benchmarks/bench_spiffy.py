@@ -29,7 +29,7 @@ import torch
 
 from dloom import DiffusionDecoder, load_model
 from dloom.evaluation import evaluate, select_examples
-from dloom.plugins.spiffy.calibrate import calibrate
+from dloom_plugins.spiffy.calibrate import calibrate
 
 BASES = {"quota": {}, "threshold": {"tau": 0.9}, "frechet": {}}
 SHARES = ("forward", "select_commit", "draft", "prune", "build_mask", "verify")

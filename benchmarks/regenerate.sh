@@ -26,7 +26,7 @@ step() {  # step NAME COMMAND...: run one command, its output in $logs/NAME.log
 }
 
 lane_a() {
-    step graphs bash plugins/spiffy/graphs/make_graphs.sh
+    step graphs bash plugins/dloom_plugins/spiffy/graphs/make_graphs.sh
     step report python benchmarks/report.py -n 140 --micro
     step spiffy python benchmarks/bench_spiffy.py -n 70 --calibration-n 70 --budgets 3,5,8,10 --pruned 3,5 \
         --out "$results/spiffy_n70.json"

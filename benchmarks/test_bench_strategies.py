@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from dloom import BlockSchedule, DiffusionDecoder, ModelAdapter, hookimpl, hookspecs, load_model
-from dloom.plugins.spiffy import Spiffy
+from dloom_plugins.spiffy import Spiffy
 from dloom.registry import get_registry
 from dloom.zoo import model_path
 from dloom.zoo.tasks import held_out

@@ -35,7 +35,7 @@ from dloom.check import joints as J
 from dloom.commit import commit_top, sorted_profile
 from dloom.failfast import decoder as failfast_decoder
 from dloom.failfast.verification import gumbel_argmax, verify_ratio
-from dloom.plugins.frechet import FrechetCommit, frechet_bounds
+from dloom_plugins.frechet import FrechetCommit, frechet_bounds
 
 from test_frechet_bound import (
     assuming_independence,

@@ -28,8 +28,8 @@ from hypothesis import strategies as st
 
 from dloom import BlockSchedule
 from dloom.commit import sorted_profile
-from dloom.plugins.baselines import FactorCommit
-from dloom.plugins.frechet import FrechetCommit, frechet_bounds
+from dloom_plugins.baselines import FactorCommit
+from dloom_plugins.frechet import FrechetCommit, frechet_bounds
 
 from joints import (
     frechet_extremal_joint,

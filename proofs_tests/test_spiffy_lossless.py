@@ -31,8 +31,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from dloom import DiffusionDecoder, ModelAdapter, hookimpl
 from dloom.check.report import check_lossless
-from dloom.plugins.spiffy import Spiffy
-from dloom.plugins.spiffy.calibrate import calibrate
+from dloom_plugins.spiffy import Spiffy
+from dloom_plugins.spiffy.calibrate import calibrate
 from dloom.types import Verdict
 from dloom.zoo import model_path
 

@@ -31,7 +31,7 @@ from dloom import cli
 from dloom.cli import app
 from dloom.errors import ConfigurationError, HookContractError, ModelError, PluginLoadError
 from dloom.failfast import build_failfast_decoder
-from dloom.plugins.spiffy.graph import BUILTIN_DIR, MAX_NODES
+from dloom_plugins.spiffy.graph import BUILTIN_DIR, MAX_NODES
 from dloom.registry import check_plugin_class, get_registry, reset_registry
 from dloom.zoo import model_path
 from test_plugin_loading import FakeSite
@@ -535,7 +535,7 @@ def test_cli_warnings_point_at_the_caller_not_typer():
 def test_tables_keep_strategy_names_whole_at_80_columns(monkeypatch, site):
     site.install("longname", """
         import dloom
-        from dloom.plugins.baselines import ThresholdCommit
+        from dloom_plugins.baselines import ThresholdCommit
 
         @dloom.hookimpl
         def dloom_register_strategies(register):

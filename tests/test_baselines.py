@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from dloom import BlockSchedule
-from dloom.plugins.baselines import FactorCommit, QuotaCommit, ThresholdCommit
+from dloom_plugins.baselines import FactorCommit, QuotaCommit, ThresholdCommit
 
 
 def schedule(step=0, steps_per_block=4, masked=(4,)):

@@ -318,7 +318,7 @@ def test_options_are_checked_before_anything_runs():
 
 
 def test_an_unregistered_speculator_runs_over_its_default_commit_rule():
-    from dloom.plugins.spiffy import Spiffy
+    from dloom_plugins.spiffy import Spiffy
 
     claim = Claim("lossless", against="kernel")
     resolved = resolve(StrategyRegistration("my-spiffy", Spiffy, claim=claim, default_commit_rule="quota"))
@@ -395,7 +395,7 @@ def test_unknown_bounds_are_usage_errors():
     with pytest.raises(ConfigurationError, match="unknown bound 'nope'; known bounds: frechet"):
         check_soundness("frechet", "nope")
     with pytest.raises(ConfigurationError, match="cannot be loaded"):
-        check_soundness("frechet", "dloom.plugins.frechet:no_such_function")
+        check_soundness("frechet", "dloom_plugins.frechet:no_such_function")
 
 
 @pytest.fixture

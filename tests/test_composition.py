@@ -10,7 +10,7 @@ from dloom import DiffusionDecoder, Parameter, StrategyRegistration
 from dloom.composition import DEFAULTS_PLUGIN, CoreDefaults, build_plugin_manager, compose
 from dloom.errors import CompositionError, ConfigurationError, UnknownStrategyError
 from dloom.metrics import HookTimer
-from dloom.plugins.baselines import FactorCommit, QuotaCommit, ThresholdCommit
+from dloom_plugins.baselines import FactorCommit, QuotaCommit, ThresholdCommit
 from dloom.registry import Registry, Strategy, get_registry
 
 

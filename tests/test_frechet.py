@@ -14,8 +14,8 @@ from dloom import BlockSchedule, DiffusionDecoder
 from dloom.cli import app
 from dloom.composition import compose
 from dloom.errors import CompositionError, ConfigurationError
-from dloom.plugins.baselines import FactorCommit
-from dloom.plugins.frechet import FrechetCommit, frechet_bounds
+from dloom_plugins.baselines import FactorCommit
+from dloom_plugins.frechet import FrechetCommit, frechet_bounds
 from dloom.registry import get_registry
 
 

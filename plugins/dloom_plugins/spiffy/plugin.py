@@ -2,7 +2,7 @@
 
 * ``dloom_draft`` fills the calibrated graph's formulas from the most recent known
   distribution (the current state's predecessor's): every draft is the current block with
-  its pairs' positions set to their ranked tokens (:mod:`dloom.plugins.spiffy.frame`). A
+  its pairs' positions set to their ranked tokens (:mod:`dloom_plugins.spiffy.frame`). A
   draft is valid in a row when that row has enough masked positions for its pairs.
 * ``dloom_prune`` scores each draft by the geometric mean of the probabilities of the tokens
   it sets, combines that with its children's combined scores by a geometric mean (a draft
@@ -38,7 +38,7 @@ class Spiffy:
 
     :param graph: a graph file from ``dloom calibrate``; ``""`` picks the built-in graph for
         the decoder's model, base rule and block length, or, with a warning, the
-        uncalibrated default graph (:func:`~dloom.plugins.spiffy.graph.default_graph`).
+        uncalibrated default graph (:func:`~dloom_plugins.spiffy.graph.default_graph`).
     :param budget: ``D*``, the most drafts per row one verification forward evaluates.
     :param layout: one of :data:`LAYOUTS`.
     """

@@ -2,10 +2,10 @@
 future states (Agrawal et al., 2025; the draft graphs, pruning and verification are described in
 ``docs/strategies/spiffy.md``).
 
-``dloom calibrate`` (:mod:`dloom.plugins.spiffy.cli`, running
-:mod:`dloom.plugins.spiffy.calibrate`) records the reference process
-and keeps the most frequent transitions as a draft graph (:mod:`dloom.plugins.spiffy.graph`);
-at run time the plugin (:mod:`dloom.plugins.spiffy.plugin`) fills that graph from the latest
+``dloom calibrate`` (:mod:`dloom_plugins.spiffy.cli`, running
+:mod:`dloom_plugins.spiffy.calibrate`) records the reference process
+and keeps the most frequent transitions as a draft graph (:mod:`dloom_plugins.spiffy.graph`);
+at run time the plugin (:mod:`dloom_plugins.spiffy.plugin`) fills that graph from the latest
 distribution, prunes it, lays it out for one forward and verifies it with the kernel.
 """
 

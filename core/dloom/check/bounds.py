@@ -2,7 +2,7 @@
 
 A *bound* is a function from a sorted confidence profile, ``(B, K)`` float64 descending with
 ``-inf`` past the selectable positions, to ``(L, U, G)`` of the same shape (as
-:func:`dloom.plugins.frechet.frechet_bounds`). For the ``n`` most confident positions it
+:func:`dloom_plugins.frechet.frechet_bounds`). For the ``n`` most confident positions it
 claims, whatever the joint distribution behind the per-position marginals:
 
 * ``L_n`` <= the probability that their greedy tokens are all right together;
@@ -38,7 +38,7 @@ from dloom.composition import build_plugin_manager, compose
 from dloom.errors import ConfigurationError
 from dloom.types import BlockSchedule
 
-KNOWN_BOUNDS = {"frechet": "dloom.plugins.frechet:frechet_bounds"}
+KNOWN_BOUNDS = {"frechet": "dloom_plugins.frechet:frechet_bounds"}
 """Bound names a ``Claim`` may use, and the functions they name."""
 
 RANDOM_KINDS = ("dirichlet", "near_degenerate", "product", "circular")

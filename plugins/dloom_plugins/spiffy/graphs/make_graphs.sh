@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Recalibrate the built-in Spiffy draft graphs of toy-dllm (see README.md here).
-# Usage: bash plugins/spiffy/graphs/make_graphs.sh   (from the repository root)
+# Usage: bash plugins/dloom_plugins/spiffy/graphs/make_graphs.sh   (from the repository root)
 set -euo pipefail
-out=plugins/spiffy/graphs
+out=plugins/dloom_plugins/spiffy/graphs
 budget=${BUDGET:-10}
 n=${N:-70}
 score=${SCORE:-own}

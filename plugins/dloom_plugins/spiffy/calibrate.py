@@ -4,7 +4,7 @@ For every step of the base strategy run one forward per step, the state reached 
 ``X``, and the distribution of its predecessor is the one drafts would be filled from at
 run time. Each later state of the block, ``X1, X2, ...``, is written as a formula: the
 ``(position rank, vocabulary rank)`` pairs of the tokens committed since ``X``, in that
-frame (:mod:`dloom.plugins.spiffy.frame`). A path ends at the block's end, at a row that
+frame (:mod:`dloom_plugins.spiffy.frame`). A path ends at the block's end, at a row that
 finished, or at a token outside the ``token_ranks`` most likely ones. Two paths reaching
 the same formula count for the same node, whose parents are every formula that preceded it
 on some path.

@@ -41,11 +41,11 @@ class HookContractError(DloomError):
     """A plugin's hook returned something that breaks the hook's documented contract."""
 
 
-INTERNAL_PACKAGES = ("dloom", "pluggy", "typer", "click")
+INTERNAL_PACKAGES = ("dloom", "dloom_plugins", "pluggy", "typer", "click")
 
 
 def warn(message: str, category: type[Warning] = UserWarning) -> None:
-    """Issue a warning attributed to the first caller outside dloom, pluggy and the command
+    """Issue a warning attributed to the first caller outside dloom, its built-in plugins, pluggy and the command
     line's typer and click (for ``dloom ...`` that is the command itself).
 
     A warning raised in a hook implementation would otherwise point into pluggy's caller

@@ -2,7 +2,7 @@
 
 A node is a *formula*: a set of ``(i, j)`` pairs, "the masked position of confidence rank
 ``i`` takes its token of probability rank ``j``", ranked under the distribution known when
-the drafts are built (:mod:`dloom.plugins.spiffy.frame`). Node ``0`` is the root (no pair);
+the drafts are built (:mod:`dloom_plugins.spiffy.frame`). Node ``0`` is the root (no pair);
 a node's parents are the nodes one kernel step before it on some calibration path, so a node
 reached by different orders of commits has several parents.
 

@@ -125,7 +125,7 @@ re-evaluated the shipped checkpoints on the current suite.
           --threads 2 --out training/checkpoints \
           --weights copy=1.6,sort=1.6,reverse=1.2,story=1.0,lookup=1.0
 
-  then ``training/checkpoints/toy-dllm`` copied to ``core/zoo/models/toy-dllm``.
+  then ``training/checkpoints/toy-dllm`` copied to ``core/dloom/zoo/models/toy-dllm``.
 
 * The ``toy-dllm`` shipped in session 4, trained from scratch: 88 minutes (5,291 steps of
   64, seed 0, peak lr 2e-3), resumed for 70 minutes with one thread (2,114 steps, seed 1,
@@ -135,11 +135,11 @@ re-evaluated the shipped checkpoints on the current suite.
   lookup 0, code 98, story 96 %).  Commands::
 
       OMP_WAIT_POLICY=PASSIVE python -m dloom.zoo.train --model toy-dllm --minutes 88 --seed 0 \
-          --out core/zoo/models
+          --out core/dloom/zoo/models
       OMP_WAIT_POLICY=PASSIVE python -m dloom.zoo.train --model toy-dllm --resume --seed 1 \
-          --minutes 70 --lr 1e-3 --threads 1 --out core/zoo/models
+          --minutes 70 --lr 1e-3 --threads 1 --out core/dloom/zoo/models
       python -m dloom.zoo.train --model toy-dllm --resume --seed 3 --minutes 75 --lr 7e-4 \
-          --threads 1 --out core/zoo/models --weights add=1.5,lookup=1.5,lookup2=3,lookup3=2
+          --threads 1 --out core/dloom/zoo/models --weights add=1.5,lookup=1.5,lookup2=3,lookup3=2
 
   (``lookup2``/``lookup3``, two and three pairs of the earlier form, are gone; today's
   curriculum families are ``lookup3``/``lookup4``.)
@@ -185,18 +185,18 @@ re-evaluated the shipped checkpoints on the current suite.
   held-out prompts (add 94, sort 82, reverse 94, copy 94, lookup 100, code 100,
   story 100 %)::
 
-      python -m dloom.zoo.train --model toy-ar --seed 0 --minutes 28 --threads 1 --out core/zoo/models
+      python -m dloom.zoo.train --model toy-ar --seed 0 --minutes 28 --threads 1 --out core/dloom/zoo/models
       python -m dloom.zoo.train --model toy-ar --resume --seed 1 --minutes 60 --lr 1e-3 \
-          --threads 1 --out core/zoo/models
+          --threads 1 --out core/dloom/zoo/models
       python -m dloom.zoo.train --model toy-ar --resume --seed 2 --minutes 70 --lr 1.5e-3 \
-          --threads 1 --out core/zoo/models \
+          --threads 1 --out core/dloom/zoo/models \
           --weights add=0.5,sort=1.5,reverse=2,copy=1.5,lookup=2.5,code=0.3,story=0.3
 
 * ``toy-ar-small``: 14 minutes, one thread (908 steps, seed 0); on the current suite 32.6 %
   held-out (code 100, story 100, the rest at most 18 %): a weak drafter, as intended::
 
       python -m dloom.zoo.train --model toy-ar-small --seed 0 --minutes 14 --threads 1 \
-          --out core/zoo/models
+          --out core/dloom/zoo/models
 """
 
 from __future__ import annotations
