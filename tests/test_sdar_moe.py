@@ -317,3 +317,16 @@ def test_greedy_decode_equals_the_directly_built_model(loaded, tensors, cache):
     assert torch.equal(mine.generated, reference.generated)
     assert torch.equal(mine.nfe, reference.nfe)
     assert (mine.generated[:, :8] != 151669).all()
+
+
+def test_cli_generates_from_the_checkpoint_without_remote_code(checkpoint, loaded):
+    from typer.testing import CliRunner
+
+    from dloom.cli import app
+
+    result = CliRunner().invoke(app, ["generate", "--model", str(checkpoint), "--chat", "--gen-length", "8", "--json", "hello"])
+    assert result.exit_code == 0, result.output
+    row = json.loads(result.stdout.splitlines()[-1])
+    assert row["config"]["block_length"] == BLOCK and isinstance(row["text"], str)
+    expected = DiffusionDecoder(loaded, gen_length=8, block_length=BLOCK).generate(loaded.chat_prompts(["hello"]))
+    assert row["tokens"] == expected.generated[0, : int(expected.generated_lengths[0])].tolist()
