@@ -13,8 +13,9 @@ loads each checkpoint onto the native class instead:
 The native classes keep SDPA (and flash attention where it is installed), ``transformers``
 caches and ``device_map`` working, and they compute RoPE's ``inv_freq`` themselves (the
 buffers that ``transformers`` 5 leaves uninitialised in the remote code).
-:func:`native_layout` says which layout (if any) applies to a config; a checkpoint's ``.py``
-files are never imported.
+:func:`native_layout` says which layout (if any) applies to a config, and
+:func:`check_tensor_names` checks a checkpoint's tensor names against the native model
+before any weight is read; a checkpoint's ``.py`` files are never imported.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ class NativeLayout:
     """How one family's checkpoint maps onto a native ``transformers`` class.
 
     :ivar family: the profile name it serves (``"llada"``).
-    :ivar model_type: the native ``model_type`` (``"llama"``, ``"qwen2"``, ``"qwen3"``).
+    :ivar model_type: the native ``model_type`` (``"llama"``, ``"qwen2"``, ``"qwen3"``,
+        ``"qwen3_moe"``).
     :ivar convert: the checkpoint's config dict -> keyword arguments of the native config.
     :ivar key_mapping: regex -> replacement for the checkpoint's tensor names (applied by
         ``from_pretrained``); empty when the names already match.
