@@ -190,6 +190,19 @@ def test_a_checkpoints_own_code_is_never_imported(family, tmp_path):
     assert result.exit_code == 0, result.output
 
 
+def test_a_saved_rope_buffer_is_skipped_as_transformers_skips_it(tmp_path):
+    """Older checkpoints saved each layer's ``rotary_emb.inv_freq``; transformers ignores
+    them on load, and so does the tensor-name check."""
+    directory = tmp_path / "dream"
+    shutil.copytree(checkpoint("dream"), directory)
+    tensors = load_file(directory / "model.safetensors")
+    tensors["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.zeros(4)
+    save_file(tensors, directory / "model.safetensors")
+    ids = {"input_ids": torch.tensor([reference("dream")["inputs"]["seq0"]])}
+    with torch.no_grad():
+        assert torch.equal(load_model(directory).model(**ids).logits, raw_logits("dream", ids))
+
+
 def test_a_misspelled_tensor_name_is_refused_before_loading(tmp_path):
     """The tensor names are checked against the native model through the key map: a LLaDA
     checkpoint with one misspelled name is refused, naming it and the tensor it lacks

@@ -228,7 +228,9 @@ def native_config(layout: NativeLayout, raw: Mapping[str, Any]) -> Any:
 
 #: A per-expert tensor of a mixture-of-experts checkpoint (Qwen3-MoE's and SDAR-MoE's names),
 #: which ``transformers`` stacks into ``mlp.experts.gate_up_proj`` / ``mlp.experts.down_proj``.
-EXPERT_TENSOR = re.compile(r"^(?P<experts>.+\.mlp\.experts)\.(?P<index>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$")
+EXPERT_TENSOR = re.compile(
+    r"^(?P<experts>.+\.mlp\.experts)\.(?P<index>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$"
+)
 FUSED_EXPERTS = {"gate_proj": "gate_up_proj", "up_proj": "gate_up_proj", "down_proj": "down_proj"}
 
 
@@ -242,7 +244,8 @@ def check_tensor_names(layout: NativeLayout, config: Any, names: Iterable[str]) 
     """Check a checkpoint's tensor names against the native model they must fill, before
     any weight is read: each name, renamed by :attr:`NativeLayout.key_mapping` (per-expert
     tensors folded into the stacked expert tensors), must be a parameter of the native
-    model, and each parameter must have a source (every expert of every MoE layer).
+    model (or a name ``transformers`` skips on load, such as an old checkpoint's saved RoPE
+    ``inv_freq``), and each parameter must have a source (every expert of every MoE layer).
     ``transformers`` would otherwise initialise a missing tensor at random, or fail deep in
     its weight conversion.
 
@@ -255,7 +258,11 @@ def check_tensor_names(layout: NativeLayout, config: Any, names: Iterable[str]) 
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
-        needed = set(AutoModelForCausalLM.from_config(config).state_dict())
+        model = AutoModelForCausalLM.from_config(config)
+    needed = set(model.state_dict())
+    # Names transformers itself skips: stale RoPE buffers older checkpoints saved, and the
+    # class's own ignore list.
+    ignored = re.compile("|".join([r"rotary_emb\.inv_freq$", *(model._keys_to_ignore_on_load_unexpected or ())]))
     if getattr(config, "tie_word_embeddings", False):
         needed.discard("lm_head.weight")
     experts = int(getattr(config, "num_experts", 0) or 0)
@@ -272,7 +279,7 @@ def check_tensor_names(layout: NativeLayout, config: Any, names: Iterable[str]) 
             seen_experts.setdefault((expert["experts"], expert["proj"]), set()).add(int(expert["index"]))
         if target in needed:
             found.add(target)
-        else:
+        elif ignored.search(target) is None:
             unexpected.append(name)
     missing = sorted(needed - found)
     for (prefix, proj), indices in sorted(seen_experts.items()):
