@@ -286,6 +286,9 @@ def test_a_missing_tensor_is_refused_naming_it(tmp_path, tensors):
     bad = {k: v for k, v in tensors.items() if k != "model.layers.1.mlp.experts.3.down_proj.weight"}
     with pytest.raises(ModelError, match=r"lacks: 'model\.layers\.1\.mlp\.experts\.3\.down_proj\.weight'"):
         load_model(write_checkpoint(tmp_path / "missing-expert", bad))
+    bad = {k: v for k, v in tensors.items() if not k.startswith("model.layers.0.mlp.experts.") or "up_proj" not in k}
+    with pytest.raises(ModelError, match=r"lacks: 'model\.layers\.0\.mlp\.experts\.0\.up_proj\.weight', .*'model\.layers\.0\.mlp\.experts\.3\.up_proj\.weight'"):
+        load_model(write_checkpoint(tmp_path / "missing-projection", bad))
 
 
 @pytest.mark.parametrize("key", ["num_experts", "norm_topk_prob"])

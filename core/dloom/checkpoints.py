@@ -262,7 +262,8 @@ def check_tensor_names(layout: NativeLayout, config: Any, names: Iterable[str]) 
     needed = set(model.state_dict())
     # Names transformers itself skips: stale RoPE buffers older checkpoints saved, and the
     # class's own ignore list.
-    ignored = re.compile("|".join([r"rotary_emb\.inv_freq$", *(model._keys_to_ignore_on_load_unexpected or ())]))
+    skipped = [r"rotary_emb\.inv_freq$", *(model._keys_to_ignore_on_load_unexpected or ())]
+    ignored = re.compile("|".join(skipped))
     if getattr(config, "tie_word_embeddings", False):
         needed.discard("lm_head.weight")
     experts = int(getattr(config, "num_experts", 0) or 0)
@@ -282,10 +283,13 @@ def check_tensor_names(layout: NativeLayout, config: Any, names: Iterable[str]) 
         elif ignored.search(target) is None:
             unexpected.append(name)
     missing = sorted(needed - found)
-    for (prefix, proj), indices in sorted(seen_experts.items()):
-        if f"{prefix}.{FUSED_EXPERTS[proj]}" in needed:
+    for prefix in sorted({prefix for prefix, _ in seen_experts}):
+        for proj, fused in FUSED_EXPERTS.items():
+            if f"{prefix}.{fused}" not in needed:
+                continue
+            indices = seen_experts.get((prefix, proj), set())
             missing += [f"{prefix}.{i}.{proj}.weight" for i in range(experts) if i not in indices]
-            unexpected += [f"{prefix}.{i}.{proj}.weight" for i in indices if i >= experts]
+            unexpected += [f"{prefix}.{i}.{proj}.weight" for i in sorted(indices) if i >= experts]
     if unexpected or missing:
         problems = []
         if unexpected:
