@@ -368,10 +368,8 @@ def load_model(
     model = model.eval()
     tokenizer = None
     if any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
-        # The loaded config, so that the tokenizer loader does not re-read a config.json
-        # whose model_type transformers does not know (SDAR's: a misleading warning).
         tokenizer = transformers.AutoTokenizer.from_pretrained(
-            path, local_files_only=True, trust_remote_code=remote, config=config
+            path, local_files_only=True, trust_remote_code=remote
         )
     section = dict(raw.get("dloom") or {})
 
