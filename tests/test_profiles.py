@@ -27,7 +27,7 @@ from dloom.checkpoints import native_config, native_layout
 from dloom.cli import app
 from dloom.errors import ModelError
 from dloom.profiles import (
-    CAUSAL_LM, DIFFUSION_GEMMA, DREAM, FAMILIES, FAST_DLLM_V2, LLADA, LLADA2, SDAR, TRANSFORMERS,
+    CAUSAL_LM, DIFFUSION_GEMMA, DREAM, FAMILIES, FAST_DLLM_V2, LLADA, LLADA2, SDAR, SDAR_MOE, TRANSFORMERS,
     ModelProfile, detect_profile,
 )
 
@@ -175,13 +175,14 @@ def test_family_conventions():
         "llada": (126336, "<|mdm_mask|>", (126081, 126348), False, "bidirectional", None, None, "prompt", True),
         "dream": (151666, "<|mask|>", (151643,), True, "bidirectional", None, None, "prompt", True),
         "sdar": (None, "<|MASK|>", (), False, "block-causal", 4, "block_size", "absolute", True),
+        "sdar-moe": (None, "<|MASK|>", (), False, "block-causal", 4, "block_size", "absolute", True),
         "fast-dllm-v2": (151665, "|<MASK>|", (151645,), True, "block-causal", 32, "bd_size", "absolute", True),
         "llada2": (None, None, (), None, None, None, None, "prompt", True),
         "diffusion-gemma": (None, None, (), None, None, None, None, "prompt", False),
     }
     assert DIFFUSION_GEMMA.unsupported and LLADA2.unsupported
-    assert all(p.unsupported is None for p in (LLADA, DREAM, SDAR, FAST_DLLM_V2))
-    assert all(native_layout(p.name) is not None for p in (LLADA, DREAM, SDAR, FAST_DLLM_V2))
+    assert all(p.unsupported is None for p in (LLADA, DREAM, SDAR, SDAR_MOE, FAST_DLLM_V2))
+    assert all(native_layout(p.name) is not None for p in (LLADA, DREAM, SDAR, SDAR_MOE, FAST_DLLM_V2))
     assert (CAUSAL_LM.attention, CAUSAL_LM.shift_logits, CAUSAL_LM.mask_token_id) == ("causal", True, None)
     assert all(p.chat_template for p in (LLADA, DREAM, SDAR, FAST_DLLM_V2, CAUSAL_LM))
 

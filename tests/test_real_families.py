@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 from dloom import DiffusionDecoder, load_model
@@ -161,18 +161,63 @@ def test_rope_frequencies_are_computed_not_left_uninitialised():
         assert torch.allclose(rotary.inv_freq, expected), family
 
 
-def test_a_checkpoints_own_code_is_never_imported(tmp_path):
+def poisoned_copy(family: str, directory: Path) -> Path:
+    """A copy of the family's checkpoint with every modelling file its ``auto_map`` names,
+    each raising on import."""
+    shutil.copytree(checkpoint(family), directory)
+    targets = json.loads((directory / "config.json").read_text())["auto_map"].values()
+    for module in {t.split(".")[0] for t in targets}:
+        (directory / f"{module}.py").write_text("raise RuntimeError('remote code was imported')\n")
+    return directory
+
+
+@pytest.mark.parametrize("family", ["llada", "dream", "sdar"])
+def test_a_checkpoints_own_code_is_never_imported(family, tmp_path):
     """Even with trust_remote_code=True a known family loads natively: modelling files that
-    would raise on import are never read."""
+    would raise on import are never read, by the loader or the command line."""
+    directory = poisoned_copy(family, tmp_path / family)
+    loaded = load_model(directory, trust_remote_code=True)
+    assert type(loaded.model).__name__ == type(adapter(family).model).__name__
+    ids = {"input_ids": torch.tensor([reference(family)["inputs"]["seq0"]])}
+    with torch.no_grad():
+        assert torch.equal(loaded.model(**ids).logits, raw_logits(family, ids))
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"input_ids": reference(family)["prompts"][0]}) + "\n")
+    result = CliRunner().invoke(app, [
+        "generate", "--model", str(directory), "--prompts", str(prompts), "--gen-length", "4",
+        "--block-length", "4", "--trust-remote-code", "--json",
+    ])
+    assert result.exit_code == 0, result.output
+
+
+def test_a_saved_rope_buffer_is_skipped_as_transformers_skips_it(tmp_path):
+    """Older checkpoints saved each layer's ``rotary_emb.inv_freq``; transformers ignores
+    them on load, and so does the tensor-name check."""
+    directory = tmp_path / "dream"
+    shutil.copytree(checkpoint("dream"), directory)
+    tensors = load_file(directory / "model.safetensors")
+    tensors["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.zeros(4)
+    save_file(tensors, directory / "model.safetensors")
+    ids = {"input_ids": torch.tensor([reference("dream")["inputs"]["seq0"]])}
+    with torch.no_grad():
+        assert torch.equal(load_model(directory).model(**ids).logits, raw_logits("dream", ids))
+
+
+def test_a_misspelled_tensor_name_is_refused_before_loading(tmp_path):
+    """The tensor names are checked against the native model through the key map: a LLaDA
+    checkpoint with one misspelled name is refused, naming it and the tensor it lacks
+    (transformers would initialise that tensor at random and load anyway)."""
     directory = tmp_path / "llada"
     shutil.copytree(checkpoint("llada"), directory)
-    for module in ("modeling_llada.py", "configuration_llada.py"):
-        (directory / module).write_text("raise RuntimeError('remote code was imported')\n")
-    loaded = load_model(directory, trust_remote_code=True)
-    assert type(loaded.model).__name__ == "LlamaForCausalLM"
-    ids = {"input_ids": torch.tensor([reference("llada")["inputs"]["seq0"]])}
-    with torch.no_grad():
-        assert torch.equal(loaded.model(**ids).logits, raw_logits("llada", ids))
+    tensors = load_file(directory / "model.safetensors")
+    tensors["model.transformer.blocks.1.attn_nrm.weight"] = tensors.pop("model.transformer.blocks.1.attn_norm.weight")
+    save_file(tensors, directory / "model.safetensors")
+    with pytest.raises(ModelError, match=(
+        r"do not match the llada layout \(native llama\): tensors with no place in it: "
+        r"'model\.transformer\.blocks\.1\.attn_nrm\.weight'; tensors it needs that the "
+        r"checkpoint lacks: 'model\.layers\.1\.input_layernorm\.weight'"
+    )):
+        load_model(directory)
 
 
 def test_sdar_block_size_and_stop_ids_come_from_the_checkpoint(tmp_path):
@@ -412,12 +457,42 @@ def test_dloom_decodes_sdar_exactly_as_generate_py(run, cache):
     assert int(result.nfe[0]) == run["forwards"] - 1 - blocks
 
 
-def test_dloom_decodes_sdar_prompts_of_different_lengths_in_one_padded_batch():
-    """Prompts of 6 and 8 tokens: left padding shifts neither row's blocks."""
-    runs = [r for r in reference("sdar")["decoding"] if r["settings"]["top_k"] != 1]
-    result = dloom_sdar_decoder(runs[0], "dual").generate([r["prompt"] for r in runs])
+@pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
+@pytest.mark.parametrize("top_k", [1, 0], ids=["top-k 1", "temperature 0"])
+def test_dloom_decodes_sdar_prompts_of_different_lengths_in_one_padded_batch(cache, top_k):
+    """Prompts of 6 and 8 tokens in one left-padded batch: each row's blocks lie at
+    multiples of 4 from its own first real token (the 6-token row decodes its prompt's last
+    2 positions' block, the 8-token row starts a fresh block), and each row gives its own
+    generate.py decode under every cache mode."""
+    runs = [r for r in reference("sdar")["decoding"] if r["settings"]["top_k"] == top_k]
+    assert sorted(len(r["prompt"]) % 4 for r in runs) == [0, 2]
+    result = dloom_sdar_decoder(runs[0], cache).generate([r["prompt"] for r in runs])
     for row, run in enumerate(runs):
         assert result.generated[row].tolist()[: len(run["generated"])] == run["generated"]
+
+
+@pytest.mark.parametrize("function", sorted({r["function"] for r in reference("llada")["decoding"]}))
+def test_llada_decodes_prompts_of_different_lengths_in_one_padded_batch(function):
+    """LLaDA's released forward ignores the padding mask, so its code decodes one prompt at a
+    time; loaded natively, the 6- and 8-token prompts in one left-padded batch give each
+    prompt's unpadded reference decode, with the same forward counts."""
+    runs = [r for r in reference("llada")["decoding"] if r["function"] == function]
+    groups: dict = {}
+    for run in runs:
+        groups.setdefault(run["settings"].get("threshold"), []).append(run)
+    for group in groups.values():
+        assert sorted(len(r["prompt"]) for r in group) == [6, 8]
+        settings = group[0]["settings"]
+        threshold = settings.get("threshold")
+        decoder = DiffusionDecoder(
+            adapter("llada"), "threshold" if threshold else "quota",
+            gen_length=settings["gen_length"], block_length=settings["block_length"],
+            steps=settings["steps"], cache=CACHE_OF[function.split("::")[1]],
+            **({"tau": threshold} if threshold else {}),
+        )
+        result = decoder.generate([r["prompt"] for r in group])
+        assert result.generated.tolist() == [r["generated"] for r in group]
+        assert result.nfe.tolist() == [r["forwards"] for r in group]
 
 
 def test_dloom_decodes_sdar_differently_with_the_prompt_as_its_own_block():

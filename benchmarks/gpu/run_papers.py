@@ -74,7 +74,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--fewshot", type=int, default=0, help="prepend the first K records of --prompts as solved examples (evaluated on the rest)")
     parser.add_argument("--gen-length", type=int, default=256)
     parser.add_argument("--block-length", type=int, default=32)
-    parser.add_argument("--batch-size", type=int, default=1, help="prompts per batch (LLaDA's released code cannot pad: always 1 there)")
+    parser.add_argument("--batch-size", type=int, default=1, help="prompts per batch (left-padded: every family dloom loads natively honours the padding mask, LLaDA included)")
     parser.add_argument("--caches", default=",".join(CACHES), help="comma-separated cache modes to try")
     parser.add_argument("--dtype", default="bfloat16", help="bfloat16, float16 or float32")
     parser.add_argument(
@@ -147,9 +147,18 @@ def device_map_of(args: argparse.Namespace) -> str | None:
 
 
 def load(path: Path, args: argparse.Namespace, **kwargs):
-    from dloom import load_model
+    """The checkpoint at ``path`` with the run's dtype and placement.
 
-    return load_model(path, dtype=args.dtype, device_map=device_map_of(args), device=args.device, **kwargs)
+    :raises SystemExit: with dloom's message (a missing accelerate for ``--device-map auto``,
+        an unknown device, a checkpoint it cannot load), before any decoding.
+    """
+    from dloom import load_model
+    from dloom.errors import DloomError
+
+    try:
+        return load_model(path, dtype=args.dtype, device_map=device_map_of(args), device=args.device, **kwargs)
+    except DloomError as error:
+        raise SystemExit(f"error: {error}") from None
 
 
 def run_one(adapter, run: dict[str, Any], prompts: list[str], problems, args, drafter=None) -> dict[str, Any]:

@@ -20,8 +20,8 @@ from typing import Any, Sequence
 import torch
 
 from dloom.errors import ModelError
-from dloom.checkpoints import native_config, native_layout
-from dloom.model_files import check_model_files
+from dloom.checkpoints import check_tensor_names, native_config, native_layout
+from dloom.model_files import check_model_files, tensor_names
 from dloom.profiles import BLOCK_ALIGNMENTS, ModelProfile, config_dict, detect_profile, needs_remote_code
 
 ATTENTION_KINDS = ("bidirectional", "block-causal", "causal")
@@ -273,13 +273,14 @@ def _load_network(
     path: Path, raw: dict[str, Any], profile: ModelProfile, model_kwargs: dict[str, Any]
 ) -> tuple[Any, torch.nn.Module]:
     """The checkpoint's config and model: onto the family's native class when
-    :mod:`dloom.checkpoints` knows its layout (no remote code), else as ``transformers``
-    loads it."""
+    :mod:`dloom.checkpoints` knows its layout (no remote code; its tensor names checked
+    against the native model first), else as ``transformers`` loads it."""
     import transformers
 
     layout = native_layout(profile.name)
     if layout is not None:
         config = native_config(layout, raw)
+        check_tensor_names(layout, config, tensor_names(path))
         kwargs = {**model_kwargs, "trust_remote_code": False, "config": config}
         if layout.key_mapping:
             kwargs["key_mapping"] = layout.key_mapping
@@ -309,7 +310,7 @@ def load_model(
     """Load a model and its tokenizer from a local directory or a toy-zoo name.
 
     The model's family is recognised from its ``config.json`` (:func:`dloom.profiles.
-    detect_profile`). A known family (LLaDA, Dream, SDAR, Fast-dLLM v2) is loaded onto
+    detect_profile`). A known family (LLaDA, Dream, SDAR, SDAR-MoE, Fast-dLLM v2) is loaded onto
     ``transformers``' own class with its config and tensor names translated
     (:mod:`dloom.checkpoints`); its ``.py`` files are never imported, whatever
     ``trust_remote_code`` says. Conventions come from, in order: the arguments, the config's

@@ -1,9 +1,9 @@
 """Released dLLM checkpoints loaded onto ``transformers``' own classes, without their code.
 
-LLaDA, Dream, SDAR and Fast-dLLM v2 ship their own modelling code (``auto_map``), which no
-longer runs on ``transformers`` 5. Their architectures are nevertheless ``transformers``'
-Llama, Qwen2 and Qwen3 with another attention pattern, so dloom loads each checkpoint onto
-the native class instead:
+LLaDA, Dream, SDAR, SDAR-MoE and Fast-dLLM v2 ship their own modelling code (``auto_map``),
+which no longer runs on ``transformers`` 5. Their architectures are nevertheless
+``transformers``' Llama, Qwen2, Qwen3 and Qwen3-MoE with another attention pattern, so dloom
+loads each checkpoint onto the native class instead:
 
 - the checkpoint's ``config.json`` is translated into the native config
   (:func:`native_config`), with ``is_causal=False`` for the bidirectional families;
@@ -13,14 +13,16 @@ the native class instead:
 The native classes keep SDPA (and flash attention where it is installed), ``transformers``
 caches and ``device_map`` working, and they compute RoPE's ``inv_freq`` themselves (the
 buffers that ``transformers`` 5 leaves uninitialised in the remote code).
-:func:`native_layout` says which layout (if any) applies to a config; a checkpoint's ``.py``
-files are never imported.
+:func:`native_layout` says which layout (if any) applies to a config, and
+:func:`check_tensor_names` checks a checkpoint's tensor names against the native model
+before any weight is read; a checkpoint's ``.py`` files are never imported.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from dloom.errors import ModelError
 
@@ -30,7 +32,8 @@ class NativeLayout:
     """How one family's checkpoint maps onto a native ``transformers`` class.
 
     :ivar family: the profile name it serves (``"llada"``).
-    :ivar model_type: the native ``model_type`` (``"llama"``, ``"qwen2"``, ``"qwen3"``).
+    :ivar model_type: the native ``model_type`` (``"llama"``, ``"qwen2"``, ``"qwen3"``,
+        ``"qwen3_moe"``).
     :ivar convert: the checkpoint's config dict -> keyword arguments of the native config.
     :ivar key_mapping: regex -> replacement for the checkpoint's tensor names (applied by
         ``from_pretrained``); empty when the names already match.
@@ -116,7 +119,8 @@ def _llada_config(raw: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _qwen_config(causal: bool) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
-    """Converter for a Qwen2/Qwen3-shaped config (Dream, SDAR, Fast-dLLM v2)."""
+    """Converter for a Qwen2/Qwen3-shaped config (Dream, SDAR, Fast-dLLM v2, and SDAR-MoE's
+    attention keys)."""
 
     def convert(raw: Mapping[str, Any]) -> dict[str, Any]:
         if raw.get("use_sliding_window"):
@@ -131,6 +135,38 @@ def _qwen_config(causal: bool) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
         return values
 
     return convert
+
+
+#: The mixture-of-experts keys of an SDAR-MoE config that the native Qwen3-MoE needs and has
+#: no safe default for (its class defaults, 128 experts and no top-k renormalisation, would
+#: load a different model without a word).
+SDAR_MOE_REQUIRED = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob")
+
+
+def _sdar_moe_config(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """SDAR-MoE's config (Qwen3-MoE's keys plus SDAR's) as a causal ``Qwen3MoeConfig``.
+
+    The keys are those the published SDAR-MoE loaders read (JetEngine's
+    ``jetengine/models/sdar_moe.py``, SGLang's ``srt/models/sdar_moe.py``): Qwen3's attention
+    keys, ``num_experts``, ``num_experts_per_tok``, ``moe_intermediate_size``,
+    ``norm_topk_prob``, ``decoder_sparse_step`` and ``mlp_only_layers`` (layers with a dense
+    MLP of ``intermediate_size``).
+
+    :raises KeyError: for a missing :data:`SDAR_MOE_REQUIRED` key (reported by
+        :func:`native_config`).
+    :raises ModelError: for a value with no native equivalent (as for dense SDAR).
+    """
+    values = _qwen_config(causal=True)(raw)
+    values.update({
+        "num_experts": int(raw["num_experts"]),
+        "num_experts_per_tok": int(raw["num_experts_per_tok"]),
+        "moe_intermediate_size": int(raw["moe_intermediate_size"]),
+        "norm_topk_prob": bool(raw["norm_topk_prob"]),
+        "decoder_sparse_step": int(raw.get("decoder_sparse_step") or 1),
+        "mlp_only_layers": [int(i) for i in raw.get("mlp_only_layers") or ()],
+        "output_router_logits": False,
+    })
+    return values
 
 
 def _block(i: str) -> str:
@@ -157,6 +193,9 @@ LAYOUTS: dict[str, NativeLayout] = {
     "llada": NativeLayout("llada", "llama", _llada_config, LLADA_KEYS),
     "dream": NativeLayout("dream", "qwen2", _qwen_config(causal=False)),
     "sdar": NativeLayout("sdar", "qwen3", _qwen_config(causal=True)),
+    # Tensor names are Qwen3-MoE's own (``mlp.gate``, ``mlp.experts.E.{gate,up,down}_proj``);
+    # transformers' qwen3_moe weight conversion stacks the experts at load time.
+    "sdar-moe": NativeLayout("sdar-moe", "qwen3_moe", _sdar_moe_config),
     "fast-dllm-v2": NativeLayout("fast-dllm-v2", "qwen2", _qwen_config(causal=True)),
 }
 
@@ -185,3 +224,80 @@ def native_config(layout: NativeLayout, raw: Mapping[str, Any]) -> Any:
     if "mask_token_id" in raw:
         config.mask_token_id = raw["mask_token_id"]
     return config
+
+
+#: A per-expert tensor of a mixture-of-experts checkpoint (Qwen3-MoE's and SDAR-MoE's names),
+#: which ``transformers`` stacks into ``mlp.experts.gate_up_proj`` / ``mlp.experts.down_proj``.
+EXPERT_TENSOR = re.compile(
+    r"^(?P<experts>.+\.mlp\.experts)\.(?P<index>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$"
+)
+FUSED_EXPERTS = {"gate_proj": "gate_up_proj", "up_proj": "gate_up_proj", "down_proj": "down_proj"}
+
+
+def _listed(names: Iterable[str], limit: int = 6) -> str:
+    ordered = sorted(names)
+    more = f" and {len(ordered) - limit} more" if len(ordered) > limit else ""
+    return ", ".join(repr(n) for n in ordered[:limit]) + more
+
+
+def check_tensor_names(layout: NativeLayout, config: Any, names: Iterable[str]) -> None:
+    """Check a checkpoint's tensor names against the native model they must fill, before
+    any weight is read: each name, renamed by :attr:`NativeLayout.key_mapping` (per-expert
+    tensors folded into the stacked expert tensors), must be a parameter of the native
+    model (or a name ``transformers`` skips on load, such as an old checkpoint's saved RoPE
+    ``inv_freq``), and each parameter must have a source (every expert of every MoE layer).
+    ``transformers`` would otherwise initialise a missing tensor at random, or fail deep in
+    its weight conversion.
+
+    :param config: the native config (:func:`native_config`).
+    :param names: the tensor names in the checkpoint's safetensors headers.
+    :raises ModelError: naming the unexpected names (a misspelling, another layout) and the
+        missing ones.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    needed = set(model.state_dict())
+    # Names transformers itself skips: stale RoPE buffers older checkpoints saved, and the
+    # class's own ignore list.
+    skipped = [r"rotary_emb\.inv_freq$", *(model._keys_to_ignore_on_load_unexpected or ())]
+    ignored = re.compile("|".join(skipped))
+    if getattr(config, "tie_word_embeddings", False):
+        needed.discard("lm_head.weight")
+    experts = int(getattr(config, "num_experts", 0) or 0)
+    found: set[str] = set()
+    unexpected: list[str] = []
+    seen_experts: dict[tuple[str, str], set[int]] = {}
+    for name in names:
+        target = name
+        for pattern, replacement in layout.key_mapping.items():
+            target = re.sub(pattern, replacement, target)
+        expert = EXPERT_TENSOR.match(target)
+        if expert is not None:
+            target = f"{expert['experts']}.{FUSED_EXPERTS[expert['proj']]}"
+            seen_experts.setdefault((expert["experts"], expert["proj"]), set()).add(int(expert["index"]))
+        if target in needed:
+            found.add(target)
+        elif ignored.search(target) is None:
+            unexpected.append(name)
+    missing = sorted(needed - found)
+    for prefix in sorted({prefix for prefix, _ in seen_experts}):
+        for proj, fused in FUSED_EXPERTS.items():
+            if f"{prefix}.{fused}" not in needed:
+                continue
+            indices = seen_experts.get((prefix, proj), set())
+            missing += [f"{prefix}.{i}.{proj}.weight" for i in range(experts) if i not in indices]
+            unexpected += [f"{prefix}.{i}.{proj}.weight" for i in sorted(indices) if i >= experts]
+    if unexpected or missing:
+        problems = []
+        if unexpected:
+            problems.append(f"tensors with no place in it: {_listed(unexpected)}")
+        if missing:
+            problems.append(f"tensors it needs that the checkpoint lacks: {_listed(missing)}")
+        raise ModelError(
+            f"the checkpoint's tensor names do not match the {layout.family} layout (native "
+            f"{layout.model_type}): " + "; ".join(problems)
+            + " (a misspelled or missing tensor name, or a checkpoint of another shape)"
+        )

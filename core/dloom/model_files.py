@@ -88,9 +88,10 @@ def check_config(directory: Path) -> dict[str, Any]:
     return data
 
 
-def check_safetensors(path: Path) -> None:
+def check_safetensors(path: Path) -> list[str]:
     """Check one safetensors file's header and that its tensors lie inside the file.
 
+    :return: the names of the tensors it holds, in header order.
     :raises ModelError: naming the file and what is wrong with it.
     """
     size = path.stat().st_size
@@ -121,6 +122,7 @@ def check_safetensors(path: Path) -> None:
                 f"weights file {str(path)!r} is truncated: tensor {name!r} ends at byte "
                 f"{offsets[1]} of the data, which holds {data_bytes}"
             )
+    return [name for name in header if name != "__metadata__"]
 
 
 def _indexed_shards(index: Path) -> list[Path]:
@@ -158,6 +160,14 @@ def check_weights(directory: Path) -> list[Path]:
     for path in files:
         check_safetensors(path)
     return files
+
+
+def tensor_names(directory: Path) -> set[str]:
+    """The names of every tensor in ``directory``'s safetensors files (headers only).
+
+    :raises ModelError: as :func:`check_weights`.
+    """
+    return {name for path in check_weights(directory) for name in check_safetensors(path)}
 
 
 def check_model_files(

@@ -1,7 +1,7 @@
 """Model families: the conventions a checkpoint's own config implies.
 
 A :class:`ModelProfile` records what dloom must know about one family of released dLLM
-checkpoints (LLaDA, Dream, SDAR, Fast-dLLM v2, ...) beyond what its ``config.json`` says: the
+checkpoints (LLaDA, Dream, SDAR, SDAR-MoE, Fast-dLLM v2, ...) beyond what its ``config.json`` says: the
 mask token, the EOS ids, whether logits are shifted by one, the attention kind, where a
 block-causal model's block size is written and how its blocks are laid out.
 :func:`detect_profile` picks the profile from the config alone (``model_type``,
@@ -148,6 +148,22 @@ SDAR = ModelProfile(
     chat_template=True,
 )
 
+SDAR_MOE = ModelProfile(
+    name="sdar-moe",
+    family="SDAR-MoE (JetLM SDAR-30B-A3B-Chat / -Sci, Qwen3-30B-A3B block diffusion)",
+    model_types=("sdar_moe",),
+    architectures=("SDARMoeForCausalLM",),
+    code_modules=("modeling_sdar_moe", "configuration_sdar_moe"),
+    mask_token="<|MASK|>",
+    shift_logits=False,
+    attention="block-causal",
+    block_length=4,
+    block_size_key="block_size",
+    block_alignment="absolute",
+    ships_code=True,
+    chat_template=True,
+)
+
 FAST_DLLM_V2 = ModelProfile(
     name="fast-dllm-v2",
     family="Fast-dLLM v2 (NVlabs / Efficient-Large-Model Fast_dLLM_v2_7B, Qwen2.5 block diffusion)",
@@ -213,7 +229,9 @@ TRANSFORMERS = ModelProfile(
 )
 
 #: Families recognised from a config, tried in order.
-FAMILIES: tuple[ModelProfile, ...] = (LLADA, DREAM, SDAR, FAST_DLLM_V2, LLADA2, DIFFUSION_GEMMA)
+FAMILIES: tuple[ModelProfile, ...] = (
+    LLADA, DREAM, SDAR, SDAR_MOE, FAST_DLLM_V2, LLADA2, DIFFUSION_GEMMA,
+)
 
 
 def config_dict(config: Any) -> dict[str, Any]:
