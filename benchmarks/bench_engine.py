@@ -172,7 +172,7 @@ def markdown(after: list[dict[str, Any]], before: list[dict[str, Any]] | None = 
     ]
     for row in after:
         was = old.get(key(row))
-        pair = lambda field, fmt: fmt(row[field]) if was is None else f"{fmt(was[field])} → {fmt(row[field])}"
+        pair = lambda field, fmt: fmt(row[field]) if was is None else f"{fmt(was[field])} → {fmt(row[field])}"  # noqa: B023 - used in this iteration only
         hand = "-"
         if "vs_hand_loop" in row:
             hand = f"{row['vs_hand_loop']:.2f}× ({row['vs_hand_loop_per_step']:.2f}× per step)"

@@ -68,7 +68,7 @@ def test_cached_forward_of_a_window_equals_the_full_forward(tiny_adapter, mode, 
             window, key_order = slice(start, length), torch.arange(length)
         else:
             keep = lambda s: torch.cat([s[:, :, :start], s[:, :, end:]], dim=2)
-            cache = DynamicCache(ddp_cache_data=[(keep(l.keys), keep(l.values)) for l in cache.layers])
+            cache = DynamicCache(ddp_cache_data=[(keep(layer.keys), keep(layer.values)) for layer in cache.layers])
             window = slice(start, end)
             key_order = torch.cat([torch.arange(start), torch.arange(end, length), torch.arange(start, end)])
         part = model(

@@ -92,7 +92,7 @@ def test_strategies_table():
 def test_plugins_table_mentions_baselines_and_its_hooks():
     result = invoke("plugins")
     assert result.exit_code == 0, result.output
-    line = next(l for l in result.stdout.splitlines() if "baselines" in l)
+    line = next(row for row in result.stdout.splitlines() if "baselines" in row)
     assert "(third party)" not in line
     assert "0.1.0" in line
     assert "dloom_register_strategies, dloom_select_commit" in line

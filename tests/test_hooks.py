@@ -271,7 +271,7 @@ def test_verify_returning_a_block_of_the_wrong_shape_is_a_contract_error():
     verdict = Verdict(block=state.tokens, logits=torch.zeros(B, K, V), accepted=torch.zeros(B))
     pm = manager("quota", Speculator(graph, make_layout(graph), verdict))
     with pytest.raises(HookContractError, match=r"block of shape \(2, 6\); expected \(2, 4\)"):
-        hooks.verify(pm, state, graph, torch.zeros(B, 2, K, V), lambda b, l, a: b)
+        hooks.verify(pm, state, graph, torch.zeros(B, 2, K, V), lambda b, logits, a: b)
 
 
 def test_build_mask_with_node_rows_of_the_wrong_shape_is_a_contract_error():
@@ -286,7 +286,7 @@ def test_verify_returning_none_is_a_contract_error():
     graph = make_graph(2)
     pm = manager("quota", Speculator(graph, make_layout(graph), None))
     with pytest.raises(HookContractError, match="no plugin answered dloom_verify"):
-        hooks.verify(pm, make_state(), graph, torch.zeros(B, 3, K, V), lambda b, l, a: b)
+        hooks.verify(pm, make_state(), graph, torch.zeros(B, 3, K, V), lambda b, logits, a: b)
 
 
 def test_build_mask_returning_none_is_a_contract_error():
@@ -311,8 +311,8 @@ def run_all_hooks(pm) -> None:
     hooks.select_commit(pm, CONFIDENCE, SELECTABLE, schedule())
     hooks.draft(pm, state)
     hooks.prune(pm, graph, 2)
-    layout = hooks.build_mask(pm, state, graph)
-    hooks.verify(pm, state, graph, torch.zeros(B, 3, K, V), lambda b, l, a: b)
+    hooks.build_mask(pm, state, graph)
+    hooks.verify(pm, state, graph, torch.zeros(B, 3, K, V), lambda b, logits, a: b)
 
 
 def test_hook_timer_wraps_every_decoding_hook():

@@ -22,6 +22,8 @@ Shapes: ``B`` rows, ``P`` prompt width, ``S`` columns fed in one forward, ``V`` 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from dloom.adapter import ModelAdapter
@@ -55,7 +57,7 @@ class ARTarget:
             )
         self.model = model
         self._argument = argument
-        self._cache = None
+        self._cache: Any = None  # a transformers DynamicCache from reset() on
         self._key_mask: torch.Tensor | None = None
         self._position_ids: torch.Tensor | None = None
         self.length = 0
@@ -96,6 +98,7 @@ class ARTarget:
     def _positions(self, start: int, count: int) -> torch.Tensor:
         """``(B, count)`` position ids of columns ``start ..``: real tokens before each
         (left padding takes position 0)."""
+        assert self._position_ids is not None, "reset() before the first forward"
         return self._position_ids[:, start : start + count]
 
     def _run(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -118,7 +121,7 @@ class ARTarget:
             token after column ``length + j``. The cache then holds ``length + S`` columns;
             call :meth:`crop` before the next forward.
         """
-        if self._cache is None:
+        if self._cache is None or self._key_mask is None:
             raise ModelError("ARTarget.forward before reset(): start a batch first")
         width = ids.shape[1]
         mask = torch.cat([self._key_mask[:, : self.length], slot_mask.long()], dim=1)

@@ -100,6 +100,8 @@ class BlockForward:
         full forward, ``W`` for a cached one.
     """
 
+    _full_mask: torch.Tensor | None  # the prepared 4-D attention mask (None: no padding, not block-causal)
+
     def __init__(
         self,
         model: ModelAdapter,
@@ -144,8 +146,8 @@ class BlockForward:
         self._needs_full = torch.full((batch,), mode != "none", dtype=torch.bool, device=device)
         self._on_cache = torch.zeros(batch, dtype=torch.long, device=device)
         if mode != "none":
-            self._argument = cache_argument(model.model)
-            if self._argument is None:
+            self._argument = cache_argument(model.model) or ""
+            if not self._argument:
                 raise ModelError(f"model {model.name!r} does not take a KV cache; use cache='none'")
 
     # --- per-row bookkeeping (device tensors only) -----------------------------------------
@@ -227,7 +229,6 @@ class BlockForward:
             forward.
         """
         batch = tokens.shape[0]
-        columns = self.block_columns
         keep = (first_window, last_window + self.block_length)
         if self.mode == "none":
             raw = self._plain(tokens, self._full_mask, self.position_ids, keep)
@@ -251,7 +252,7 @@ class BlockForward:
                 out.index_copy_(0, cached_rows, block)
             self._on_cache = self._on_cache + (~full).long()
         assert out is None or out.shape[0] == batch, "run() with no row to run"
-        return out, full
+        return out, full  # type: ignore[return-value]  # None only when asked to run no row
 
     def _full_forward(
         self, tokens: torch.Tensor, rows: torch.Tensor, every: bool, keep: tuple[int, int] | None = None
@@ -263,7 +264,9 @@ class BlockForward:
         cache = DynamicCache()
         pick = (lambda t: t) if every else (lambda t: None if t is None else t[rows])
         raw = self._run(pick(tokens), pick(self._full_mask), pick(self.position_ids), cache, keep)
-        layers = [(layer.keys, layer.values) for layer in cache.layers]
+        layers: list[tuple[torch.Tensor, torch.Tensor]] = [
+            (layer.keys, layer.values) for layer in cache.layers  # type: ignore[union-attr, misc]  # full-attention layers
+        ]
         if every or self._store is None:
             self._store = layers
         else:
@@ -345,6 +348,7 @@ class BlockForward:
         from transformers import DynamicCache
 
         pick = (lambda t: t) if rows is None else (lambda t: t[rows])
+        assert self._store is not None, "a cached forward before the full forward that records it"
         return DynamicCache(ddp_cache_data=[(pick(k), pick(v)) for k, v in self._store])
 
     def _window_forward(self, tokens: torch.Tensor, rows: torch.Tensor | None, first_window: int) -> torch.Tensor:

@@ -112,8 +112,9 @@ def plan_batches(decoder: Any, prompts: list[Any], batch_size: int, max_batch_to
     generated = decoder.config["gen_length"]
     length = max(len(r) for r in rows) + generated
     plan = plan_batch_size(decoder.model, batch_size, length, max_batch_tokens)
-    if plan.note(length):
-        err_console.print(f"[yellow]note:[/] {escape(plan.note(length))}", highlight=False)
+    note = plan.note(length)
+    if note:
+        err_console.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
     return plan.size
 
 
@@ -418,7 +419,7 @@ def eval_command(
     try:
         examples = select_examples(tasks, n, seed)
         params = list(param)
-        settings = dict(
+        settings: dict[str, Any] = dict(
             gen_length=gen_length, block_length=block_length, steps=steps, temperature=temperature,
             remasking=remasking, seed=seed, cache=cache, cache_refresh=cache_refresh,
         )
@@ -525,7 +526,7 @@ def demo(
         for name in names:
             try:
                 decoder = build_decoder(model, name, [])
-                rules[name] = decoder.composition.provider("dloom_select_commit")
+                rules[name] = decoder.composition.provider("dloom_select_commit")  # type: ignore[attr-defined]  # all dLLM decoders
                 reports[name] = evaluate(decoder, examples, batch_size=batch_size)
             except DloomError as error:
                 if name == baseline:
@@ -539,7 +540,7 @@ def demo(
     def identical(report, other) -> float:
         return sum(a["text"] == b["text"] for a, b in zip(report.outputs, other.outputs)) / report.n
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name, report in reports.items():
         rule = rules[name]  # a speculator's outputs must equal its commit rule's alone
         rows.append({
@@ -577,7 +578,7 @@ def plugins(as_json: bool = typer.Option(False, "--json", help="Machine-readable
         registry = get_registry()
     except DloomError as error:
         fail(error)
-    records = [
+    records: list[dict[str, Any]] = [
         {"name": p.name, "version": p.version, "builtin": p.builtin, "hooks": list(p.hooks),
          "strategies": list(p.strategies)}
         for p in registry.plugins.values()
@@ -611,7 +612,7 @@ def strategies(as_json: bool = typer.Option(False, "--json", help="Machine-reada
         registry = get_registry()
     except DloomError as error:
         fail(error)
-    records = [
+    records: list[dict[str, Any]] = [
         {
             "name": s.name, "plugin": s.plugin, "summary": s.summary, "guarantee": s.guarantee,
             "claim": s.claim.to_json() if s.claim is not None else None,

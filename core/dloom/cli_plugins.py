@@ -141,7 +141,7 @@ def plugin_commands(registry: Registry, core: set[str]) -> dict[str, Any]:
     owners: dict[str, str] = {}
     for plugin, module in registry.modules.items():
         register = getattr(module, "dloom_register_commands", None)
-        if not hasattr(register, f"{PROJECT_NAME}_impl"):
+        if register is None or not hasattr(register, f"{PROJECT_NAME}_impl"):
             continue
         cli = typer.Typer()
         try:

@@ -79,7 +79,7 @@ class Composition:
         """
         recorded = {}
         for name, guarantee in self.guarantees.items():
-            claim = next(c.strategy.claim for c in self.components if c.name == name)
+            claim = next(c.strategy.claim for c in self.components if c.name == name and c.strategy is not None)
             if claim is not None and claim.kind == "bound" and (temperature > 0 or remasking != "low_confidence"):
                 why = f"temperature {temperature:g}" if temperature > 0 else f"remasking {remasking!r}"
                 guarantee = (
@@ -96,7 +96,7 @@ class Composition:
         does; a threshold rule ignores ``steps``). Found by calling it once on a one-row
         block and watching the schedule; a rule that fails the probe counts as reading it."""
         provider = self.provider("dloom_select_commit")
-        plugin = next(c.plugin for c in self.components if c.name == provider)
+        plugin: Any = next(c.plugin for c in self.components if c.name == provider)
         read: list[str] = []
 
         class WatchedSchedule(BlockSchedule):
@@ -250,7 +250,7 @@ def _check_single_answers(composition: Composition) -> None:
         )
 
 
-def _trace(hook_name: str, hook_impls: list, kwargs: dict) -> None:
+def _trace(hook_name: str, hook_impls: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
     providers = ", ".join(impl.plugin_name for impl in hook_impls if not impl.wrapper)
     print(f"[dloom trace] {hook_name} -> {providers or '(no plugin)'}", file=sys.stderr)
 

@@ -52,9 +52,12 @@ class Decoder(Protocol):
     def generate(
         self, prompts: Sequence[str] | Sequence[Sequence[int]] | torch.Tensor,
         attention_mask: torch.Tensor | None = None,
+        *,
+        row_offset: int | Sequence[int] | torch.Tensor = 0,
     ) -> GenerationResult:
         """Decode a batch of prompts (texts, id lists, or a ``(B, P)`` left-padded tensor
-        with its ``(B, P)`` ``attention_mask``)."""
+        with its ``(B, P)`` ``attention_mask``); ``row_offset`` gives each prompt's random
+        stream (:class:`dloom.kernel.RowStreams`)."""
 
     def totals(self) -> dict[str, Any] | None:
         """Counts the decoder adds up over its :meth:`generate` calls, JSON-ready, or

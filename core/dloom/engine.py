@@ -128,6 +128,9 @@ class DiffusionDecoder:
     :param params: strategy parameters by name (``"tau"``) or by component (``"spiffy.budget"``).
     :param sync_timing: synchronise the device around timed sections (exact per-hook times
         on a GPU at some cost).
+    :param on_proposal: an observer of every kernel step's proposal, called before the commit
+        rule with the candidates and confidences, both ``(B, K)``
+        (:class:`~dloom.speculation.KernelStep`; :mod:`dloom.oracle` reads the candidates).
     :param strategy_params: more strategy parameters as keyword arguments.
     :raises ConfigurationError: for inconsistent lengths, steps or parameters, or an unknown
         cache mode.
@@ -153,6 +156,7 @@ class DiffusionDecoder:
         params: Mapping[str, Any] | None = None,
         sync_timing: bool = False,
         registry: Registry | None = None,
+        on_proposal: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
         **strategy_params: Any,
     ) -> None:
         if model.mask_token_id is None:
@@ -165,6 +169,7 @@ class DiffusionDecoder:
             )
         check_lengths(gen_length=gen_length, block_length=block_length, steps=steps)
         self.model = model
+        self.mask_token_id: int = model.mask_token_id  # the model's, known to be set
         self.gen_length = gen_length or model.default_gen_length or DEFAULT_GEN_LENGTH
         self.block_length = (
             block_length or model.default_block_length or min(DEFAULT_BLOCK_LENGTH, self.gen_length)
@@ -176,6 +181,7 @@ class DiffusionDecoder:
         self.cache = cache
         self.cache_refresh = cache_refresh
         self.draft_budget = draft_budget
+        self.on_proposal = on_proposal
         self._validate()
         self.composition = compose(strategy, {**(params or {}), **strategy_params}, registry)
         self.guarantees = self.composition.guarantees_under(self.temperature, self.remasking)
@@ -248,7 +254,7 @@ class DiffusionDecoder:
             **self.config,
             "tokenizer_sha256": self.model.tokenizer_sha256,
             "commit_rule": commit_rule,
-            "commit_params": self.composition.params().get(commit_rule, {}),
+            "commit_params": self.composition.params().get(commit_rule, {}) if commit_rule else {},
             "steps_per_block": self.steps // (self.gen_length // self.block_length),
             "attention": self.model.attention,
             "shift_logits": self.model.shift_logits,
@@ -353,11 +359,28 @@ class DiffusionDecoder:
         columns = torch.arange(prompt_len, gen_end, device=device).expand(batch, -1)
         decoded = columns < region_end.unsqueeze(1)
         tokens = torch.cat(
-            [prompt_ids, torch.where(decoded, self.model.mask_token_id, self.model.pad_token_id)], dim=1
+            [prompt_ids, torch.where(decoded, self.mask_token_id, self.model.pad_token_id)], dim=1
         )
         full_mask = torch.cat([prompt_mask, decoded.long()], dim=1)
         positions = torch.clamp(full_mask.cumsum(-1) - 1, min=0)
         return tokens, full_mask, positions, start, region_end
+
+    def generated_region(
+        self, prompts: Prompts, attention_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Where :meth:`generate` decodes each prompt: the columns of its result's
+        ``sequences`` from ``start`` to ``end``, a whole number of blocks (block ``j`` of row
+        ``i`` is ``start[i] + j K`` to ``start[i] + (j + 1) K``).
+
+        :param prompts: / :param attention_mask: as for :meth:`generate`.
+        :return: ``start`` and ``end``, both ``(B,)`` long. With ``block_alignment="absolute"``
+            the first block also holds the prompt's last partial block.
+        :raises ModelError: for empty prompts.
+        """
+        prompts = check_prompts(self.model, prompts, attention_mask)
+        prompt_ids, prompt_mask = left_pad_prompts(self.model, prompts, attention_mask)
+        _, _, _, start, end = self._layout(prompt_ids, prompt_mask)
+        return start, end
 
     def generate(
         self,
@@ -392,7 +415,7 @@ class DiffusionDecoder:
         start_time = time.perf_counter()
         self.timer.seconds.clear()
         self._forward_seconds = 0.0
-        model, mask_id = self.model, self.model.mask_token_id
+        model, mask_id = self.model, self.mask_token_id
         prompts = check_prompts(self.model, prompts, attention_mask)
         prompt_ids, prompt_mask = left_pad_prompts(self.model, prompts, attention_mask)
         batch, prompt_len = prompt_ids.shape
@@ -427,7 +450,7 @@ class DiffusionDecoder:
         kernel = KernelStep(
             self.pm, self.temperature, self.remasking, streams, mask_id, eos_ids,
             self.steps // (self.gen_length // width),
-            (torch.gather(x, 1, forward.block_columns) == mask_id).sum(-1),
+            (torch.gather(x, 1, forward.block_columns) == mask_id).sum(-1), self.on_proposal,
         )
         rows = torch.arange(batch, device=device)  # each decoding row's index in the batch
         block_index = torch.zeros_like(rows)

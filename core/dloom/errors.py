@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+from types import FrameType
 
 
 class DloomError(Exception):
@@ -26,7 +27,12 @@ class CompositionError(DloomError):
 
 
 class PluginLoadError(DloomError):
-    """A plugin failed to load or to register; fatal only under ``DLOOM_STRICT_PLUGINS=1``."""
+    """A plugin failed to load or to register; fatal only under ``DLOOM_STRICT_PLUGINS=1``.
+
+    :ivar fatal: set once the failure has been reported as fatal (an outer check re-raises it).
+    """
+
+    fatal: bool = False
 
 
 class ModelError(DloomError, ValueError):
@@ -52,7 +58,8 @@ def warn(message: str, category: type[Warning] = UserWarning) -> None:
     (or into the decoder, or typer), which tells the user nothing about which of their lines
     caused it.
     """
-    frame, level = sys._getframe(1), 1
+    frame: FrameType | None = sys._getframe(1)
+    level = 1
     while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in INTERNAL_PACKAGES:
         frame, level = frame.f_back, level + 1
     warnings.warn(message, category, stacklevel=level + 1)

@@ -7,10 +7,12 @@ the token the reference decode ends with there, and, where none does, the most c
 position (every commit rule commits at least one). The reference is quota with one token per
 step, greedy, without a cache: the process every lossless strategy reproduces.
 
-The commit hook sees confidences, not candidates, so while the oracle decodes it records the
-kernel's candidates as :func:`dloom.kernel.propose` returns them (:func:`_recorded_candidates`);
-nothing of the engine changes. Each prompt is decoded alone (a batch of one), which is how the
-engine decodes every row of a batch anyway, so the oracle knows its row and block.
+The commit hook sees confidences, not candidates, so the oracle also observes every kernel
+step's proposal (the decoder's ``on_proposal`` observer, called just before the commit rule)
+and keeps its candidates; the engine decodes exactly as it does for any commit rule. Each
+prompt is decoded alone (a batch of one), which is how the engine decodes every row of a batch
+anyway, so the oracle knows its row and block; its targets are laid out by
+:meth:`DiffusionDecoder.generated_region`.
 
 Guarantee, checked: the oracle's output (its tokens up to the first EOS) equals the
 reference's, token for token (:class:`OracleMismatchError` otherwise). The one exception is a
@@ -22,14 +24,12 @@ forward count is not a bound.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
-from dloom import hookimpl, speculation
-from dloom.adapter import left_pad_prompts
+from dloom import hookimpl
 from dloom.commit import commit_top, sorted_profile
 from dloom.engine import DiffusionDecoder, Prompts, StepRecord
 from dloom.errors import ConfigurationError, DloomError
@@ -60,45 +60,26 @@ class OracleResult:
     generated_lengths: torch.Tensor
 
 
-class _CandidateLog:
-    """The candidates of the kernel's most recent proposal, ``(B, K)`` long."""
-
-    latest: torch.Tensor | None = None
-
-
-@contextlib.contextmanager
-def _recorded_candidates() -> Iterator[_CandidateLog]:
-    """While open, every proposal of the engine's kernel step leaves its candidates in the
-    returned log (the proposal itself is unchanged)."""
-    log = _CandidateLog()
-    propose = speculation.propose
-
-    def recording(*args, **kwargs):
-        candidates, confidence = propose(*args, **kwargs)
-        log.latest = candidates
-        return candidates, confidence
-
-    speculation.propose = recording
-    try:
-        yield log
-    finally:
-        speculation.propose = propose
-
-
 class OracleCommit:
     """A commit rule that knows one row's final tokens.
 
     :param targets: ``(J, K)`` long, the reference's tokens of the row's blocks, block ``j``
-        as the engine lays it out (columns ``start + j K`` to ``start + (j + 1) K``).
-    :param log: where the kernel's candidates of the current step are recorded.
+        as the engine lays it out (:meth:`DiffusionDecoder.generated_region`).
     :param mask_token_id: / :param eos_ids: ``(E,)`` long, the model's.
+
+    :ivar candidates: ``(1, K)`` long, the current step's candidates (:meth:`see_proposal`).
     """
 
-    def __init__(self, targets: torch.Tensor, log: _CandidateLog, mask_token_id: int, eos_ids: torch.Tensor):
-        self.targets, self.log = targets, log
+    def __init__(self, targets: torch.Tensor, mask_token_id: int, eos_ids: torch.Tensor):
+        self.targets = targets
         self.mask_token_id, self.eos_ids = mask_token_id, eos_ids
         self.block = torch.zeros((), dtype=torch.long, device=targets.device)
         self.dead_end = torch.zeros((), dtype=torch.bool, device=targets.device)
+        self.candidates: torch.Tensor | None = None
+
+    def see_proposal(self, candidates: torch.Tensor, confidence: torch.Tensor) -> None:
+        """The decoder's ``on_proposal`` observer: keep the step's ``(1, K)`` candidates."""
+        self.candidates = candidates
 
     def observe(self, record: StepRecord) -> None:
         """The engine's observer: after a step that completes the block, the next step is on
@@ -108,7 +89,7 @@ class OracleCommit:
 
     def matches(self, selectable: torch.Tensor) -> torch.Tensor:
         """``(1, K)`` bool, the selectable positions whose candidate is the final token."""
-        return selectable & (self.log.latest == self.targets[self.block].unsqueeze(0))
+        return selectable & (self.candidates == self.targets[self.block].unsqueeze(0))
 
     @hookimpl
     def dloom_select_commit(self, confidence, selectable, schedule):
@@ -152,19 +133,18 @@ def oracle_nfe(decoder: DiffusionDecoder, prompts: Prompts, oracle=OracleCommit)
     check_decoder(decoder)
     model = decoder.model
     prompts = check_prompts(model, prompts, None)
-    lengths = dict(gen_length=decoder.gen_length, block_length=decoder.block_length)
+    lengths: dict[str, Any] = dict(gen_length=decoder.gen_length, block_length=decoder.block_length)
     reference = DiffusionDecoder(model, "quota", steps=decoder.gen_length, **lengths)
     eos_ids = torch.tensor(model.eos_token_ids, dtype=torch.long, device=model.device)
     rows = []
     for index, prompt in enumerate(prompts):
         expected = reference.generate([prompt])
-        ids, mask = left_pad_prompts(model, [prompt], None)
-        _, _, _, start, region_end = reference._layout(ids, mask)
-        columns = expected.sequences[0, int(start):int(region_end)]
+        start, end = reference.generated_region([prompt])
+        columns = expected.sequences[0, int(start[0]):int(end[0])]
         targets = columns.view(-1, decoder.block_length)
-        with _recorded_candidates() as log:
-            rule = oracle(targets, log, model.mask_token_id, eos_ids)
-            got = DiffusionDecoder(model, rule, **lengths).generate([prompt], observer=rule.observe)
+        rule = oracle(targets, model.mask_token_id, eos_ids)
+        oracle_decoder = DiffusionDecoder(model, rule, on_proposal=rule.see_proposal, **lengths)
+        got = oracle_decoder.generate([prompt], observer=rule.observe)
         reached = got.token_lists == expected.token_lists
         if not reached and not bool(rule.dead_end):
             raise OracleMismatchError(

@@ -116,7 +116,7 @@ def _check_ids(ids: Any, label: str, size: int | None) -> list[int]:
                 f"{label} has {value!r} ({type(value).__name__}) at position {position}; "
                 "allowed: integer token ids"
             )
-        if size is not None and not 0 <= value < size:
+        if size is not None and not 0 <= int(value) < size:
             raise ModelError(
                 f"{label} has token id {value} at position {position}, outside the "
                 f"vocabulary; allowed: 0 .. {size - 1}"

@@ -11,6 +11,8 @@ reference distribution (and, with one row and the same seed, the very same rando
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from dloom import hooks
@@ -53,6 +55,9 @@ class KernelStep:
     :param eos_ids: ``(E,)`` long.
     :param steps_per_block: the block's step budget.
     :param masked_at_start: ``(B,)`` long, masked positions per row at its block's start.
+    :param on_proposal: an observer called at every step, before the commit rule, with the
+        step's candidates ``(B, K)`` long and confidences ``(B, K)``; it must not modify them
+        (the commit hook is given the confidences only). ``None``: nothing is called.
 
     :ivar steps: ``(B,)`` long, kernel steps each row has taken in its current block.
     :ivar idle: ``()`` bool, some row with a selectable position committed nothing.
@@ -61,9 +66,10 @@ class KernelStep:
 
     def __init__(
         self, pm, temperature, remasking, generator, mask_token_id, eos_ids, steps_per_block,
-        masked_at_start,
+        masked_at_start, on_proposal: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
     ) -> None:
         self.pm = pm
+        self.on_proposal = on_proposal
         self.temperature, self.remasking, self.generator = temperature, remasking, generator
         self.mask_token_id, self.eos_ids = mask_token_id, eos_ids
         self.steps_per_block = steps_per_block
@@ -82,6 +88,8 @@ class KernelStep:
         candidates, confidence = propose(
             logits, self.temperature, self.remasking, self.generator, self.mask_token_id
         )
+        if self.on_proposal is not None:
+            self.on_proposal(candidates, confidence)
         schedule = BlockSchedule(self.steps, self.steps_per_block, self.masked_at_start)
         commit = hooks.select_commit(self.pm, confidence, selectable, schedule)
         stepping = selectable.any(-1)

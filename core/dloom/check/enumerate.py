@@ -85,7 +85,7 @@ def _step(
     :param logits: ``(K, V)`` the block's logits.
     :return: ``{new block tokens: probability}``.
     """
-    mask_id = decoder.model.mask_token_id
+    mask_id = decoder.mask_token_id
     width = block.shape[0]
     logits64 = logits.to(torch.float64).clone()
     logits64[:, mask_id] = -torch.inf
@@ -132,7 +132,7 @@ def exact_distribution(decoder: DiffusionDecoder, prompt: Sequence[int]) -> dict
     """
     _check_scope(decoder)
     model = decoder.model
-    mask_id = model.mask_token_id
+    mask_id = decoder.mask_token_id
     prompt = [int(t) for t in prompt]
     if not prompt:
         raise ConfigurationError("exact enumeration needs a non-empty prompt")

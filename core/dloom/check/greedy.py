@@ -92,7 +92,7 @@ def compare_greedy(
 
     :param prompts: texts (the model needs a tokenizer) or token-id lists.
     """
-    settings = dict(gen_length=gen_length, block_length=block_length, steps=steps, temperature=0.0)
+    settings: dict[str, Any] = dict(gen_length=gen_length, block_length=block_length, steps=steps, temperature=0.0)
     ours = DiffusionDecoder(model, strategy.spec, params=strategy.params, **settings)
     theirs = DiffusionDecoder(model, against.spec, params=against.params, **settings)
     identical, first = compare_outputs(

@@ -49,14 +49,14 @@ def greedy(joint: Joint) -> tuple[np.ndarray, np.ndarray]:
     return tokens, np.array([m[t] for m, t in zip(margs, tokens)])
 
 
-def marginalise(joint: Joint, positions: Sequence[int]) -> Joint:
+def marginalise(joint: Joint, positions: Sequence[int] | np.ndarray) -> Joint:
     """The joint of ``positions`` alone, its axes in the order given."""
     keep = [int(p) for p in positions]
     summed = joint.sum(axis=tuple(a for a in range(joint.ndim) if a not in keep))
     return np.transpose(summed, [sorted(keep).index(p) for p in keep])
 
 
-def tuple_and_best_rival(joint: Joint, tokens: Sequence[int]) -> tuple[float, float]:
+def tuple_and_best_rival(joint: Joint, tokens: Sequence[int] | np.ndarray) -> tuple[float, float]:
     """The probability of the tuple ``tokens`` and the largest probability of any other
     tuple (``0`` when there is none)."""
     index = tuple(int(t) for t in tokens)
@@ -101,7 +101,7 @@ def product_joint(margs: Marginals) -> Joint:
 
 def circular_coupling(
     margs: Marginals,
-    orders: Sequence[Sequence[int]] | None = None,
+    orders: Sequence[Sequence[int] | np.ndarray] | None = None,
     offsets: Sequence[float] | None = None,
     reversed_: Sequence[bool] | None = None,
 ) -> Joint:
@@ -122,8 +122,8 @@ def circular_coupling(
     offsets = offsets or [0.0] * n
     reversed_ = reversed_ or [False] * n
     cuts, tokens = [], []
-    for m, order in zip(margs, orders):
-        order = np.asarray(list(order))
+    for m, given in zip(margs, orders):
+        order = np.asarray(list(given))
         edges = np.concatenate([[0.0], np.cumsum(m[order])])
         edges[-1] = 1.0
         cuts.append(edges)

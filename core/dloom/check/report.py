@@ -40,7 +40,7 @@ EXIT_CODES = {"not lossless": 1, "unsound": 1, "inconclusive": 3}
 DEFAULT_PROMPTS = 32
 TARGET = "target"
 """``Claim.against`` value: the AR target of a speculative decoder (FailFast)."""
-TINY_GREEDY = {"vocab": 16, "hidden": 32, "layers": 2, "init": 0.8}
+TINY_GREEDY: dict[str, Any] = {"vocab": 16, "hidden": 32, "layers": 2, "init": 0.8}
 """The tiny model of the greedy check when neither ``model`` nor the toy zoo's is there."""
 TINY_GREEDY_BLOCK_LENGTH = 4
 

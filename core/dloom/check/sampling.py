@@ -173,7 +173,7 @@ def sampling_test(
         model = tiny_dllm(seed)
         prompt = tiny_prompts(1, seed=seed)[0]
         settings = SETTINGS[seed % len(SETTINGS)]
-        common = dict(temperature=options.temperature, **settings)
+        common: dict[str, Any] = dict(temperature=options.temperature, **settings)
         ref = DiffusionDecoder(model, against.spec, params=against.params, **common)
         exact = exact_distribution(ref, prompt)
         ours = DiffusionDecoder(model, strategy.spec, params=strategy.params, **common)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Hashable, Mapping
+from typing import Any, Hashable, Mapping
 
 import numpy as np
 import torch
@@ -89,7 +89,7 @@ class ChiSquare:
     replicates: int
     bins: int
     pooled_mass: float
-    impossible: tuple[Hashable, ...]
+    impossible: tuple[Any, ...]
     samples: int
 
 
@@ -112,8 +112,8 @@ def simulated_p_value(
 
 
 def pooled_chi_square(
-    counts: Mapping[Hashable, int],
-    probabilities: Mapping[Hashable, float],
+    counts: Mapping[Any, int],
+    probabilities: Mapping[Any, float],
     *,
     simulate_below: float = 0.0,
     replicates: int = 0,

@@ -109,7 +109,7 @@ def greedy_pair(prompt_count: int, max_new_tokens: int | None) -> tuple[ModelAda
         drafter = load_model("toy-dllm", dtype="float64")
         prompts = target.encode([example.prompt for example in held_out(prompt_count)])
         return target, drafter, prompts, max_new_tokens or GEN_LENGTH, []
-    settings = dict(TINY_GREEDY)
+    settings: dict[str, Any] = dict(TINY_GREEDY)
     target, drafter = tiny.tiny_ar(0, **settings), tiny.tiny_dllm(0, **settings)
     prompts = tiny.tiny_prompts(prompt_count, vocab=settings["vocab"], length=4, seed=0)
     note = (

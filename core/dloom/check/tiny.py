@@ -36,7 +36,7 @@ def _llama(seed: int, vocab: int, hidden: int, layers: int, init: float, causal:
 
     if vocab <= FIRST_PLAIN_ID:
         raise ValueError(f"vocab is {vocab}; allowed: at least {FIRST_PLAIN_ID + 1} (pad, mask, eos, a token)")
-    config = LlamaConfig(
+    config = LlamaConfig(  # type: ignore[call-arg]  # extra keys are kept as config attributes
         vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
         num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=2,
         max_position_embeddings=context, initializer_range=init, is_causal=causal,

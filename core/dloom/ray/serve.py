@@ -97,4 +97,4 @@ def server_application(
         options["autoscaling_config"] = dict(autoscaling_config)
     else:
         options["num_replicas"] = num_replicas
-    return serve.deployment(serve.ingress(build_app)(), **options).bind()
+    return serve.deployment(serve.ingress(build_app)(), **options).bind()  # type: ignore[attr-defined]  # ray types deployment() as a decorator only

@@ -90,7 +90,7 @@ class DecoderPool:
             temperature (the decoder's constructor raises it).
         """
         d = self.defaults
-        given = {
+        given: dict[str, Any] = {
             "strategy": strategy or d.strategy,
             "params": dict(d.params or {}) if params is None else dict(params),
             "cache": cache or d.cache,

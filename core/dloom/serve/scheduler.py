@@ -173,7 +173,7 @@ class Scheduler:
         """Withdraw a row: a waiting one leaves the queue now, a decoding one is discarded
         when its batch ends; a finished one is left as it is."""
         with self._ready:
-            if job.state == "queued":
+            if job.state == "queued" and job.lane is not None:  # a queued job has its lane
                 lane = self._lanes[job.lane]
                 lane.waiting.remove(job)
                 if not lane.waiting:

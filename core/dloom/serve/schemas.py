@@ -8,7 +8,7 @@ the body (the ``openai`` client sends them with ``extra_body=``): ``strategy``, 
 
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import Literal, Union, cast
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -78,8 +78,8 @@ class CompletionRequest(GenerationFields):
         if isinstance(self.prompt, str):
             return [self.prompt]
         if self.prompt and all(isinstance(p, int) for p in self.prompt):
-            return [list(self.prompt)]
-        return list(self.prompt)
+            return [cast("list[int]", list(self.prompt))]
+        return cast("list[str] | list[list[int]]", list(self.prompt))
 
 
 class ChatMessage(BaseModel):

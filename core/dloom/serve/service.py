@@ -13,7 +13,7 @@ import asyncio
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, cast
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -100,7 +100,10 @@ class Service:
                 f"max_tokens {max_tokens} exceeds the {self.gen_length} positions this server "
                 f"decodes per prompt (gen_length); allowed: 1..{self.gen_length}"
             )
-        rows = self._encode(prompts) if prompts and isinstance(prompts[0], str) else [list(p) for p in prompts]
+        rows: list[list[int]] = (
+            self._encode(cast("list[str]", prompts)) if prompts and isinstance(prompts[0], str)
+            else [list(cast("list[int]", p)) for p in prompts]
+        )
         if not rows:
             raise ModelError("no prompt given; allowed: a text, texts, token ids or lists of token ids")
         for index, row in enumerate(rows):

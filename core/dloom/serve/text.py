@@ -69,7 +69,7 @@ def visible_output(
     tokens = tuple(generated[: min(end, max_tokens)])
     text, stopped = cut_at_stop(decode([t for t in tokens if t not in eos]), stop)
     if stopped or (first_eos is not None and first_eos < max_tokens):
-        reason = "stop"
+        reason: str | None = "stop"
     elif len(tokens) >= max_tokens:
         reason = "length"
     else:

@@ -95,4 +95,4 @@ def load(
         path, local_files_only=True, dtype=torch.float32 if dtype is None else dtype
     )
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    return model.to(device).eval(), tokenizer
+    return model.to(device).eval(), tokenizer  # type: ignore[arg-type]  # transformers wraps .to() untyped

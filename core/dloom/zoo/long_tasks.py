@@ -231,7 +231,7 @@ def _check_tale(prompt: str, answer: str) -> bool:
         return False
     name, animal, place = prompt_match.groups()
     pro = _TALE_NAMES.get(name)
-    if match.group("name", "animal", "animal2", "place", "pro") != (name, animal, animal, place, pro):
+    if pro is None or match.group("name", "animal", "animal2", "place", "pro") != (name, animal, animal, place, pro):
         return False
     found = match.groupdict()
     objects = {v for k, v in found.items() if k.startswith("obj") and v is not None}
@@ -319,8 +319,9 @@ def _check_prog(prompt: str, answer: str) -> bool:
     if len(lines) < 3 or lines[0] != f"def {name}({x},{y}):":
         return False
     returned = re.fullmatch(r"    return ([a-z])", lines[-1])
-    assignments = [_PROG_ASSIGN.match(line) for line in lines[1:-1]]
-    if returned is None or None in assignments:
+    matches = [_PROG_ASSIGN.match(line) for line in lines[1:-1]]
+    assignments = [match for match in matches if match is not None]
+    if returned is None or len(assignments) < len(matches):
         return False
     for inputs in _PROG_INPUTS:
         env = {x: inputs[0], y: inputs[1]}

@@ -329,7 +329,7 @@ def build_config(name: str) -> LlamaConfig:
     workload = spec.workload
     bidirectional = spec.kind == "dllm"
     blocks = {} if workload is SHORT else {"block_length": workload.block_length}
-    config = LlamaConfig(
+    config = LlamaConfig(  # type: ignore[call-arg]  # extra keys are kept as config attributes
         vocab_size=len(tok.SPECIALS) + len(workload.alphabet),
         hidden_size=spec.hidden,
         intermediate_size=spec.ffn,

@@ -169,7 +169,7 @@ def calibrate(
         raise ConfigurationError(f"budget is {budget!r}; allowed: an integer >= 1")
     if not prompts:
         raise ConfigurationError("no calibration prompts given")
-    recorder = TransitionRecorder(decoder.model.mask_token_id, token_ranks)
+    recorder = TransitionRecorder(decoder.mask_token_id, token_ranks)
     started = time.perf_counter()
     done = 0
     for batch in _batches(list(prompts), batch_size):

@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, Any, List, Optional, cast
 
 import typer
 from rich.progress import Progress
@@ -28,6 +28,9 @@ from dloom.cli import (
     read_prompts,
 )
 from dloom.errors import ConfigurationError, DloomError
+
+if TYPE_CHECKING:
+    from dloom.engine import DiffusionDecoder
 
 
 def register_commands(cli: typer.Typer) -> None:
@@ -74,16 +77,17 @@ def calibrate(
                 f"{kind!r} decoder and takes no draft graph: calibrate a commit rule, "
                 "e.g. --strategy quota or --strategy threshold"
             )
+        description: dict[str, Any]
         if prompts_file is not None:
             prompts, description = read_prompts(prompts_file), {"prompts_file": str(prompts_file)}
         else:
             prompts = [e.prompt for e in select_examples(tasks, n, seed, split="train")]
             description = {"tasks": tasks, "split": "train", "seed": seed}
-        decoder = build_decoder(
+        decoder = cast("DiffusionDecoder", build_decoder(  # a diffusion strategy: checked above
             model, strategy, param, device=device, dtype=dtype, gen_length=gen_length,
             block_length=block_length, steps=steps, temperature=temperature,
             remasking=remasking, seed=seed,
-        )
+        ))
         with Progress(console=core.err_console, transient=True) as bar:
             task = bar.add_task("calibrating", total=len(prompts))
             graph = run_calibration(

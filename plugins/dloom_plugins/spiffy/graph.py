@@ -49,7 +49,7 @@ def expect(bad: Any, what: str, value: Any, kind: type, low: float | None = None
            high: float | None = None) -> Any:
     """``value`` if it is a ``kind`` (``float`` also takes an int; a bool is neither)
     within ``[low, high]``, else ``bad(message)`` raised."""
-    kinds = (int, float) if kind is float else (kind,)
+    kinds: tuple[Any, ...] = (int, float) if kind is float else (kind,)
     if isinstance(value, bool) or not isinstance(value, kinds) or (
         kind is float and not math.isfinite(value)
     ):
@@ -193,7 +193,7 @@ class CalibratedGraph:
                 f"{len(data['nodes'])} nodes; allowed: at most {MAX_NODES} (each node is a draft "
                 "row every verification forward may evaluate; keep D small, e.g. --budget 10)"
             )
-        nodes = []
+        nodes: list[GraphNode] = []
         for index, raw in enumerate(data["nodes"], start=1):
             if not isinstance(raw, dict) or not {"id", "pairs", "parents"} <= set(raw):
                 raise bad(f"node {index} needs 'id', 'pairs' ([[i, j], ...]) and 'parents'")

@@ -74,8 +74,10 @@ class Spiffy:
                     f"calibrated for {'; '.join(found)}"
                 )
         else:
-            graph = find_builtin(config)
-            if graph is None:
+            builtin = find_builtin(config)
+            if builtin is not None:
+                graph = builtin
+            else:
                 warn(
                     f"no built-in draft graph fits model {config['model']!r} with base rule "
                     f"{config['commit_rule']!r} {dict(config['commit_params'])} and block_length "
