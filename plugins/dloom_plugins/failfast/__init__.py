@@ -1,16 +1,18 @@
 """FailFast: a dLLM drafts for an autoregressive target, losslessly (arXiv 2512.20573;
-``docs/strategies/failfast.md``).
+``docs/strategies/failfast.md``). It runs in the core's ``"ar-target"`` decoder
+(:class:`dloom.ar_decoder.ARTargetDecoder`) through four hooks (:mod:`.plugin`).
 
 Each round, per row:
 
-1. **Draft.** The drafter (a dLLM sharing the target's tokenizer) sees one canvas per row:
+1. **Draft** (``dloom_draft``, :mod:`.drafter`). The drafter (a dLLM sharing the target's tokenizer) sees one canvas per row:
    the prompt, the row's accepted tokens, then masks up to ``max_new_tokens``. It denoises
    the masks after the accepted prefix in *small blocks* (default 8 positions), left to
    right, each step one forward and one commit of its commit rule (any dloom strategy with
    ``dloom_select_commit``: quota, threshold, factor, frechet), through the kernel pieces
    :func:`dloom.kernel.propose`, :func:`dloom.hooks.select_commit` and
    :func:`dloom.kernel.apply_commit`. Each committed token's confidence (its probability
-   under the drafter's softmax) is recorded. The length policy decides when to stop:
+   under the drafter's softmax) is recorded. The length policy (``dloom_prune``,
+   :mod:`.policy`) decides when to stop:
 
    * ``failfast`` (fail fast, win big): start with ``L = initial_length``. Once the first
      ``L`` draft tokens are committed: if any of their confidences is below ``tau``, stop
@@ -21,7 +23,7 @@ Each round, per row:
    Both never propose past ``max_new_tokens`` nor past the first drafted EOS (the EOS itself
    is proposed).
 
-2. **Verify.** One target forward over the row's draft (plus the accepted tokens the
+2. **Verify** (``dloom_build_mask``, ``dloom_verify``). One target forward over the row's draft (plus the accepted tokens the
    target has not cached yet, at least the last one). With ``k`` draft tokens ``x`` and the
    target's distributions ``p_0 .. p_k`` after each prefix:
 
@@ -62,23 +64,65 @@ target decides every token).
 Host synchronisation: once per drafter step (is any row still drafting) and once per round
 (the verification layout's width, the new cache length); never per token or per row.
 """
+from dloom import Claim, Parameter, StrategyRegistration, hookimpl
 
-from dloom.failfast.decoder import FailFastDecoder, build_failfast_decoder
-from dloom.failfast.policy import proposal_length
-from dloom.failfast.result import FailFastResult
-from dloom.failfast.settings import (
-    DEFAULT_MAX_NEW_TOKENS,
-    DRAFTER_CACHE_MODES,
-    POLICIES,
-    VERIFICATIONS,
-    FailFastSettings,
-    check_shared_tokenizer,
-)
-from dloom.failfast.verification import sample_target, verify_match, verify_ratio
+from .decoder import FailFastDecoder, build_failfast_decoder
+from .plugin import FailFast
+from .policy import proposal_length, prune_chains
+from .settings import POLICIES, VERIFICATIONS, FailFastSettings, check_shared_tokenizer
+from .verification import verify_ratio
 
 __all__ = [
-    "DEFAULT_MAX_NEW_TOKENS", "DRAFTER_CACHE_MODES", "POLICIES", "VERIFICATIONS",
-    "FailFastDecoder", "FailFastResult", "FailFastSettings", "build_failfast_decoder",
-    "check_shared_tokenizer", "proposal_length", "sample_target",
-    "verify_match", "verify_ratio",
+    "POLICIES", "VERIFICATIONS", "FailFast", "FailFastDecoder", "FailFastSettings",
+    "build_failfast_decoder", "check_shared_tokenizer", "dloom_register_strategies",
+    "proposal_length", "prune_chains", "verify_ratio",
 ]
+
+DEFAULTS = FailFastSettings()
+
+
+@hookimpl
+def dloom_register_strategies(register) -> None:
+    register(
+        StrategyRegistration(
+            name="failfast",
+            plugin_class=FailFast,
+            parameters=(
+                Parameter("tau", DEFAULTS.tau, float,
+                          "fail fast: stop drafting when a confidence among the first L is below tau",
+                          low=0.0, high=1.0),
+                Parameter("n", DEFAULTS.n, int, "win big: grow the draft length L by n", low=1),
+                Parameter("n_max", DEFAULTS.n_max, int, "most draft tokens per round (failfast policy)", low=1),
+                Parameter("initial_length", DEFAULTS.initial_length, int,
+                          "draft length L at the start of a round (<= n_max)", low=1),
+                Parameter("policy", DEFAULTS.policy, str,
+                          "failfast (fail fast, win big) or naive (fixed naive_length)", choices=POLICIES),
+                Parameter("naive_length", DEFAULTS.naive_length, int, "draft length of the naive policy", low=1),
+                Parameter("drafter_strategy", DEFAULTS.drafter_strategy, str,
+                          "the drafter's commit rule (a registered strategy: threshold, quota, factor, frechet)"),
+                Parameter("drafter_tau", DEFAULTS.drafter_tau, float,
+                          "tau of the drafter's commit rule, when it has one (threshold)",
+                          low=0.0, high=1.0, low_open=True, high_open=True),
+                Parameter("small_block", DEFAULTS.small_block, int,
+                          "draft positions denoised together, left to right (1: strictly in order)", low=1),
+                Parameter("verification", DEFAULTS.verification, str,
+                          "match (sample the target, accept while equal: exact for any drafter) or "
+                          "ratio (min(1, p/q) rejection sampling: needs small_block=1)",
+                          choices=VERIFICATIONS),
+            ),
+            guarantee=(
+                "lossless against the AR target: greedy output equals the target's greedy tokens; "
+                "sampled output has the target's own distribution (any drafter with match "
+                "verification; ratio verification only for left-to-right drafts)"
+            ),
+            summary="FailFast: a dLLM drafts dynamic-length chunks, an AR target verifies them",
+            decoder="ar-target",
+            claim=Claim(
+                "lossless", against="target",
+                conditions=(
+                    "runs with an AR target (the ar-target decoder, --target/--drafter), not "
+                    "inside a diffusion decoder; every temperature"
+                ),
+            ),
+        )
+    )
