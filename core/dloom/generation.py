@@ -1,6 +1,5 @@
 """Steps every decoder takes around its loop: checking and left-padding the prompts, one
-random stream per prompt, reading a model's raw logits, and turning generated ids into token
-lists and texts."""
+random stream per prompt, and turning generated ids into token lists and texts."""
 
 from __future__ import annotations
 
@@ -61,12 +60,6 @@ def prepare_prompts(
     prompt_ids, prompt_mask = left_pad_prompts(model, prompts, attention_mask)
     stream_ids = row_streams(row_offset, prompt_ids.shape[0], prompt_ids.device)
     return prompt_ids, prompt_mask, RowStreams(seed, stream_ids) if samples else None
-
-
-def output_logits(out: Any) -> torch.Tensor:
-    """The logits of a model's forward output: ``out.logits``, or the first element of a
-    tuple output (models without a ``transformers`` output class)."""
-    return out.logits if hasattr(out, "logits") else out[0]
 
 
 def token_lists_and_texts(

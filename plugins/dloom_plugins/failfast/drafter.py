@@ -9,10 +9,9 @@ import pluggy
 import torch
 
 from dloom import hooks
-from dloom.adapter import ModelAdapter
+from dloom.adapter import ModelAdapter, output_logits
 from dloom.cache import cache_argument
 from dloom.errors import HookContractError, NonFiniteLogitsError
-from dloom.generation import output_logits
 from dloom.kernel import RowStreams, apply_commit, propose, without_mask
 from dloom.metrics import HookTimer
 from dloom.types import BlockSchedule, ChainState, DraftChains
