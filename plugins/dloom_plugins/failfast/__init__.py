@@ -47,9 +47,9 @@ whatever the drafter, its commit rule or the length policy. The drafter only cha
 
 Batches: rows draft and verify together, vectorised (no Python loop over rows). Each row has
 its own accepted length; the drafter canvas is column-aligned (prompt left-padded), each row
-denoises its own small blocks after its own prefix; the target's cache is cropped to the
-shortest row's accepted prefix and the other rows feed their extra accepted tokens again in
-the next verification forward. A finished row (EOS or ``max_new_tokens``) stays in the batch
+denoises its own small blocks after its own prefix; the ar-target decoder crops the target's
+cache to the shortest row's accepted prefix and the other rows feed their extra accepted
+tokens again in the next verification forward (:func:`dloom.chains.chain_layout`). A finished row (EOS or ``max_new_tokens``) stays in the batch
 with nothing to do (its slots are padding) until every row is finished.
 
 Drafter KV cache (``drafter_cache``): ``"none"`` recomputes the whole canvas at every
@@ -61,9 +61,11 @@ in place). For a bidirectional drafter the kept keys are stale (computed when la
 held other tokens): drafts differ slightly from uncached ones, the output does not (the
 target decides every token).
 
-Host synchronisation: once per drafter step (is any row still drafting) and once per round
-(the verification layout's width, the new cache length); never per token or per row.
+Host synchronisation: none of FailFast's own; the drafter's checks (NaN logits, an idle commit
+rule) ride on the decoder's one synchronisation per drafter step (is any row still drafting,
+the layout's width), plus one per round (the new cache length); never per token or per row.
 """
+
 from dloom import Claim, Parameter, StrategyRegistration, hookimpl
 
 from .decoder import FailFastDecoder, build_failfast_decoder

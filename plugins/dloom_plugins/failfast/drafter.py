@@ -81,6 +81,7 @@ class DraftingRound:
 
     :param drafter: the drafter's adapter. :param pm: the plugin manager of its commit rule.
     :param timer: that manager's :class:`~dloom.metrics.HookTimer` (the commit rule's time).
+    :param rule: the commit rule's name (for messages).
     :param state: the generation's first :class:`~dloom.types.ChainState`.
     :param mode: the drafter's cache mode. :param small_block: positions per small block.
     :param remasking: the commit rule's confidence kind.
