@@ -51,7 +51,7 @@ import torch
 
 from dloom import load_model
 from dloom.ar import ARTarget
-from dloom.failfast import FailFastDecoder
+from dloom_plugins.failfast import FailFastDecoder
 from dloom.zoo.tasks import FAMILIES, held_out
 
 MAX_NEW_TOKENS = 32

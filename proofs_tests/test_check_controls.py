@@ -33,8 +33,10 @@ from dloom import Claim, Parameter, StrategyRegistration
 from dloom.check import check_lossless, check_strategy, tiny
 from dloom.check import joints as J
 from dloom.commit import commit_top, sorted_profile
-from dloom.failfast import decoder as failfast_decoder
-from dloom.failfast.verification import gumbel_argmax, verify_ratio
+from dloom.chains import GUMBEL_TAG
+from dloom.kernel import gumbel_argmax
+from dloom_plugins.failfast import plugin as failfast_plugin
+from dloom_plugins.failfast.verification import verify_ratio
 from dloom_plugins.frechet import FrechetCommit, frechet_bounds
 
 from test_frechet_bound import (
@@ -160,7 +162,7 @@ def resampling_the_target_after_a_rejection(draft, draft_len, logits, draft_prob
     from the residual ``max(0, p_i - q_i)`` (the bonus draw from ``p_k`` stays right)."""
     accepted, _ = verify_ratio(draft, draft_len, logits, draft_probs, temperature, generator)
     p_at = logits[torch.arange(len(accepted)), accepted].to(torch.float64)
-    return accepted, gumbel_argmax(p_at / temperature, generator)
+    return accepted, gumbel_argmax(p_at / temperature, generator, GUMBEL_TAG)
 
 
 RATIO = dict(verification="ratio", small_block=1, initial_length=1, n=1, n_max=3)
@@ -168,7 +170,7 @@ RATIO = dict(verification="ratio", small_block=1, initial_length=1, n=1, n_max=3
 
 
 def test_a_biased_ratio_test_is_caught_against_the_ar_target(monkeypatch):
-    monkeypatch.setattr(failfast_decoder, "verify_ratio", resampling_the_target_after_a_rejection)
+    monkeypatch.setattr(failfast_plugin, "verify_ratio", resampling_the_target_after_a_rejection)
     report = check_strategy("failfast", params=RATIO, samples=4_000, seeds=2, prompt_count=8)
     assert report.verdict == "not lossless" and report.exit_code == 1, report.render()
     assert report.evidence["greedy"]["identical"] == 8  # greedy never runs the ratio test

@@ -25,7 +25,7 @@ from dloom.check.sampling import _verdict
 from dloom.check.target import ar_target_factory, sampling_seed, target_distribution, target_greedy
 from dloom.check.tiny import tiny_ar, tiny_dllm
 from dloom.errors import ConfigurationError
-from dloom.failfast import FailFastDecoder
+from dloom_plugins.failfast import FailFastDecoder
 from dloom.kernel import REMASKING
 
 ALPHA = 1e-3

@@ -30,7 +30,7 @@ import dloom
 from dloom import cli
 from dloom.cli import app
 from dloom.errors import ConfigurationError, HookContractError, ModelError, PluginLoadError
-from dloom.failfast import build_failfast_decoder
+from dloom_plugins.failfast import FailFastDecoder, build_failfast_decoder
 from dloom_plugins.spiffy.graph import BUILTIN_DIR, MAX_NODES
 from dloom.registry import check_plugin_class, get_registry, reset_registry
 from dloom.zoo import model_path
@@ -242,7 +242,7 @@ CASES = [
     api_case("API: gen_length=8.0", lambda env: lambda: env.decoder(gen_length=8.0), ConfigurationError,
              "gen_length is 8.0"),
     api_case("API: FailFast max_new_tokens=0",
-             lambda env: lambda: dloom.failfast.FailFastDecoder(
+             lambda env: lambda: FailFastDecoder(
                  dloom.load_model("toy-ar", require_mask=False), env.adapter, max_new_tokens=0),
              ConfigurationError, "max_new_tokens is 0"),
     api_case("API: build_failfast_decoder gen_length=0",

@@ -113,7 +113,10 @@ def test_plugins_json():
             },
             {
                 "name": "failfast", "version": "0.1.0", "builtin": True,
-                "hooks": ["dloom_register_strategies"],
+                "hooks": [
+                    "dloom_build_mask", "dloom_configure", "dloom_draft", "dloom_prune",
+                    "dloom_register_strategies", "dloom_verify",
+                ],
                 "strategies": ["failfast"],
             },
             {

@@ -17,7 +17,8 @@ from dloom.check.target import target_greedy
 from dloom.check.tiny import tiny_ar, tiny_dllm
 from dloom.cli import app
 from dloom.errors import ConfigurationError, ModelError
-from dloom.failfast import FailFastDecoder, FailFastSettings, check_shared_tokenizer, proposal_length
+from dloom_plugins.failfast import FailFastDecoder, FailFastSettings, check_shared_tokenizer, proposal_length
+from dloom.hookspecs import SPECULATION_HOOKS
 from dloom.registry import get_registry
 
 PAIR = dict(vocab=16, hidden=32, layers=2, init=0.8, context=128)
@@ -364,7 +365,8 @@ def test_failfast_is_registered_with_a_lossless_against_target_claim():
     strategy = get_registry().get("failfast")
     assert strategy.plugin == "failfast"
     assert strategy.claim.kind == "lossless" and strategy.claim.against == "target"
-    assert strategy.hooks == ()  # it does not run inside a diffusion decoder
+    # its four speculation hooks (and the check of its settings), run by the ar-target decoder
+    assert set(strategy.hooks) == {"dloom_configure", *SPECULATION_HOOKS}
     assert {p.name for p in strategy.parameters} == set(FailFastSettings.__dataclass_fields__)
 
 
@@ -425,7 +427,8 @@ def test_cli_failfast_usage_errors(saved_pair, args, message):
 def test_cli_strategies_lists_failfast():
     result = CliRunner().invoke(app, ["strategies", "--json"])
     record = {r["name"]: r for r in json.loads(result.stdout)}["failfast"]
-    assert record["claim"]["against"] == "target" and record["hooks"] == []
+    assert record["claim"]["against"] == "target"
+    assert set(record["hooks"]) >= set(SPECULATION_HOOKS) and record["decoder"] == "ar-target"
     assert CliRunner().invoke(app, ["strategies"]).exit_code == 0
 
 
@@ -461,7 +464,7 @@ def test_a_diffusion_decoder_refuses_failfast_with_a_pointer_to_the_right_decode
     from dloom import DiffusionDecoder
     from dloom.errors import ConfigurationError
 
-    with pytest.raises(ConfigurationError, match="use dloom.failfast.FailFastDecoder"):
+    with pytest.raises(ConfigurationError, match="runs in the 'ar-target' decoder.*use dloom.ARTargetDecoder"):
         DiffusionDecoder(tiny_adapter, "failfast")
 
 

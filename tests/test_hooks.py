@@ -16,7 +16,7 @@ from dloom.composition import build_plugin_manager, compose
 from dloom.errors import HookContractError
 from dloom.metrics import HookTimer
 from dloom.registry import DECODING_HOOKS, hooks_implemented_by
-from dloom.types import BlockSchedule, DecodeState, DraftGraph, Verdict, VerificationLayout
+from dloom.types import BlockSchedule, ChainState, DecodeState, DraftGraph, Verdict, VerificationLayout
 
 B, K, V, L = 2, 4, 7, 6
 MASK = 6
@@ -209,8 +209,9 @@ def test_prune_default_keeps_the_graph():
     graph = make_graph(5)
     pm = manager("quota")
     assert hooks.prune(pm, graph, budget=8) is graph
-    # CoreDefaults keeps the whole graph even above the budget: "no pruning"
-    assert hooks.prune(pm, graph, budget=2) is graph
+    # CoreDefaults keeps the whole graph, but the budget binds every speculator
+    with pytest.raises(HookContractError, match="kept 5 drafts in a row for a budget of 2 .no plugin prunes"):
+        hooks.prune(pm, graph, budget=2)
 
 
 def test_prune_by_a_plugin_within_budget():
@@ -227,7 +228,7 @@ def test_prune_without_a_budget_passes_none():
 
 def test_prune_declining_falls_back_to_the_default():
     graph = make_graph(3)
-    assert hooks.prune(manager("quota", Pruner(None)), graph, budget=1) is graph
+    assert hooks.prune(manager("quota", Pruner(None)), graph, budget=3) is graph
 
 
 @pytest.mark.parametrize("budget, counts, kept", [(2, (1, 3), 3), (0, (0, 1), 1), (-1, (1, 0), 1)])
@@ -419,7 +420,7 @@ def test_every_decoding_hook_has_a_typed_wrapper_with_its_arguments(name):
 
 
 def test_state_attributes_named_in_hook_docs_exist():
-    known = {f.name for f in fields(DecodeState)}
+    known = {f.name for f in fields(DecodeState)} | {f.name for f in fields(ChainState)}
     for name, spec in hookspec_functions().items():
         for attribute in re.findall(r"state\.(\w+)", inspect.getdoc(spec)):
             assert attribute in known, f"{name} documents state.{attribute}"

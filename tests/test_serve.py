@@ -204,7 +204,7 @@ BAD_REQUESTS = [
     ({"extra_body": {"params": {"tau": 0.5}}}, 400, "unknown parameter 'tau' for strategy 'quota'"),
     ({"extra_body": {"cache": "weird"}}, 400, "cache is 'weird'; allowed: none, prefix, dual"),
     ({"extra_body": {"strategy": "spiffy", "cache": "prefix", "cache_refresh": 2}}, 400, "cache_refresh=2 applies to plain steps"),
-    ({"extra_body": {"strategy": "failfast"}}, 400, "dloom.failfast.FailFastDecoder"),
+    ({"extra_body": {"strategy": "failfast"}}, 400, "dloom.ARTargetDecoder"),
     ({"max_tokens": 33}, 400, "max_tokens 33 exceeds the 32 positions"),
     ({"max_tokens": 0}, 422, "max_tokens: Input should be greater than or equal to 1"),
     ({"temperature": -1}, 422, "temperature: Input should be greater than or equal to 0"),

@@ -168,7 +168,7 @@ def run_one(adapter, run: dict[str, Any], prompts: list[str], problems, args, dr
 
     from dloom import DiffusionDecoder
     from dloom.errors import DloomError
-    from dloom.failfast import FailFastDecoder
+    from dloom_plugins.failfast import FailFastDecoder
 
     try:
         if drafter is not None:

@@ -6,13 +6,20 @@ The public API: load a model, build a decoder from a strategy, generate::
     model = dloom.load_model("toy-dllm")
     decoder = dloom.DiffusionDecoder(model, "threshold", tau=0.9)
     result = decoder.generate(["copy abc"])
+
+An autoregressive target decodes with a strategy that drafts token chains for it
+(``dloom.ARTargetDecoder(target, "failfast", drafter=dllm)``).
 """
 
 from dloom.hookspecs import hookimpl
 from dloom.types import (
     BlockSchedule,
+    ChainLayout,
+    ChainState,
+    ChainVerdict,
     Claim,
     DecodeState,
+    DraftChains,
     DraftGraph,
     Parameter,
     StrategyRegistration,
@@ -21,14 +28,21 @@ from dloom.types import (
 )
 from dloom.adapter import ModelAdapter, load_model
 from dloom.engine import DiffusionDecoder
+from dloom.ar_decoder import ARTargetDecoder
+from dloom.composition import replace
 from dloom.metrics import GenerationResult
 from dloom.registry import get_registry
 
 __all__ = [
+    "ARTargetDecoder",
     "BlockSchedule",
+    "ChainLayout",
+    "ChainState",
+    "ChainVerdict",
     "Claim",
     "DecodeState",
     "DiffusionDecoder",
+    "DraftChains",
     "DraftGraph",
     "GenerationResult",
     "ModelAdapter",
@@ -39,5 +53,6 @@ __all__ = [
     "get_registry",
     "hookimpl",
     "load_model",
+    "replace",
 ]
 __version__ = "0.1.0"

@@ -38,6 +38,12 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def output_logits(out: Any) -> torch.Tensor:
+    """The logits of a model's forward output: ``out.logits``, or the first element of a
+    tuple output (models without a ``transformers`` output class)."""
+    return out.logits if hasattr(out, "logits") else out[0]
+
+
 def left_pad_prompts(
     model: ModelAdapter, prompts: Any, attention_mask: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -155,7 +161,7 @@ class ModelAdapter:
             out = self.model(
                 input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
             )
-        logits = out.logits if hasattr(out, "logits") else out[0]
+        logits = output_logits(out)
         if self.shift_logits:
             logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
         return logits

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from dloom.adapter import ModelAdapter
+from dloom.adapter import ModelAdapter, output_logits
 from dloom.cache import cache_argument
 from dloom.errors import ModelError
 
@@ -108,7 +108,7 @@ class ARTarget:
                 **{self._argument: self._cache},
             )
         self.forwards += 1
-        return out.logits if hasattr(out, "logits") else out[0]
+        return output_logits(out)
 
     def forward(self, ids: torch.Tensor, slot_mask: torch.Tensor) -> torch.Tensor:
         """One forward over ``S`` new columns per row, continuing the cached ones.

@@ -603,19 +603,41 @@ def plugins(as_json: bool = typer.Option(False, "--json", help="Machine-readable
 
 
 @app.command()
-def strategies(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
-    """List strategies: name, plugin, parameters with defaults, claim, guarantee."""
+def strategies(
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    compose_spec: Optional[str] = typer.Option(
+        None, "--compose", metavar="SPEC",
+        help="Show who answers each decoding hook in the composition SPEC (e.g. "
+        "'spiffy+quota+myprune@prune': NAME@HOOK replaces that hook of the other strategies).",
+    ),
+) -> None:
+    """List strategies: name, plugin, decoder, hooks, parameters with defaults, claim,
+    guarantee. With --compose: one composition's hooks and their providers."""
+    from dloom.composition import compose
     from dloom.registry import get_registry
     from dloom.types import Claim
 
     try:
         registry = get_registry()
+        composition = compose(compose_spec, None, registry) if compose_spec else None
     except DloomError as error:
         fail(error)
+    if composition is not None:
+        hooks_table = composition.hook_table()
+        if as_json:
+            sys.stdout.write(json.dumps({"strategy": composition.name, "hooks": hooks_table}, indent=2) + "\n")
+            return
+        table = named_table("hook", "answered by", "replaces", names=list(hooks_table))
+        for hook, row in hooks_table.items():
+            default = "core default (keeps every draft)" if hook == "dloom_prune" else "-"
+            table.add_row(hook, row["provider"] or default, ", ".join(row["replaces"]) or "-")
+        console.print(table)
+        return
     records: list[dict[str, Any]] = [
         {
             "name": s.name, "plugin": s.plugin, "summary": s.summary, "guarantee": s.guarantee,
             "claim": s.claim.to_json() if s.claim is not None else None,
+            "decoder": s.registration.decoder,
             "hooks": list(s.hooks),
             "parameters": [
                 {"name": p.name, "default": p.default, "type": p.kind.__name__,

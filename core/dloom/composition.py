@@ -1,8 +1,19 @@
 """Turn a strategy spec (``"threshold"``, ``"spiffy+frechet"``, plugin objects) into one
-plugin manager, checking the composition when the decoder is built, never mid-decode."""
+plugin manager, checking the composition when the decoder is built, never mid-decode.
+
+Who answers a decoding hook: each single-answer hook has at most one provider in a
+composition; two components implementing it is a :class:`~dloom.errors.CompositionError`,
+unless one of them is an explicit **replacement** of that hook: :func:`replace`
+(``dloom.replace("prune", MyPrune())``) or ``NAME@HOOK`` in a spec string
+(``"spiffy+quota+myprune@prune"``). A replacement answers exactly the decoding hooks it
+names, instead of every other component's implementation of them (those are not called at
+all); its other decoding hooks are left out, its ``dloom_configure`` still runs. Two
+replacements of one hook are an error.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from dataclasses import dataclass
@@ -13,12 +24,46 @@ import torch
 
 from dloom import hookspecs
 from dloom.errors import CompositionError, ConfigurationError, warn
+from dloom.hooks import DEFAULTS_PLUGIN
 from dloom.hookspecs import PROJECT_NAME, hookimpl
 from dloom.registry import DECODING_HOOKS, Registry, Strategy, get_registry, hooks_implemented_by
 from dloom.types import BlockSchedule, DraftGraph
 
 StrategySpec = Union[str, object, Sequence[Union[str, object]]]
-DEFAULTS_PLUGIN = "dloom.defaults"
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """A composition member that answers ``hooks`` instead of the other members
+    (:func:`replace`).
+
+    :ivar plugin: a registered strategy name or a plugin object.
+    :ivar hooks: full decoding-hook names (``"dloom_prune"``).
+    """
+
+    plugin: object
+    hooks: tuple[str, ...]
+
+
+def replace(hook: str | Sequence[str], plugin: object) -> Replacement:
+    """Mark ``plugin`` as the one answer of ``hook`` in a composition, replacing the
+    implementation of whichever strategy would otherwise answer it.
+
+    :param hook: a decoding hook, with or without the ``dloom_`` prefix (``"prune"``,
+        ``"dloom_verify"``), or several.
+    :param plugin: a plugin object or a registered strategy name.
+    :raises CompositionError: for a hook that is not a decoding hook, or one ``plugin``
+        does not implement.
+    """
+    names = (hook,) if isinstance(hook, str) else tuple(hook)
+    full = tuple(h if h.startswith(f"{PROJECT_NAME}_") else f"{PROJECT_NAME}_{h}" for h in names)
+    unknown = [h for h in full if h not in DECODING_HOOKS]
+    if unknown or not full:
+        raise CompositionError(
+            f"cannot replace {', '.join(map(repr, names)) or 'no hook'}: allowed: "
+            + ", ".join(h.removeprefix(f"{PROJECT_NAME}_") for h in DECODING_HOOKS)
+        )
+    return Replacement(plugin, full)
 
 
 class CoreDefaults:
@@ -38,12 +83,20 @@ REQUIRED_SPECULATION_HOOKS = tuple(
 
 @dataclass(frozen=True)
 class Component:
-    """One member of a composition: its display name, plugin object and parameters."""
+    """One member of a composition: its display name, plugin object and parameters.
+
+    :ivar answers: the hooks this member answers in the composition (its implemented hooks,
+        less decoding hooks a replacement took over; a replacement's: the hooks it names plus
+        its non-decoding ones).
+    :ivar replaces: the decoding hooks this member replaces (empty for an ordinary member).
+    """
 
     name: str
     plugin: object
     params: Mapping[str, Any]
     strategy: Strategy | None
+    answers: tuple[str, ...] = ()
+    replaces: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -54,11 +107,24 @@ class Composition:
     components: tuple[Component, ...]
 
     def provider(self, hook: str) -> str | None:
-        """Name of the component that implements ``hook``, or ``None``."""
+        """Name of the component that answers ``hook``, or ``None``."""
         for component in self.components:
-            if hook in hooks_implemented_by(component.plugin):
+            if hook in component.answers:
                 return component.name
         return None
+
+    def hook_table(self) -> dict[str, dict[str, Any]]:
+        """Who answers each decoding hook, JSON-ready: ``{hook: {"provider": name or None,
+        "replaces": [names whose implementation it overrides]}}``."""
+        table = {}
+        for hook in DECODING_HOOKS:
+            provider = self.provider(hook)
+            replaced = [
+                c.name for c in self.components
+                if c.name != provider and hook in hooks_implemented_by(c.plugin) and hook not in c.answers
+            ]
+            table[hook] = {"provider": provider, "replaces": replaced}
+        return table
 
     def params(self) -> dict[str, dict[str, Any]]:
         """The parameters each component runs with, by component name."""
@@ -124,12 +190,18 @@ def _split(spec: StrategySpec) -> list[str | object]:
         parts = [part.strip() for part in spec.split("+")]
         if not all(parts):
             raise ConfigurationError(f"malformed strategy {spec!r}: use names joined by '+'")
-        return list(parts)
-    if isinstance(spec, Sequence):
         items: list[str | object] = []
-        for item in spec:
-            items.extend(_split(item) if isinstance(item, str) else [item])
+        for part in parts:
+            name, at, hooks = part.partition("@")
+            if at and not (name.strip() and hooks.strip()):
+                raise ConfigurationError(f"malformed strategy {spec!r}: write NAME@HOOK, e.g. myprune@prune")
+            items.append(replace(hooks.strip().split(","), name.strip()) if at else part)
         return items
+    if isinstance(spec, Sequence):
+        flat: list[str | object] = []
+        for item in spec:
+            flat.extend(_split(item) if isinstance(item, str) else [item])
+        return flat
     return [spec]
 
 
@@ -174,15 +246,25 @@ def compose(
     """Resolve ``spec`` into plugin objects with validated parameters.
 
     :param spec: a registered name, names joined with ``+``, a plugin object (any object
-        with ``@dloom.hookimpl`` methods), or a sequence of those.
+        with ``@dloom.hookimpl`` methods), or a sequence of those; or a :class:`Composition`
+        (returned as it is).
     :param params: strategy parameters; ``name`` goes to every component that declares it,
         ``strategy.name`` to one component.
     :raises UnknownStrategyError: for an unregistered name.
     :raises ConfigurationError: for an unknown parameter or a value out of range.
     :raises CompositionError: when two components answer the same decoding hook.
     """
+    if isinstance(spec, Composition):
+        if params:
+            raise ConfigurationError(
+                f"composition {spec.name!r} is already built; give its parameters when composing it"
+            )
+        return spec
     registry = registry or get_registry()
-    items = _split(spec)
+    members = _split(spec)
+    replacing = {id(m.plugin) if not isinstance(m.plugin, str) else m.plugin: m.hooks
+                 for m in members if isinstance(m, Replacement)}
+    items = [m.plugin if isinstance(m, Replacement) else m for m in members]
     strategies = [registry.get(item) for item in items if isinstance(item, str)]
     items += _default_commit_rule(items, strategies, registry)
     strategies = [registry.get(item) for item in items if isinstance(item, str)]
@@ -191,7 +273,9 @@ def compose(
     if duplicates:
         raise CompositionError(f"strategy {sorted(duplicates)[0]!r} appears twice in the composition")
     display = "+".join(
-        item if isinstance(item, str) else type(item).__name__ for item in items
+        (item if isinstance(item, str) else type(item).__name__)
+        + ("@" + ",".join(h.removeprefix(f"{PROJECT_NAME}_") for h in replacing[_key(item)]) if _key(item) in replacing else "")
+        for item in items
     )
     routed = _route_params(strategies, params or {}, display)
     components: list[Component] = []
@@ -210,9 +294,40 @@ def compose(
             while name in taken:
                 name, suffix = f"{type(item).__name__}#{suffix}", suffix + 1
             components.append(Component(name, item, {}, None))
-    composition = Composition(display, tuple(components))
+    composition = Composition(display, _assign_answers(components, [replacing.get(_key(i), ()) for i in items]))
     _check_single_answers(composition)
     return composition
+
+
+def _key(item: str | object) -> int | str:
+    return item if isinstance(item, str) else id(item)
+
+
+def _assign_answers(components: list[Component], replaces: list[tuple[str, ...]]) -> tuple[Component, ...]:
+    """Each component's :attr:`Component.answers` under the replacement rule (module docstring)."""
+    taken: dict[str, str] = {}
+    for component, hooks in zip(components, replaces):
+        implemented = hooks_implemented_by(component.plugin)
+        for hook in hooks:
+            if hook not in implemented:
+                raise CompositionError(
+                    f"{component.name!r} replaces {hook} but does not implement it; it implements "
+                    + (", ".join(implemented) or "no hook")
+                )
+            if hook in taken:
+                raise CompositionError(
+                    f"{taken[hook]!r} and {component.name!r} both replace {hook}; a hook has one replacement"
+                )
+            taken[hook] = component.name
+    result = []
+    for component, hooks in zip(components, replaces):
+        implemented = hooks_implemented_by(component.plugin)
+        if hooks:
+            answers = tuple(h for h in implemented if h in hooks or h not in DECODING_HOOKS)
+        else:
+            answers = tuple(h for h in implemented if h not in taken)
+        result.append(dataclasses.replace(component, answers=answers, replaces=hooks))
+    return tuple(result)
 
 
 def _default_commit_rule(
@@ -233,13 +348,14 @@ def _default_commit_rule(
 
 def _check_single_answers(composition: Composition) -> None:
     for hook in DECODING_HOOKS:
-        providers = [
-            c.name for c in composition.components if hook in hooks_implemented_by(c.plugin)
-        ]
+        providers = [c.name for c in composition.components if hook in c.answers]
         if len(providers) > 1:
+            short = hook.removeprefix(f"{PROJECT_NAME}_")
             raise CompositionError(
                 f"strategies {providers[0]!r} and {providers[1]!r} both answer {hook}, a "
-                f"single-answer hook; a decoder takes one provider of each hook"
+                f"single-answer hook; a decoder takes one provider of each hook (to replace "
+                f"one strategy's {short} with another's, say so: dloom.replace({short!r}, plugin) "
+                f"or NAME@{short} in the strategy spec)"
             )
     speculation = [h for h in REQUIRED_SPECULATION_HOOKS if composition.provider(h) is not None]
     if speculation and len(speculation) != len(REQUIRED_SPECULATION_HOOKS):
@@ -255,11 +371,26 @@ def _trace(hook_name: str, hook_impls: Sequence[Any], kwargs: Mapping[str, Any])
     print(f"[dloom trace] {hook_name} -> {providers or '(no plugin)'}", file=sys.stderr)
 
 
+class _CompositionManager(pluggy.PluginManager):
+    """A plugin manager that registers, for each composition member, only the hooks it
+    answers (:attr:`Component.answers`): a replaced implementation is never called."""
+
+    def __init__(self, project_name: str, answers: Mapping[int, set[str]]) -> None:
+        super().__init__(project_name)
+        self._answers = answers
+
+    def parse_hookimpl_opts(self, plugin: Any, name: str):
+        allowed = self._answers.get(id(plugin))
+        if allowed is not None and name.startswith(f"{PROJECT_NAME}_") and name not in allowed:
+            return None
+        return super().parse_hookimpl_opts(plugin, name)
+
+
 def build_plugin_manager(composition: Composition, *extra: object) -> pluggy.PluginManager:
     """A fresh plugin manager holding exactly the composition's plugins, the core defaults
     and ``extra`` wrapper plugins (timing). ``DLOOM_TRACE=1`` prints every hook call and the
     plugins that implement it."""
-    pm = pluggy.PluginManager(PROJECT_NAME)
+    pm = _CompositionManager(PROJECT_NAME, {id(c.plugin): set(c.answers) for c in composition.components})
     pm.add_hookspecs(hookspecs)
     for component in composition.components:
         pm.register(component.plugin, name=component.name)

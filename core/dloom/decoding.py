@@ -91,27 +91,27 @@ def strategies_for(kind: str, registry: Registry | None = None) -> list[str]:
 
 
 def ar_target_decoder(
-    target: ModelAdapter, drafter: ModelAdapter, strategy: Any,
+    target: ModelAdapter, drafter: ModelAdapter | None, strategy: Any,
     params: Mapping[str, Any] | None = None, **settings: Any,
 ) -> Decoder:
     """The ``"ar-target"`` decoder of ``strategy`` over loaded models: ``target`` (an AR
     model) decodes, ``drafter`` (a dLLM sharing its tokenizer) drafts.
 
     :param settings: ``max_new_tokens``, ``temperature``, ``remasking``, ``seed``,
-        ``drafter_cache``.
+        ``drafter_cache``, ``draft_budget``.
     """
-    from dloom.failfast import FailFastDecoder
+    from dloom.ar_decoder import ARTargetDecoder
 
-    return FailFastDecoder(target, drafter, strategy, params=dict(params or {}), **settings)
+    return ARTargetDecoder(target, strategy, drafter=drafter, params=dict(params or {}), **settings)
 
 
 def load_ar_target_decoder(
-    target: str, drafter: str, strategy: str, params: Mapping[str, Any] | None = None,
+    target: str, drafter: str | None, strategy: str, params: Mapping[str, Any] | None = None,
     **settings: Any,
 ) -> Decoder:
     """:func:`ar_target_decoder` with both models loaded by zoo name or directory, taking
     the diffusion decoder's setting names (what ``dloom generate`` passes): ``gen_length``
     is ``max_new_tokens``, ``cache`` the drafter's cache, ``mask_token_id`` the drafter's."""
-    from dloom.failfast import build_failfast_decoder
+    from dloom.ar_decoder import load_ar_target_decoder as load
 
-    return build_failfast_decoder(target, drafter, strategy, params, **settings)
+    return load(target, drafter, strategy, params, **settings)

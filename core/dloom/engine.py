@@ -30,16 +30,18 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from dloom import hooks
-from dloom.adapter import ModelAdapter, left_pad_prompts
+from dloom.adapter import ModelAdapter
 from dloom.attention import absolute_block_ids, block_ids
 from dloom.cache import CACHE_MODES, BlockForward, cache_argument, check_refresh
 from dloom.composition import StrategySpec, build_plugin_manager, compose
+from dloom.decoding import DIFFUSION
 from dloom.errors import ConfigurationError, HookContractError, ModelError, NonFiniteLogitsError
-from dloom.kernel import REMASKING, RowStreams
+from dloom.kernel import REMASKING
 from dloom.metrics import GenerationResult, HookTimer
-from dloom.prompt_validation import check_lengths, check_prompts, check_special_ids, vocabulary_size
+from dloom.generation import prepare_prompts, token_lists_and_texts
+from dloom.prompt_validation import check_lengths, check_special_ids, vocabulary_size
 from dloom.registry import Registry
-from dloom.speculation import KernelStep, layout_is_exact, node_logits, selectable_positions
+from dloom.speculation import KernelStep, eos_clear, layout_is_exact, node_logits, selectable_positions
 from dloom.types import DecodeState
 
 Prompts = Sequence[str] | Sequence[Sequence[int]] | torch.Tensor
@@ -54,10 +56,7 @@ def finished_rows(generated: torch.Tensor, mask_token_id: int, eos_ids: torch.Te
     :param eos_ids: ``(E,)`` long.
     :return: ``(B,)`` bool.
     """
-    masked = generated == mask_token_id
-    clear_before = masked.long().cumsum(-1) == 0
-    eos_clear = (torch.isin(generated, eos_ids) & clear_before).any(-1)
-    return eos_clear | ~masked.any(-1)
+    return eos_clear(generated, mask_token_id, eos_ids) | ~(generated == mask_token_id).any(-1)
 
 
 def generated_lengths(generated: torch.Tensor, eos_ids: torch.Tensor) -> torch.Tensor:
@@ -67,38 +66,6 @@ def generated_lengths(generated: torch.Tensor, eos_ids: torch.Tensor) -> torch.T
     index = torch.arange(width, device=generated.device).expand_as(generated)
     first = torch.where(is_eos, index, torch.full_like(index, width)).min(-1).values
     return torch.clamp(first + 1, max=width)
-
-
-def row_streams(
-    row_offset: int | Sequence[int] | torch.Tensor, batch: int, device: torch.device
-) -> torch.Tensor:
-    """Each prompt's random stream index, ``(B,)`` long on ``device``.
-
-    :param row_offset: an int (prompt ``i`` gets stream ``row_offset + i``) or one index per
-        prompt (a sequence or a ``(B,)`` tensor).
-    :param batch: the number of prompts ``B``.
-    :raises ConfigurationError: for a negative index, or a sequence whose length is not ``B``.
-    """
-    allowed = "allowed: an int >= 0, or one int >= 0 per prompt (a sequence or a 1-D tensor)"
-    if isinstance(row_offset, int) and not isinstance(row_offset, bool):
-        if row_offset < 0:
-            raise ConfigurationError(f"row_offset is {row_offset}; {allowed}")
-        return torch.arange(batch, device=device) + row_offset
-    try:
-        streams = torch.as_tensor(row_offset, device=device)
-    except (TypeError, ValueError, RuntimeError) as error:
-        raise ConfigurationError(f"row_offset is {row_offset!r}; {allowed}") from error
-    if streams.dtype == torch.bool or streams.is_floating_point() or streams.is_complex() or streams.dim() != 1:
-        raise ConfigurationError(f"row_offset is {row_offset!r}; {allowed}")
-    if streams.numel() != batch:
-        raise ConfigurationError(
-            f"row_offset has {streams.numel()} stream indices for {batch} prompts; {allowed}"
-        )
-    if bool((streams < 0).any()):
-        raise ConfigurationError(
-            f"row_offset {streams.tolist()} has a negative stream index; {allowed}"
-        )
-    return streams.long()
 
 
 class DiffusionDecoder:
@@ -186,12 +153,12 @@ class DiffusionDecoder:
         self.composition = compose(strategy, {**(params or {}), **strategy_params}, registry)
         self.guarantees = self.composition.guarantees_under(self.temperature, self.remasking)
         for component in self.composition.components:
-            claim = component.strategy.claim if component.strategy is not None else None
-            if claim is not None and claim.against == "target":
+            kind = component.strategy.registration.decoder if component.strategy is not None else DIFFUSION
+            if kind != DIFFUSION:
                 raise ConfigurationError(
-                    f"strategy {component.name!r} decodes an autoregressive target with a "
-                    "dLLM drafter, not a dLLM alone: use dloom.failfast.FailFastDecoder, or "
-                    f"`dloom generate --strategy {component.name} --target ... --drafter ...`"
+                    f"strategy {component.name!r} runs in the {kind!r} decoder, not in a diffusion "
+                    f"decoder: use dloom.ARTargetDecoder(target, {component.name!r}, drafter=...), "
+                    f"or `dloom generate --strategy {component.name} --target ... --drafter ...`"
                 )
         if self.composition.provider("dloom_select_commit") is None:
             raise ConfigurationError(
@@ -377,8 +344,7 @@ class DiffusionDecoder:
             the first block also holds the prompt's last partial block.
         :raises ModelError: for empty prompts.
         """
-        prompts = check_prompts(self.model, prompts, attention_mask)
-        prompt_ids, prompt_mask = left_pad_prompts(self.model, prompts, attention_mask)
+        prompt_ids, prompt_mask, _ = prepare_prompts(self.model, prompts, attention_mask, 0, None, False)
         _, _, _, start, end = self._layout(prompt_ids, prompt_mask)
         return start, end
 
@@ -416,8 +382,10 @@ class DiffusionDecoder:
         self.timer.seconds.clear()
         self._forward_seconds = 0.0
         model, mask_id = self.model, self.mask_token_id
-        prompts = check_prompts(self.model, prompts, attention_mask)
-        prompt_ids, prompt_mask = left_pad_prompts(self.model, prompts, attention_mask)
+        samples = self.temperature > 0 or self.remasking == "random"
+        prompt_ids, prompt_mask, streams = prepare_prompts(
+            model, prompts, attention_mask, row_offset, self.seed, samples
+        )
         batch, prompt_len = prompt_ids.shape
         width, gen_end = self.block_length, prompt_len + self.gen_length
         if model.max_context is not None and gen_end > model.max_context:
@@ -426,7 +394,6 @@ class DiffusionDecoder:
                 f"exceeds the model's context of {model.max_context} tokens"
             )
         device = prompt_ids.device
-        stream_ids = row_streams(row_offset, batch, device)
         tokens, full_mask, positions, start, region_end = self._layout(prompt_ids, prompt_mask)
         gen_end = tokens.shape[1]
         absolute = model.block_alignment == "absolute"
@@ -441,10 +408,6 @@ class DiffusionDecoder:
         forward = BlockForward(
             model, self.cache, full_mask if padded else None, positions, start, width,
             self.cache_refresh, ids,
-        )
-        samples = self.temperature > 0 or self.remasking == "random"
-        streams = (
-            RowStreams(self.seed, stream_ids) if samples else None
         )
         x = tokens.clone()
         kernel = KernelStep(
@@ -475,7 +438,7 @@ class DiffusionDecoder:
                 new_block = kernel(block, logits, decoding)
                 previous = logits
                 if observer is not None:
-                    observer(StepRecord(block_index.clone(), rows, block, logits, new_block))
+                    observer(StepRecord(block_index.clone(), rows.clone(), block.clone(), logits, new_block.clone()))
             x.scatter_(1, columns, new_block)
             nfe.index_add_(0, rows, decoding.long())
             block_done = ~selectable_positions(new_block, mask_id, eos_ids).any(-1)
@@ -521,12 +484,7 @@ class DiffusionDecoder:
 
         generated = tokens[:, prompt_len:gen_end]
         lengths = torch.minimum(generated_lengths(generated, eos_ids), region_end - prompt_len)
-        length_list = lengths.tolist()
-        generated_list = generated.tolist()
-        token_lists = [row[:n] for row, n in zip(generated_list, length_list)]
-        texts = None
-        if model.tokenizer is not None:
-            texts = [model.decode([t for t in row if t not in model.eos_token_ids]) for row in token_lists]
+        token_lists, texts = token_lists_and_texts(model, generated, lengths)
         hook_seconds = {"forward": self._forward_seconds, **self.timer.seconds}
         return GenerationResult(
             sequences=tokens[:, :gen_end],

@@ -7,13 +7,26 @@ naming the plugin and the hook (the plugin's own exception is its ``__cause__``)
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from dataclasses import replace
+from typing import Any, Callable, Mapping, cast, overload
 
 import pluggy
 import torch
 
 from dloom.errors import DloomError, HookContractError
-from dloom.types import BlockSchedule, DecodeState, DraftGraph, Verdict, VerificationLayout
+from dloom.types import (
+    BlockSchedule,
+    ChainLayout,
+    ChainState,
+    ChainVerdict,
+    DecodeState,
+    DraftChains,
+    DraftGraph,
+    Verdict,
+    VerificationLayout,
+)
+
+DEFAULTS_PLUGIN = "dloom.defaults"  # the core's fallback plugin (dloom.composition)
 
 
 def providers(pm: pluggy.PluginManager, hook: str) -> str:
@@ -84,9 +97,19 @@ def configure(pm: pluggy.PluginManager, config: Mapping[str, Any]) -> None:
     _call(pm, "dloom_configure", config=config)
 
 
-def draft(pm: pluggy.PluginManager, state: DecodeState) -> DraftGraph | None:
-    """A draft graph, or ``None`` when no plugin speculates this step."""
+@overload
+def draft(pm: pluggy.PluginManager, state: DecodeState) -> DraftGraph | None: ...
+@overload
+def draft(pm: pluggy.PluginManager, state: ChainState) -> DraftChains: ...
+def draft(pm: pluggy.PluginManager, state: DecodeState | ChainState) -> DraftGraph | DraftChains | None:
+    """Drafts for ``state``: a :class:`DraftGraph` of future blocks for a
+    :class:`DecodeState`, :class:`DraftChains` of tokens for a :class:`ChainState`; ``None``
+    when no plugin speculates this step (a chain state always needs an answer)."""
     graph = _call(pm, "dloom_draft", state=state)
+    if isinstance(state, ChainState):
+        chains = _answer(pm, graph, "dloom_draft", DraftChains)
+        _check_chains(pm, "dloom_draft", chains, state.tokens.shape[0])
+        return chains
     if graph is not None:
         _check_type(pm, graph, "dloom_draft", DraftGraph)
         rows, width = state.block.shape
@@ -100,28 +123,75 @@ def draft(pm: pluggy.PluginManager, state: DecodeState) -> DraftGraph | None:
     return graph
 
 
-def prune(pm: pluggy.PluginManager, graph: DraftGraph, budget: int | None) -> DraftGraph:
-    """The graph with at most ``budget`` valid drafts per row (the core default keeps it
-    whole: without a pruning plugin a budget is not enforced)."""
-    pruned = _answer(pm, _call(pm, "dloom_prune", graph=graph, budget=budget), "dloom_prune", DraftGraph)
-    if budget is not None and pruned is not graph:
-        kept = int(pruned.valid[:, 1:].sum(-1).max()) if pruned.num_nodes else 0
-        if kept > max(budget, 0):
-            raise HookContractError(
-                f"dloom_prune kept {kept} drafts in a row for a budget of {budget}"
-            )
+def _check_chains(pm: pluggy.PluginManager, hook: str, chains: DraftChains, rows: int) -> None:
+    shapes = (chains.tokens.dim(), chains.tokens.shape[0], tuple(chains.length.shape), tuple(chains.open.shape))
+    if shapes != (2, rows, (rows,), (rows,)):
+        raise HookContractError(
+            f"plugin {providers(pm, hook)}: {hook} returned chains with tokens "
+            f"{tuple(chains.tokens.shape)}, length {tuple(chains.length.shape)} and open "
+            f"{tuple(chains.open.shape)}; expected ({rows}, T), ({rows},) and ({rows},)"
+        )
+
+
+@overload
+def prune(pm: pluggy.PluginManager, graph: DraftGraph, budget: int | None) -> DraftGraph: ...
+@overload
+def prune(pm: pluggy.PluginManager, graph: DraftChains, budget: int | None) -> DraftChains: ...
+def prune(pm: pluggy.PluginManager, graph: DraftGraph | DraftChains, budget: int | None):
+    """The drafts cut to at most ``budget`` per row: draft nodes of a :class:`DraftGraph`,
+    chain tokens of :class:`DraftChains` (the core default keeps them whole).
+
+    The budget binds every speculator, whether or not it prunes: more drafts after pruning
+    is a :class:`~dloom.errors.HookContractError`. A graph is checked here (one host
+    synchronisation, only with a budget); chains are checked by the decoder with its next
+    host synchronisation (a deferred check added to :attr:`DraftChains.checks`).
+    """
+    kind = DraftChains if isinstance(graph, DraftChains) else DraftGraph
+    pruned = _answer(pm, _call(pm, "dloom_prune", graph=graph, budget=budget), "dloom_prune", kind)
+    if budget is None:
+        return pruned
+    pruners = [p for p in providers(pm, "dloom_prune").split(", ") if p != repr(DEFAULTS_PLUGIN)]
+    unpruned = "" if pruners else (
+        f" (no plugin prunes: drafter {providers(pm, 'dloom_draft')} must stay within the budget)"
+    )
+    if isinstance(pruned, DraftChains):
+        _check_chains(pm, "dloom_prune", pruned, graph.tokens.shape[0])
+        error = HookContractError(
+            f"dloom_draft/dloom_prune proposed chains of more than {budget} tokens for a draft "
+            f"budget of {budget}{unpruned}"
+        )
+        return replace(pruned, checks=(*pruned.checks, ((pruned.length > budget).any(), error)))
+    kept = int(pruned.valid[:, 1:].sum(-1).max()) if pruned.num_nodes else 0
+    if kept > max(budget, 0):
+        raise HookContractError(f"dloom_prune kept {kept} drafts in a row for a budget of {budget}{unpruned}")
     return pruned
 
 
+@overload
+def build_mask(pm: pluggy.PluginManager, state: DecodeState, graph: DraftGraph) -> VerificationLayout: ...
+@overload
+def build_mask(pm: pluggy.PluginManager, state: ChainState, graph: DraftChains) -> ChainLayout: ...
 def build_mask(
-    pm: pluggy.PluginManager, state: DecodeState, graph: DraftGraph
-) -> VerificationLayout:
+    pm: pluggy.PluginManager, state: DecodeState | ChainState, graph: DraftGraph | DraftChains
+) -> VerificationLayout | ChainLayout:
     """The verification layout for ``graph`` rooted at ``state``."""
+    if isinstance(state, ChainState):
+        layout = _answer(
+            pm, _call(pm, "dloom_build_mask", state=state, graph=graph), "dloom_build_mask", ChainLayout
+        )
+        rows = state.tokens.shape[0]
+        if layout.input_ids.shape != layout.slot_mask.shape or layout.input_ids.shape[0] != rows:
+            raise HookContractError(
+                f"plugin {providers(pm, 'dloom_build_mask')}: dloom_build_mask returned input_ids "
+                f"{tuple(layout.input_ids.shape)} and slot_mask {tuple(layout.slot_mask.shape)}; "
+                f"expected two ({rows}, S) tensors"
+            )
+        return layout
     layout = _answer(
         pm, _call(pm, "dloom_build_mask", state=state, graph=graph), "dloom_build_mask",
         VerificationLayout,
     )
-    expected = tuple(graph.valid.shape)
+    expected = tuple(cast(DraftGraph, graph).valid.shape)  # a DecodeState's drafts are a graph
     if tuple(layout.node_rows.shape) != expected or tuple(layout.node_offsets.shape) != expected:
         raise HookContractError(
             f"dloom_build_mask returned node_rows {tuple(layout.node_rows.shape)} and "
@@ -130,14 +200,37 @@ def build_mask(
     return layout
 
 
+@overload
+def verify(
+    pm: pluggy.PluginManager, state: DecodeState, graph: DraftGraph, logits: torch.Tensor,
+    kernel: Callable[..., torch.Tensor],
+) -> Verdict: ...
+@overload
+def verify(
+    pm: pluggy.PluginManager, state: ChainState, graph: DraftChains, logits: torch.Tensor,
+    kernel: Callable[..., torch.Tensor],
+) -> ChainVerdict: ...
 def verify(
     pm: pluggy.PluginManager,
-    state: DecodeState,
-    graph: DraftGraph,
+    state: DecodeState | ChainState,
+    graph: DraftGraph | DraftChains,
     logits: torch.Tensor,
-    kernel: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
-) -> Verdict:
+    kernel: Callable[..., torch.Tensor],
+) -> Verdict | ChainVerdict:
     """The accepted path of one verification forward."""
+    if isinstance(state, ChainState):
+        verdict = _answer(
+            pm, _call(pm, "dloom_verify", state=state, graph=graph, logits=logits, kernel=kernel),
+            "dloom_verify", ChainVerdict,
+        )
+        rows = (state.tokens.shape[0],)
+        if tuple(verdict.accepted.shape) != rows or tuple(verdict.token.shape) != rows:
+            raise HookContractError(
+                f"plugin {providers(pm, 'dloom_verify')}: dloom_verify returned accepted "
+                f"{tuple(verdict.accepted.shape)} and token {tuple(verdict.token.shape)}; "
+                f"expected {rows} each"
+            )
+        return verdict
     verdict = _answer(
         pm, _call(pm, "dloom_verify", state=state, graph=graph, logits=logits, kernel=kernel),
         "dloom_verify", Verdict,

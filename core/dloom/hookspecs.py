@@ -34,7 +34,11 @@ if TYPE_CHECKING:
 
     from dloom.types import (
         BlockSchedule,
+        ChainLayout,
+        ChainState,
+        ChainVerdict,
         DecodeState,
+        DraftChains,
         DraftGraph,
         StrategyRegistration,
         Verdict,
@@ -109,79 +113,107 @@ def dloom_configure(config: Mapping[str, Any]) -> None:
         answering :func:`dloom_select_commit`) and ``commit_params``, ``gen_length``,
         ``block_length``, ``steps_per_block``, ``temperature``, ``remasking``, ``cache``,
         ``attention``, ``shift_logits``, ``takes_attention_mask`` (``False`` for a forward
-        that ignores attention masks, like LLaDA's released one).
+        that ignores attention masks, like LLaDA's released one). In the ``"ar-target"``
+        decoder (:class:`dloom.ARTargetDecoder`; ``config["decoder"] == "ar-target"``):
+        ``model``/``target``, ``drafter`` (names), ``strategy``, ``params``, ``gen_length``,
+        ``temperature``, ``remasking``, ``seed``, ``drafter_cache``, ``draft_budget``,
+        ``tokenizer_sha256``, and the objects ``target_model`` and ``drafter_model`` (the
+        adapters; ``drafter_model`` is ``None`` without a drafter model) and ``registry``.
     """
 
 
 @hookspec(firstresult=True)
-def dloom_draft(state: DecodeState) -> DraftGraph | None:
-    """Speculate future states of the active block and return them as a draft graph.
+def dloom_draft(state: DecodeState | ChainState) -> DraftGraph | DraftChains | None:
+    """Speculate: future states of a dLLM's active block, or token chains for an AR target.
 
-    Stops at the first non-``None`` result; with no implementation the decoder does not
-    speculate and runs one forward per step. Called only once a distribution of the block
-    is known (never on a block's first step).
+    Stops at the first non-``None`` result. One hook serves two kinds of target:
 
-    :param state: the current decode state; ``state.logits`` ``(B, K, V)`` is the most
-        recent known distribution, that of the current state's predecessor.
-    :return: a :class:`~dloom.types.DraftGraph` whose node 0 is the current block and whose
-        drafts are guessed future blocks, or ``None`` to decline this step (the decoder then
-        runs a plain step).
+    * a :class:`~dloom.types.DecodeState` (:class:`dloom.DiffusionDecoder`): return a
+      :class:`~dloom.types.DraftGraph` whose node 0 is the current block and whose drafts
+      are guessed future blocks, or ``None`` to decline this step (the decoder then runs a
+      plain step). With no implementation the decoder does not speculate. Called only once
+      a distribution of the block is known (never on a block's first step);
+    * a :class:`~dloom.types.ChainState` (:class:`dloom.ARTargetDecoder`): return
+      :class:`~dloom.types.DraftChains` continuing each row's accepted tokens. A drafter may
+      draft over several calls: while a row is ``open`` after :func:`dloom_prune`, the
+      decoder calls this hook again with ``state.draft`` holding the chains so far.
+
+    A plugin for one kind returns ``None`` for the other.
+
+    :param state: the current state; for a ``DecodeState``, ``state.logits`` ``(B, K, V)`` is
+        the most recent known distribution, that of the current state's predecessor.
+    :return: the drafts, or ``None`` (see above).
     """
 
 
 @hookspec(firstresult=True)
-def dloom_prune(graph: DraftGraph, budget: int | None) -> DraftGraph | None:
-    """Shrink a draft graph to at most ``budget`` drafts per row.
+def dloom_prune(graph: DraftGraph | DraftChains, budget: int | None) -> DraftGraph | DraftChains | None:
+    """Shrink the drafts to at most ``budget`` per row.
 
-    Every kept draft must stay reachable from the root through kept drafts. Stops at the first non-``None`` result; the core's default keeps the graph as it is.
+    Stops at the first non-``None`` result; the core's default keeps the drafts as they are.
+    Whoever prunes, more than ``budget`` drafts per row afterwards is a
+    :class:`~dloom.errors.HookContractError` (a drafter without a pruner must respect it).
 
-    :param graph: the graph from :func:`dloom_draft`.
+    :param graph: the drafts from :func:`dloom_draft`: a :class:`~dloom.types.DraftGraph`
+        (every kept draft must stay reachable from the root through kept drafts), or
+        :class:`~dloom.types.DraftChains` (a length policy: set ``length``, and clear
+        ``open`` on rows whose proposal is decided, as FailFast's fail-fast / win-big rule does).
     :param budget: the most drafts per row one verification forward may evaluate (the
-        decoder's ``draft_budget``), or ``None`` when the decoder sets no limit and the
-        strategy's own budget applies.
-    :return: the graph with ``valid`` cleared on dropped drafts, or ``None`` to leave the
-        choice to the next implementation.
+        decoder's ``draft_budget``; chain tokens for chains), or ``None`` when the decoder
+        sets no limit and the strategy's own budget applies.
+    :return: the pruned drafts (a graph with ``valid`` cleared on dropped drafts), or
+        ``None`` to leave the choice to the next implementation.
     """
 
 
 @hookspec(firstresult=True)
-def dloom_build_mask(state: DecodeState, graph: DraftGraph) -> VerificationLayout | None:
-    """Lay out one forward pass that evaluates the current state and every valid draft.
+def dloom_build_mask(
+    state: DecodeState | ChainState, graph: DraftGraph | DraftChains
+) -> VerificationLayout | ChainLayout | None:
+    """Lay out one forward pass of the target that evaluates the drafts.
 
     Stops at the first non-``None`` result.
 
-    :param state: the current decode state (the root of the graph).
-    :param graph: the (pruned) draft graph.
-    :return: a :class:`~dloom.types.VerificationLayout`: the spans of ``R`` layout rows,
-        the batch row each row takes its context from, and where each ``(row, node)`` span
-        sits.
+    :param state: the current state (the root of the graph, or the accepted tokens).
+    :param graph: the (pruned) drafts.
+    :return: for a graph, a :class:`~dloom.types.VerificationLayout`: the spans of ``R``
+        layout rows, the batch row each row takes its context from, and where each
+        ``(row, node)`` span sits (:func:`dloom.speculation.layout_drafts`); for chains, a
+        :class:`~dloom.types.ChainLayout`: each row's uncached accepted tokens, then its
+        chain (:func:`dloom.chains.chain_layout`).
     """
 
 
 @hookspec(firstresult=True)
 def dloom_verify(
-    state: DecodeState,
-    graph: DraftGraph,
+    state: DecodeState | ChainState,
+    graph: DraftGraph | DraftChains,
     logits: torch.Tensor,
-    kernel: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
-) -> Verdict | None:
-    """Decide which draft steps the verification forward accepts.
+    kernel: Callable[..., torch.Tensor],
+) -> Verdict | ChainVerdict | None:
+    """Decide which drafts the verification forward accepts.
 
-    Stops at the first non-``None`` result. A lossless implementation samples the real next
-    state with ``kernel`` and follows the graph only while the sample equals a draft
-    (:func:`dloom.speculation.follow_graph`).
+    Stops at the first non-``None`` result. A lossless implementation samples the target
+    with ``kernel`` and keeps drafts only while the sample equals them: it follows a graph
+    (:func:`dloom.speculation.follow_graph`) or matches a chain
+    (:func:`dloom.chains.match_chains`).
 
     :param state: the state the forward started from.
-    :param graph: the graph that was evaluated.
-    :param logits: ``(B, N + 1, K, V)``, the distribution of every node's block as the
-        forward computed it (node 0: the root); meaningless where ``graph.valid`` is
-        ``False``.
-    :param kernel: one step of the transition kernel: ``kernel(block, logits, advance)``
-        maps ``(B, K)`` blocks and their ``(B, K, V)`` logits to the next blocks; rows where
-        the ``(B,)`` bool ``advance`` is ``False`` are returned unchanged and take no step.
-        The decoder counts the steps it takes.
-    :return: a :class:`~dloom.types.Verdict`: the new block, the distribution it was
-        sampled from, and how many drafts each row accepted.
+    :param graph: the drafts that were evaluated.
+    :param logits: for a graph, ``(B, N + 1, K, V)``, the distribution of every node's
+        block as the forward computed it (node 0: the root; meaningless where
+        ``graph.valid`` is ``False``); for chains, ``(B, T' + 1, V)``, entry ``i`` the
+        target's distribution of each row's ``i``-th chain token (``T'`` the longest chain).
+    :param kernel: for a graph, one step of the transition kernel:
+        ``kernel(block, logits, advance)`` maps ``(B, K)`` blocks and their ``(B, K, V)``
+        logits to the next blocks; rows where the ``(B,)`` bool ``advance`` is ``False``
+        are returned unchanged and take no step (the decoder counts the steps it takes). For
+        chains, the target's decoding step :class:`dloom.chains.TargetKernel`:
+        ``kernel(logits)`` gives ``(B, T' + 1)`` target tokens (argmax, or samples from each
+        row's stream), with its ``temperature`` and ``streams``.
+    :return: a :class:`~dloom.types.Verdict` (the new block, the distribution it was
+        sampled from, how many drafts each row accepted), or a
+        :class:`~dloom.types.ChainVerdict` (chain tokens accepted, the target's next token).
     """
 
 

@@ -103,6 +103,30 @@ def uniform_noise(source, shape, tag: int, device) -> torch.Tensor:
     return torch.rand(shape, dtype=torch.float64, generator=source, device=device)
 
 
+def gumbel_argmax(
+    scores: torch.Tensor, source: torch.Generator | RowStreams | None, tag: int, scale: float = 1.0
+) -> torch.Tensor:
+    """A sample of ``softmax(scores / scale)`` by Gumbel-max in float64:
+    ``argmax(scores - scale * log(-log u))``.
+
+    :param scores: ``(B, ..., V)`` float64 log-weights (``-inf``: impossible).
+    :param source: where the uniforms ``u`` come from (:func:`uniform_noise`).
+    :param tag: the array's tag in a row's stream.
+    :param scale: the temperature (``> 0``) when ``scores`` are untempered logits.
+    :return: ``(B, ...)`` long.
+    """
+    uniform = uniform_noise(source, scores.shape, tag, scores.device)
+    return torch.argmax(scores - scale * torch.log(-torch.log(uniform)), dim=-1)
+
+
+def without_mask(logits: torch.Tensor, mask_token_id: int) -> torch.Tensor:
+    """A float64 copy of ``logits`` (``(..., V)``) with the mask token's logit at ``-inf``,
+    so that no distribution derived from it (softmax, argmax, sample) gives the mask mass."""
+    logits64 = logits.to(torch.float64, copy=True)
+    logits64[..., mask_token_id] = -torch.inf
+    return logits64
+
+
 def propose(
     logits: torch.Tensor,
     temperature: float,
@@ -149,11 +173,9 @@ def propose(
         if remasking == "random":
             confidence = uniform_noise(generator, candidates.shape, 1, logits.device)
         return candidates, confidence
-    logits64 = logits.to(torch.float64).clone()
-    logits64[..., mask_token_id] = -torch.inf
+    logits64 = without_mask(logits, mask_token_id)
     if temperature > 0:
-        uniform = uniform_noise(generator, logits64.shape, 0, logits64.device)
-        candidates = torch.argmax(logits64 - temperature * torch.log(-torch.log(uniform)), dim=-1)
+        candidates = gumbel_argmax(logits64, generator, 0, scale=temperature)
     else:
         candidates = torch.argmax(logits64, dim=-1)
     if remasking == "random":

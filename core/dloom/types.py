@@ -1,15 +1,21 @@
 """Frozen dataclasses passed to and returned from the hooks.
 
+Two kinds of speculation share the hooks: for a dLLM target the state is a
+:class:`DecodeState`, drafts a :class:`DraftGraph` of future states of its active block, laid
+out as a :class:`VerificationLayout` and judged by a :class:`Verdict`; for an autoregressive
+target the state is a :class:`ChainState`, drafts are :class:`DraftChains` of tokens, laid out
+as a :class:`ChainLayout` and judged by a :class:`ChainVerdict`.
+
 Shapes: ``B`` batch rows, ``L`` full sequence length (prompt + generation), ``K`` positions
 of the active block, ``V`` vocabulary, ``N`` draft nodes, ``R`` layout rows, ``S`` layout
-sequence length.
+sequence length, ``T`` draft positions of a chain.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -191,6 +197,149 @@ class Verdict:
     block: torch.Tensor
     logits: torch.Tensor
     accepted: torch.Tensor
+
+
+# --- speculation against an autoregressive target: token chains -----------------------------
+
+
+@dataclass(frozen=True)
+class ChainState:
+    """A snapshot of decoding an autoregressive target at the start of a drafting call.
+
+    The rows are laid out as columns of one sequence: the left-padded prompt (width ``P``),
+    then each row's accepted tokens (``lengths[b]`` of them), then padding up to
+    ``P + max_new_tokens = L``. A drafter proposes token chains that continue each row's
+    accepted tokens (:class:`DraftChains`).
+
+    :ivar tokens: ``(B, L)`` long, prompts and accepted tokens (columns after a row's
+        accepted tokens hold the target's pad id).
+    :ivar attention_mask: ``(B, L)`` long, 0 on the prompt's left padding.
+    :ivar prompt_length: ``P``.
+    :ivar lengths: ``(B,)`` long, tokens each row has accepted (generated so far).
+    :ivar active: ``(B,)`` bool, rows still generating (no EOS yet, room left).
+    :ivar max_new_tokens: the most generated tokens per row.
+    :ivar eos_token_ids: ``(E,)`` long.
+    :ivar shared: columns every active row has accepted (prompt included), as a Python
+        int: columns before it never change again.
+    :ivar cached: columns the target's KV cache holds (the same for every row, ``<
+        shared``); a layout feeds each row's accepted tokens from there on.
+    :ivar streams: the rows' random streams (:class:`dloom.kernel.RowStreams`, one per
+        prompt) or ``None`` when nothing samples. A drafter draws with tags 0 and 1 (those of
+        :func:`dloom.kernel.propose`) and advances the rows that took a drafter step; the
+        verification draws with tags 2 to 4 and the decoder advances every active row after it.
+    :ivar temperature: the target's (and by default the drafter's) sampling temperature.
+    :ivar draft: ``None`` on a round's first ``dloom_draft`` call; on later calls of the
+        same round, the chains so far (after ``dloom_prune``), to extend where ``open``.
+    :ivar previous: the last round's verified chains (``None`` in the first round), so a
+        drafter can carry its own state (``DraftChains.carry``) across rounds.
+    """
+
+    tokens: torch.Tensor
+    attention_mask: torch.Tensor
+    prompt_length: int
+    lengths: torch.Tensor
+    active: torch.Tensor
+    max_new_tokens: int
+    eos_token_ids: torch.Tensor
+    shared: int
+    cached: int
+    streams: Any = None
+    temperature: float = 0.0
+    draft: DraftChains | None = None
+    previous: DraftChains | None = None
+
+    @property
+    def room(self) -> torch.Tensor:
+        """``(B,)`` long, tokens each row may still generate (0 for finished rows)."""
+        return torch.where(self.active, self.max_new_tokens - self.lengths, 0)
+
+
+@dataclass(frozen=True)
+class DraftChains:
+    """Token chains proposed to continue each row of a :class:`ChainState` (``T`` draft
+    positions; entry ``i`` of a row is its ``i``-th token after its accepted ones).
+
+    A drafter may build its chains over several ``dloom_draft`` calls in one round: the
+    decoder calls ``dloom_prune`` after every call and ``dloom_draft`` again while some row is
+    ``open``. A chain is verified once no row is open.
+
+    :ivar tokens: ``(B, T)`` long; entries at or after ``length`` are ignored.
+    :ivar length: ``(B,)`` long, the tokens proposed for verification (0: none; the
+        target then decodes one token).
+    :ivar open: ``(B,)`` bool, rows whose chain the drafter may still extend.
+    :ivar confidence: ``(B, T)`` float, the drafter's probability of each drafted token
+        (``None``: not known); what a length policy reads.
+    :ivar drafted: ``(B,)`` long, leading tokens of each row that are drafted and final
+        (``>= length``; ``None``: ``length``).
+    :ivar limit: ``(B,)`` long, the most tokens a row may propose: its room before
+        ``max_new_tokens``, and no token after a drafted EOS (``None``: ``drafted``).
+    :ivar probs: ``(B, T, V)`` float64, the distribution each token was sampled from (for
+        ratio verification; ``None`` when not kept).
+    :ivar left_to_right: every token was drafted given exactly the tokens before it, so
+        ``probs[:, i]`` is the drafter's distribution of token ``i`` given tokens ``< i``
+        (ratio-based rejection sampling is exact only then).
+    :ivar carry: the drafter's own state (caches, canvases), passed back unchanged through
+        :attr:`ChainState.draft` and :attr:`ChainState.previous`; the core never reads it.
+    :ivar drafter_forwards: drafter batch forwards run for this round so far.
+    :ivar drafter_nfe: ``(B,)`` long, drafter forwards each row took part in this round
+        (``None``: none).
+    :ivar seconds: wall seconds of the drafter's parts this round (e.g. its forwards, its
+        commit rule), by name; reported in ``result.hook_seconds``.
+    :ivar checks: ``(flag, error)`` pairs: ``()`` bool device tensors the decoder reads with
+        its one host synchronisation per drafting call, raising ``error`` when a flag is set
+        (a drafter's NaN logits or idle commit rule, detected without a sync of its own).
+    :ivar span: filled by the decoder after pruning, as a Python int: the widest run one
+        row feeds the target (its uncached accepted tokens plus its chain).
+    :ivar longest: filled by the decoder after pruning: the longest proposed chain.
+    """
+
+    tokens: torch.Tensor
+    length: torch.Tensor
+    open: torch.Tensor
+    confidence: torch.Tensor | None = None
+    drafted: torch.Tensor | None = None
+    limit: torch.Tensor | None = None
+    probs: torch.Tensor | None = None
+    left_to_right: bool = False
+    carry: Any = None
+    drafter_forwards: int = 0
+    drafter_nfe: torch.Tensor | None = None
+    seconds: Mapping[str, float] = field(default_factory=dict)
+    checks: tuple[tuple[torch.Tensor, Exception], ...] = ()
+    span: int | None = None
+    longest: int | None = None
+
+
+@dataclass(frozen=True)
+class ChainLayout:
+    """The target forward that verifies every row's chain (``S`` new columns per row).
+
+    Each row feeds its accepted tokens the target has not cached yet (at least the last one,
+    whose output is the distribution of the chain's first token), then its chain, then
+    padding.
+
+    :ivar input_ids: ``(B, S)`` long, the new columns of every row (right-padded).
+    :ivar slot_mask: ``(B, S)`` long, 1 on real columns, 0 on padding.
+    :ivar first_output: ``(B,)`` long, the column whose output is the distribution of the
+        chain's first token (the ``i``-th token's is ``first_output + i``).
+    """
+
+    input_ids: torch.Tensor
+    slot_mask: torch.Tensor
+    first_output: torch.Tensor
+
+
+@dataclass(frozen=True)
+class ChainVerdict:
+    """What a verification of token chains accepted.
+
+    :ivar accepted: ``(B,)`` long, leading chain tokens kept per row.
+    :ivar token: ``(B,)`` long, the target's token after them (the correction at the first
+        rejected position, or the bonus token after a fully accepted chain).
+    """
+
+    accepted: torch.Tensor
+    token: torch.Tensor
 
 
 @dataclass(frozen=True)

@@ -3,19 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
-
-import torch
-
 from dloom.adapter import ModelAdapter
 from dloom.errors import ConfigurationError, ModelError
 
 POLICIES = ("failfast", "naive")
 VERIFICATIONS = ("match", "ratio")
-DRAFTER_CACHE_MODES = ("none", "prefix")
-DEFAULT_MAX_NEW_TOKENS = 128
-
-Prompts = Sequence[str] | Sequence[Sequence[int]] | torch.Tensor
 
 
 # --- the strategy's settings ---------------------------------------------------------------
@@ -31,7 +23,8 @@ class FailFastSettings:
     :ivar initial_length: ``L`` at the start of a round (``<= n_max``).
     :ivar policy: ``"failfast"`` or ``"naive"`` (a fixed ``naive_length``).
     :ivar naive_length: draft length of the ``naive`` policy.
-    :ivar drafter_strategy: the drafter's commit rule, a registered strategy name.
+    :ivar drafter_strategy: the drafter's commit rule: a registered strategy or a ``+``
+        composition of strategies that answers ``dloom_select_commit`` and does not draft.
     :ivar drafter_tau: ``tau`` of the drafter's commit rule when it declares one (threshold).
     :ivar small_block: positions denoised together, left to right (1: strictly left to right).
     :ivar verification: ``"match"`` (exact for any drafter) or ``"ratio"`` (needs

@@ -1,4 +1,4 @@
-"""What :class:`~dloom.failfast.FailFastDecoder` returns: a result with the drafter's counts."""
+"""What :class:`~dloom.ar_decoder.ARTargetDecoder` returns: a result with the drafter's counts."""
 
 from __future__ import annotations
 
@@ -12,14 +12,15 @@ from dloom.metrics import GenerationResult
 
 
 @dataclass
-class FailFastResult(GenerationResult):
-    """A :class:`~dloom.GenerationResult` with FailFast's own counts.
+class ARTargetResult(GenerationResult):
+    """A :class:`~dloom.GenerationResult` of speculative decoding against an AR target.
 
     ``nfe`` counts the *target's* forwards per row (prefill included), ``forwards`` the
     target's batch forwards; the drafter's are separate. ``hook_seconds`` holds
-    ``target_forward`` and ``drafter_forward`` (the models), ``draft`` (drafting outside the
-    drafter's forwards, its commit rule included), ``verify`` (verification outside the
-    target's forward) and ``select_commit`` (the drafter's commit rule alone).
+    ``target_forward`` (the target model), the decoding hooks' own times (``draft``, its
+    drafter's forwards included, ``prune``, ``build_mask``, ``verify``) and the parts a
+    drafter reports (:attr:`dloom.types.DraftChains.seconds`, e.g. ``drafter_forward`` and
+    ``select_commit``).
 
     :ivar drafter_nfe: ``(B,)`` long, drafter forwards in which each row was drafting.
     :ivar drafter_forwards: drafter batch forwards.
