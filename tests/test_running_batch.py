@@ -48,7 +48,7 @@ def alone(decoder: DiffusionDecoder, prompt: list[int], stream: int = 0) -> tupl
     return result.token_lists[0], int(result.nfe[0])
 
 
-def staggered(decoder: DiffusionDecoder, schedule=SCHEDULE, streams=None, cancel=None):
+def staggered(decoder: DiffusionDecoder, schedule=SCHEDULE, streams=None):
     """Decode ``PROMPTS`` in one session, each joining before the step ``schedule`` names.
 
     :return: ``{prompt index: (tokens, nfe)}``, the rows of every plain step (prompt
@@ -64,8 +64,6 @@ def staggered(decoder: DiffusionDecoder, schedule=SCHEDULE, streams=None, cancel
             offset = [streams[prompt]] if streams else 0
             (row,) = session.admit([PROMPTS[prompt]], row_offset=offset)
             by_id[row] = prompt
-        if cancel and step in cancel:
-            session.cancel([row for row, prompt in by_id.items() if prompt in cancel[step]])
         done = session.step()
         step += 1
         if done is not None:
@@ -141,9 +139,7 @@ def test_a_cancelled_row_leaves_before_its_batch_ends():
     for _ in range(3):
         assert session.step() is None  # no EOS: every row runs all 16 steps
     session.cancel([rows[1]])
-    assert session.size == 3  # withdrawn at the next step, before its forward
-    session.step()
-    assert session.size == 2
+    assert session.size == 2  # withdrawn at once, before the next forward
     finished = []
     while session.size:
         done = session.step()

@@ -209,6 +209,7 @@ class DecodeSession:
         :class:`BlockRecord` (rows named by their ids). Costs no host
         synchronisation unless given.
 
+    :ivar on_block: the callback above; a caller may set or clear it between steps.
     :ivar size: rows in the batch now (a host int).
     :ivar forwards: steps taken (each one forward of the batch, or a verification).
     """
@@ -229,7 +230,6 @@ class DecodeSession:
         self.tallies = _Tallies(decoder._speculates)
         self.size = 0
         self._next_id = 0
-        self._cancelled: set[int] = set()
         self._plan: list[int] | None = None
         self._can_draft = False
         self.forward: BlockForward | None = None
@@ -364,8 +364,8 @@ class DecodeSession:
     # --- rows out ---------------------------------------------------------------------
 
     def cancel(self, rows: Sequence[int]) -> None:
-        """Withdraw rows: they leave before the next step's forward, and are not reported
-        as finished. A row that has already finished is left as it is.
+        """Withdraw rows now, between two steps: they take no further forward and are not
+        reported as finished. A row that has already finished is left as it is.
 
         :raises ConfigurationError: for an id this session never gave out.
         """
@@ -374,11 +374,9 @@ class DecodeSession:
             raise ConfigurationError(
                 f"cannot cancel rows {unknown}: this session's rows are 0..{self._next_id - 1}"
             )
-        self._cancelled.update(rows)
-
-    def _remove_cancelled(self) -> None:
-        cancelled = torch.tensor(sorted(self._cancelled), dtype=torch.long, device=self.rows.device)
-        self._cancelled.clear()
+        if not rows or self.forward is None:
+            return
+        cancelled = torch.tensor(sorted(set(rows)), dtype=torch.long, device=self.rows.device)
         dropped = torch.isin(self.rows, cancelled)
         count = int(dropped.sum())
         if count == self.size:
@@ -412,13 +410,11 @@ class DecodeSession:
 
     def step(self) -> FinishedRows | None:
         """One step of every row (one forward, or a verification): the rows that finished
-        in it, or ``None`` when none did. Withdraws the cancelled rows first.
+        in it, or ``None`` when none did (or the batch is empty).
 
         :raises NonFiniteLogitsError: when the model returns NaN or inf.
         :raises HookContractError: when the commit rule commits nothing in a decoding row.
         """
-        if self._cancelled and self.forward is not None:
-            self._remove_cancelled()
         if self.forward is None:
             return None
         decoder, forward, kernel = self.decoder, self.forward, self.kernel
