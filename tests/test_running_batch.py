@@ -175,3 +175,24 @@ def test_bad_admissions_and_cancellations_are_refused_before_any_change():
     with pytest.raises(ConfigurationError, match=r"cannot cancel rows \[3\]: this session's rows are 0..0"):
         session.cancel([3])
     assert session.size == 1 and session.width == len(PROMPTS[0])
+
+
+@pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
+def test_a_join_costs_two_host_syncs_and_a_step_one(monkeypatch, cache):
+    """The counts of the module docstring: one sync per step, and per admission one for the
+    padding check and one for the next forward's plan (``tests/test_host_sync.py``'s counter)."""
+    from test_host_sync import SyncCounter
+
+    decoder = DiffusionDecoder(adapter(eos_token_ids=()), "threshold", gen_length=GEN, block_length=BLOCK, cache=cache)
+    staggered(decoder)  # warm-up outside the count
+    session = DecodeSession(decoder)
+    with SyncCounter().counting(monkeypatch) as counter:
+        session.admit([PROMPTS[0]])
+        for _ in range(3):
+            session.step()
+        session.admit([PROMPTS[1], PROMPTS[5]])  # longer prompts: the batch is widened
+        while session.size:
+            session.step()
+    assert session.forwards > 6
+    assert sum(counter.decoder.values()) == session.forwards + 2 * 2, dict(counter.decoder)
+    assert not counter.model
