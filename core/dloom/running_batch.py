@@ -271,7 +271,8 @@ class DecodeSession:
         :param prompts: / :param attention_mask: as in
             :meth:`~dloom.DiffusionDecoder.generate`.
         :param row_offset: each prompt's random stream, as in ``generate``.
-        :return: the new rows' ids, consecutive (the first session's rows are ``0 .. B-1``).
+        :return: the new rows' ids, consecutive from 0 over the session's life (a fresh
+            session's first ``B`` rows are ``0 .. B-1``).
         :raises ModelError: for empty prompts or a prompt beyond the model's context.
         :raises ConfigurationError: for a bad ``row_offset``.
         """
