@@ -13,7 +13,6 @@ record out of line after a widening) are caught by the same comparison.
 from __future__ import annotations
 
 import pytest
-import torch
 
 from conftest import EOS_ID, MASK_ID, PAD_ID, sharpen, tiny_model
 from dloom import DiffusionDecoder, ModelAdapter

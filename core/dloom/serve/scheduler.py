@@ -281,8 +281,9 @@ class Scheduler:
             failed = self._admit(lane, joining)
         session.on_block = self._streamer(lane) if any(job.stream for job in lane.running.values()) else None
         events: list[tuple[Job, Event]] = []
+        size = session.size
         try:
-            done = session.step() if session.size else None
+            done = session.step() if size else None
         except Exception as error:  # noqa: BLE001 - every client of the batch must hear of it
             with self._ready:
                 jobs = list(lane.running.values())
@@ -292,7 +293,8 @@ class Scheduler:
                 self._release(jobs)
                 events = self._deliver(jobs, [Failed(error)] * len(jobs))
         else:
-            self.metrics.count_step(session.size + (len(done.rows) if done is not None else 0))
+            if size:
+                self.metrics.count_step(size)
             if done is not None:
                 rows, tokens, nfe = done.rows.tolist(), done.token_lists(), done.nfe.tolist()
                 with self._ready:
