@@ -1,16 +1,17 @@
-"""Load benchmark of ``dloom serve``: throughput and latency against concurrency, batched
-versus one request at a time, in one run.
+"""Load benchmark of ``dloom serve``: throughput and latency against concurrency, continuously
+batched versus one request at a time, in one run.
 
 Two servers run in this process (uvicorn on 127.0.0.1, free ports) over the same model: one
-batches up to ``--max-batch-size`` waiting rows per generation, the other decodes one
-request at a time (``max_batch_size=1``, the same code path otherwise). For each strategy
+keeps a running batch of up to ``--max-batch-size`` rows that waiting rows join between
+forwards, the other decodes one request at a time (``max_batch_size=1``, the same code path
+otherwise). For each strategy
 and each concurrency ``c``, ``c`` client threads send ``--requests`` completions in total
 (held-out task prompts, greedy; at least one per client) and wait for each answer before sending the next; the two
 servers take turns, ``--repeats`` times per level, and the fastest try of each is kept (on a
 shared CPU, noise only adds time). Reported:
 generated tokens per second (``usage.completion_tokens`` over the wall time of the level),
-p50 and p99 latency, mean rows per batch, and whether every try of both servers returned
-the same texts.
+p50 and p99 latency, mean rows per forward (the server's NFE over its forwards), and whether
+every try of both servers returned the same texts.
 
     python benchmarks/bench_serve.py --out benchmarks/results/serve.json --plot docs/assets/serve.png
     python benchmarks/bench_serve.py --table benchmarks/results/serve.json   # the docs' table
@@ -36,7 +37,7 @@ from dloom.serve.app import ServeConfig
 from dloom.serve.background import BackgroundServer
 from dloom.serve.decoders import DecodeDefaults
 
-MODES = {"batched": None, "one at a time": 1}
+MODES = {"continuous": None, "one at a time": 1}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -57,7 +58,7 @@ class Server(BackgroundServer):
 
 def run_level(server: Server, model: str, strategy: str, prompts: list[str], concurrency: int) -> dict:
     """``len(prompts)`` requests from ``concurrency`` clients; their figures and texts."""
-    batches, rows = server.metric("dloom_batches_total"), server.metric("dloom_batch_rows_total")
+    forwards, nfe = server.metric("dloom_forwards_total"), server.metric("dloom_nfe_total")
     queue = list(enumerate(prompts))
     lock = threading.Lock()
     latencies, tokens, texts = [], 0, [""] * len(prompts)
@@ -86,7 +87,7 @@ def run_level(server: Server, model: str, strategy: str, prompts: list[str], con
         for future in [pool.submit(client) for _ in range(concurrency)]:
             future.result()
     wall = time.perf_counter() - start
-    decoded_batches = server.metric("dloom_batches_total") - batches
+    steps = server.metric("dloom_forwards_total") - forwards
     return {
         "concurrency": concurrency,
         "requests": len(prompts),
@@ -95,7 +96,8 @@ def run_level(server: Server, model: str, strategy: str, prompts: list[str], con
         "tokens_per_second": tokens / wall,
         "latency_p50": percentile(latencies, 0.50),
         "latency_p99": percentile(latencies, 0.99),
-        "rows_per_batch": (server.metric("dloom_batch_rows_total") - rows) / decoded_batches,
+        "forwards": steps,
+        "rows_per_forward": (server.metric("dloom_nfe_total") - nfe) / steps,
         "texts": texts,
     }
 
@@ -110,7 +112,7 @@ def plot(results: dict, path: Path) -> None:
     for strategy, modes in results["strategies"].items():
         for mode, levels in modes.items():
             xs = [level["concurrency"] for level in levels]
-            style = "-o" if mode == "batched" else "--s"
+            style = "-o" if mode == "continuous" else "--s"
             speed.plot(xs, [level["tokens_per_second"] for level in levels], style, label=f"{strategy}, {mode}")
             latency.plot(xs, [level["latency_p50"] for level in levels], style, label=f"{strategy}, {mode}")
     for axis, label in ((speed, "generated tokens / s"), (latency, "p50 latency (s)")):
@@ -121,7 +123,7 @@ def plot(results: dict, path: Path) -> None:
     speed.set_yscale("log")
     latency.set_yscale("log")
     speed.legend(fontsize=8)
-    figure.suptitle(f"dloom serve on {results['model']}: batched vs one request at a time")
+    figure.suptitle(f"dloom serve on {results['model']}: continuous batching vs one request at a time")
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
@@ -130,17 +132,18 @@ def plot(results: dict, path: Path) -> None:
 def table(results: dict) -> str:
     """The results as the markdown table of ``docs/benchmarks/serve.md``."""
     lines = [
-        "| strategy | clients | batched tokens/s | one at a time tokens/s | ratio | batched p50 / p99 (s) "
-        "| one at a time p50 / p99 (s) | rows per batch |",
-        "|---|---|---|---|---|---|---|---|",
+        "| strategy | clients | continuous tokens/s | one at a time tokens/s | ratio | continuous p50 / p99 (s) "
+        "| one at a time p50 / p99 (s) | rows per forward | forwards (continuous / one at a time) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for strategy, modes in results["strategies"].items():
-        for batched, alone in zip(modes["batched"], modes["one at a time"]):
+        for batched, alone in zip(modes["continuous"], modes["one at a time"]):
             lines.append(
                 f"| {strategy} | {batched['concurrency']} | {batched['tokens_per_second']:.0f} "
                 f"| {alone['tokens_per_second']:.0f} | {batched['tokens_per_second'] / alone['tokens_per_second']:.2f}x "
                 f"| {batched['latency_p50']:.2f} / {batched['latency_p99']:.2f} "
-                f"| {alone['latency_p50']:.2f} / {alone['latency_p99']:.2f} | {batched['rows_per_batch']:.1f} |"
+                f"| {alone['latency_p50']:.2f} / {alone['latency_p99']:.2f} | {batched['rows_per_forward']:.1f} "
+                f"| {batched['forwards']:.0f} / {alone['forwards']:.0f} |"
             )
     return "\n".join(lines)
 
@@ -151,7 +154,7 @@ def main() -> None:
     parser.add_argument("--strategies", default="quota,threshold", help="comma-separated")
     parser.add_argument("--concurrency", default="1,4,16,64", help="comma-separated client counts")
     parser.add_argument("--requests", type=int, default=32, help="requests per level (at least one per client)")
-    parser.add_argument("--max-batch-size", type=int, default=16, help="of the batched server (dloom serve's default)")
+    parser.add_argument("--max-batch-size", type=int, default=16, help="of the continuous server (dloom serve's default)")
     parser.add_argument("--block-length", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=3, help="tries per level and mode; the fastest is kept")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
@@ -190,19 +193,19 @@ def main() -> None:
                     for mode, server in servers.items():
                         level_prompts = prompts[: max(args.requests, concurrency)]  # every client sends one at least
                         tries[mode].append(run_level(server, args.model, strategy, level_prompts, concurrency))
-                reference = tries["batched"][0]["texts"]
+                reference = tries["continuous"][0]["texts"]
                 identical = all(run["texts"] == reference for runs in tries.values() for run in runs)
                 for mode, runs in tries.items():  # the fastest try: noise on a shared CPU only adds time
                     row = {**max(runs, key=lambda run: run["tokens_per_second"]), "identical_texts": identical}
                     results["strategies"][strategy][mode].append(row)
                     print(f"{strategy:>10} {mode:>14} c={concurrency:<3} {row['tokens_per_second']:8.1f} tok/s "
                           f"p50 {row['latency_p50']:.3f}s p99 {row['latency_p99']:.3f}s "
-                          f"rows/batch {row['rows_per_batch']:.1f}", flush=True)
+                          f"rows/forward {row['rows_per_forward']:.1f} forwards {row['forwards']:.0f}", flush=True)
     finally:
         for server in servers.values():
             server.stop()
     for strategy, modes in results["strategies"].items():
-        batched, alone = modes["batched"], modes["one at a time"]
+        batched, alone = modes["continuous"], modes["one at a time"]
         results.setdefault("summary", {})[strategy] = {
             "speedup_by_concurrency": {
                 str(b["concurrency"]): b["tokens_per_second"] / a["tokens_per_second"] for b, a in zip(batched, alone)

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from dloom import DiffusionDecoder, ModelAdapter, engine
+from dloom import DiffusionDecoder, ModelAdapter, running_batch
 from dloom.cache import BlockForward
 
 VOCAB, MASK_ID, EOS_ID, PAD_ID = 40, 39, 2, 0
@@ -167,7 +167,7 @@ def test_broken_caches_are_detected(monkeypatch, mode, broken):
         model = adapter(seed)
         uncached = decode(model, "none", PROMPTS, strategy="quota")
         with monkeypatch.context() as patch:
-            patch.setattr(engine, "BlockForward", variant)
+            patch.setattr(running_batch, "BlockForward", variant)
             cached = decode(model, mode, PROMPTS, strategy="quota")
         differs.append(cached.token_lists != uncached.token_lists)
     assert any(differs)

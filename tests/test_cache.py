@@ -19,7 +19,7 @@ from transformers import DynamicCache
 from typer.testing import CliRunner
 
 from conftest import EOS_ID, MASK_ID, PAD_ID, sharpen, tiny_model
-from dloom import DiffusionDecoder, ModelAdapter, engine
+from dloom import DiffusionDecoder, ModelAdapter, running_batch
 from dloom.attention import block_causal_mask, block_ids, model_mask
 from dloom.cache import CACHE_MODES, BlockForward, cache_argument
 from dloom.cli import app
@@ -194,7 +194,7 @@ def test_first_step_of_every_block_is_the_uncached_forward(monkeypatch, sharp_ad
             super()._count(tokens)
             widths.append(self.query_positions)
 
-    monkeypatch.setattr(engine, "BlockForward", Spy)
+    monkeypatch.setattr(running_batch, "BlockForward", Spy)
     decoder = DiffusionDecoder(sharp_adapter, "quota", gen_length=16, block_length=4, cache="prefix")
     result = decoder.generate(PROMPTS)
     assert len(starts) == 4 and len(widths) == result.forwards == 16

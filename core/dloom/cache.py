@@ -123,21 +123,7 @@ class BlockForward:
         batch, self.length = position_ids.shape
         device = position_ids.device
         self.start = torch.as_tensor(start, dtype=torch.long, device=device).expand(batch).clone()
-        self.padding_mask = padding_mask
-        self.block_ids = block_ids
-        self._keys_ok = (
-            torch.ones(batch, self.length, dtype=torch.bool, device=device)
-            if padding_mask is None else padding_mask.bool()
-        )
-        # A prepared 4-D mask: transformers passes it through (its 2-D path costs a host
-        # synchronisation per forward for a padded batch).
-        if block_ids is not None:
-            self._full_mask = model_mask(mask_from_block_ids(padding_mask, block_ids), model.model)
-        elif padding_mask is not None:
-            keys = padding_mask.bool()[:, None, None, :].expand(-1, 1, self.length, -1)
-            self._full_mask = model_mask(keys, model.model)
-        else:
-            self._full_mask = None
+        self._set_masks(padding_mask, block_ids)
         self._takes_keep = "logits_to_keep" in inspect.signature(model.model.forward).parameters
         self.query_positions = 0
         self.calls = 0  # model calls
@@ -149,6 +135,24 @@ class BlockForward:
             self._argument = cache_argument(model.model) or ""
             if not self._argument:
                 raise ModelError(f"model {model.name!r} does not take a KV cache; use cache='none'")
+
+    def _set_masks(self, padding_mask: torch.Tensor | None, block_ids: torch.Tensor | None) -> None:
+        """The padding and block layout of every row, and the 4-D mask of a full forward."""
+        self.padding_mask, self.block_ids = padding_mask, block_ids
+        batch, device = self.position_ids.shape[0], self.position_ids.device
+        self._keys_ok = (
+            torch.ones(batch, self.length, dtype=torch.bool, device=device)
+            if padding_mask is None else padding_mask.bool()
+        )
+        # A prepared 4-D mask: transformers passes it through (its 2-D path costs a host
+        # synchronisation per forward for a padded batch).
+        if block_ids is not None:
+            self._full_mask = model_mask(mask_from_block_ids(padding_mask, block_ids), self.model.model)
+        elif padding_mask is not None:
+            keys = padding_mask.bool()[:, None, None, :].expand(-1, 1, self.length, -1)
+            self._full_mask = model_mask(keys, self.model.model)
+        else:
+            self._full_mask = None
 
     # --- per-row bookkeeping (device tensors only) -----------------------------------------
 
@@ -202,6 +206,38 @@ class BlockForward:
         self._on_cache = self._on_cache[index]
         if self._store is not None:
             self._store = [(k[index], v[index]) for k, v in self._store]
+
+    def join(
+        self, padding_mask: torch.Tensor | None, position_ids: torch.Tensor, start: torch.Tensor,
+        block_ids: torch.Tensor | None, widened: int,
+    ) -> None:
+        """Rows join the batch (:class:`dloom.running_batch.DecodeSession`): ``J`` new rows
+        after the ``B`` rows here, all ``L' = L + widened`` columns wide.
+
+        The rows here were widened by ``widened`` padding columns on the left (a longer
+        prompt joined): their block starts and recorded keys and values move with them
+        (the new columns are padding, never attended to), so their next forwards are the
+        ones they would have run. The joining rows have nothing recorded: their first
+        forward is a full one (it records their keys and values, as a row's first forward
+        in a new generation does).
+
+        :param padding_mask: ``(B + J, L')``, or ``None`` when no row is padded.
+        :param position_ids: ``(B + J, L')`` long.
+        :param start: ``(J,)`` long, the joining rows' first block column.
+        :param block_ids: ``(B + J, L')`` long for a block-causal model, else ``None``.
+        :param widened: columns added on the left of the rows here (``>= 0``).
+        """
+        joining = start.shape[0]
+        device = start.device
+        self.position_ids, self.length = position_ids, position_ids.shape[1]
+        self.start = torch.cat([self.start + widened, start])
+        self._needs_full = torch.cat(
+            [self._needs_full, torch.full((joining,), self.mode != "none", dtype=torch.bool, device=device)]
+        )
+        self._on_cache = torch.cat([self._on_cache, torch.zeros(joining, dtype=torch.long, device=device)])
+        if self._store is not None:
+            self._store = [(_grow(keys, widened, joining), _grow(values, widened, joining)) for keys, values in self._store]
+        self._set_masks(padding_mask, block_ids)
 
     # --- forwards ---------------------------------------------------------------------------
 
@@ -460,3 +496,12 @@ class BlockForward:
         raw = out.logits if hasattr(out, "logits") else out[0]
         first = torch.take_along_dim(raw, (span - window_first).unsqueeze(-1), dim=1)
         return torch.cat([first, raw[:, n_recomputed:]], dim=1)
+
+
+def _grow(recorded: torch.Tensor, columns: int, rows: int) -> torch.Tensor:
+    """Recorded keys or values ``(B, H, L, D)`` with ``columns`` zero columns on the left
+    and ``rows`` zero rows after the last: ``(B + rows, H, columns + L, D)``."""
+    batch, heads, length, width = recorded.shape
+    grown = recorded.new_zeros(batch + rows, heads, columns + length, width)
+    grown[:batch, :, columns:] = recorded
+    return grown

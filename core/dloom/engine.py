@@ -14,6 +14,11 @@ with nothing to decode. The loop synchronises with the host once per forward (to
 step's contracts, learn which rows left and which need a full forward); never per token or
 per row.
 
+The loop itself is :class:`dloom.running_batch.DecodeSession`, a running batch that rows
+may also join between forwards (continuous batching: ``dloom serve`` keeps one per decoder
+settings); :meth:`DiffusionDecoder.generate` is one session with every prompt admitted at
+once, stepped until it is empty.
+
 Every forward goes through the generation's :class:`dloom.cache.BlockForward`, which keeps
 each row's block columns and, with ``cache="prefix"`` or ``"dual"``, its keys and values
 (:mod:`dloom.cache`). For a block-causal model the decoder gives it every position's block
@@ -24,48 +29,30 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
 from dloom import hooks
 from dloom.adapter import ModelAdapter
-from dloom.attention import absolute_block_ids, block_ids
 from dloom.cache import CACHE_MODES, BlockForward, cache_argument, check_refresh
 from dloom.composition import StrategySpec, build_plugin_manager, compose
 from dloom.decoding import DIFFUSION
 from dloom.errors import ConfigurationError, HookContractError, ModelError, NonFiniteLogitsError
 from dloom.kernel import REMASKING
-from dloom.metrics import GenerationResult, HookTimer
 from dloom.generation import prepare_prompts, token_lists_and_texts
+from dloom.metrics import GenerationResult, HookTimer
 from dloom.prompt_validation import check_lengths, check_special_ids, vocabulary_size
 from dloom.registry import Registry
-from dloom.speculation import KernelStep, eos_clear, layout_is_exact, node_logits, selectable_positions
+from dloom.running_batch import (  # noqa: F401 - re-exported: dloom.engine is where users find them
+    BlockRecord, DecodeSession, FinishedRows, StepRecord, finished_rows, generated_lengths,
+)
+from dloom.speculation import KernelStep, layout_is_exact, node_logits
 from dloom.types import DecodeState
 
 Prompts = Sequence[str] | Sequence[Sequence[int]] | torch.Tensor
 DEFAULT_GEN_LENGTH = 128
 DEFAULT_BLOCK_LENGTH = 32
-
-
-def finished_rows(generated: torch.Tensor, mask_token_id: int, eos_ids: torch.Tensor) -> torch.Tensor:
-    """Rows whose output is final: an EOS with nothing masked before it, or nothing masked.
-
-    :param generated: ``(B, G)`` long, the generated region.
-    :param eos_ids: ``(E,)`` long.
-    :return: ``(B,)`` bool.
-    """
-    return eos_clear(generated, mask_token_id, eos_ids) | ~(generated == mask_token_id).any(-1)
-
-
-def generated_lengths(generated: torch.Tensor, eos_ids: torch.Tensor) -> torch.Tensor:
-    """``(B,)`` tokens up to and including the first EOS (``G`` when there is none)."""
-    is_eos = torch.isin(generated, eos_ids)
-    width = generated.shape[1]
-    index = torch.arange(width, device=generated.device).expand_as(generated)
-    first = torch.where(is_eos, index, torch.full_like(index, width)).min(-1).values
-    return torch.clamp(first + 1, max=width)
 
 
 class DiffusionDecoder:
@@ -169,6 +156,7 @@ class DiffusionDecoder:
             torch.cuda.synchronize if sync_timing and model.device.type == "cuda" else None
         )
         self.timer = HookTimer(self._sync)
+        self._forward_seconds = 0.0  # the model forwards of the last generate (DecodeSession resets it)
         self.pm = build_plugin_manager(self.composition, self.timer)
         self._speculates = self.composition.provider("dloom_draft") is not None
         if self._speculates and self.cache_refresh is not None:
@@ -379,134 +367,44 @@ class DiffusionDecoder:
         :raises NonFiniteLogitsError: when the model returns NaN or inf.
         """
         start_time = time.perf_counter()
-        self.timer.seconds.clear()
-        self._forward_seconds = 0.0
-        model, mask_id = self.model, self.mask_token_id
-        samples = self.temperature > 0 or self.remasking == "random"
-        prompt_ids, prompt_mask, streams = prepare_prompts(
-            model, prompts, attention_mask, row_offset, self.seed, samples
-        )
-        batch, prompt_len = prompt_ids.shape
-        width, gen_end = self.block_length, prompt_len + self.gen_length
-        if model.max_context is not None and gen_end > model.max_context:
-            raise ModelError(
-                f"prompt of {prompt_len} tokens + gen_length {self.gen_length} = {gen_end} "
-                f"exceeds the model's context of {model.max_context} tokens"
-            )
-        device = prompt_ids.device
-        tokens, full_mask, positions, start, region_end = self._layout(prompt_ids, prompt_mask)
-        gen_end = tokens.shape[1]
-        absolute = model.block_alignment == "absolute"
-        padded = bool((full_mask == 0).any())
-        eos_ids = torch.tensor(model.eos_token_ids, dtype=torch.long, device=device)
-        ids = None
-        if model.attention == "block-causal":
-            ids = (
-                absolute_block_ids(positions, width) if absolute
-                else block_ids(tokens.shape[1], prompt_len, width, device).expand(batch, -1)
-            )
-        forward = BlockForward(
-            model, self.cache, full_mask if padded else None, positions, start, width,
-            self.cache_refresh, ids,
-        )
-        x = tokens.clone()
-        kernel = KernelStep(
-            self.pm, self.temperature, self.remasking, streams, mask_id, eos_ids,
-            self.steps // (self.gen_length // width),
-            (torch.gather(x, 1, forward.block_columns) == mask_id).sum(-1), self.on_proposal,
-        )
-        rows = torch.arange(batch, device=device)  # each decoding row's index in the batch
-        block_index = torch.zeros_like(rows)
-        nfe = torch.zeros(batch, dtype=torch.long, device=device)
-        known = torch.zeros(batch, dtype=torch.bool, device=device)
-        previous = None  # (B, K, V): each row's last kernel step's distribution
-        counters = _Counters(self._speculates)
-        n_full, first_window, last_window = forward.plan().tolist()
-        can_draft, step = False, 0
-        while True:
-            columns = forward.block_columns
-            block = torch.gather(x, 1, columns)
-            decoding = selectable_positions(block, mask_id, eos_ids).any(-1)
-            accepted = None
-            if self._speculates and can_draft:
-                new_block, previous, accepted = self._speculative_step(
-                    x, rows, full_mask, block, decoding, known, previous, forward, kernel,
-                    (n_full, first_window, last_window), counters,
-                )
-            else:
-                logits, _ = self._timed(forward.run, x, n_full, first_window, last_window)
-                new_block = kernel(block, logits, decoding)
-                previous = logits
-                if observer is not None:
-                    observer(StepRecord(block_index.clone(), rows.clone(), block.clone(), logits, new_block.clone()))
-            x.scatter_(1, columns, new_block)
-            nfe.index_add_(0, rows, decoding.long())
-            block_done = ~selectable_positions(new_block, mask_id, eos_ids).any(-1)
-            finished = finished_rows(x[:, prompt_len:gen_end], mask_id, eos_ids)
-            moving = block_done & ~finished
-            forward.advance(moving)
-            kernel.start_block(moving, torch.gather(x, 1, forward.block_columns))
-            done_block = block_index
-            block_index = block_index + moving.long()
-            known = decoding & ~moving
-            status = [
-                kernel.non_finite, kernel.idle, finished.sum(),
-                *forward.plan(~finished), (known & ~finished).any(),
-            ]
-            if accepted is not None:
-                status += [accepted.sum(), decoding.sum()]
-            if on_block is not None:
-                status.append((block_done | finished).sum())
-            values = torch.stack([v.long() for v in status]).tolist()  # the step's one sync
-            self._check(step, values[0], values[1], block_index)
-            leaving, n_full, first_window, last_window = values[2:6]
-            can_draft = bool(values[6])
-            if accepted is not None:
-                counters.accepted += values[7]
-                counters.verifications += values[8]
-            step += 1
-            if on_block is not None and values[-1]:
-                done = block_done | finished
-                generated_columns = (columns >= prompt_len) & (torch.gather(full_mask[rows], 1, columns) == 1)
-                on_block(BlockRecord(done_block[done], rows[done], new_block[done], generated_columns[done]))
-            if leaving:
-                tokens.index_copy_(0, rows, x)
-                remaining = x.shape[0] - leaving
-                if remaining == 0:
-                    break
-                keep = torch.argsort(finished.long(), stable=True)[:remaining]
-                x, rows, known, block_index = x[keep], rows[keep], known[keep], block_index[keep]
-                previous = previous[keep]
-                forward.select(keep)
-                kernel.select(keep)
-        counters.forwards = step
-        counters.model_calls, counters.row_forwards = forward.calls, forward.row_forwards
-
-        generated = tokens[:, prompt_len:gen_end]
-        lengths = torch.minimum(generated_lengths(generated, eos_ids), region_end - prompt_len)
+        session = DecodeSession(self, observer, on_block)
+        batch = len(session.admit(prompts, attention_mask, row_offset=row_offset))
+        width = session.width
+        sequences = session.x.clone()
+        nfe = torch.zeros(batch, dtype=torch.long, device=sequences.device)
+        lengths = torch.zeros_like(nfe)
+        while session.size:
+            done = session.step()
+            if done is not None:
+                sequences.index_copy_(0, done.rows, done.sequences)
+                nfe.index_copy_(0, done.rows, done.nfe)
+                lengths.index_copy_(0, done.rows, done.lengths)
+        model = self.model
+        generated = sequences[:, width:]
         token_lists, texts = token_lists_and_texts(model, generated, lengths)
         hook_seconds = {"forward": self._forward_seconds, **self.timer.seconds}
+        tallies = session.tallies
         return GenerationResult(
-            sequences=tokens[:, :gen_end],
+            sequences=sequences,
             generated=generated,
             generated_lengths=lengths,
             nfe=nfe,
-            forwards=counters.forwards,
-            verifications=counters.verifications,
-            accepted_drafts=counters.accepted,
-            layout_exact=counters.exact,
+            forwards=tallies.forwards,
+            verifications=tallies.verifications,
+            accepted_drafts=tallies.accepted,
+            layout_exact=tallies.exact,
             wall_seconds=time.perf_counter() - start_time,
             hook_seconds=hook_seconds,
             config=self.config,
             texts=texts,
             token_lists=token_lists,
-            row_forwards=counters.row_forwards,
-            model_calls=counters.model_calls,
-            verification_forwards=counters.verification_forwards,
+            row_forwards=session.row_forwards,
+            model_calls=session.model_calls,
+            verification_forwards=tallies.verification_forwards,
         )
 
     def _speculative_step(
-        self, x, rows, full_mask, block, decoding, known, previous, forward, kernel, plan, counters,
+        self, x, attention_mask, block, decoding, known, previous, forward, kernel, plan, counters,
     ):
         """One step of a speculative composition: rows due a full forward (block start with a
         cache) take a plain step on it; the others are verified in one forward over their
@@ -520,7 +418,7 @@ class DiffusionDecoder:
         if self.cache != "none" and n_full:
             full_logits, full_rows = self._timed(forward.run, x, n_full, first_window, last_window, False)
         state = DecodeState(
-            tokens=x, attention_mask=full_mask[rows], block_start=forward.start,
+            tokens=x, attention_mask=attention_mask, block_start=forward.start,
             block_end=forward.start + self.block_length, mask_token_id=self.model.mask_token_id,
             active=decoding & ~full_rows, logits=previous, span_start=forward.window_start,
             known=known & ~full_rows, width=self.block_length, span_lead=forward.shift,
@@ -542,63 +440,3 @@ class DiffusionDecoder:
             torch.where(wide, full_logits, verdict.logits),
             verdict.accepted,
         )
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    """One plain step of the reference process, as an observer of
-    :meth:`DiffusionDecoder.generate` sees it (``B`` rows of the block, ``K``, ``V``).
-
-    :ivar block: ``(B,)`` long, each row's block index (rows progress independently).
-    :ivar rows: ``(B,)`` long, the rows' indices in the batch passed to ``generate``.
-    :ivar before: ``(B, K)`` long, the block before the step.
-    :ivar logits: ``(B, K, V)``, the distribution the step sampled from.
-    :ivar after: ``(B, K)`` long, the block after it.
-    """
-
-    block: torch.Tensor
-    rows: torch.Tensor
-    before: torch.Tensor
-    logits: torch.Tensor
-    after: torch.Tensor
-
-
-@dataclass(frozen=True)
-class BlockRecord:
-    """Blocks that rows finished in one step, as the ``on_block`` callback of
-    :meth:`DiffusionDecoder.generate` sees them (``B`` rows, ``K = block_length``). Rows
-    advance through their blocks independently, so each row names its own block.
-
-    :ivar blocks: ``(B,)`` long, each row's finished block (its index among that row's
-        blocks, from 0).
-    :ivar rows: ``(B,)`` long, the rows' indices in the batch passed to ``generate``.
-    :ivar tokens: ``(B, K)`` long, the blocks' final tokens (a later step never changes
-        them; positions after a row's EOS may stay masked).
-    :ivar generated: ``(B, K)`` bool, which of those positions are generated ones (with
-        ``block_alignment="absolute"`` a row's first block also holds the prompt's tail, and
-        its last one may run into padding).
-    """
-
-    blocks: torch.Tensor
-    rows: torch.Tensor
-    tokens: torch.Tensor
-    generated: torch.Tensor
-
-
-class _Counters:
-    """Per-generation tallies the decoder keeps while decoding blocks."""
-
-    def __init__(self, speculative: bool) -> None:
-        self.forwards = 0
-        self.model_calls = 0
-        self.row_forwards = 0  # rows in model calls, over all calls
-        self.verification_forwards = 0
-        self.verifications = 0  # row-verifications: rows decoding in a verification forward
-        self.accepted = 0  # drafts accepted, over all rows
-        # whether every verification layout was exact (vacuously so before the first one);
-        # None for a strategy that never speculates
-        self.exact: bool | None = True if speculative else None
-
-    def record_layout(self, exact: bool) -> None:
-        assert self.exact is not None, "a verification in a run without a draft hook"
-        self.exact = self.exact and exact

@@ -93,6 +93,13 @@ class RowStreams:
         if self.offset is not None:
             self.offset = self.offset[index]
 
+    def join(self, streams: torch.Tensor) -> None:
+        """Append rows drawing from ``streams`` (``(J,)`` long), each at its first draw."""
+        if self.offset is not None:
+            raise ValueError("rows cannot join streams keyed to position offsets")
+        self.streams = torch.cat([self.streams, streams])
+        self.draws = torch.cat([self.draws, torch.zeros_like(streams)])
+
 
 def uniform_noise(source, shape, tag: int, device) -> torch.Tensor:
     """Float64 uniforms in ``(0, 1)`` of ``shape`` from ``source``: a :class:`RowStreams`

@@ -116,6 +116,14 @@ class KernelStep:
         if isinstance(self.generator, RowStreams):
             self.generator.select(index)
 
+    def join(self, masked_at_start: torch.Tensor, streams: torch.Tensor) -> None:
+        """Append rows at the start of their first block: ``masked_at_start`` ``(J,)`` long,
+        their masked positions; ``streams`` ``(J,)`` long, their random streams."""
+        self.steps = torch.cat([self.steps, torch.zeros_like(masked_at_start)])
+        self.masked_at_start = torch.cat([self.masked_at_start, masked_at_start])
+        if isinstance(self.generator, RowStreams):
+            self.generator.join(streams)
+
 
 def follow_graph(graph: DraftGraph, node_logits: torch.Tensor, kernel: KernelStep) -> Verdict:
     """Take kernel steps from the root while each new block equals a draft (lossless).

@@ -14,7 +14,7 @@ server was full (429), abandoned by the client, or failed while decoding (500)."
 
 
 class ServerMetrics:
-    """Thread-safe tallies of requests, tokens, forwards and batches.
+    """Thread-safe tallies of requests, tokens, forwards and running batches.
 
     :param max_batch_size: the scheduler's, to report batch occupancy as a share.
     """
@@ -30,7 +30,8 @@ class ServerMetrics:
         self.forwards = 0
         self.batches = 0
         self.batch_rows = 0
-        self.last_batch_rows = 0
+        self.joined_rows = 0
+        self.last_step_rows = 0
 
     def count_request(self, outcome: str, prompt_tokens: int = 0, completion_tokens: int = 0) -> None:
         with self._lock:
@@ -42,12 +43,22 @@ class ServerMetrics:
         with self._lock:
             self.cancelled_rows[stage] += 1
 
-    def count_batch(self, rows: int, forwards: int, nfe: int) -> None:
+    def count_joined(self, rows: int, started: bool) -> None:
+        """``rows`` joined a lane's running batch (``started``: the batch was empty)."""
         with self._lock:
-            self.batches += 1
-            self.batch_rows += rows
-            self.last_batch_rows = rows
-            self.forwards += forwards
+            self.batches += started
+            self.joined_rows += 0 if started else rows
+
+    def count_step(self, rows: int) -> None:
+        """A running batch of ``rows`` took one step (one forward, or a verification)."""
+        with self._lock:
+            self.forwards += 1
+            self.last_step_rows = rows
+
+    def count_finished(self, nfe: int) -> None:
+        """A row finished after ``nfe`` forwards."""
+        with self._lock:
+            self.batch_rows += 1
             self.nfe += nfe
 
     def render(self, load: dict[str, int]) -> str:
@@ -71,18 +82,22 @@ class ServerMetrics:
                    "Generated tokens returned by completed requests.", {"": self.completion_tokens})
             metric("dloom_nfe_total", "counter", "Row forwards (NFE summed over decoded rows).",
                    {"": self.nfe})
-            metric("dloom_forwards_total", "counter", "Batched forward calls of the model.",
+            metric("dloom_forwards_total", "counter", "Steps of running batches (one batched forward, or a verification, each).",
                    {"": self.forwards})
-            metric("dloom_batches_total", "counter", "generate() calls (batches decoded).",
+            metric("dloom_batches_total", "counter",
+                   "Running batches started (a batch runs while it has rows; rows join and leave it).",
                    {"": self.batches})
             metric("dloom_batch_rows_total", "counter", "Rows decoded, over all batches.",
                    {"": self.batch_rows})
-            occupancy = self.last_batch_rows / self.max_batch_size
+            metric("dloom_joined_rows_total", "counter",
+                   "Rows that joined a batch already decoding other rows (continuous batching).",
+                   {"": self.joined_rows})
+            occupancy = self.last_step_rows / self.max_batch_size
         metric("dloom_queue_depth", "gauge", "Rows waiting for a batch.", {"": load["waiting"]})
         metric("dloom_running_rows", "gauge", "Rows being decoded now.", {"": load["running"]})
         metric("dloom_admitted_tokens", "gauge",
                "Tokens of admitted rows (waiting or decoding), bounded by the budget.",
                {"": load["admitted_tokens"]})
         metric("dloom_batch_occupancy", "gauge",
-               "Rows of the last batch over max_batch_size.", {"": occupancy})
+               "Rows of the latest step's batch over max_batch_size.", {"": occupancy})
         return "\n".join(lines) + "\n"

@@ -1,5 +1,5 @@
 """The request scheduler: a bounded queue, one lane per decoder settings, and one worker
-that decodes a lane's waiting rows as one batch.
+that keeps a running batch per lane (continuous batching at block boundaries).
 
 * **Admission and back-pressure.** A request's rows cost ``prompt tokens + gen_length``
   each; the scheduler admits rows while the tokens of all admitted rows (waiting or
@@ -7,26 +7,24 @@ that decodes a lane's waiting rows as one batch.
   (HTTP 429), so memory and waiting time stay bounded whatever the load.
 * **Lanes.** Rows whose settings build the same decoder (:class:`~dloom.serve.decoders.
   LaneKey`) wait in one lane; only rows of one lane can share a forward batch.
-* **Request-level dynamic batching.** One worker thread owns the device. Each time it is
-  free it takes the lane whose oldest row has waited longest and decodes up to
-  ``max_batch_size`` of that lane's waiting rows in one
-  :meth:`~dloom.DiffusionDecoder.generate` call. Rows arriving meanwhile wait for the next
-  call.
+* **Continuous batching.** One worker thread owns the device. Each lane with rows has one
+  running batch, a :class:`~dloom.running_batch.DecodeSession`; the worker takes the lanes
+  in turn, one step (one forward of the batch) at a time. Before each step the lane's
+  waiting rows join its batch, oldest first, up to ``max_batch_size`` rows in it: a row
+  joins between two forwards, at its own first block boundary, while the rows already there
+  go on with their blocks. A row leaves the batch in the step it finishes (per-row block
+  progression), and its answer is posted then; its place and its tokens are free for the
+  next step.
 * **Batch invariance.** Under greedy decoding a row's tokens do not depend on the other
-  rows of its batch (the engine pads on the left and masks the padding), so every response
-  equals decoding its prompt alone offline; ``tests/test_serve.py`` checks it under load.
-  A sampling row draws from its own random stream, keyed to the lane's seed and the row's
-  index in its request (:attr:`Job.index`, passed as ``row_offset``), so a seeded request
-  decodes exactly as ``generate`` of its own prompts with that seed, whatever shares its
-  batch.
-* **Cancellation.** A row cancelled before its batch starts leaves the queue and frees its
-  tokens at once. A row cancelled while decoding keeps its place until the batch ends
-  (a batch is one ``generate`` call); its output is discarded.
-
-Block-boundary joins (continuous batching) replace one method, :meth:`Scheduler._decode`:
-the engine already retires a finished row at once (per-row block progression); a
-block-boundary version would also admit the lane's waiting rows at every block boundary and
-retire cancelled rows there, posting the same events.
+  rows of its batch, nor on when it joined (the engine pads on the left, masks the padding,
+  and starts a joining row with its own full forward), so every response equals decoding
+  its prompt alone offline; ``tests/test_serve.py`` checks it under load. A sampling row
+  draws from its own random stream, keyed to the lane's seed and the row's index in its
+  request (:attr:`Job.index`, passed as ``row_offset``), so a seeded request decodes exactly
+  as ``generate`` of its own prompts with that seed, whatever shares its batch.
+* **Cancellation.** A row cancelled while it waits leaves the queue and frees its tokens at
+  once. A row cancelled while decoding is withdrawn from its batch before the batch's next
+  forward, and frees its place and its tokens then.
 """
 
 from __future__ import annotations
@@ -35,9 +33,10 @@ import threading
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from dloom.engine import BlockRecord, DiffusionDecoder
+from dloom.running_batch import DecodeSession
 from dloom.errors import ConfigurationError, DloomError
 from dloom.serve.decoders import LaneKey, Resolved
 from dloom.serve.metrics import ServerMetrics
@@ -56,13 +55,13 @@ class BlockTokens:
 
 @dataclass(frozen=True)
 class Finished:
-    """Event: a row's final output and the figures of the batch that decoded it.
+    """Event: a row's final output and the figures of the running batch that decoded it.
 
     :ivar tokens: generated tokens up to and including the first EOS.
     :ivar nfe: forwards in which the row was decoding.
-    :ivar batch_rows: rows of the batch that decoded it.
-    :ivar forwards: forward calls of that batch.
-    :ivar speculation: the batch's speculation figures (``None`` without speculation).
+    :ivar batch_rows: the most rows the batch held while the row was in it.
+    :ivar forwards: forwards of the batch while the row was in it.
+    :ivar speculation: the batch's speculation figures so far (``None`` without speculation).
     """
 
     tokens: list[int]
@@ -91,6 +90,7 @@ class Job:
     :ivar post: delivers an event to the request (called from the worker thread).
     :ivar index: the prompt's index in its request (``0 .. n-1``): its random stream.
     :ivar state: ``queued``, ``running``, ``done`` or ``cancelled``.
+    :ivar row: its id in its lane's running batch, once it has joined.
     """
 
     prompt: list[int]
@@ -101,22 +101,37 @@ class Job:
     state: str = "queued"
     lane: LaneKey | None = None
     submitted: float = field(default_factory=time.perf_counter)
+    row: int | None = None
+    joined_at: int = 0  # the batch's forwards when the row joined
+    batch_rows: int = 0  # the most rows the batch held while the row was in it
 
 
 @dataclass(eq=False)
 class Lane:
-    """The waiting rows of one decoder setting."""
+    """The rows of one decoder setting: waiting, and in its running batch.
+
+    :ivar running: the rows in the batch by their ids (the worker's alone to change).
+    :ivar withdrawn: ids of rows cancelled while decoding, to leave before the next step.
+    """
 
     key: LaneKey
     decoder: DiffusionDecoder
     waiting: deque[Job] = field(default_factory=deque)
+    session: DecodeSession | None = None
+    running: dict[int, Job] = field(default_factory=dict)
+    withdrawn: list[int] = field(default_factory=list)
+    joining: int = 0  # rows taken from the queue that the worker is admitting now
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not self.running and not self.joining
 
 
 class Scheduler:
     """Queue, lanes and the worker thread (see the module docstring).
 
     :param gen_length: generated positions per row (the cost of a row beyond its prompt).
-    :param max_batch_size: rows per ``generate`` call, at most.
+    :param max_batch_size: rows in a lane's running batch, at most.
     :param max_tokens: token budget of all admitted rows (waiting or decoding).
     :param metrics: where batch figures are counted.
     """
@@ -170,17 +185,19 @@ class Scheduler:
             self._ready.notify()
 
     def cancel(self, job: Job) -> None:
-        """Withdraw a row: a waiting one leaves the queue now, a decoding one is discarded
-        when its batch ends; a finished one is left as it is."""
+        """Withdraw a row: a waiting one leaves the queue now, a decoding one leaves its batch
+        before the batch's next forward; a finished one is left as it is."""
         with self._ready:
             if job.state == "queued" and job.lane is not None:  # a queued job has its lane
                 lane = self._lanes[job.lane]
                 lane.waiting.remove(job)
-                if not lane.waiting:
+                if lane.idle:
                     del self._lanes[job.lane]
                 self._admitted_tokens -= job.cost
                 self.metrics.count_cancelled("queued")
             elif job.state == "running":
+                if job.row is not None and job.lane is not None:  # else it is joining now: the worker withdraws it
+                    self._lanes[job.lane].withdrawn.append(job.row)
                 self.metrics.count_cancelled("running")
             else:
                 return
@@ -201,7 +218,8 @@ class Scheduler:
         self._worker.start()
 
     def stop(self) -> None:
-        """Let the running batch finish, then stop the worker (waiting rows stay queued)."""
+        """Let the running batches finish (no row joins them), then stop the worker (waiting
+        rows stay queued)."""
         with self._ready:
             self._stopping = True
             self._ready.notify_all()
@@ -214,60 +232,132 @@ class Scheduler:
             with self._ready:
                 while not self._stopping and not self._lanes:
                     self._ready.wait()
-                if self._stopping:
+                if self._stopping and not self._running:
                     return
-                lane, jobs = self._take()
-            self._decode(lane, jobs)
+                lane = self._next_lane()
+                self._withdraw(lane)
+                joining = [] if self._stopping else self._take(lane)
+            self._step(lane, joining)
 
-    def _take(self) -> tuple[Lane, list[Job]]:
-        """The next batch (lock held): the lane whose oldest row has waited longest, up to
-        ``max_batch_size`` of its rows."""
-        lane = min(self._lanes.values(), key=lambda lane: lane.waiting[0].submitted)
-        jobs = [lane.waiting.popleft() for _ in range(min(self.max_batch_size, len(lane.waiting)))]
-        if not lane.waiting:
-            del self._lanes[lane.key]
+    def _next_lane(self) -> Lane:
+        """The lane whose turn it is (lock held): lanes take one step each in turn (while
+        stopping, only lanes with a running batch)."""
+        lane = next(lane for lane in self._lanes.values() if lane.running or not self._stopping)
+        self._lanes.move_to_end(lane.key)
+        return lane
+
+    def _withdraw(self, lane: Lane) -> None:
+        """Take the rows cancelled while decoding out of ``lane``'s batch (lock held)."""
+        if not lane.withdrawn:
+            return
+        withdrawn, lane.withdrawn = lane.withdrawn, []
+        rows = [row for row in withdrawn if row in lane.running]
+        self._release([lane.running.pop(row) for row in rows])
+        if lane.session is not None:
+            lane.session.cancel(rows)
+
+    def _take(self, lane: Lane) -> list[Job]:
+        """The lane's waiting rows that join its batch now, oldest first (lock held)."""
+        free = self.max_batch_size - len(lane.running)
+        jobs = [lane.waiting.popleft() for _ in range(min(free, len(lane.waiting)))]
         for job in jobs:
             job.state = "running"
         self._running += len(jobs)
-        return lane, jobs
+        lane.joining = len(jobs)
+        return jobs
 
-    def _decode(self, lane: Lane, jobs: list[Job]) -> None:
-        """Decode ``jobs`` as one batch and post every row's events (the one place that
-        decides how rows share the device; see the module docstring)."""
-        on_block = self._streamer(jobs) if any(job.stream for job in jobs) else None
+    def _release(self, jobs: list[Job]) -> None:
+        """Free the places and tokens of rows that left their batch (lock held)."""
+        self._running -= len(jobs)
+        self._admitted_tokens -= sum(job.cost for job in jobs)
+
+    def _step(self, lane: Lane, joining: list[Job]) -> None:
+        """Admit ``joining`` into ``lane``'s running batch, take one step, post the events of
+        the rows that finished (the one place that decides how rows share the device)."""
+        if lane.session is None:
+            lane.session = DecodeSession(lane.decoder)
+        session = lane.session
+        failed: list[tuple[Job, Event]] = []
+        if joining:
+            failed = self._admit(lane, joining)
+        session.on_block = self._streamer(lane) if any(job.stream for job in lane.running.values()) else None
+        events: list[tuple[Job, Event]] = []
+        size = session.size
         try:
-            result = lane.decoder.generate(
-                [job.prompt for job in jobs], on_block=on_block, row_offset=[job.index for job in jobs]
-            )
-        except Exception as error:  # noqa: BLE001 - every waiting client must hear of it
-            events: list[Event] = [Failed(error)] * len(jobs)
+            done = session.step() if size else None
+        except Exception as error:  # noqa: BLE001 - every client of the batch must hear of it
+            with self._ready:
+                jobs = list(lane.running.values())
+                lane.running.clear()
+                lane.withdrawn.clear()
+                lane.session = None
+                self._release(jobs)
+                events = self._deliver(jobs, [Failed(error)] * len(jobs))
         else:
-            nfe = result.nfe.tolist()
-            speculation = result.speculation
-            events = [
-                Finished(result.token_lists[i], nfe[i], len(jobs), result.forwards, speculation)
-                for i in range(len(jobs))
-            ]
-            self.metrics.count_batch(len(jobs), result.forwards, sum(nfe))
+            if size:
+                self.metrics.count_step(size)
+            if done is not None:
+                rows, tokens, nfe = done.rows.tolist(), done.token_lists(), done.nfe.tolist()
+                with self._ready:
+                    jobs = [lane.running.pop(row) for row in rows]
+                    self._release(jobs)
+                    finished = [
+                        Finished(t, n, job.batch_rows, session.forwards - job.joined_at, session.speculation)
+                        for job, t, n in zip(jobs, tokens, nfe)
+                    ]
+                    for n in nfe:
+                        self.metrics.count_finished(n)
+                    events = self._deliver(jobs, finished)
         with self._ready:
-            self._running -= len(jobs)
-            self._admitted_tokens -= sum(job.cost for job in jobs)
-            delivered = [job for job in jobs if job.state == "running"]
-            for job in delivered:
-                job.state = "done"
-        for job, event in zip(jobs, events):
-            if job in delivered:
-                job.post(event)
+            if lane.idle and self._lanes.get(lane.key) is lane:
+                del self._lanes[lane.key]
+        for job, event in failed + events:
+            job.post(event)
+
+    def _admit(self, lane: Lane, joining: list[Job]) -> list[tuple[Job, Event]]:
+        """Rows join the lane's batch; the events of rows that could not (their prompt was
+        refused: the batch goes on without them)."""
+        session = lane.session
+        assert session is not None, "the lane's batch is made before rows join it"
+        started = session.size == 0
+        try:
+            ids = session.admit([job.prompt for job in joining], row_offset=[job.index for job in joining])
+        except Exception as error:  # noqa: BLE001 - the rows' clients must hear of it
+            with self._ready:
+                lane.joining = 0
+                self._release(joining)
+                return self._deliver(joining, [Failed(error)] * len(joining))
+        self.metrics.count_joined(len(joining), started)
+        with self._ready:
+            lane.joining = 0
+            for job, row in zip(joining, ids):
+                job.row, job.joined_at = row, session.forwards
+                lane.running[row] = job
+                if job.state == "cancelled":  # its client left while it was joining
+                    lane.withdrawn.append(row)
+            for job in lane.running.values():
+                job.batch_rows = max(job.batch_rows, session.size)
+        return []
 
     @staticmethod
-    def _streamer(jobs: list[Job]) -> Callable[[BlockRecord], None]:
+    def _deliver(jobs: list[Job], events: Sequence[Event]) -> list[tuple[Job, Event]]:
+        """The events of the rows still wanted (lock held); they are done now."""
+        delivered = []
+        for job, event in zip(jobs, events):
+            if job.state == "running":
+                job.state = "done"
+                delivered.append((job, event))
+        return delivered
+
+    @staticmethod
+    def _streamer(lane: Lane) -> Callable[[BlockRecord], None]:
         """The engine's ``on_block`` callback: each streamed row's block tokens, posted as
         they land (one host copy per block, not per row)."""
 
         def on_block(record: BlockRecord) -> None:
             rows, tokens, generated = record.rows.tolist(), record.tokens.tolist(), record.generated.tolist()
             for row, block, keep in zip(rows, tokens, generated):
-                job = jobs[row]
+                job = lane.running[row]
                 if job.stream and job.state == "running":
                     job.post(BlockTokens([token for token, new in zip(block, keep) if new]))
 
