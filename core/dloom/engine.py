@@ -39,7 +39,7 @@ from dloom.kernel import REMASKING, RowStreams
 from dloom.metrics import GenerationResult, HookTimer
 from dloom.prompt_validation import check_lengths, check_prompts, check_special_ids, vocabulary_size
 from dloom.registry import Registry
-from dloom.speculation import KernelStep, layout_is_exact, node_logits, selectable_positions
+from dloom.speculation import KernelStep, NodeLogits, layout_is_exact, selectable_positions
 from dloom.types import DecodeState
 
 Prompts = Sequence[str] | Sequence[Sequence[int]] | torch.Tensor
@@ -309,8 +309,7 @@ class DiffusionDecoder:
         graph = hooks.prune(self.pm, graph, self.draft_budget)
         layout = hooks.build_mask(self.pm, state, graph)
         outputs = self._timed(forward.evaluate, state.tokens, layout, first_window)
-        all_logits = node_logits(outputs, layout, self.block_length)
-        verdict = hooks.verify(self.pm, state, graph, all_logits, kernel)
+        verdict = hooks.verify(self.pm, state, graph, NodeLogits(outputs, layout, self.block_length), kernel)
         return verdict, layout_is_exact(layout, self.cache, self.model.attention)
 
     def _check(self, forward: int, non_finite: int, idle: int, blocks: torch.Tensor) -> None:

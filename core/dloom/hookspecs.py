@@ -173,9 +173,10 @@ def dloom_verify(
 
     :param state: the state the forward started from.
     :param graph: the graph that was evaluated.
-    :param logits: ``(B, N + 1, K, V)``, the distribution of every node's block as the
-        forward computed it (node 0: the root); meaningless where ``graph.valid`` is
-        ``False``.
+    :param logits: the distribution of every node's block as the forward computed it
+        (node 0: the root), a :class:`~dloom.speculation.NodeLogits` of shape
+        ``(B, N + 1, K, V)`` read lazily: ``logits.of(node)`` gives ``(B, K, V)``, row
+        ``b``'s node ``node[b]``; meaningless where ``graph.valid`` is ``False``.
     :param kernel: one step of the transition kernel: ``kernel(block, logits, advance)``
         maps ``(B, K)`` blocks and their ``(B, K, V)`` logits to the next blocks; rows where
         the ``(B,)`` bool ``advance`` is ``False`` are returned unchanged and take no step.
