@@ -288,7 +288,7 @@ def _matches_with_elisions(shown, actual, where: str = "graph") -> None:
 def test_the_spiffy_page_shows_the_shipped_quota_graph():
     page = (DOCS / "strategies" / "spiffy.md").read_text()
     example = json.loads(re.search(r"```json\n(.*?)```", page, re.S).group(1))
-    shipped = json.loads((ROOT / "plugins" / "spiffy" / "graphs" / "toy-dllm__quota__b8.json").read_text())
+    shipped = json.loads((ROOT / "plugins" / "dloom_plugins" / "spiffy" / "graphs" / "toy-dllm__quota__b8.json").read_text())
     _matches_with_elisions(example, shipped)
 
 
