@@ -7,8 +7,16 @@ dual) x batch size x generation length, one run measures:
 - ``wasted``: the share of row-forwards (rows summed over every model call, counted by a
   hook on the model) spent on rows that took no kernel step: ``1 - sum(NFE) / row-forwards``
   (plain rules; a speculative step's layout rows are drafts, not waste, so it is left out);
+- ``loop/step``: the time outside the model's forwards per step, ``(wall - forward) / steps``
+  (the loop's own cost; the table computes it from the recorded times);
 - ``syncs_per_forward``: device-to-host reads of the decoder (``.tolist()``, ``.item()``,
   ``bool``/``int`` of a tensor, ``torch.nonzero``) per step, counted by patching them;
+- ``memory``: the peak resident memory one ``generate`` of a batch adds, over the peak a
+  bare ``model(input_ids)`` forward of the same ``(B, L)`` shape adds (its full logits
+  kept); Linux only (the peak is reset through ``/proc/self/clear_refs``). Run as a script,
+  the benchmark restarts itself with ``MALLOC_MMAP_THRESHOLD_`` fixed, so that glibc returns
+  freed tensors to the system and the peak follows live memory; ``memory_rows`` is the most
+  rows one model call of that ``generate`` held (a speculative layout's rows);
 - for threshold without a cache, ``vs_hand_loop``: dloom's wall time over that of a minimal
   hand-written Fast-dLLM threshold loop decoding the same prompts (the yardstick a user
   would write: block by block, every row of the batch until the block is done).
@@ -28,7 +36,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import statistics
+import sys
 import time
 import warnings
 from contextlib import contextmanager
@@ -77,6 +88,45 @@ def counting_syncs(model: torch.nn.Module):
         torch.nonzero = nonzero
         pre.remove()
         post.remove()
+
+
+MMAP_THRESHOLD = "65536"  # bytes: larger allocations are mapped, and unmapped when freed
+
+
+def _status_mib(field: str) -> float:
+    text = open("/proc/self/status").read()
+    return int(re.search(rf"{field}:\s+(\d+)", text).group(1)) / 1024
+
+
+def peak_memory_mib(call) -> tuple[float | None, Any]:
+    """Peak resident memory (MiB) above the current level while ``call()`` runs, and its
+    result; ``None`` where ``/proc/self/clear_refs`` cannot reset the peak (not Linux)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")  # resets VmHWM to the current resident size
+    except OSError:
+        return None, call()
+    base = _status_mib("VmRSS")
+    out = call()
+    return _status_mib("VmHWM") - base, out
+
+
+def memory_ratio(adapter, decoder, chunk: list[str], calls: list[int]) -> dict[str, Any]:
+    """Peak memory of one ``generate`` of ``chunk`` over that of a bare forward of its
+    ``(B, L)`` shape (see the module docstring)."""
+    first = len(calls)
+    generated, result = peak_memory_mib(lambda: decoder.generate(chunk))
+    rows = max(calls[first:], default=0)
+    shape = result.sequences.shape
+    ids = torch.randint(0, adapter.mask_token_id, shape)
+    with torch.no_grad():
+        adapter.model(input_ids=ids)  # warm-up of this shape
+        bare, _ = peak_memory_mib(lambda: adapter.model(input_ids=ids).logits)
+    return {
+        "memory_mib": generated, "bare_memory_mib": bare,
+        "memory": generated / bare if generated is not None and bare else None,
+        "memory_rows": rows, "memory_shape": list(shape),
+    }
 
 
 def prompts_for(adapter, count: int) -> list[str]:
@@ -140,15 +190,18 @@ def run_case(adapter, strategy: str, cache: str, batch: int, gen_length: int, bl
                 forward += result.hook_seconds["forward"]
                 nfe += int(result.nfe.sum())
                 steps += result.forwards
+        timed_calls = len(calls)
+        memory = memory_ratio(adapter, decoder, chunks[0], calls)  # outside the sync count
     finally:
         hook.remove()
     row = {
         "strategy": strategy, "cache": cache, "batch": batch, "gen_length": gen_length,
         "block_length": block_length, "prompts": len(prompts), "steps": steps,
-        "model_calls": len(calls), "row_forwards": sum(calls), "nfe": nfe,
+        "model_calls": timed_calls, "row_forwards": sum(calls[:timed_calls]), "nfe": nfe,
         "wall_s": wall, "forward_s": forward, "overhead": wall / forward if forward else None,
         "syncs_per_forward": syncs["decoder"] / steps,
-        "wasted": None if strategy.startswith("spiffy") else 1 - nfe / sum(calls),
+        "wasted": None if strategy.startswith("spiffy") else 1 - nfe / sum(calls[:timed_calls]),
+        **memory,
     }
     if strategy == "threshold" and cache == "none":
         started = time.perf_counter()
@@ -166,13 +219,19 @@ def markdown(after: list[dict[str, Any]], before: list[dict[str, Any]] | None = 
     key = lambda r: (r["strategy"], r["cache"], r["batch"], r["gen_length"], r["block_length"])
     old = {key(r): r for r in before or []}
     pct = lambda v: "-" if v is None else f"{v:.1%}"
+    times = lambda v: "-" if v is None else f"{v:.2f}×"
     lines = [
-        "| strategy | cache | batch | gen | block | wall (s) | overhead | wasted | syncs/forward | vs hand loop |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| strategy | cache | batch | gen | block | wall (s) | overhead | wasted | loop/step (ms) | syncs/forward | memory | vs hand loop |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in after:
         was = old.get(key(row))
-        pair = lambda field, fmt: fmt(row[field]) if was is None else f"{fmt(was[field])} → {fmt(row[field])}"  # noqa: B023 - used in this iteration only
+        for each in (row, was or {}):
+            if "wall_s" in each:  # time outside the model per step
+                each.setdefault("loop_ms", 1000 * (each["wall_s"] - each["forward_s"]) / each["steps"])
+        pair = lambda field, fmt: (  # noqa: B023 - used in this iteration only
+            fmt(row.get(field)) if was is None else f"{fmt(was.get(field))} → {fmt(row.get(field))}"  # noqa: B023
+        )
         hand = "-"
         if "vs_hand_loop" in row:
             hand = f"{row['vs_hand_loop']:.2f}× ({row['vs_hand_loop_per_step']:.2f}× per step)"
@@ -180,7 +239,8 @@ def markdown(after: list[dict[str, Any]], before: list[dict[str, Any]] | None = 
             f"| {row['strategy']} | {row['cache']} | {row['batch']} | {row['gen_length']} | "
             f"{row['block_length']} | {pair('wall_s', lambda v: f'{v:.2f}')} | "
             f"{pair('overhead', lambda v: f'{v:.2f}×')} | {pair('wasted', pct)} | "
-            f"{pair('syncs_per_forward', lambda v: f'{v:.2f}')} | {hand} |"
+            f"{pair('loop_ms', lambda v: f'{v:.2f}')} | "
+            f"{pair('syncs_per_forward', lambda v: f'{v:.2f}')} | {pair('memory', times)} | {hand} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -221,7 +281,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                         print(
                             f"{strategy:17s} {cache:6s} B={batch:<3d} G={gen_length} K={block_length:<3d} "
                             f"overhead {row['overhead']:.2f}x wasted {wasted:>6s} "
-                            f"syncs/fwd {row['syncs_per_forward']:.2f}"
+                            f"syncs/fwd {row['syncs_per_forward']:.2f} memory "
+                            + ("-" if row["memory"] is None else f"{row['memory']:.2f}x")
                             + (f" vs hand loop {row['vs_hand_loop']:.2f}x (per step "
                                f"{row['vs_hand_loop_per_step']:.2f}x)" if "vs_hand_loop" in row else ""),
                             flush=True,
@@ -246,4 +307,7 @@ def test_engine_step(benchmark):
 
 
 if __name__ == "__main__":
+    if sys.platform == "linux" and os.environ.get("MALLOC_MMAP_THRESHOLD_") != MMAP_THRESHOLD:
+        # glibc reads it at start-up only: restart with it (see ``memory`` above)
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "MALLOC_MMAP_THRESHOLD_": MMAP_THRESHOLD})
     main()

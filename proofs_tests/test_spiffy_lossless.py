@@ -197,14 +197,14 @@ class ReusesAMismatchedDraft(Spiffy):
 
     @hookimpl
     def dloom_verify(self, state, graph, logits, kernel) -> Verdict:
-        block = kernel(graph.tokens[:, 0], logits[:, 0], graph.valid[:, 0])
+        root = torch.zeros_like(graph.tokens[:, 0, 0])
+        block = kernel(graph.tokens[:, 0], logits.of(root), graph.valid[:, 0])
         mask = state.mask_token_id
         same_positions = ((graph.tokens == mask) == (block == mask).unsqueeze(1)).all(-1)
         hits = graph.children(torch.zeros_like(block[:, 0])) & graph.valid & same_positions
         found = hits.any(-1) & (block == mask).any(-1)
         node = hits.long().argmax(-1)
-        rows = torch.arange(block.shape[0])
-        wrong = torch.where(found[:, None, None], logits[rows, node], logits[:, 0])
+        wrong = torch.where(found[:, None, None], logits.of(node), logits.of(root))
         nxt = kernel(block, wrong, found)
         return Verdict(block=nxt, logits=wrong, accepted=found.long())
 

@@ -496,3 +496,73 @@ def test_absolute_alignment_puts_the_prompts_last_partial_block_first(sharp_adap
 def test_block_alignment_must_be_known(sharp_adapter):
     with pytest.raises(ModelError, match="block_alignment 'zero' is not supported; allowed: prompt, absolute"):
         aligned(sharp_adapter, "zero")
+
+
+# --- the record view: cached forwards read the record without copying it ----------------
+
+
+def _recorded(adapter, tokens, mask, positions):
+    """A full forward's record, per layer ``(B, H, L, D)`` keys and values."""
+    cache = DynamicCache()
+    with torch.no_grad():
+        adapter.model(
+            input_ids=tokens, attention_mask=model_mask(mask.bool()[:, None, None, :].expand(
+                -1, 1, tokens.shape[1], -1), adapter.model), position_ids=positions,
+            use_cache=True, **{cache_argument(adapter.model): cache},
+        )
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+@pytest.mark.parametrize("rows", [None, [0, 0, 1, 3, 3, 3, 2]], ids=["every-row", "repeated-rows"])
+def test_record_view_gives_a_copied_caches_logits_bit_for_bit_and_keeps_nothing(tiny_adapter, rows):
+    """A window forward reading the record through :func:`record_view` gives exactly the
+    logits of one reading a ``DynamicCache`` copy of the rows' record; the record is left
+    untouched, and the view holds no per-row copy once the forward returns (a
+    ``DynamicCache`` keeps every layer's concatenation with the window: the negative
+    control)."""
+    from dloom.cache import record_view
+
+    tokens, mask, positions, width = padded_state(PROMPTS, 12)
+    store = _recorded(tiny_adapter, tokens, mask, positions)
+    before = [(k.clone(), v.clone()) for k, v in store]
+    index = None if rows is None else torch.tensor(rows)
+    pick = (lambda t: t) if index is None else (lambda t: t[index])
+    start, window = width + 4, 4
+    columns = torch.arange(start, start + window)
+    keys = pick(mask).bool()
+    length = tokens.shape[1]
+    attend = torch.cat([keys & ((torch.arange(length) < start) | (torch.arange(length) >= start + window)),
+                        torch.ones(keys.shape[0], window, dtype=torch.bool)], dim=1)
+    attend = model_mask(attend[:, None, None, :].expand(-1, 1, window, -1), tiny_adapter.model)
+    inputs = dict(input_ids=pick(tokens)[:, columns], attention_mask=attend,
+                  position_ids=pick(positions)[:, columns], use_cache=True)
+    name = cache_argument(tiny_adapter.model)
+    view = record_view(store, index)
+    copied = DynamicCache(ddp_cache_data=[(pick(k), pick(v)) for k, v in store])
+    with torch.no_grad():
+        through_view = tiny_adapter.model(**inputs, **{name: view}).logits
+        through_copy = tiny_adapter.model(**inputs, **{name: copied}).logits
+    assert torch.equal(through_view, through_copy)
+    for (keys_now, values_now), (keys_then, values_then), layer in zip(store, before, view.layers):
+        assert torch.equal(keys_now, keys_then) and torch.equal(values_now, values_then)
+        assert layer.keys is keys_now and layer.values is values_now  # no copy kept
+    assert all(layer.keys.shape[-2] == length + window for layer in copied.layers)
+
+
+def test_cached_decoding_reads_the_record_through_views(monkeypatch, tiny_adapter):
+    """Every cached forward of a decode (plain and verification) reads the record through a
+    :func:`record_view`, never a copied ``DynamicCache``."""
+    from dloom import cache as cache_module
+
+    views = []
+    original = cache_module.record_view
+
+    def counted(store, rows):
+        views.append(rows is None or rows.shape[0])
+        return original(store, rows)
+
+    monkeypatch.setattr(cache_module, "record_view", counted)
+    with pytest.warns(UserWarning, match="uncalibrated default graph"):
+        decoder = DiffusionDecoder(tiny_adapter, "spiffy", gen_length=16, block_length=8, cache="dual")
+    result = decoder.generate(PROMPTS)
+    assert result.verification_forwards > 0 and len(views) >= result.verification_forwards

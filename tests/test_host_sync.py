@@ -28,6 +28,7 @@ import torch
 
 from conftest import MASK_ID, PAD_ID, sharpen, tiny_model
 from dloom import DiffusionDecoder, ModelAdapter, hookimpl
+from dloom_plugins.spiffy import Spiffy
 
 PER_CALL = 4  # padding check, the first step's plan, lengths and tokens to lists
 
@@ -213,7 +214,32 @@ def test_speculation_syncs_a_constant_per_verification(monkeypatch, layout, cach
         )
     counter, result = count(monkeypatch, decoder, prompts)
     assert result.accepted_drafts > 0 and result.verification_forwards > 0
+    assert_speculation_pinned(counter, result)
+    assert not counter.model
+
+
+def assert_speculation_pinned(counter: SyncCounter, result) -> None:
     total = sum(counter.decoder.values())
     expected = result.forwards + result.verification_forwards * PER_VERIFICATION + PER_CALL
     assert total == expected, f"{total} syncs, expected {expected}: {dict(counter.decoder)}"
-    assert not counter.model
+
+
+class VerifierReadingTheDevice(Spiffy):
+    """Spiffy with one extra host read per verification forward (``bool(on_graph.any())``,
+    one of the reads the verifier once made): the exact count must flag it."""
+
+    @hookimpl
+    def dloom_verify(self, state, graph, logits, kernel):
+        verdict = super().dloom_verify(state, graph, logits, kernel)
+        if bool(verdict.accepted.any()):  # a sync per verification forward
+            pass
+        return verdict
+
+
+def test_negative_control_one_more_sync_per_verification_is_caught(monkeypatch):
+    with pytest.warns(UserWarning, match="uncalibrated default graph"):
+        decoder = DiffusionDecoder(adapter(), [VerifierReadingTheDevice(), "quota"], gen_length=32, block_length=8)
+    counter, result = count(monkeypatch, decoder, PADDED)
+    assert result.verification_forwards > 0
+    with pytest.raises(AssertionError, match="syncs, expected"):
+        assert_speculation_pinned(counter, result)

@@ -430,3 +430,73 @@ def test_spiffy_over_quota_accepts_several_drafts_per_verification():
     prompts = [e.prompt for e in select_examples("all", 4, seed=0)]
     result = DiffusionDecoder(load_model("toy-dllm"), "spiffy+quota").generate(prompts)
     assert result.accepted_drafts >= 2 * result.verifications
+
+
+# --- lazily read node logits ---------------------------------------------------------------
+
+
+def test_node_logits_of_a_node_are_its_spans_outputs(tmp_path):
+    """``NodeLogits.of`` reads, for each row, its node's span out of the forward's outputs
+    (the materialised ``(B, N + 1, K, V)`` gather it replaces, entry by entry)."""
+    from dloom.speculation import NodeLogits
+
+    for layout in ("rows", "packed"):
+        plugin = configured(chain_graph(), tmp_path, layout=layout)
+        block = torch.tensor([[MASK, MASK, MASK, MASK], [MASK, 4, 4, 4]])
+        state = drafting_state(block, torch.zeros(2, 4, 10))
+        graph = plugin.dloom_draft(state)
+        result = plugin.dloom_build_mask(state, graph)
+        outputs = torch.randn(*result.input_ids.shape, 10, dtype=torch.float64)
+        logits = NodeLogits(outputs, result, 4)
+        assert logits.shape == (2, graph.num_nodes + 1, 4, 10)
+        for row, node in graph.valid.nonzero().tolist():
+            nodes = torch.full((2,), node)
+            r, offset = result.node_rows[row, node], result.node_offsets[row, node]
+            assert torch.equal(logits.of(nodes)[row], outputs[r, offset : offset + 4])
+
+
+class _LargestTensors(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the shape of every tensor an operation returns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shapes: list[tuple[int, ...]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for tensor in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(tensor, torch.Tensor):
+                self.shapes.append(tuple(tensor.shape))
+        return out
+
+
+class MaterialisesEveryNode(Spiffy):
+    """Negative control: a verifier that builds every node's logits before following the
+    graph (what the decoder did before ``NodeLogits``)."""
+
+    @dloom_hookimpl
+    def dloom_verify(self, state, graph, logits, kernel):
+        nodes = logits.shape[1]
+        every = torch.stack(
+            [logits.of(torch.full_like(graph.tokens[:, 0, 0], n)) for n in range(nodes)], dim=1
+        )
+        assert every.shape == logits.shape
+        return super().dloom_verify(state, graph, logits, kernel)
+
+
+@pytest.mark.parametrize("strategy", [Spiffy, MaterialisesEveryNode], ids=["spiffy", "control"])
+def test_verification_never_builds_every_nodes_logits(tiny_adapter, strategy):
+    """No ``(B, N + 1, K, V)`` array exists in a Spiffy decode: node logits are read for the
+    node each row is on (the control that builds them is caught)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        decoder = DiffusionDecoder(
+            tiny_adapter, [strategy(budget=4), "quota"], gen_length=16, block_length=8, cache="dual"
+        )
+    prompts = [[5, 6, 7], [8, 9, 10, 11]]
+    with _LargestTensors() as seen:
+        result = decoder.generate(prompts)
+    assert result.verification_forwards > 0
+    spiffy = next(p for p in decoder.pm.get_plugins() if isinstance(p, Spiffy))
+    every_node = (len(prompts), len(spiffy.graph.nodes) + 1, 8, tiny_adapter.model.config.vocab_size)
+    assert (every_node in seen.shapes) == (strategy is MaterialisesEveryNode)

@@ -32,6 +32,7 @@ starts one position before the block, so that the block's logits come from fresh
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
@@ -380,12 +381,10 @@ class BlockForward:
         return allowed
 
     def _row_cache(self, rows: torch.Tensor | None):
-        """A cache holding the recorded keys and values of ``rows`` (``None``: every row)."""
-        from transformers import DynamicCache
-
-        pick = (lambda t: t) if rows is None else (lambda t: t[rows])
+        """A read-only view of the recorded keys and values of ``rows`` (``None``: every
+        row), for one cached forward (:func:`record_view`: no copy of the record)."""
         assert self._store is not None, "a cached forward before the full forward that records it"
-        return DynamicCache(ddp_cache_data=[(pick(k), pick(v)) for k, v in self._store])
+        return record_view(self._store, rows)
 
     def _window_forward(self, tokens: torch.Tensor, rows: torch.Tensor | None, first_window: int) -> torch.Tensor:
         """A forward over the rows' windows alone, reading every other position from the
@@ -505,3 +504,62 @@ def _grow(recorded: torch.Tensor, columns: int, rows: int) -> torch.Tensor:
     grown = recorded.new_zeros(batch + rows, heads, columns + length, width)
     grown[:batch, :, columns:] = recorded
     return grown
+
+
+@functools.cache
+def _record_layer() -> type:
+    """The cache layer class of :func:`record_view` (defined on first use: ``transformers`` is
+    imported lazily)."""
+    from transformers.cache_utils import DynamicLayer
+
+    class RecordLayer(DynamicLayer):
+        """One layer of a :func:`record_view`: the record's ``(B, H, L, D)`` keys and values,
+        read for ``rows`` (``None``: every row) and never written."""
+
+        def __init__(self, keys: torch.Tensor, values: torch.Tensor, rows: torch.Tensor | None) -> None:
+            super().__init__()
+            self.keys, self.values, self.rows = keys, values, rows
+            self.device = keys.device
+            self.is_initialized = True
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            """The keys and values the window attends to: the rows' record, then the window's
+            own ``(R, H, W, D)`` entries; built while this layer runs, the record unchanged."""
+            rows = self.rows
+            if rows is None:
+                return torch.cat([self.keys, key_states], dim=-2), torch.cat([self.values, value_states], dim=-2)
+            return self._gather(self.keys, key_states, rows), self._gather(self.values, value_states, rows)
+
+        def _gather(self, record: torch.Tensor, window: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+            """``(R, H, L + W, D)``: the rows' record then ``window``, in one allocation."""
+            length = record.shape[-2]
+            out = window.new_empty(*window.shape[:-2], length + window.shape[-2], window.shape[-1])
+            torch.index_select(record, 0, rows, out=out[..., :length, :])
+            out[..., length:, :] = window
+            return out
+
+    return RecordLayer
+
+
+def record_view(store: list[tuple[torch.Tensor, torch.Tensor]], rows: torch.Tensor | None):
+    """A ``transformers`` cache reading a record, for one cached forward, without copying it.
+
+    A ``DynamicCache`` built from the record copies every layer's ``(B, H, L, D)`` keys and
+    values at construction and keeps each layer's concatenation with the window until the
+    forward returns: two copies of the whole record, and for a verification forward one per
+    layout row (rows sharing a batch row's context). Here each layer reads the record: the
+    rows' keys and values are gathered only while that layer attends, so at most one layer's
+    ``(R, H, L + W, D)`` is alive beyond the record. The attention sees the same values, so
+    the logits are bit-identical (``tests/test_cache.py``).
+
+    :param store: per layer, the recorded ``(B, H, L, D)`` keys and values.
+    :param rows: ``(R,)`` long, the batch row each forward row reads (repeats allowed), or
+        ``None`` for every row in order.
+    """
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    layer = _record_layer()
+    cache.layers = [layer(keys, values, rows) for keys, values in store]
+    cache.layer_class_to_replicate = None
+    return cache

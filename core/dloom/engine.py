@@ -47,7 +47,7 @@ from dloom.registry import Registry
 from dloom.running_batch import (  # noqa: F401 - re-exported: dloom.engine is where users find them
     BlockRecord, DecodeSession, FinishedRows, StepRecord, finished_rows, generated_lengths,
 )
-from dloom.speculation import KernelStep, layout_is_exact, node_logits
+from dloom.speculation import KernelStep, NodeLogits, layout_is_exact
 from dloom.types import DecodeState
 
 Prompts = Sequence[str] | Sequence[Sequence[int]] | torch.Tensor
@@ -270,8 +270,7 @@ class DiffusionDecoder:
         graph = hooks.prune(self.pm, graph, self.draft_budget)
         layout = hooks.build_mask(self.pm, state, graph)
         outputs = self._timed(forward.evaluate, state.tokens, layout, first_window)
-        all_logits = node_logits(outputs, layout, self.block_length)
-        verdict = hooks.verify(self.pm, state, graph, all_logits, kernel)
+        verdict = hooks.verify(self.pm, state, graph, NodeLogits(outputs, layout, self.block_length), kernel)
         return verdict, layout_is_exact(layout, self.cache, self.model.attention)
 
     def _check(self, forward: int, non_finite: int, idle: int, blocks: torch.Tensor) -> None:

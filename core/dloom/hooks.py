@@ -8,7 +8,7 @@ naming the plugin and the hook (the plugin's own exception is its ``__cause__``)
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Callable, Mapping, cast, overload
+from typing import TYPE_CHECKING, Any, Callable, Mapping, cast, overload
 
 import pluggy
 import torch
@@ -25,6 +25,9 @@ from dloom.types import (
     Verdict,
     VerificationLayout,
 )
+
+if TYPE_CHECKING:
+    from dloom.speculation import NodeLogits
 
 DEFAULTS_PLUGIN = "dloom.defaults"  # the core's fallback plugin (dloom.composition)
 
@@ -202,7 +205,7 @@ def build_mask(
 
 @overload
 def verify(
-    pm: pluggy.PluginManager, state: DecodeState, graph: DraftGraph, logits: torch.Tensor,
+    pm: pluggy.PluginManager, state: DecodeState, graph: DraftGraph, logits: NodeLogits,
     kernel: Callable[..., torch.Tensor],
 ) -> Verdict: ...
 @overload
@@ -214,7 +217,7 @@ def verify(
     pm: pluggy.PluginManager,
     state: DecodeState | ChainState,
     graph: DraftGraph | DraftChains,
-    logits: torch.Tensor,
+    logits: NodeLogits | torch.Tensor,
     kernel: Callable[..., torch.Tensor],
 ) -> Verdict | ChainVerdict:
     """The accepted path of one verification forward."""

@@ -200,10 +200,12 @@ def dloom_verify(
 
     :param state: the state the forward started from.
     :param graph: the drafts that were evaluated.
-    :param logits: for a graph, ``(B, N + 1, K, V)``, the distribution of every node's
-        block as the forward computed it (node 0: the root; meaningless where
-        ``graph.valid`` is ``False``); for chains, ``(B, T' + 1, V)``, entry ``i`` the
-        target's distribution of each row's ``i``-th chain token (``T'`` the longest chain).
+    :param logits: for a graph, the distribution of every node's block as the forward
+        computed it (node 0: the root), a :class:`~dloom.speculation.NodeLogits` of shape
+        ``(B, N + 1, K, V)`` read lazily: ``logits.of(node)`` gives ``(B, K, V)``, row ``b``'s
+        node ``node[b]``; meaningless where ``graph.valid`` is ``False``. For chains, a
+        ``(B, T' + 1, V)`` tensor, entry ``i`` the target's distribution of each row's
+        ``i``-th chain token (``T'`` the longest chain).
     :param kernel: for a graph, one step of the transition kernel:
         ``kernel(block, logits, advance)`` maps ``(B, K)`` blocks and their ``(B, K, V)``
         logits to the next blocks; rows where the ``(B,)`` bool ``advance`` is ``False``

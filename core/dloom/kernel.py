@@ -212,11 +212,9 @@ def greedy_float32(
         NaN anywhere in a position's logits makes its confidence NaN (the decoder's check).
     """
     work = logits.float()  # a copy unless the logits are float32 already
-    mask = torch.tensor([mask_token_id], device=work.device)
     if work is logits:
-        work = work.index_fill(-1, mask, -torch.inf)
-    else:
-        work.index_fill_(-1, mask, -torch.inf)
+        work = work.clone()  # the caller's logits stay as they are
+    work[..., mask_token_id] = -torch.inf
     best, candidates = work.max(dim=-1)
     if not confidence:
         return candidates, best

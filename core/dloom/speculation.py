@@ -125,7 +125,7 @@ class KernelStep:
             self.generator.join(streams)
 
 
-def follow_graph(graph: DraftGraph, node_logits: torch.Tensor, kernel: KernelStep) -> Verdict:
+def follow_graph(graph: DraftGraph, node_logits: NodeLogits, kernel: KernelStep) -> Verdict:
     """Take kernel steps from the root while each new block equals a draft (lossless).
 
     Vectorised over rows, with no host synchronisation: a Python loop of exactly
@@ -134,7 +134,8 @@ def follow_graph(graph: DraftGraph, node_logits: torch.Tensor, kernel: KernelSte
     do not advance: every row draws exactly what the reference process draws).
 
     :param graph: the evaluated graph; ``graph.tokens[:, 0]`` is the root's block.
-    :param node_logits: ``(B, N + 1, K, V)``, every node's distribution from the forward.
+    :param node_logits: every node's distribution from the forward (:class:`NodeLogits`;
+        read for one node per row per step).
     :param kernel: the decoder's :class:`KernelStep` (the ``kernel`` argument of
         ``dloom_verify``).
     :return: the new block (the first state that was no draft, or the finished block), the
@@ -143,7 +144,7 @@ def follow_graph(graph: DraftGraph, node_logits: torch.Tensor, kernel: KernelSte
     rows = torch.arange(graph.tokens.shape[0], device=graph.tokens.device)
     node = torch.zeros_like(rows)
     block = graph.tokens[:, 0]
-    logits = node_logits[:, 0]
+    logits = node_logits.of(node)
     on_graph = graph.valid[:, 0].clone()
     accepted = torch.zeros_like(rows)
     longest = graph.longest_path
@@ -157,26 +158,44 @@ def follow_graph(graph: DraftGraph, node_logits: torch.Tensor, kernel: KernelSte
         still_masked = selectable_positions(block, kernel.mask_token_id, kernel.eos_ids).any(-1)
         on_graph = on_graph & hits.any(-1) & still_masked
         node = torch.where(on_graph, hits.long().argmax(-1), node)
-        logits = torch.where(on_graph[:, None, None], node_logits[rows, node], logits)
+        logits = node_logits.of(node)  # rows off the graph keep their node, so their logits
+        # stay those their last step sampled from
         accepted = accepted + on_graph.long()
     return Verdict(block=block, logits=logits, accepted=accepted)
 
 
-def node_logits(
-    outputs: torch.Tensor, layout: VerificationLayout, block_length: int
-) -> torch.Tensor:
-    """Every node's block distribution out of a verification forward.
+class NodeLogits:
+    """Every node's block distribution in a verification forward's outputs, read on demand.
+
+    Stands for the ``(B, N + 1, K, V)`` array of every node's logits without building it:
+    the verifier reads one node per row per kernel step (:meth:`of`), a ``(B, K, V)``
+    gather, so the ``N + 1`` nodes' logits are never copied out of the forward's outputs.
 
     :param outputs: ``(R, S, V)``, the forward's raw outputs at the layout's columns; the
         first ``K`` columns of a span give its block's logits (for a shifted model the span
         starts one column early, so this holds for it too).
-    :return: ``(B, N + 1, K, V)``; rows of nodes that were not evaluated are copies of some
-        other output and must be ignored.
+    :param layout: the verification layout (``node_rows``/``node_offsets`` ``(B, N + 1)``).
+    :param block_length: ``K``.
     """
-    span = torch.arange(block_length, device=outputs.device)
-    rows = layout.node_rows.clamp(min=0).unsqueeze(-1)
-    columns = layout.node_offsets.unsqueeze(-1) + span
-    return outputs[rows.expand_as(columns), columns]
+
+    def __init__(self, outputs: torch.Tensor, layout: VerificationLayout, block_length: int) -> None:
+        self.outputs = outputs
+        self.rows = layout.node_rows.clamp(min=0)  # nodes not evaluated read some other output
+        self.offsets = layout.node_offsets
+        self.span = torch.arange(block_length, device=outputs.device)
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """``(B, N + 1, K, V)``."""
+        return (*self.rows.shape, self.span.shape[0], self.outputs.shape[-1])
+
+    def of(self, node: torch.Tensor) -> torch.Tensor:
+        """``(B, K, V)``: row ``b``'s logits of its node ``node[b]`` (``(B,)`` long);
+        meaningless for a node that was not evaluated."""
+        index = node.unsqueeze(1)
+        rows = torch.gather(self.rows, 1, index)  # (B, 1)
+        columns = torch.gather(self.offsets, 1, index) + self.span  # (B, K)
+        return self.outputs[rows.expand_as(columns), columns]
 
 
 def layout_is_exact(layout: VerificationLayout, cache: str, attention: str) -> bool:

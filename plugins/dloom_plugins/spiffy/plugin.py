@@ -24,7 +24,7 @@ import torch
 
 from dloom import hookimpl
 from dloom.errors import ConfigurationError, warn
-from dloom.speculation import follow_graph, layout_drafts
+from dloom.speculation import NodeLogits, follow_graph, layout_drafts
 from dloom.types import DecodeState, DraftGraph, Verdict, VerificationLayout
 
 from .frame import rank_frame
@@ -173,5 +173,5 @@ class Spiffy:
         return layout_drafts(state, graph, packed=self.layout == "packed")
 
     @hookimpl
-    def dloom_verify(self, state: DecodeState, graph: DraftGraph, logits: torch.Tensor, kernel) -> Verdict:
+    def dloom_verify(self, state: DecodeState, graph: DraftGraph, logits: NodeLogits, kernel) -> Verdict:
         return follow_graph(graph, logits, kernel)
