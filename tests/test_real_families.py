@@ -471,6 +471,30 @@ def test_dloom_decodes_sdar_prompts_of_different_lengths_in_one_padded_batch(cac
         assert result.generated[row].tolist()[: len(run["generated"])] == run["generated"]
 
 
+@pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
+def test_an_end_of_turn_in_the_prompts_last_partial_block_does_not_end_the_row(cache):
+    """A chat prompt holds SDAR's stop id ``<|im_end|>`` (151645) after every turn; with
+    blocks aligned at position 0 it can lie in the prompt's last partial block, decoded with
+    the first generated positions. It is prompt, not output: each row decodes as
+    generate.py's loop does (its stop test reads only the generated positions), alone and in
+    a padded batch. Counting it as the row's EOS crashed the decoder (the row's block moved
+    past the canvas)."""
+    run = next(r for r in reference("sdar")["decoding"] if r["settings"]["top_k"] == 0)
+    stop = 151645
+    assert stop in run["settings"]["stopping_criteria_idx"]
+    k = run["settings"]["block_length"]
+    prompts = [[*run["prompt"][: 2 * k], stop], [*run["prompt"][:k], stop, *run["prompt"][k : k + 2]]]
+    assert all(p.index(stop) >= len(p) // k * k for p in prompts)  # in the last partial block
+    decoder = dloom_sdar_decoder(run, cache)
+    batched = decoder.generate(prompts)
+    for row, prompt in enumerate(prompts):
+        expected, forwards = sdar_block_decode(prompt, run["settings"])
+        alone = decoder.generate([prompt])
+        assert alone.generated[0].tolist()[: len(expected)] == expected
+        assert batched.generated[row].tolist()[: len(expected)] == expected
+        assert int(alone.nfe[0]) == int(batched.nfe[row]) > 0
+
+
 @pytest.mark.parametrize("function", sorted({r["function"] for r in reference("llada")["decoding"]}))
 def test_llada_decodes_prompts_of_different_lengths_in_one_padded_batch(function):
     """LLaDA's released forward ignores the padding mask, so its code decodes one prompt at a

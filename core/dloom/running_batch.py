@@ -398,7 +398,10 @@ class DecodeSession:
         x = self.x
         columns = forward.block_columns
         block = torch.gather(x, 1, columns)
-        decoding = selectable_positions(block, mask_id, eos_ids).any(-1)
+        # aligned at position 0, a row's first block also holds the prompt's last partial block
+        generated = columns >= self.width if self.model.block_alignment == "absolute" else None
+        kernel.generated = generated
+        decoding = selectable_positions(block, mask_id, eos_ids, generated).any(-1)
         accepted = None
         if decoder._speculates and self._can_draft:
             new_block, self.previous, accepted = decoder._speculative_step(
@@ -413,7 +416,7 @@ class DecodeSession:
                 self.observer(StepRecord(self.block_index.clone(), self.rows.clone(), block.clone(), logits, new_block.clone()))
         x.scatter_(1, columns, new_block)
         self.nfe = self.nfe + decoding.long()
-        block_done = ~selectable_positions(new_block, mask_id, eos_ids).any(-1)
+        block_done = ~selectable_positions(new_block, mask_id, eos_ids, generated).any(-1)
         gen_end = x.shape[1]
         finished = finished_rows(x[:, self.width:gen_end], mask_id, eos_ids)
         moving = block_done & ~finished

@@ -20,21 +20,32 @@ from dloom.kernel import RowStreams, apply_commit, propose
 from dloom.types import BlockSchedule, DecodeState, DraftGraph, Verdict, VerificationLayout
 
 
-def eos_clear(block: torch.Tensor, mask_token_id: int, eos_ids: torch.Tensor) -> torch.Tensor:
-    """``(B,)`` bool, blocks holding an EOS with nothing masked before it.
+def eos_clear(
+    block: torch.Tensor, mask_token_id: int, eos_ids: torch.Tensor, generated: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``(B,)`` bool, blocks holding a generated EOS with nothing masked before it.
 
     For a row still decoding at the start of its block (earlier blocks are complete and hold
     no EOS), this is exactly "the row has finished" while that block is active.
+
+    :param generated: ``(B, K)`` bool, the block's generated positions; ``None``: all of them.
+        A block-causal model whose blocks are aligned at position 0 decodes the prompt's last
+        partial block with its first generated positions, and an EOS id among those prompt
+        positions (a chat template's end-of-turn) does not end the row.
     """
     clear_before = (block == mask_token_id).long().cumsum(-1) == 0
-    return (torch.isin(block, eos_ids) & clear_before).any(-1)
+    eos = torch.isin(block, eos_ids)
+    if generated is not None:
+        eos = eos & generated
+    return (eos & clear_before).any(-1)
 
 
 def selectable_positions(
-    block: torch.Tensor, mask_token_id: int, eos_ids: torch.Tensor
+    block: torch.Tensor, mask_token_id: int, eos_ids: torch.Tensor, generated: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """``(B, K)`` bool, the positions a kernel step may commit: masked, in unfinished rows."""
-    finished = eos_clear(block, mask_token_id, eos_ids)
+    """``(B, K)`` bool, the positions a kernel step may commit: masked, in unfinished rows
+    (``generated``: as in :func:`eos_clear`)."""
+    finished = eos_clear(block, mask_token_id, eos_ids, generated)
     return (block == mask_token_id) & ~finished.unsqueeze(1)
 
 
@@ -60,6 +71,8 @@ class KernelStep:
         (the commit hook is given the confidences only). ``None``: nothing is called.
 
     :ivar steps: ``(B,)`` long, kernel steps each row has taken in its current block.
+    :ivar generated: ``(B, K)`` bool, the generated positions of each row's active block
+        (:func:`eos_clear`), or ``None`` when every position of every block is generated.
     :ivar idle: ``()`` bool, some row with a selectable position committed nothing.
     :ivar non_finite: ``()`` bool, some stepping row's logits held NaN or inf.
     """
@@ -75,6 +88,7 @@ class KernelStep:
         self.steps_per_block = steps_per_block
         self.masked_at_start = masked_at_start
         self.steps = torch.zeros_like(masked_at_start)
+        self.generated: torch.Tensor | None = None  # (B, K) bool, set by the decoder when a block holds prompt positions
         self.idle = torch.zeros((), dtype=torch.bool, device=masked_at_start.device)
         self.non_finite = torch.zeros_like(self.idle)
 
@@ -83,7 +97,7 @@ class KernelStep:
     ) -> torch.Tensor:
         """The next ``(B, K)`` blocks; rows where ``advance`` (``(B,)`` bool) is ``False``,
         and finished rows, are returned unchanged and take no step."""
-        selectable = selectable_positions(block, self.mask_token_id, self.eos_ids)
+        selectable = selectable_positions(block, self.mask_token_id, self.eos_ids, self.generated)
         selectable &= advance.unsqueeze(1)
         candidates, confidence = propose(
             logits, self.temperature, self.remasking, self.generator, self.mask_token_id
@@ -155,7 +169,7 @@ def follow_graph(graph: DraftGraph, node_logits: NodeLogits, kernel: KernelStep)
         children = graph.children(node) & graph.valid
         same = (graph.tokens == block.unsqueeze(1)).all(-1)
         hits = children & same
-        still_masked = selectable_positions(block, kernel.mask_token_id, kernel.eos_ids).any(-1)
+        still_masked = selectable_positions(block, kernel.mask_token_id, kernel.eos_ids, kernel.generated).any(-1)
         on_graph = on_graph & hits.any(-1) & still_masked
         node = torch.where(on_graph, hits.long().argmax(-1), node)
         logits = node_logits.of(node)  # rows off the graph keep their node, so their logits
