@@ -37,7 +37,7 @@ import inspect
 
 import torch
 
-from dloom.adapter import ModelAdapter
+from dloom.adapter import ModelAdapter, output_logits
 from dloom.attention import mask_from_block_ids, model_mask
 from dloom.errors import ConfigurationError, ModelError
 from dloom.types import VerificationLayout
@@ -337,7 +337,7 @@ class BlockForward:
                 input_ids=tokens, attention_mask=attention_mask, position_ids=position_ids,
                 **self._keep_argument(keep),
             )
-        return out.logits if hasattr(out, "logits") else out[0]
+        return output_logits(out)
 
     def _count(self, tokens: torch.Tensor) -> None:
         self.query_positions = tokens.shape[1]
@@ -352,7 +352,7 @@ class BlockForward:
                 input_ids=tokens, attention_mask=attention_mask, position_ids=position_ids,
                 use_cache=True, **{self._argument: cache}, **self._keep_argument(keep),
             )
-        return out.logits if hasattr(out, "logits") else out[0]
+        return output_logits(out)
 
     def window_width(self, first_window: int) -> int:
         """``W``: the block (and the column before it, shifted) for dual, everything from the
@@ -435,7 +435,7 @@ class BlockForward:
                     out = self.model.model(
                         input_ids=primary, attention_mask=mask, position_ids=self.position_ids[source],
                     )
-                raw = out.logits if hasattr(out, "logits") else out[0]
+                raw = output_logits(out)
                 return torch.take_along_dim(raw, span.unsqueeze(-1), dim=1)
             return self._window_forward(primary, source, first_window)[:, :width]
         return self._packed(primary, layout, width, span, first_window)
@@ -492,7 +492,7 @@ class BlockForward:
                     input_ids=inputs, attention_mask=model_input, position_ids=positions,
                     use_cache=True, **{self._argument: self._row_cache(source)},
                 )
-        raw = out.logits if hasattr(out, "logits") else out[0]
+        raw = output_logits(out)
         first = torch.take_along_dim(raw, (span - window_first).unsqueeze(-1), dim=1)
         return torch.cat([first, raw[:, n_recomputed:]], dim=1)
 

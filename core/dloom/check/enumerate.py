@@ -32,6 +32,7 @@ import torch
 from dloom import hooks
 from dloom.engine import DiffusionDecoder, finished_rows
 from dloom.errors import ConfigurationError, HookContractError, NonFiniteLogitsError
+from dloom.kernel import without_mask
 from dloom.types import BlockSchedule
 
 MAX_VOCAB = 8
@@ -87,8 +88,7 @@ def _step(
     """
     mask_id = decoder.mask_token_id
     width = block.shape[0]
-    logits64 = logits.to(torch.float64).clone()
-    logits64[:, mask_id] = -torch.inf
+    logits64 = without_mask(logits, mask_id)
     probs = torch.softmax(logits64, dim=-1)
     masked = torch.nonzero(block == mask_id).flatten()
     if decoder.temperature > 0:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dloom.kernel import propose
+from dloom.kernel import propose, without_mask
 
 
 @dataclass(frozen=True)
@@ -44,9 +44,7 @@ def rank_frame(
     :param block: ``(B, K)`` long, the root block.
     :param token_ranks: ``J``, how many tokens per position to rank.
     """
-    logits64 = logits.to(torch.float64).clone()
-    logits64[..., mask_token_id] = -torch.inf
-    probs = torch.softmax(logits64, dim=-1)
+    probs = torch.softmax(without_mask(logits, mask_token_id), dim=-1)
     top_probs, top_tokens = torch.topk(probs, k=min(token_ranks, probs.shape[-1] - 1), dim=-1)
     is_masked = block == mask_token_id
     # Positions are ranked by the kernel's own greedy confidence, in the kernel's precision:
