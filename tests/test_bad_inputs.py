@@ -277,6 +277,11 @@ CASES = [
     ),
     cli_case("--device tpu9", generate("--device", "tpu9", "copy ab"), ModelError,
              "device 'tpu9'", "allowed: cpu, cuda"),
+    cli_case("--device-map nonsense", generate("--device-map", "nonsense", "copy ab"), ModelError,
+             "device_map 'nonsense'", "auto, balanced", "a device (cpu, cuda:N)"),
+    api_case("API: device_map placing a module on a missing GPU",
+             lambda env: lambda: dloom.load_model("toy-dllm", device_map={"": "cuda:7"}),
+             ModelError, "device 'cuda:7'"),
     # 6. Spiffy graphs ----------------------------------------------------------------------------
     cli_case("graph rank beyond the vocabulary",
              lambda env: ["generate", "--strategy", "spiffy", "--block-length", "8",

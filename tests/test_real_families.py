@@ -144,6 +144,35 @@ def test_checkpoints_load_onto_native_classes_with_their_conventions(family, nat
     assert loaded.can_pad
 
 
+@pytest.mark.parametrize("family", ["llada", "dream", "sdar"])
+def test_device_map_places_each_family_through_accelerate(family, monkeypatch):
+    """``device_map`` goes to ``from_pretrained`` (``accelerate`` places the modules) with the
+    load-time key map: the logits and a greedy decode equal those of a plain load."""
+    import transformers
+
+    placements = []
+    load = transformers.PreTrainedModel.from_pretrained.__func__
+
+    def recording(cls, *args, **kwargs):
+        placements.append(kwargs.get("device_map"))
+        return load(cls, *args, **kwargs)
+
+    monkeypatch.setattr(transformers.PreTrainedModel, "from_pretrained", classmethod(recording))
+    placed = load_model(checkpoint(family), device_map="auto")
+    assert placements == ["auto"]
+    assert type(placed.model) is type(adapter(family).model)
+    inputs = torch.tensor([[5, 17, 29, 41, 53, 65]])
+    with torch.no_grad():
+        assert torch.equal(placed.model(input_ids=inputs).logits, adapter(family).model(input_ids=inputs).logits)
+    settings = {"gen_length": 8, "block_length": 4}
+    decodes = [
+        DiffusionDecoder(model, "threshold", tau=0.9, **settings).generate([[5, 17, 29, 41, 53, 65]])
+        for model in (placed, adapter(family))
+    ]
+    assert decodes[0].generated.tolist() == decodes[1].generated.tolist()
+    assert decodes[0].nfe.tolist() == decodes[1].nfe.tolist()
+
+
 def test_bidirectional_families_are_not_causal():
     assert adapter("llada").model.config.is_causal is False
     assert adapter("dream").model.config.is_causal is False

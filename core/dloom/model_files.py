@@ -170,11 +170,43 @@ def tensor_names(directory: Path) -> set[str]:
     return {name for path in check_weights(directory) for name in check_safetensors(path)}
 
 
+PLACEMENT_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+"""The ``device_map`` strings that ask ``accelerate`` to place the model itself."""
+
+
+def check_device_map(device_map: Any) -> None:
+    """Refuse a ``device_map`` that ``from_pretrained`` would reject only after reading the
+    config: a string must be a placement strategy (:data:`PLACEMENT_STRATEGIES`) or a device
+    this machine has; a dict maps module names to devices (names, indices, ``"cpu"``,
+    ``"disk"``).
+
+    :raises ModelError: naming the bad value and what is allowed.
+    """
+    allowed = (
+        f"allowed: {', '.join(PLACEMENT_STRATEGIES)}, a device (cpu, cuda:N), or a mapping from "
+        "module names to devices"
+    )
+    if isinstance(device_map, str):
+        if device_map not in PLACEMENT_STRATEGIES:
+            try:
+                check_device(device_map)
+            except ModelError as error:
+                raise ModelError(f"device_map {device_map!r} is no placement: {error}; {allowed}") from None
+        return
+    if not isinstance(device_map, dict) or not all(isinstance(k, str) for k in device_map):
+        raise ModelError(f"device_map {device_map!r} is no placement; {allowed}")
+    for module, device in device_map.items():
+        if isinstance(device, int) and not isinstance(device, bool):
+            check_device(f"cuda:{device}")
+        elif device != "disk":
+            check_device(device)
+
+
 def check_model_files(
     name_or_path: str | os.PathLike, device: str | torch.device = "cpu", device_map: Any = None,
     trust_remote_code: bool = False,
 ) -> None:
-    """Check the device (unless ``device_map`` places the model) and, for a directory, its
+    """Check the device (or the ``device_map`` that places the model) and, for a directory, its
     ``config.json`` and weights. A name that is not a directory is left to the loader (a
     zoo name, or its "no model directory" error), and so are the weights of a checkpoint
     the loader refuses from its config alone (an unsupported family, or its own modelling
@@ -186,6 +218,8 @@ def check_model_files(
 
     if device_map is None:
         check_device(device)
+    else:
+        check_device_map(device_map)
     directory = Path(name_or_path).expanduser()
     if not directory.is_dir():
         from dloom import zoo
