@@ -195,7 +195,7 @@ def check_device_map(device_map: Any) -> None:
         return
     if not isinstance(device_map, dict) or not all(isinstance(k, str) for k in device_map):
         raise ModelError(f"device_map {device_map!r} is no placement; {allowed}")
-    for module, device in device_map.items():
+    for device in device_map.values():
         if isinstance(device, int) and not isinstance(device, bool):
             check_device(f"cuda:{device}")
         elif device != "disk":

@@ -17,7 +17,7 @@ real format (``tests/test_real_families.py``); none was run on real weights here
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -148,20 +148,13 @@ SDAR = ModelProfile(
     chat_template=True,
 )
 
-SDAR_MOE = ModelProfile(
+SDAR_MOE = replace(  # SDAR's conventions on a Qwen3-MoE network
+    SDAR,
     name="sdar-moe",
     family="SDAR-MoE (JetLM SDAR-30B-A3B-Chat / -Sci, Qwen3-30B-A3B block diffusion)",
     model_types=("sdar_moe",),
     architectures=("SDARMoeForCausalLM",),
     code_modules=("modeling_sdar_moe", "configuration_sdar_moe"),
-    mask_token="<|MASK|>",
-    shift_logits=False,
-    attention="block-causal",
-    block_length=4,
-    block_size_key="block_size",
-    block_alignment="absolute",
-    ships_code=True,
-    chat_template=True,
 )
 
 FAST_DLLM_V2 = ModelProfile(
