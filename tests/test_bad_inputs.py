@@ -413,7 +413,7 @@ def test_bad_input_is_refused_clearly(case: Case, env: Env, monkeypatch):
 def test_the_matrix_covers_the_issue():
     """The closing note's count: every row is a distinct input."""
     names = [c.values[0].name if hasattr(c, "values") else c.name for c in CASES]
-    assert len(names) == len(set(names)) == 61
+    assert len(names) == len(set(names)) == 63
 
 
 # --- what is not a refusal -------------------------------------------------------------------

@@ -65,8 +65,13 @@ def test_failfast_is_pending_only_without_its_two_models(run_papers):
     assert alone == [{"model": "qwen", "strategy": "failfast", "pending": run_papers.FAILFAST_NEEDS}]
 
 
-@pytest.mark.skipif(importlib.util.find_spec("accelerate") is not None, reason="accelerate is installed")
-def test_device_map_auto_needs_accelerate_and_is_not_the_default_without_it(run_papers, tmp_path):
+def test_device_map_auto_needs_accelerate_and_is_not_the_default_without_it(run_papers, tmp_path, monkeypatch):
+    """On a machine without accelerate (simulated: the dev extra installs it)."""
+    import transformers
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "accelerate" else find_spec(name, *a))
+    monkeypatch.setattr(transformers.utils, "is_accelerate_available", lambda *a: False)
     assert run_papers.device_map_of(run_papers.parse_args([])) is None
     dream = with_tokenizer("dream", tmp_path / "dream")
     with pytest.raises(SystemExit, match=r"error: device_map='auto' needs the accelerate package"):
