@@ -76,13 +76,18 @@ def test_checker_rejects_corrupted_answers(family):
 
 def test_chain_examples():
     check = FAMILIES["chain"].check
-    prompt = "chain 616-567+143-28"
-    assert check(prompt, "616-567=49;49+143=192;192-28=164")
-    for wrong in ("616-567=49;49+143=192;192-28=165",  # last step off by one
-                  "616-567=49;49+143=192",  # a step left out
-                  "616-567=49;49+143=192;192-28=164;",  # trailing separator
-                  "616-567=49;50+143=193;193-28=165"):  # a result not carried over
+    prompt = "chain 61-37+24-18"
+    assert check(prompt, "61-37=24;24+24=48;48-18=30")
+    for wrong in ("61-37=24;24+24=48;48-18=31",  # last step off by one
+                  "61-37=24;24+24=48",  # a step left out
+                  "61-37=24;24+24=48;48-18=30;",  # trailing separator
+                  "61-37=24;25+24=49;49-18=31"):  # a result not carried over
         assert not check(prompt, wrong), wrong
+
+
+def test_chain_numbers_have_two_digits():
+    for e in _examples("chain", seed=3, n=500):
+        assert all(10 <= int(n) <= 99 for n in re.findall(r"\d+", e.prompt + " " + e.answer)), e
 
 
 def test_word_accepts_every_connective_and_closing_and_checks_each_step():

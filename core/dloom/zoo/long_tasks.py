@@ -10,7 +10,7 @@ earlier ones and several slots inside an answer have more than one right filler.
 ==========  ==========================================  =======================================
 family      prompt                                      answer (one of the right ones)
 ==========  ==========================================  =======================================
-``chain``   ``chain 616-567+143-28+305-92+17``          ``616-567=49;49+143=192;...;377+17=394``
+``chain``   ``chain 61-37+24-18+55-13+40``              ``61-37=24;24+24=48;...;39+40=79``
 ``word``    ``ann had 15 pears, got 12, ate 3. ...?``   ``ann had 15 pears. she got 12, so
                                                         15+12=27. ... now ann has 24 pears.``
 ``tale``    ``tale tom fox park``                       ``tom went to the park. there he saw a
@@ -64,7 +64,7 @@ GEN_LENGTH = 128
 """Answer-region length of the long-answer models: the answer, then ``<eos>`` padding."""
 MAX_PROMPT_CHARS = 56
 MIN_ANSWER_CHARS = 45
-"""A lower bound: the shortest ``chain`` (six steps, small numbers) has about 50 characters."""
+"""A lower bound on every family's answers (the shortest ``chain``, seven steps, has 62)."""
 MAX_ANSWER_CHARS = GEN_LENGTH - 1
 
 ALPHABET = SHORT_ALPHABET + "".join(
@@ -77,22 +77,28 @@ _LETTERS = string.ascii_lowercase
 
 
 # ---------------------------------------------------------------------------- chain
-CHAIN_STEPS = (6, 9)
+CHAIN_STEPS = (7, 10)
 """Inclusive range of the steps of a ``chain`` prompt."""
+CHAIN_VALUES = (10, 99)
+"""Inclusive range of every number of a ``chain``: start, operands and each running value.
+
+Two digits, not three: ``long-dllm-ar`` (2.23 M parameters) learnt every other family but got
+1 of 280 three-digit steps right after 4,483 steps (session 8), while ``word``'s two-digit
+arithmetic rose from 1 to 10 of 40; seven to ten steps keep the answers 62..89 characters."""
 _CHAIN_PROMPT = re.compile(r"^chain (\d+)((?:[+-]\d+)+)$")
 
 
 def _gen_chain(rng: random.Random) -> tuple[str, str]:
-    value = rng.randint(100, 999)
+    low, high = CHAIN_VALUES
+    value = rng.randint(low, high)
     terms, steps = [str(value)], []
     for _ in range(rng.randint(*CHAIN_STEPS)):
         sign = rng.choice("+-")
-        if sign == "+" and value > 989:
+        if sign == "+" and value > high - low:
             sign = "-"
-        if sign == "-" and value < 20:
+        if sign == "-" and value < 2 * low:
             sign = "+"
-        high = 999 - value if sign == "+" else value
-        operand = rng.randint(10, min(high, 999))
+        operand = rng.randint(low, high - value if sign == "+" else value - low)
         result = value + operand if sign == "+" else value - operand
         terms.append(f"{sign}{operand}")
         steps.append(f"{value}{sign}{operand}={result}")
