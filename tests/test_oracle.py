@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from conftest import MASK_ID, PAD_ID
+from conftest import EOS_ID, MASK_ID, PAD_ID
 from dloom import DiffusionDecoder, ModelAdapter, hookimpl, load_model
 from dloom.errors import ConfigurationError
 from dloom.evaluation import select_examples
@@ -126,3 +126,29 @@ def test_oracle_follows_absolute_block_alignment(sharp_adapter):
     lengths = [8 + (-len(p)) % 4 for p in prompts]
     assert oracle.generated_lengths.tolist() == lengths  # no EOS: every completed block decoded
     assert oracle.reached.any()
+
+
+def test_an_eos_id_in_the_prompts_last_partial_block_does_not_end_the_oracles_block(sharp_adapter):
+    """With blocks aligned at position 0 the first block starts with the prompt's last partial
+    block; an EOS id there (a chat template's end-of-turn) is prompt, not output, so the
+    oracle's block stays open: it reaches the reference within every rule's NFE. Reading it as
+    the row's EOS (the negative control) makes the oracle match the next block's targets
+    while the engine is still on the first, and it needs more forwards than the bound."""
+    adapter = ModelAdapter(
+        sharp_adapter.model, mask_token_id=MASK_ID, eos_token_ids=(EOS_ID,), pad_token_id=PAD_ID,
+        attention="block-causal", block_alignment="absolute", max_context=96, name="absolute",
+    )
+    prompts = [[33, 7, 36, 34, 33, 33, 12, 31, 6, 32, EOS_ID], [15, 25, 21, 10, 29, 22, 38, 26, 5, EOS_ID],
+               [4, 22, 4, 6, 35, 23, 18, 36, EOS_ID]]
+    lengths = dict(gen_length=16, block_length=8)
+    oracle = check_bound(adapter, prompts, lengths, others=0)
+    assert oracle.reached.all()
+
+    class PromptBlind(OracleCommit):
+        """Broken on purpose: counts every position of a block as generated."""
+
+        def __init__(self, targets, mask_token_id, eos_ids, generated=None):
+            super().__init__(targets, mask_token_id, eos_ids)
+
+    blind = oracle_nfe(DiffusionDecoder(adapter, "quota", **lengths), prompts, oracle=PromptBlind)
+    assert (blind.nfe > oracle.nfe).all()

@@ -66,12 +66,19 @@ class OracleCommit:
     :param targets: ``(J, K)`` long, the reference's tokens of the row's blocks, block ``j``
         as the engine lays it out (:meth:`DiffusionDecoder.generated_region`).
     :param mask_token_id: / :param eos_ids: ``(E,)`` long, the model's.
+    :param generated: ``(J, K)`` bool, the generated positions of those blocks (``None``: all).
+        With blocks aligned at position 0 the first block starts with the prompt's last
+        partial block, whose EOS ids (a chat template's end-of-turn) do not end the row.
 
     :ivar candidates: ``(1, K)`` long, the current step's candidates (:meth:`see_proposal`).
     """
 
-    def __init__(self, targets: torch.Tensor, mask_token_id: int, eos_ids: torch.Tensor):
+    def __init__(
+        self, targets: torch.Tensor, mask_token_id: int, eos_ids: torch.Tensor,
+        generated: torch.Tensor | None = None,
+    ):
         self.targets = targets
+        self.generated = torch.ones_like(targets, dtype=torch.bool) if generated is None else generated
         self.mask_token_id, self.eos_ids = mask_token_id, eos_ids
         self.block = torch.zeros((), dtype=torch.long, device=targets.device)
         self.dead_end = torch.zeros((), dtype=torch.bool, device=targets.device)
@@ -84,7 +91,8 @@ class OracleCommit:
     def observe(self, record: StepRecord) -> None:
         """The engine's observer: after a step that completes the block, the next step is on
         the next block (a finished row takes no further step). Stays on the device."""
-        done = ~selectable_positions(record.after, self.mask_token_id, self.eos_ids).any()
+        generated = self.generated[record.block]
+        done = ~selectable_positions(record.after, self.mask_token_id, self.eos_ids, generated).any()
         self.block = record.block[0] + done.long()
 
     def matches(self, selectable: torch.Tensor) -> torch.Tensor:
@@ -142,7 +150,9 @@ def oracle_nfe(decoder: DiffusionDecoder, prompts: Prompts, oracle=OracleCommit)
         start, end = reference.generated_region([prompt])
         columns = expected.sequences[0, int(start[0]):int(end[0])]
         targets = columns.view(-1, decoder.block_length)
-        rule = oracle(targets, model.mask_token_id, eos_ids)
+        first_generated = len(prompt) - int(start[0])  # the prompt's last partial block
+        generated = torch.arange(targets.numel(), device=targets.device).view_as(targets) >= first_generated
+        rule = oracle(targets, model.mask_token_id, eos_ids, generated)
         oracle_decoder = DiffusionDecoder(model, rule, on_proposal=rule.see_proposal, **lengths)
         got = oracle_decoder.generate([prompt], observer=rule.observe)
         reached = got.token_lists == expected.token_lists
