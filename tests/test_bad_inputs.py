@@ -463,6 +463,53 @@ def test_eval_interrupted_by_sigint_keeps_the_finished_rows_and_a_summary(tmp_pa
     assert summary["accuracy"] == sum(r["correct"] for r in rows) / len(rows)
 
 
+def fail_on_third_batch(monkeypatch, finished: int = 0) -> None:
+    """Make the third ``DiffusionDecoder.generate`` call (counting ``finished`` as made) raise,
+    as a device error would."""
+    original, calls = dloom.DiffusionDecoder.generate, [finished]
+
+    def generate(decoder, *args, **kwargs):
+        calls[0] += 1
+        if calls[0] == 3:
+            raise RuntimeError("out of memory on the third batch")
+        return original(decoder, *args, **kwargs)
+
+    monkeypatch.setattr(dloom.DiffusionDecoder, "generate", generate)
+
+
+def test_an_error_in_a_later_eval_batch_keeps_the_finished_batches(toy_adapter, monkeypatch):
+    from dloom.evaluation import EvaluationFailed, evaluate, select_examples
+
+    fail_on_third_batch(monkeypatch)
+    examples = select_examples("all", 10, 0)
+    with pytest.raises(EvaluationFailed, match="stopped after 4 examples: RuntimeError: out of memory") as caught:
+        evaluate(dloom.DiffusionDecoder(toy_adapter, "quota"), examples, batch_size=2, progress=False)
+    partial = caught.value.partial
+    assert partial.complete is False and partial.n == 4
+    assert [o["prompt"] for o in partial.outputs] == [e.prompt for e in examples[:4]]
+    assert isinstance(caught.value.__cause__, RuntimeError)
+
+
+def test_an_error_before_any_eval_batch_finished_is_raised_as_itself(toy_adapter, monkeypatch):
+    from dloom.evaluation import evaluate, select_examples
+
+    fail_on_third_batch(monkeypatch, finished=2)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        evaluate(dloom.DiffusionDecoder(toy_adapter, "quota"), select_examples("all", 4, 0), batch_size=2,
+                 progress=False)
+
+
+def test_eval_json_after_an_error_in_a_later_batch_keeps_the_rows_and_a_summary(monkeypatch):
+    fail_on_third_batch(monkeypatch)
+    monkeypatch.setattr(cli, "err_console", Console(stderr=True, width=10_000))
+    result = CliRunner().invoke(app, ["eval", "-n", "10", "--batch-size", "2", "--json", "--strategy", "quota"])
+    assert result.exit_code == 2, result.output
+    *rows, summary = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(rows) == 4 and summary["complete"] is False and summary["n"] == 4
+    assert "Traceback" not in result.stderr
+    assert "error: stopped after 4 examples: RuntimeError: out of memory on the third batch" in flat(result.stderr)
+
+
 def test_demo_runs_with_a_broken_plugin_installed(site, monkeypatch):
     site.install("misspelled", MISSPELT_PLUGIN)
     with pytest.warns(RuntimeWarning, match="'misspelled:misspelled' was skipped"):

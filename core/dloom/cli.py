@@ -408,9 +408,10 @@ def eval_command(
 
     With --json: one JSON line per example as its batch finishes (flushed), then one summary
     line (the report; "complete": false after Ctrl-C, which exits with status 130 and keeps
-    the examples that finished).
+    the examples that finished, and after an error in a later batch, which is reported after
+    the summary of the batches before it, with status 2).
     """
-    from dloom.evaluation import EvaluationInterrupted, add_oracle, evaluate, evaluate_on_ray, select_examples
+    from dloom.evaluation import EvaluationFailed, EvaluationInterrupted, add_oracle, evaluate, evaluate_on_ray, select_examples
     from dloom.oracle import check_decoder
 
     examples: list[Any] = []
@@ -447,6 +448,11 @@ def eval_command(
         interrupted(stop.partial.n, len(examples), "examples evaluated; the summary covers those")
     except KeyboardInterrupt:
         interrupted(0, len(examples), "examples evaluated")
+    except EvaluationFailed as stop:
+        if as_json:
+            stream.catch_up(stop.partial.outputs)
+        print_report(stop.partial, as_json, outputs, None)
+        fail(stop)
     except DloomError as error:
         fail(error)
     print_report(report, as_json, outputs, None if decoder is None else decoder.totals())

@@ -9,14 +9,14 @@ from __future__ import annotations
 import itertools
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 import torch
 from rich.console import Console
 from rich.progress import Progress
 
 from dloom.decoding import Decoder
-from dloom.errors import ConfigurationError
+from dloom.errors import ConfigurationError, DloomError
 from dloom.metrics import speculation_summary
 from dloom.zoo import long_tasks
 from dloom.zoo.tasks import FAMILIES, Example, TaskFamily, held_out, train_stream
@@ -132,6 +132,16 @@ class EvaluationInterrupted(KeyboardInterrupt):
         self.partial = partial
 
 
+class EvaluationFailed(DloomError):
+    """A batch of :func:`evaluate` raised after earlier batches had finished: carries their
+    report (:attr:`partial`, ``complete=False``), so that nothing already decoded is lost; the
+    batch's own error is ``__cause__``. An error before any batch finished is raised as is."""
+
+    def __init__(self, partial: EvalReport, error: BaseException) -> None:
+        super().__init__(f"stopped after {partial.n} examples: {type(error).__name__}: {error}")
+        self.partial = partial
+
+
 class _Tally:
     """What :func:`evaluate` accumulates over batches."""
 
@@ -180,6 +190,13 @@ class _Tally:
             self.hook_seconds[name] += seconds
         self.speculation = _add_speculation(self.speculation, speculation)
 
+    def fail(self, error: Exception, config: dict[str, Any]) -> NoReturn:
+        """Re-raise ``error``: as itself when nothing was graded yet, else as
+        :class:`EvaluationFailed` carrying the report of what was."""
+        if not self.outputs:
+            raise error
+        raise EvaluationFailed(self.report(config, complete=False), error) from error
+
     def report(self, config: dict[str, Any], complete: bool) -> EvalReport:
         outputs, wall, nfe_total = self.outputs, self.wall, self.nfe_total
         per_task: dict[str, dict[str, float]] = {}
@@ -218,6 +235,7 @@ def evaluate(
     :param on_batch: called with each batch's output records as soon as it is graded
         (``dloom eval --json`` streams them).
     :raises EvaluationInterrupted: on Ctrl-C, carrying the report of the finished batches.
+    :raises EvaluationFailed: when a batch raises after others finished, carrying their report.
     """
     if batch_size < 1:
         raise ConfigurationError(f"batch size is {batch_size}; allowed: >= 1")
@@ -234,6 +252,8 @@ def evaluate(
                 bar.advance(task, len(chunk))
         except KeyboardInterrupt:
             raise EvaluationInterrupted(tally.report(config, complete=False)) from None
+        except Exception as error:
+            tally.fail(error, config)
     return tally.report(config, complete=True)
 
 
@@ -253,6 +273,7 @@ def evaluate_on_ray(
     :param actors: model replicas.
     :param on_batch: called with the output records of each row as it arrives.
     :raises EvaluationInterrupted: on Ctrl-C, carrying the report of the rows that arrived.
+    :raises EvaluationFailed: when decoding raises after some rows arrived, carrying their report.
     """
     from dloom.ray import iter_decoded
 
@@ -266,6 +287,8 @@ def evaluate_on_ray(
                 on_batch(records)
     except KeyboardInterrupt:
         raise EvaluationInterrupted(tally.report(config, complete=False)) from None
+    except Exception as error:
+        tally.fail(error, config)
     return tally.report(config, complete=True)
 
 
