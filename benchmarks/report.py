@@ -102,6 +102,7 @@ class Settings:
     graphs: Path = field(default_factory=lambda: ROOT / "benchmarks" / "results" / "graphs")
     target: str | None = None
     assistant: str | None = None
+    device: str = "cpu"
 
 
 def workload_tasks(model) -> str:
@@ -188,7 +189,7 @@ def run(
     (``command`` is recorded as the way to reproduce it; ``configs``: the headline matrix's)."""
     settings = settings or Settings()
     started = time.perf_counter()
-    model = load_model(model_name)
+    model = load_model(model_name, device=settings.device)
     tasks = workload_tasks(model) if settings.tasks == "auto" else settings.tasks
     matrix = settings.matrix if settings.matrix != "auto" else ("full" if tasks == "long" else "headline")
     if matrix == "full" and len(configs) != len(CONFIGS):
@@ -292,6 +293,7 @@ def options(args: argparse.Namespace, defaults: Settings) -> list[str]:
         ("--calibration-sizes", args.calibration_sizes, ",".join(map(str, defaults.calibration_sizes))),
         ("--calibration-min-prompts", args.calibration_min_prompts, defaults.calibration_min_prompts),
         ("--target", args.target, None), ("--assistant", args.assistant, None),
+        ("--device", args.device, defaults.device),
     ):
         if value != default:
             shown.append(f"{flag} {value}")
@@ -323,6 +325,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--graphs", type=Path, default=defaults.graphs, help="where calibrated graphs are written")
     parser.add_argument("--target", default=None, help="AR target for FailFast (this dLLM drafts)")
     parser.add_argument("--assistant", default=None, help="small AR assistant for assisted generation")
+    parser.add_argument("--device", default="cpu", help="where every model runs (e.g. cuda)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "report.json")
     parser.add_argument("--docs", type=Path, default=ROOT / "docs", help="docs directory to write into")
     parser.add_argument("--readme", type=Path, default=ROOT / "README.md")
@@ -375,7 +378,7 @@ def parse_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
     return Settings(
         tasks=args.tasks, matrix=args.matrix, deltas=deltas, caches=caches, calibration_paths=args.calibration_paths,
         calibration_sizes=sizes, calibration_min_prompts=args.calibration_min_prompts, graphs=args.graphs,
-        target=args.target, assistant=args.assistant,
+        target=args.target, assistant=args.assistant, device=args.device,
     )
 
 
