@@ -57,7 +57,8 @@ def calibrate_to_paths(
 
     The first try takes ``paths / paths_per_prompt`` prompts (default: the fewest that
     could, as a block of ``b`` steps yields at most ``b - 1`` paths); each later one scales
-    the count by the paths still missing.
+    the count by the paths still missing (by four when these prompts recorded none: every
+    block took one step).
 
     :param prompts: ``k`` -> the first ``k`` calibration prompts (a prefix of one stream).
     :raises ConfigurationError: when :data:`MAX_ATTEMPTS` calibrations fall short, or the
@@ -66,12 +67,19 @@ def calibrate_to_paths(
     blocks = math.ceil(decoder.gen_length / decoder.block_length)
     rate = paths_per_prompt or max(decoder.gen_length - blocks, 1)
     count = max(min_prompts, math.ceil(paths / rate))
+    got = 0
     for _ in range(MAX_ATTEMPTS):
-        graph = calibrate(decoder, list(prompts(count)), budget, description=description)
-        got = graph.calibration["paths"]
-        if got >= paths:
-            return graph
-        count = max(count + 1, math.ceil(count * paths / max(got, 1) * 1.05))
+        try:
+            graph = calibrate(decoder, list(prompts(count)), budget, description=description)
+        except ConfigurationError as error:
+            if "recorded no transition" not in str(error):
+                raise
+            got = 0  # every block of these prompts took one step: look at more of them
+        else:
+            got = graph.calibration["paths"]
+            if got >= paths:
+                return graph
+        count = 4 * count if got == 0 else max(count + 1, math.ceil(count * paths / got * 1.05))
     raise ConfigurationError(
         f"{decoder.composition.name}: {MAX_ATTEMPTS} calibrations reached {got} of {paths} paths; "
         "allowed: a path target the rule's steps can reach (fewer --calibration-paths)"

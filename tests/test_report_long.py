@@ -294,3 +294,26 @@ def test_the_long_page_shows_every_column_and_the_checklist(long_report, report_
     changed = copy.deepcopy(report)
     changed["targets"][0]["measured"] = "12.3% at δ = 0.5"
     assert "| 12.3% at δ = 0.5 |" in report_module.report_page(changed, root / "report.json", None)
+
+
+def test_the_full_matrix_and_failfast_on_the_toy_zoo(report_module, targets, tmp_path):
+    """The smallest full run (one δ, no cache, the shipped toy models): in the default test run."""
+    (tmp_path / "docs").mkdir()
+    for name in ("README.md", "docs/index.md"):
+        (tmp_path / name).write_text((ROOT / name).read_text())
+    report_module.main([
+        "--matrix", "full", "-n", "2", "--deltas", "0", "--caches", "none", "--calibration-paths", "20",
+        "--calibration-sizes", "5", "--calibration-min-prompts", "1", "--target", "toy-ar",
+        "--assistant", "toy-ar-small", "--out", str(tmp_path / "report.json"), "--docs", str(tmp_path / "docs"),
+        "--readme", str(tmp_path / "README.md"), "--graphs", str(tmp_path / "graphs"),
+    ])
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert (report["tasks"], report["matrix"]) == ("all", "full")
+    assert [r["name"] for r in report["rows"]] == ["quota", "threshold", "factor", "frechet-0", *SPIFFY]
+    assert all(r["identical_to_commit_rule"] == 1.0 for r in report["rows"] if r["speculation"])
+    assert all(g["paths"] >= 20 for g in report["calibration"]["graphs"].values())
+    ar, failfast = report["failfast"]["methods"]["ar"], report["failfast"]["methods"]["failfast"]
+    assert ar["target_forwards"] == ar["generated_tokens"] + 2 and failfast["identical_to_ar"] == 1.0
+    assert report["targets"] == targets.checklist(report)
+    page = (tmp_path / "docs" / "benchmarks" / "report.md").read_text()
+    assert "## Targets" in page and "## FailFast" in page and "**Chosen: δ = 0**" in page
