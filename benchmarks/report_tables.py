@@ -169,7 +169,7 @@ def calibration_table(report: dict[str, Any]) -> str:
         f"Each rule's draft graph ({calibration['budget']} nodes) was calibrated by "
         f"`dloom_plugins.spiffy.calibrate` on the first prompts of the `{calibration['tasks']}` "
         f"training stream (seed {calibration['seed']}; never a held-out prompt) reaching "
-        f"{calibration['paths']} paths, on at least {calibration['min_prompts']} prompts.", "",
+        f"{calibration['paths']} paths, on at least {calibration['min_prompts']} prompt(s).", "",
         "| rule | prompts | paths | distinct formulas | seconds | graph |", "|---|---|---|---|---|---|",
     ]
     for rule, g in calibration["graphs"].items():
