@@ -2,22 +2,41 @@
 
 ::
 
-    python benchmarks/report.py -n 140            # the published report
+    python benchmarks/report.py -n 140            # the published toy report
     python benchmarks/report.py -n 140 --micro    # plus the pytest-benchmark suite
+    python benchmarks/report.py --model long-dllm -n 300 --target long-ar --assistant long-ar-small
 
-In one process it decodes the same held-out task prompts of the toy zoo with every
-configuration in :data:`CONFIGS` (the one-token-per-step baseline first), grades them with
-:func:`dloom.evaluation.evaluate`, and records accuracy, NFE, tokens per forward (TPF),
-tokens per second (TPS), hook time shares, Spiffy's acceptance (drafts accepted per
-row-verification, as a histogram) and the ratios against the baseline of the same run; and the
-distance to the limit: the oracle NFE of the same prompts (:mod:`dloom.oracle`), each
-configuration's NFE ÷ oracle, NFE per answer token, padding share (generated positions after
-the first EOS) and, for Spiffy, the most it could save over its commit rule alone.
-Then it writes, all from that one run (``DOCS`` is ``--docs``, default ``docs/``):
+The workload comes from the model: a tokenizer that writes every character of
+:data:`dloom.zoo.long_tasks.ALPHABET` decodes the long-answer suite (``--tasks long``), any
+other the toy suite (``--tasks all``); ``--tasks`` overrides it. In one process the report
+decodes the same held-out prompts with every configuration of its matrix (the
+one-token-per-step baseline first), grades them with :func:`dloom.evaluation.evaluate`, and
+records accuracy, NFE, tokens per forward (TPF), tokens per second (TPS), hook time shares,
+Spiffy's acceptance and the ratios against the baseline of the same run; and the distance to
+the limit: the oracle NFE of the same prompts (:mod:`dloom.oracle`), each configuration's NFE
+÷ oracle, NFE per answer token, padding share and the most Spiffy could save over its rule.
+
+Matrices (``--matrix``; ``auto``: ``full`` on the long suite, ``headline`` on the toy one):
+
+* ``headline``: the toy report's configurations (:data:`report_measure.CONFIGS`), Spiffy with
+  its built-in graphs;
+* ``full``: quota, threshold 0.9, factor 1 and Fréchet at every δ of ``--deltas``, each under
+  every cache of ``--caches``; Fréchet's δ chosen from the sweep at matched accuracy
+  (:func:`report_targets.choose_delta`); Spiffy over quota, threshold, factor and the chosen
+  Fréchet under every cache, with graphs calibrated here on at least ``--calibration-paths``
+  paths of training-split prompts (:mod:`report_calibration`), and Spiffy (no cache) with
+  graphs of each ``--calibration-sizes`` against its rule alone.
+
+With ``--target`` (and ``--assistant``), FailFast with this dLLM as drafter against AR
+decoding and assisted generation (:mod:`report_failfast`). Every run ends with issue 19's
+targets as a checklist computed from its rows (:func:`report_targets.checklist`).
+
+It writes (``DOCS`` is ``--docs``, default ``docs/``):
 
 * ``--out`` (default ``benchmarks/results/report.json``): every figure, machine-readable;
 * ``DOCS/benchmarks/report.md``: the generated tables (never edit it by hand);
-* ``DOCS/assets/report-accuracy-nfe.png``, ``report-speedup.png``, ``report-acceptance.png``;
+* ``DOCS/assets/report-accuracy-nfe.png``, ``report-speedup.png``, ``report-acceptance.png``
+  and, with the full matrix, ``report-calibration.png``;
 * the headline table between ``<!-- report:headline:start -->`` and
   ``<!-- report:headline:end -->`` in ``--readme`` and ``DOCS/index.md``;
 * with ``--micro``: the pytest-benchmark suite ``benchmarks/test_bench_strategies.py``, its
@@ -34,233 +53,174 @@ import datetime
 import json
 import os
 import platform
-import re
 import subprocess
 import sys
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-import matplotlib
-import matplotlib.ticker
 import torch
 
-from dloom import DiffusionDecoder, hookimpl, load_model
-from dloom.evaluation import evaluate, select_examples
-from dloom.oracle import oracle_nfe
-from dloom.registry import get_registry
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the report's sibling modules
 
-matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
+from dloom import DiffusionDecoder, load_model  # noqa: E402
+from dloom.errors import ConfigurationError  # noqa: E402
+from dloom.evaluation import SUITES, select_examples  # noqa: E402
+from dloom.zoo import long_tasks, tasks as toy_tasks  # noqa: E402
+
+from report_calibration import calibrate_sizes, calibration_examples  # noqa: E402
+from report_measure import (  # noqa: E402
+    BASELINE, CACHES, CONFIGS, DELTAS, Config, base_rules, cached, compare, drop_texts, frechet, measure,
+    measure_oracle, same_outputs, spiffy_over,
+)
+from report_plots import plot_acceptance, plot_accuracy_nfe, plot_calibration, plot_speedup  # noqa: E402
+from report_tables import (  # noqa: E402,F401  (headline_table, oracle_table, micro_table: the tests' API)
+    CALIBRATION_PLOT, PLOTS, headline_table, micro_table, oracle_table, replace_marked, report_page,
+)
+from report_targets import checklist, choose_delta  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-HOOKS = ("forward", "select_commit", "draft", "prune", "build_mask", "verify")
-PLOTS = {
-    "accuracy_nfe": "report-accuracy-nfe.png",
-    "speedup": "report-speedup.png",
-    "acceptance": "report-acceptance.png",
-}
-MARKER = "<!-- report:{name}:{end} -->"
+MATRICES = ("auto", "headline", "full")
+CALIBRATION_SIZES = (25, 100, 250)
+"""Calibration sizes (paths) Spiffy is measured at next to its main graph's."""
 
 
-@dataclass(frozen=True)
-class Config:
-    """One measured configuration.
+@dataclass
+class Settings:
+    """What the full matrix, the calibration and FailFast take (``main``'s options)."""
 
-    :ivar name: short identifier (JSON key and plot label).
-    :ivar label: how the tables name it.
-    :ivar strategy: a registered strategy or composition.
-    :ivar params: strategy parameters.
-    :ivar cache: KV cache mode.
-    :ivar headline: whether it appears in the README's headline table.
+    tasks: str = "auto"
+    matrix: str = "auto"
+    deltas: tuple[float, ...] = DELTAS
+    caches: tuple[str, ...] = CACHES
+    calibration_paths: int = 500
+    calibration_sizes: tuple[int, ...] = CALIBRATION_SIZES
+    calibration_min_prompts: int = 32
+    calibration_seed: int = 0
+    spiffy_budget: int = 10
+    graphs: Path = field(default_factory=lambda: ROOT / "benchmarks" / "results" / "graphs")
+    target: str | None = None
+    assistant: str | None = None
+    device: str = "cpu"
+
+
+def workload_tasks(model) -> str:
+    """The suite ``model`` is benchmarked on: ``"long"`` when its tokenizer writes every
+    character of the long-answer suite, ``"all"`` (the toy suite) when it writes the toy one's.
+
+    :raises ConfigurationError: for a model without a tokenizer or one that writes neither.
     """
-
-    name: str
-    label: str
-    strategy: str
-    params: dict[str, Any] = field(default_factory=dict)
-    cache: str = "none"
-    headline: bool = False
-
-
-BASELINE = Config("quota", "quota, one token per step (baseline)", "quota", headline=True)
-CONFIGS: tuple[Config, ...] = (
-    BASELINE,
-    Config("threshold", "threshold τ = 0.9", "threshold", {"tau": 0.9}, headline=True),
-    Config("factor", "factor f = 1", "factor", {"f": 1.0}, headline=True),
-    Config("frechet", "Fréchet δ = 0", "frechet", {"delta": 0.0}, headline=True),
-    Config("spiffy+quota", "Spiffy over quota", "spiffy+quota", headline=True),
-    Config("spiffy+threshold", "Spiffy over threshold τ = 0.9", "spiffy+threshold", {"tau": 0.9},
-           headline=True),
-    Config("spiffy+frechet", "Spiffy over Fréchet δ = 0", "spiffy+frechet", {"delta": 0.0}),
-    Config("threshold/dual", "threshold τ = 0.9, dual cache", "threshold", {"tau": 0.9}, cache="dual"),
-    Config("frechet/dual", "Fréchet δ = 0, dual cache", "frechet", {"delta": 0.0}, cache="dual"),
-    Config(
-        "spiffy+frechet/dual", "Spiffy (packed) over Fréchet δ = 0, dual cache", "spiffy+frechet",
-        {"delta": 0.0, "layout": "packed"}, cache="dual", headline=True,
-    ),
-)
+    vocabulary = model.tokenizer.get_vocab() if model.tokenizer is not None else {}
+    for suite, alphabet in (("long", long_tasks.ALPHABET), ("all", toy_tasks.ALPHABET)):
+        if all(character in vocabulary for character in alphabet):
+            return suite
+    raise ConfigurationError(
+        f"model {model.name!r}'s tokenizer writes neither the toy suite's nor the long suite's "
+        "characters; allowed: a zoo-style character tokenizer, or --tasks all|long"
+    )
 
 
-class AcceptanceRecorder:
-    """A ``dloom_verify`` wrapper keeping the drafts each row-verification accepted.
-
-    Registered on a decoder's plugin manager next to its timing wrapper; it holds the
-    device tensors and reads them once at the end, adding no host synchronisation per step.
-    """
-
-    def __init__(self) -> None:
-        self._steps: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-    @hookimpl(wrapper=True)
-    def dloom_verify(self, state):
-        verdict = yield
-        self._steps.append((verdict.accepted, state.active))
-        return verdict
-
-    def histogram(self) -> list[int]:
-        """``counts[k]``: row-verifications (rows still decoding) that accepted ``k`` drafts."""
-        if not self._steps:
-            return []
-        accepted = torch.cat([a[active] for a, active in self._steps]).long().cpu()
-        return torch.bincount(accepted).tolist()
+def log(row: dict[str, Any]) -> None:
+    print(f"{row['name']:26s} acc {row['accuracy']:6.1%}  NFE {row['nfe_mean']:7.2f}  "
+          f"TPF {row['tpf']:5.2f}  TPS {row['tps']:7.1f}", file=sys.stderr, flush=True)
 
 
-class BlockFloor:
-    """A ``dloom_select_commit`` wrapper counting, per row, the steps that are among the first
-    two of their block: ``sum over blocks of min(steps, 2)``, the fewest forwards a
-    speculative strategy over this commit rule could take (a block's first forward is plain;
-    at best one verification then completes the block). Device tensors, read once."""
-
-    def __init__(self) -> None:
-        self._steps: list[torch.Tensor] = []
-
-    @hookimpl(wrapper=True)
-    def dloom_select_commit(self, confidence, selectable, schedule):
-        commit = yield
-        self._steps.append((selectable.any(-1) & (schedule.step_in_block < 2)).sum())
-        return commit
-
-    def total(self) -> int:
-        return int(torch.stack(self._steps).sum()) if self._steps else 0
+def measured(model, config: Config, examples, batch_size: int) -> dict[str, Any]:
+    row = measure(model, config, examples, batch_size)
+    log(row)
+    return row
 
 
-def measure(model, config: Config, examples, batch_size: int) -> dict[str, Any]:
-    """Decode and grade ``examples`` with ``config``; the row of the report (with texts)."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        decoder = DiffusionDecoder(model, config.strategy, params=config.params, cache=config.cache)
-    recorder, floor = AcceptanceRecorder(), BlockFloor()
-    decoder.pm.register(recorder)
-    speculative = decoder.composition.provider("dloom_draft") is not None
-    if not speculative:
-        decoder.pm.register(floor)
-    report = evaluate(decoder, examples, batch_size=batch_size, progress=False)
-    claim = get_registry().get(decoder.composition.provider("dloom_select_commit")).claim
-    return {
-        "name": config.name,
-        "label": config.label,
-        "strategy": decoder.composition.name,
-        "params": decoder.composition.params(),
-        "cache": config.cache,
-        "commit_rule": decoder.composition.provider("dloom_select_commit"),
-        "guarantee": report.speculation["guarantee"] if report.speculation else claim.kind,
-        "headline": config.headline,
-        "accuracy": report.accuracy,
-        "nfe_mean": report.nfe_mean,
-        "tpf": report.tpf,
-        "tps": report.tps,
-        "hook_share": {hook: report.hook_share.get(hook, 0.0) for hook in HOOKS},
-        "speculation": report.speculation,
-        "acceptance_histogram": recorder.histogram(),
-        "nfe_per_answer_token": 1 / report.tpf if report.tpf else None,
-        "padding_share": 1 - report.tpf * report.nfe_mean / decoder.gen_length,
-        "spiffy_floor_nfe_mean": None if speculative else floor.total() / len(examples),
-        "warnings": [str(w.message) for w in caught],
-        "texts": [o["text"] for o in report.outputs],
-        "nfe": [o["nfe"] for o in report.outputs],
+def run_full(model, examples, tasks: str, batch_size: int, settings: Settings, model_name: str) -> dict[str, Any]:
+    """The full matrix: every rule under every cache, Fréchet's δ choice, Spiffy's graphs
+    and rows, and Spiffy against calibration size. ``{"rows", "frechet_choice",
+    "calibration"}``; the rows keep their texts."""
+    rules = base_rules(settings.deltas)
+    rows = [measured(model, cached(rule, cache), examples, batch_size) for cache in settings.caches for rule in rules]
+    plain = {row["name"]: row for row in rows if row["cache"] == "none"}
+    sweep = [row for row in plain.values() if row["commit_rule"] == "frechet"]
+    choice = choose_delta(plain["threshold"], sweep)
+    # No δ matched: Spiffy goes over the most accurate one (ties: the smaller δ).
+    delta = choice["delta"] if choice["delta"] is not None else max(
+        sweep, key=lambda r: (r["accuracy"], -r["delta"]))["delta"]
+    for name in ("quota", "threshold", "factor", frechet(delta).name):
+        plain[name]["headline"] = True
+    graphs: dict[str, dict[str, Any]] = {}
+    curve: list[dict[str, Any]] = []
+    sizes = sorted({*settings.calibration_sizes, settings.calibration_paths})
+    description = {"tasks": tasks, "split": "train", "seed": settings.calibration_seed}
+
+    def prompts(count: int) -> list[str]:
+        return [e.prompt for e in calibration_examples(tasks, count, settings.calibration_seed, examples)]
+
+    out = settings.graphs / Path(model_name).name
+    for rule in (BASELINE, CONFIGS[1], CONFIGS[2], frechet(delta)):
+        records = calibrate_sizes(model, rule, sizes, prompts, settings.spiffy_budget, out,
+                                  settings.calibration_min_prompts, description)
+        graphs[rule.name] = records[-1]
+        alone = plain[rule.name]
+        for cache in settings.caches:
+            row = measured(model, cached(spiffy_over(rule, records[-1]["graph"]), cache), examples, batch_size)
+            row["headline"] = cache == "none" or (cache == "dual" and rule.strategy == "frechet")
+            rows.append(row)
+        main_row = next(r for r in rows if r["name"] == f"spiffy+{rule.strategy}")
+        for record in records:
+            row = main_row if record is records[-1] else measure(
+                model, spiffy_over(rule, record["graph"]), examples, batch_size)
+            curve.append({
+                "rule": rule.name, "target_paths": record["target_paths"], "paths": record["paths"],
+                "prompts": record["prompts"], "nfe_mean": row["nfe_mean"],
+                "nfe_ratio": alone["nfe_mean"] / row["nfe_mean"], "identical_to_commit_rule": same_outputs(row, alone),
+            })
+    calibration = {
+        "tasks": tasks, "seed": settings.calibration_seed, "paths": settings.calibration_paths,
+        "min_prompts": settings.calibration_min_prompts, "budget": settings.spiffy_budget,
+        "graphs": graphs, "curve": curve,
     }
-
-
-def measure_oracle(model, examples) -> dict[str, Any]:
-    """The oracle NFE of ``examples`` under the baseline's lengths (:func:`dloom.oracle.oracle_nfe`)."""
-    result = oracle_nfe(DiffusionDecoder(model, BASELINE.strategy), [e.prompt for e in examples])
-    reached = result.nfe[result.reached]
-    return {
-        "nfe": result.nfe.tolist(),
-        "reached": result.reached.tolist(),
-        "nfe_mean": float(reached.float().mean()) if len(reached) else None,
-        "reached_share": float(result.reached.float().mean()),
-    }
-
-
-def compare(rows: list[dict[str, Any]], oracle: dict[str, Any]) -> None:
-    """Add ratios against the baseline (the first row) and the oracle, and output agreement,
-    in place.
-
-    ``nfe_over_oracle`` compares NFE on the prompts where the oracle reproduced the greedy
-    output; ``spiffy_max_saving`` is a speculative row's commit rule alone (same parameters
-    and cache) in NFE over the fewest forwards speculation over it could take.
-
-    ``identical_to_commit_rule`` compares a speculative configuration with its commit rule
-    run alone under the same parameters and cache (``None`` when not measured or not
-    speculative); the texts are dropped afterwards.
-    """
-    base = rows[0]
-
-    def same(a, b) -> float:
-        return sum(x == y for x, y in zip(a["texts"], b["texts"])) / len(a["texts"])
-
-    def alone(row) -> dict[str, Any] | None:
-        rule = row["commit_rule"]
-        return next((r for r in rows if r["speculation"] is None and r["strategy"] == rule
-                     and r["params"] == {rule: row["params"][rule]} and r["cache"] == row["cache"]),
-                    None)
-
-    for row in rows:
-        row["nfe_ratio"] = base["nfe_mean"] / row["nfe_mean"] if row["nfe_mean"] else 0.0
-        row["tps_ratio"] = row["tps"] / base["tps"] if base["tps"] else 0.0
-        row["identical_to_baseline"] = same(row, base)
-        reference = alone(row) if row["speculation"] else None
-        row["identical_to_commit_rule"] = same(row, reference) if reference else None
-        kept = [nfe for nfe, reached in zip(row["nfe"], oracle["reached"]) if reached]
-        row["nfe_over_oracle"] = (
-            sum(kept) / len(kept) / oracle["nfe_mean"] if oracle["nfe_mean"] else None
-        )
-        floor = reference["spiffy_floor_nfe_mean"] if reference else None
-        row["spiffy_max_saving"] = reference["nfe_mean"] / floor if floor else None
-    for row in rows:
-        row.pop("texts")
-        row.pop("nfe")
+    return {"rows": rows, "frechet_choice": choice, "calibration": calibration}
 
 
 def run(
-    model_name: str, n: int, batch_size: int, configs: Sequence[Config], command: str
+    model_name: str, n: int, batch_size: int, configs: Sequence[Config], command: str,
+    settings: Settings | None = None,
 ) -> dict[str, Any]:
-    """Measure ``configs`` on the same ``n`` held-out prompts; the report's JSON object
-    (``command`` is recorded as the way to reproduce it)."""
+    """Measure the matrix on the same ``n`` held-out prompts; the report's JSON object
+    (``command`` is recorded as the way to reproduce it; ``configs``: the headline matrix's)."""
+    settings = settings or Settings()
     started = time.perf_counter()
-    model = load_model(model_name)
-    examples = select_examples("all", n)
+    model = load_model(model_name, device=settings.device)
+    tasks = workload_tasks(model) if settings.tasks == "auto" else settings.tasks
+    matrix = settings.matrix if settings.matrix != "auto" else ("full" if tasks == "long" else "headline")
+    if matrix == "full" and len(configs) != len(CONFIGS):
+        raise ConfigurationError("--configs picks configurations of the headline matrix; the full matrix "
+                                 "takes --deltas, --caches and --calibration-* instead")
+    examples = select_examples(tasks, n)
     # Warm up (lazy initialisation, allocator) so that the first configuration's TPS is fair.
     DiffusionDecoder(model, BASELINE.strategy).generate([e.prompt for e in examples[:2]])
-    rows = []
-    for config in configs:
-        rows.append(measure(model, config, examples, batch_size))
-        row = rows[-1]
-        print(f"{config.name:22s} acc {row['accuracy']:6.1%}  NFE {row['nfe_mean']:6.2f}  "
-              f"TPF {row['tpf']:5.2f}  TPS {row['tps']:7.1f}", file=sys.stderr, flush=True)
+    if matrix == "full":
+        measured_matrix = run_full(model, examples, tasks, batch_size, settings, model_name)
+    else:
+        measured_matrix = {"rows": [measured(model, c, examples, batch_size) for c in configs],
+                           "frechet_choice": None, "calibration": None}
+    rows = measured_matrix["rows"]
     oracle = measure_oracle(model, examples)
-    print(f"{'oracle':22s} NFE {oracle['nfe_mean']:6.2f}  reached {oracle['reached_share']:6.1%}",
+    print(f"{'oracle':26s} NFE {oracle['nfe_mean']:7.2f}  reached {oracle['reached_share']:6.1%}",
           file=sys.stderr, flush=True)
     compare(rows, oracle)
+    drop_texts(rows)
+    failfast = None
+    if settings.target is not None:
+        from report_failfast import measure_failfast
+
+        failfast = measure_failfast(model, settings.target, settings.assistant, examples, SUITES[tasks])
     sample = DiffusionDecoder(model, BASELINE.strategy).config
-    return {
+    report = {
         "command": command,
         "date": datetime.date.today().isoformat(),
         "model": model_name,
+        "tasks": tasks,
+        "matrix": matrix,
         "n": n,
         "batch_size": batch_size,
         "gen_length": sample["gen_length"],
@@ -274,270 +234,13 @@ def run(
         "baseline": BASELINE.name,
         "oracle": {key: oracle[key] for key in ("nfe_mean", "reached_share")},
         "rows": rows,
-        "seconds": round(time.perf_counter() - started, 1),
+        "frechet_choice": measured_matrix["frechet_choice"],
+        "calibration": measured_matrix["calibration"],
+        "failfast": failfast,
     }
-
-
-# --- tables ----------------------------------------------------------------------------
-
-
-def percent(value: float | None) -> str:
-    return "" if value is None else f"{value:.0%}"
-
-
-def blocks(report: dict[str, Any]) -> str:
-    gen, block = report["gen_length"], report["block_length"]
-    return f"one block of {gen}" if gen == block else f"{gen} positions in blocks of {block}"
-
-
-def guarantee(row: dict[str, Any]) -> str:
-    """The row's guarantee, naming what a speculative configuration is lossless against."""
-    return f"{row['guarantee']} against {row['commit_rule']}" if row["speculation"] else row["guarantee"]
-
-
-def headline_table(report: dict[str, Any]) -> str:
-    """The headline: accuracy, forwards and speed of each headline configuration."""
-    lines = [
-        f"Measured by `{report['command']}` on `{report['model']}` ({report['n']} held-out "
-        f"prompts, greedy, {blocks(report)}, {report['dtype']}, {report['device']}, "
-        f"{report['torch_threads']} thread(s), {report['date']}). Ratios are against the "
-        "baseline of the same run.",
-        "",
-        "| strategy | guarantee | accuracy | NFE / prompt | fewer NFE | tokens / forward "
-        "| TPS speed-up | outputs = baseline | outputs = its rule alone |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for row in report["rows"]:
-        if row["headline"]:
-            lines.append(
-                f"| {row['label']} | {guarantee(row)} | {row['accuracy']:.0%} | "
-                f"{row['nfe_mean']:.2f} | {row['nfe_ratio']:.1f}× | {row['tpf']:.2f} | "
-                f"{row['tps_ratio']:.2f}× | {percent(row['identical_to_baseline'])} | "
-                f"{percent(row['identical_to_commit_rule'])} |"
-            )
-    return "\n".join(lines)
-
-
-def detail_tables(report: dict[str, Any]) -> str:
-    """Every configuration's figures, hook shares and acceptance."""
-    out = [
-        "## Every configuration",
-        "",
-        "| configuration | strategy | cache | accuracy | NFE | TPF | TPS | fewer NFE | TPS speed-up | = baseline |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for row in report["rows"]:
-        out.append(
-            f"| {row['label']} | `{row['strategy']}` | {row['cache']} | {row['accuracy']:.1%} | "
-            f"{row['nfe_mean']:.2f} | {row['tpf']:.2f} | {row['tps']:.0f} | {row['nfe_ratio']:.2f}× | "
-            f"{row['tps_ratio']:.2f}× | {percent(row['identical_to_baseline'])} |"
-        )
-    out += ["", "## Where the time goes", "",
-            "Share of the wall time spent in the model's forward and in each hook.", "",
-            "| configuration | " + " | ".join(HOOKS) + " |", "|---|" + "---|" * len(HOOKS)]
-    for row in report["rows"]:
-        out.append(f"| {row['label']} | " + " | ".join(f"{row['hook_share'][h]:.1%}" for h in HOOKS) + " |")
-    out += ["", oracle_table(report)]
-    speculative = [r for r in report["rows"] if r["speculation"]]
-    if speculative:
-        out += ["", "## Speculation", "",
-                "Drafts accepted per row-verification (each accepted draft saves one forward), "
-                "and the share of outputs equal to the commit rule run alone.", "",
-                "| configuration | guarantee | verifications | accepted drafts | per verification "
-                "| = its rule alone |",
-                "|---|---|---|---|---|---|"]
-        for row in speculative:
-            s = row["speculation"]
-            out.append(
-                f"| {row['label']} | {s['guarantee']} | {s['verifications']} | {s['accepted_drafts']} | "
-                f"{s['accepted_per_verification']:.2f} | {percent(row['identical_to_commit_rule'])} |"
-            )
-    return "\n".join(out)
-
-
-def ratio(value: float | None, digits: int = 2) -> str:
-    return "" if value is None else f"{value:.{digits}f}×"
-
-
-def oracle_table(report: dict[str, Any]) -> str:
-    """Distance to the limit: each configuration against the oracle NFE of the same prompts."""
-    oracle = report["oracle"]
-    out = [
-        "## Distance to the limit", "",
-        f"The oracle commits, at every forward, each masked position whose argmax is already "
-        f"the final greedy token (the engine's own layout, `dloom.oracle`): "
-        f"**{oracle['nfe_mean']:.2f} forwards per prompt**, on the "
-        f"{oracle['reached_share']:.0%} of prompts where it reproduces the greedy output (the "
-        "others meet a dead end). *Spiffy could save at most* is the commit rule alone in NFE "
-        "over the sum, over its blocks, of min(steps, 2): a block's first forward is plain and "
-        "at best one verification completes it.", "",
-        "| configuration | NFE | NFE ÷ oracle | NFE / answer token | padding share "
-        "| Spiffy could save at most | Spiffy saves |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for row in report["rows"]:
-        out.append(
-            f"| {row['label']} | {row['nfe_mean']:.2f} | {ratio(row['nfe_over_oracle'])} | "
-            f"{row['nfe_per_answer_token']:.3f} | {row['padding_share']:.0%} | "
-            f"{ratio(row['spiffy_max_saving'])} | {ratio(spiffy_saving(report, row))} |"
-        )
-    return "\n".join(out)
-
-
-def spiffy_saving(report: dict[str, Any], row: dict[str, Any]) -> float | None:
-    """A speculative row's measured saving over its commit rule alone (same parameters and
-    cache), ``None`` for other rows or when that rule was not measured."""
-    if not row["speculation"]:
-        return None
-    rule = row["commit_rule"]
-    alone = next((r for r in report["rows"] if r["speculation"] is None and r["strategy"] == rule
-                  and r["params"] == {rule: row["params"][rule]} and r["cache"] == row["cache"]), None)
-    return alone["nfe_mean"] / row["nfe_mean"] if alone else None
-
-
-def micro_table(path: Path) -> str:
-    """The pytest-benchmark results: mean time per hook call or per decoded batch."""
-    data = json.loads(path.read_text())
-    out = ["## Micro-benchmarks", "",
-           f"`python -m pytest benchmarks/test_bench_strategies.py` (pytest-benchmark), "
-           f"JSON: `{shown(path)}`.", "",
-           "| benchmark | mean | min | rounds | NFE / prompt |", "|---|---|---|---|---|"]
-    for bench in data["benchmarks"]:
-        stats, nfe = bench["stats"], bench["extra_info"].get("nfe_mean")
-        out.append(f"| `{bench['name']}` | {seconds(stats['mean'])} | {seconds(stats['min'])} | "
-                   f"{stats['rounds']} | {'' if nfe is None else f'{nfe:.2f}'} |")
-    return "\n".join(out)
-
-
-def seconds(value: float) -> str:
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
-        if value >= scale:
-            return f"{value / scale:.2f} {unit}"
-    return f"{value / 1e-9:.0f} ns"
-
-
-def shown(path: Path) -> str:
-    """``path`` relative to the repository when it lies inside it."""
-    path = path.resolve()
-    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
-
-
-READING = """\
-**Reading the tables.** *NFE* is forwards per prompt and *tokens / forward* (TPF) generated
-tokens per forward; *fewer NFE* and *TPS speed-up* divide by the baseline's figure. *Outputs
-= baseline* is the share of prompts whose output equals quota's one token per step; a
-lossless strategy must reach 100 % in *outputs = its rule alone*. A Spiffy verification
-forward carries up to `D* + 1` rows per prompt: on a GPU that costs little more than a plain
-forward, on a CPU it costs nearly `D* + 1` of them, so there its TPS speed-up trails its NFE
-ratio. With a few prompts the accuracies are noisy; the ratios are the point."""
-
-
-def report_page(report: dict[str, Any], out: Path, micro: Path | None) -> str:
-    """The whole generated page."""
-    images = "\n\n".join(
-        f"![{alt}](../assets/{PLOTS[key]})" for key, alt in (
-            ("accuracy_nfe", "accuracy versus NFE"), ("speedup", "speed-up over the baseline"),
-            ("acceptance", "drafts accepted per verification"),
-        )
-    )
-    parts = [
-        "<!-- Generated by benchmarks/report.py from one run; do not edit by hand. -->",
-        "",
-        "# Benchmark report",
-        "",
-        "Generated by `benchmarks/report.py`; every number on this page comes from one run, "
-        f"recorded in `{shown(out)}` ({report['machine']}, torch "
-        f"{report['torch']}, {report['seconds']} s).",
-        "",
-        headline_table(report),
-        "",
-        READING,
-        "",
-        images,
-        "",
-        detail_tables(report),
-    ]
-    if micro is not None:
-        parts += ["", micro_table(micro)]
-    return "\n".join(parts) + "\n"
-
-
-def replace_marked(text: str, name: str, body: str) -> str:
-    """``text`` with the lines between the ``report:NAME`` markers replaced by ``body``."""
-    start, end = MARKER.format(name=name, end="start"), MARKER.format(name=name, end="end")
-    pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.S)
-    if not pattern.search(text):
-        raise SystemExit(f"markers {start} ... {end} not found")
-    return pattern.sub(lambda _: f"{start}\n{body}\n{end}", text)
-
-
-# --- plots -----------------------------------------------------------------------------
-
-
-GUARANTEE_MARKERS = {
-    "reference": "s", "approximate": "^", "bound": "D", "lossless": "o", "near-lossless": "X",
-}
-
-
-def plot_accuracy_nfe(report: dict[str, Any], path: Path) -> None:
-    """Accuracy against forwards per prompt; the marker says the guarantee."""
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for row in report["rows"]:
-        ax.scatter(row["nfe_mean"], 100 * row["accuracy"], s=50, label=f"{row['name']} ({guarantee(row)})",
-                   marker=GUARANTEE_MARKERS.get(row["guarantee"], "v"))
-    ax.set_xscale("log", base=2)
-    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:g}"))
-    ax.set_xlabel("forwards per prompt (NFE, log scale)")
-    ax.set_ylabel("accuracy (%)")
-    ax.set_title(f"{report['model']}: accuracy versus NFE ({report['n']} prompts)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def plot_speedup(report: dict[str, Any], path: Path) -> None:
-    """Fewer forwards and tokens-per-second speed-up of every configuration over the baseline."""
-    rows = report["rows"][1:]
-    y = range(len(rows))
-    fig, ax = plt.subplots(figsize=(7, 0.45 * len(rows) + 1.5))
-    for offset, key, label in ((-0.2, "nfe_ratio", "fewer NFE (×)"), (0.2, "tps_ratio", "TPS speed-up (×)")):
-        # bars grow from 1 (no change): right is a gain, left a loss
-        ax.barh([i + offset for i in y], [r[key] - 1 for r in rows], left=1, height=0.4, label=label)
-    ax.axvline(1.0, color="black", linewidth=0.8)
-    ax.set_xscale("log", base=2)
-    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:g}"))
-    ax.set_yticks(list(y), [r["name"] for r in rows], fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlabel(f"ratio against {report['baseline']} one token per step (log scale)")
-    ax.legend(fontsize=8, ncol=2, loc="lower center", bbox_to_anchor=(0.5, 1.0))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def plot_acceptance(report: dict[str, Any], path: Path) -> None:
-    """Histogram of drafts accepted per row-verification, one bar group per configuration."""
-    rows = [r for r in report["rows"] if r["acceptance_histogram"]]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    width = 0.8 / max(len(rows), 1)
-    for i, row in enumerate(rows):
-        counts = row["acceptance_histogram"]
-        total = sum(counts)
-        ax.bar([k + (i - (len(rows) - 1) / 2) * width for k in range(len(counts))],
-               [100 * c / total for c in counts], width=width, label=row["name"])
-    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    ax.set_xlabel("drafts accepted in one row-verification")
-    ax.set_ylabel("share of row-verifications (%)")
-    ax.set_title("Spiffy: acceptance per verification")
-    if rows:
-        ax.legend(fontsize=8)
-    else:
-        ax.text(0.5, 0.5, "no speculative configuration", ha="center", transform=ax.transAxes)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    report["targets"] = checklist(report)
+    report["seconds"] = round(time.perf_counter() - started, 1)
+    return report
 
 
 # --- the command -----------------------------------------------------------------------
@@ -562,22 +265,67 @@ def write(report: dict[str, Any], out: Path, docs: Path, readme: Path, micro: Pa
     plot_accuracy_nfe(report, plots["accuracy_nfe"])
     plot_speedup(report, plots["speedup"])
     plot_acceptance(report, plots["acceptance"])
+    written = list(plots.values())
+    if report.get("calibration") and report["calibration"]["curve"]:
+        plot_calibration(report, assets / CALIBRATION_PLOT)
+        written.append(assets / CALIBRATION_PLOT)
     page = docs / "benchmarks" / "report.md"
     page.write_text(report_page(report, out, micro))
     headline = headline_table(report)
     for target in (readme, docs / "index.md"):
         target.write_text(replace_marked(target.read_text(), "headline", headline))
-    return [page, *plots.values(), readme, docs / "index.md"]
+    return [page, *written, readme, docs / "index.md"]
+
+
+def numbers(kind: type, text: str) -> tuple[Any, ...]:
+    return tuple(kind(part) for part in text.split(",") if part.strip())
+
+
+def options(args: argparse.Namespace, defaults: Settings) -> list[str]:
+    """The options of ``args`` that differ from their defaults, as the recorded command writes them."""
+    shown = []
+    for flag, value, default in (
+        ("--model", args.model, "toy-dllm"), ("--tasks", args.tasks, defaults.tasks),
+        ("--matrix", args.matrix, defaults.matrix), ("--configs", args.configs, "all"),
+        ("--deltas", args.deltas, ",".join(f"{d:g}" for d in defaults.deltas)),
+        ("--caches", args.caches, ",".join(defaults.caches)),
+        ("--calibration-paths", args.calibration_paths, defaults.calibration_paths),
+        ("--calibration-sizes", args.calibration_sizes, ",".join(map(str, defaults.calibration_sizes))),
+        ("--calibration-min-prompts", args.calibration_min_prompts, defaults.calibration_min_prompts),
+        ("--target", args.target, None), ("--assistant", args.assistant, None),
+        ("--device", args.device, defaults.device),
+    ):
+        if value != default:
+            shown.append(f"{flag} {value}")
+    return shown
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    defaults = Settings()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="toy-dllm", help="zoo name or checkpoint directory (with a tokenizer)")
     parser.add_argument("-n", type=int, default=140, help="held-out prompts, balanced over the task families")
+    parser.add_argument("--tasks", default="auto", choices=("auto", *SUITES),
+                        help="task suite (auto: the one the model's tokenizer writes)")
+    parser.add_argument("--matrix", default="auto", choices=MATRICES,
+                        help="configurations: headline (the toy report's) or full (auto: full on the long suite)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: steady CPU timings)")
-    parser.add_argument("--configs", default="all", help="comma-separated configuration names "
+    parser.add_argument("--configs", default="all", help="headline matrix: comma-separated configuration names "
                         f"(the baseline always runs): {', '.join(c.name for c in CONFIGS)}")
+    parser.add_argument("--deltas", default=",".join(f"{d:g}" for d in defaults.deltas),
+                        help="full matrix: Fréchet's δ grid, each in [0, 1)")
+    parser.add_argument("--caches", default=",".join(defaults.caches), help="full matrix: cache modes, none first")
+    parser.add_argument("--calibration-paths", type=int, default=defaults.calibration_paths,
+                        help="full matrix: fewest calibration paths of each rule's draft graph")
+    parser.add_argument("--calibration-sizes", default=",".join(map(str, defaults.calibration_sizes)),
+                        help="full matrix: smaller calibration sizes (paths) Spiffy is also measured at")
+    parser.add_argument("--calibration-min-prompts", type=int, default=defaults.calibration_min_prompts,
+                        help="full matrix: fewest training prompts of each main draft graph")
+    parser.add_argument("--graphs", type=Path, default=defaults.graphs, help="where calibrated graphs are written")
+    parser.add_argument("--target", default=None, help="AR target for FailFast (this dLLM drafts)")
+    parser.add_argument("--assistant", default=None, help="small AR assistant for assisted generation")
+    parser.add_argument("--device", default="cpu", help="where every model runs (e.g. cuda)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "report.json")
     parser.add_argument("--docs", type=Path, default=ROOT / "docs", help="docs directory to write into")
     parser.add_argument("--readme", type=Path, default=ROOT / "README.md")
@@ -585,19 +333,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--micro-json", type=Path,
                         default=ROOT / "benchmarks" / "results" / "pytest-benchmark.json")
     args = parser.parse_args(argv)
+    settings = parse_settings(parser, args)
     torch.set_num_threads(args.threads)
     wanted = None if args.configs == "all" else set(args.configs.split(","))
     unknown = (wanted or set()) - {c.name for c in CONFIGS}
     if unknown:
         parser.error(f"unknown configuration {min(unknown)!r}")
+    if wanted is not None and settings.matrix == "full":
+        parser.error("--configs picks configurations of the headline matrix; the full matrix takes "
+                     "--deltas, --caches and --calibration-* instead")
     configs = [c for c in CONFIGS if c is BASELINE or wanted is None or c.name in wanted]
-    command = " ".join(
-        ["python benchmarks/report.py", f"-n {args.n}"]
-        + ([f"--model {args.model}"] if args.model != "toy-dllm" else [])
-        + ([f"--configs {args.configs}"] if wanted is not None else [])
-        + (["--micro"] if args.micro else [])
-    )
-    report = run(args.model, args.n, args.batch_size, configs, command)
+    command = " ".join(["python benchmarks/report.py", f"-n {args.n}", *options(args, defaults)]
+                       + (["--micro"] if args.micro else []))
+    report = run(args.model, args.n, args.batch_size, configs, command, settings)
     if args.micro:
         run_micro(args.micro_json)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -605,6 +353,33 @@ def main(argv: Sequence[str] | None = None) -> None:
     written = write(report, args.out, args.docs, args.readme, args.micro_json if args.micro else None)
     for path in [args.out, *written]:
         print(f"wrote {path}", file=sys.stderr)
+
+
+def parse_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Settings:
+    """The :class:`Settings` of ``args``, refused (``parser.error``) before any work when bad."""
+    try:
+        deltas = numbers(float, args.deltas)
+        sizes = numbers(int, args.calibration_sizes)
+    except ValueError as error:
+        parser.error(f"--deltas and --calibration-sizes take comma-separated numbers: {error}")
+    caches = tuple(c.strip() for c in args.caches.split(",") if c.strip())
+    bad_delta = [d for d in deltas if not 0 <= d < 1]
+    if not deltas or bad_delta:
+        parser.error(f"--deltas {args.deltas!r}: each δ must lie in [0, 1)")
+    if not caches or caches[0] != "none" or set(caches) - set(CACHES) or len(set(caches)) < len(caches):
+        parser.error(f"--caches {args.caches!r}: distinct modes of {', '.join(CACHES)}, 'none' first")
+    if args.calibration_paths < 1 or args.calibration_min_prompts < 1:
+        parser.error("--calibration-paths and --calibration-min-prompts must be >= 1")
+    if any(not 1 <= size <= args.calibration_paths for size in sizes):
+        parser.error(f"--calibration-sizes {args.calibration_sizes!r}: each in 1 .. --calibration-paths "
+                     f"({args.calibration_paths})")
+    if args.assistant is not None and args.target is None:
+        parser.error("--assistant needs --target (assisted generation is FailFast's comparison)")
+    return Settings(
+        tasks=args.tasks, matrix=args.matrix, deltas=deltas, caches=caches, calibration_paths=args.calibration_paths,
+        calibration_sizes=sizes, calibration_min_prompts=args.calibration_min_prompts, graphs=args.graphs,
+        target=args.target, assistant=args.assistant, device=args.device,
+    )
 
 
 if __name__ == "__main__":

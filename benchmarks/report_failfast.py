@@ -1,0 +1,109 @@
+"""FailFast in the report: the report's dLLM drafts for an AR target, against the target
+decoding alone and against ``transformers``' assisted generation with a small AR assistant.
+
+Greedy, one prompt at a time (the latency setting of speculative decoding), on the report's
+held-out prompts, ``max_new_tokens`` the dLLM's generation length. Target forwards are counted
+by a forward pre-hook on each model (:class:`bench_failfast.ForwardCounter`), prefill included,
+for every method alike; AR decoding is :func:`bench_failfast.ar_decode` (one cached forward
+per token). FailFast runs with its defaults and the drafter's prefix cache, as
+``benchmarks/bench_failfast.py``'s ``failfast`` method does.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+from dloom import load_model
+from dloom.ar import ARTarget
+from dloom.zoo.tasks import Example, TaskFamily
+from dloom_plugins.failfast import FailFastDecoder
+
+from bench_failfast import ForwardCounter, ar_decode, cut
+
+Method = Callable[[list[int]], list[int]]
+
+
+def methods(target, failfast: FailFastDecoder, assistant, max_new_tokens: int) -> dict[str, Method]:
+    """``name -> (prompt ids -> generated ids)``: ``ar``, ``failfast`` and, with an
+    ``assistant``, ``assisted``."""
+    ar_target = ARTarget(target)
+    eos = list(target.eos_token_ids)
+
+    def assisted(prompt: list[int]) -> list[int]:
+        ids = torch.tensor([prompt], device=target.device)
+        out = target.model.generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
+            pad_token_id=target.pad_token_id, eos_token_id=eos, assistant_model=assistant.model,
+        )
+        return out[0, len(prompt):].tolist()
+
+    found: dict[str, Method] = {
+        "ar": lambda prompt: ar_decode(ar_target, prompt, max_new_tokens),
+        "failfast": lambda prompt: failfast.generate([prompt]).token_lists[0],
+    }
+    if assistant is not None:
+        found["assisted"] = assisted
+    return found
+
+
+def run_method(
+    method: Method, prompts: Sequence[list[int]], counters: Mapping[str, ForwardCounter], eos: tuple[int, ...],
+) -> tuple[list[list[int]], dict[str, int], float]:
+    """Every prompt's output (cut after its first EOS), the forwards each counted model made,
+    and the wall seconds."""
+    before = {name: counter.count for name, counter in counters.items()}
+    started = time.perf_counter()
+    outputs = [cut(method(list(prompt)), eos) for prompt in prompts]
+    seconds = time.perf_counter() - started
+    return outputs, {name: counter.count - before[name] for name, counter in counters.items()}, seconds
+
+
+def measure_failfast(
+    drafter, target_name: str, assistant_name: str | None, examples: Sequence[Example],
+    families: Mapping[str, TaskFamily], dtype: str = "float32",
+) -> dict[str, Any]:
+    """FailFast with ``drafter`` (the report's dLLM adapter) for ``target_name``, against AR
+    decoding and assisted generation with ``assistant_name`` (``None``: skipped), graded
+    with ``families``' checkers. Per method: accuracy, target forwards (per prompt, per
+    generated token), helper forwards, tokens per target forward, TPS and the share of
+    outputs identical to AR decoding's."""
+    device = drafter.device
+    target = load_model(target_name, dtype=dtype, device=device, require_mask=False)
+    assistant = None if assistant_name is None else load_model(
+        assistant_name, dtype=dtype, device=device, require_mask=False)
+    counters = {"target": ForwardCounter(target.model), "drafter": ForwardCounter(drafter.model)}
+    if assistant is not None:
+        counters["assistant"] = ForwardCounter(assistant.model)
+    max_new_tokens = drafter.default_gen_length or 128
+    prompts = target.encode([e.prompt for e in examples])
+    eos = target.eos_token_ids
+    results: dict[str, dict[str, Any]] = {}
+    reference: list[list[int]] = []
+    failfast = FailFastDecoder(target, drafter, max_new_tokens=max_new_tokens, drafter_cache="prefix")
+    for name, method in methods(target, failfast, assistant, max_new_tokens).items():
+        outputs, forwards, seconds = run_method(method, prompts, counters, eos)
+        reference = reference or outputs
+        generated = sum(len(o) for o in outputs)
+        answers = [target.decode([t for t in o if t not in eos]) for o in outputs]
+        helper = {"ar": None, "failfast": "drafter", "assisted": "assistant"}[name]
+        results[name] = {
+            "accuracy": sum(families[e.family].check(e.prompt, a) for e, a in zip(examples, answers)) / len(examples),
+            "generated_tokens": generated,
+            "target_forwards": forwards["target"],
+            "target_forwards_per_prompt": forwards["target"] / len(examples),
+            "target_forwards_per_token": forwards["target"] / generated,
+            "tokens_per_target_forward": generated / forwards["target"],
+            "helper": helper,
+            "helper_forwards": forwards[helper] if helper else 0,
+            "tps": generated / seconds,
+            "identical_to_ar": sum(a == b for a, b in zip(outputs, reference)) / len(examples),
+        }
+    totals = failfast.totals()
+    results["failfast"].update(accepted_per_round=totals["accepted_per_round"], rounds=totals["rounds"])
+    return {
+        "target": target_name, "drafter": drafter.name, "assistant": assistant_name,
+        "max_new_tokens": max_new_tokens, "batch_size": 1, "n": len(examples), "methods": results,
+    }

@@ -1,0 +1,319 @@
+"""``benchmarks/report.py`` on the long-answer workload: the full matrix (every rule under
+every cache, Fréchet's δ sweep and choice, Spiffy with graphs calibrated on training prompts,
+Spiffy against calibration size), FailFast against AR decoding and assisted generation, and
+the targets checklist, on tiny random Llama models with the long-answer tokenizer built here."""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from dloom import load_model
+from dloom.errors import ConfigurationError
+from dloom.evaluation import select_examples
+from dloom.zoo import long_tasks, train
+from dloom.zoo import tokenizer as tok
+from dloom.zoo.tasks import is_held_out
+
+ROOT = Path(__file__).resolve().parents[1]
+START, END = "<!-- report:headline:start -->", "<!-- report:headline:end -->"
+
+
+@pytest.fixture(scope="module")
+def report_module():
+    spec = importlib.util.spec_from_file_location("dloom_benchmark_report", ROOT / "benchmarks" / "report.py")
+    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses need it
+    spec.loader.exec_module(module)  # puts benchmarks/ on sys.path for the sibling modules
+    return module
+
+
+@pytest.fixture(scope="module")
+def targets(report_module):
+    return importlib.import_module("report_targets")
+
+
+def tiny_model(name: str, directory: Path, hidden: int, layers: int, seed: int) -> Path:
+    """A random ``name``-shaped (long workload) Llama with an untied, sharpened output layer,
+    so that confidences vary and the rules take different numbers of steps."""
+    config = train.build_config(name)
+    config.hidden_size, config.intermediate_size, config.num_hidden_layers = hidden, 2 * hidden, layers
+    config.num_attention_heads = config.num_key_value_heads = 2
+    config.head_dim = hidden // 2
+    config.tie_word_embeddings = False
+    torch.manual_seed(seed)
+    model = train.LlamaForCausalLM(config)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(40.0)
+    train.save_model(model, directory, train.LONG)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny-long")
+    return SimpleNamespace(
+        dllm=tiny_model("long-dllm", root / "long-dllm", 32, 2, 0),
+        ar=tiny_model("long-ar", root / "long-ar", 32, 2, 1),
+        small=tiny_model("long-ar-small", root / "long-ar-small", 16, 1, 2),
+    )
+
+
+# --- the rules, on synthetic rows -------------------------------------------------------
+
+
+def frechet_row(delta, accuracy, nfe):
+    return {"name": f"frechet-{delta:g}", "delta": delta, "accuracy": accuracy, "nfe_mean": nfe}
+
+
+def test_fréchet_delta_is_the_largest_saving_within_one_point_of_threshold(targets):
+    threshold = {"accuracy": 0.90, "nfe_mean": 40.0}
+    sweep = [frechet_row(0.0, 0.85, 20.0), frechet_row(0.1, 0.885, 24.0), frechet_row(0.25, 0.89, 26.0),
+             frechet_row(0.5, 0.92, 30.0), frechet_row(0.75, 0.95, 36.0)]
+    choice = targets.choose_delta(threshold, sweep)
+    # δ = 0 saves most but is 5 points below, δ = 0.1 1.5 points below: δ = 0.25 (1 point below) wins
+    assert (choice["delta"], choice["name"]) == (0.25, "frechet-0.25")
+    assert choice["saving"] == pytest.approx(1 - 26 / 40)
+    assert [c["matched"] for c in choice["candidates"]] == [False, False, True, True, True]
+    # a wider tolerance admits δ = 0.1; a more accurate δ is matched too
+    assert targets.choose_delta(threshold, sweep, tolerance=0.02)["delta"] == 0.1
+    assert targets.choose_delta({"accuracy": 0.5, "nfe_mean": 40.0}, sweep)["delta"] == 0.0
+    # ties go to the smaller δ; no δ matched: no choice
+    tie = [frechet_row(0.5, 0.9, 30.0), frechet_row(0.25, 0.9, 30.0)]
+    assert targets.choose_delta(threshold, tie)["delta"] == 0.25
+    none = targets.choose_delta({"accuracy": 0.99, "nfe_mean": 40.0}, sweep)
+    assert none["delta"] is None and none["saving"] is None
+    assert targets.frechet_item({"frechet_choice": none})["met"] is False
+
+
+def synthetic_report(**failfast):
+    rows = [
+        {"name": "quota", "label": "quota", "nfe_mean": 100.0, "speculation": None},
+        {"name": "threshold", "label": "threshold", "nfe_mean": 30.0, "speculation": None},
+        {"name": "spiffy+quota", "label": "Spiffy over quota", "nfe_mean": 36.0, "speculation": {"guarantee": "lossless"},
+         "identical_to_commit_rule": 1.0, "spiffy_max_saving": 12.0, "nfe_over_oracle": 1.5},
+        {"name": "spiffy+threshold", "label": "Spiffy over threshold", "nfe_mean": 20.0, "speculation": {"guarantee": "lossless"},
+         "identical_to_commit_rule": 1.0, "spiffy_max_saving": 3.0, "nfe_over_oracle": 1.25},
+    ]
+    methods = {
+        "ar": {"target_forwards": 1000, "target_forwards_per_prompt": 100.0},
+        "failfast": {"target_forwards": 240, "target_forwards_per_prompt": 24.0, "identical_to_ar": 1.0,
+                     "accepted_per_round": 3.2},
+        "assisted": {"target_forwards": 300, "target_forwards_per_prompt": 30.0},
+    }
+    for name, forwards in failfast.items():
+        methods[name]["target_forwards"] = forwards
+    choice = {"delta": 0.25, "saving": 0.3, "accuracy": 0.9, "nfe_mean": 21.0, "reference_accuracy": 0.9,
+              "reference_nfe_mean": 30.0, "candidates": []}
+    return {"rows": rows, "oracle": {"nfe_mean": 16.0, "reached_share": 1.0}, "frechet_choice": choice,
+            "failfast": {"assistant": "small", "methods": methods}}
+
+
+def test_the_checklist_is_computed_from_the_report(targets):
+    items = targets.checklist(synthetic_report())
+    assert [item["met"] for item in items] == [True] * 6
+    assert items[0]["measured"] == "30.0% at δ = 0.25"
+    assert items[1]["measured"] == "1.50×, 100% identical"
+    assert items[2]["measured"] == "2.78×, 100% identical" and "short" not in items[2]["detail"]
+    assert items[3]["measured"] == "1.25× (Spiffy over threshold)"
+    assert items[4]["measured"] == "4.17×, 100% identical"
+    # change one input, the figure and the verdict follow
+    slower = synthetic_report(failfast=400)
+    assert [item["met"] for item in targets.checklist(slower)][4:] == [False, False]
+    report = synthetic_report()
+    report["rows"][3]["identical_to_commit_rule"] = 0.95  # a lossy Spiffy misses its target
+    assert targets.checklist(report)[1]["met"] is False
+    report["rows"][2]["nfe_mean"] = 40.0
+    assert targets.checklist(report)[2]["measured"].startswith("2.50×") and targets.checklist(report)[2]["met"]
+    report["rows"][2]["nfe_mean"] = 45.0
+    missed = targets.checklist(report)[2]
+    assert (missed["measured"], missed["met"]) == ("2.22×, 100% identical", False) and "1.12× short" in missed["detail"]
+    empty = targets.checklist({"rows": [], "oracle": {}, "frechet_choice": None, "failfast": None})
+    assert [item["met"] for item in empty] == [None] * 6
+
+
+# --- workload and calibration -----------------------------------------------------------
+
+
+def test_the_workload_comes_from_the_tokenizer(report_module, tmp_path):
+    from transformers import AutoTokenizer
+
+    assert report_module.workload_tasks(load_model("toy-dllm")) == "all"
+    tok.save(tmp_path / "long", long_tasks.ALPHABET)
+    tok.save(tmp_path / "digits", "0123456789")
+    read = lambda name: SimpleNamespace(name=name, tokenizer=AutoTokenizer.from_pretrained(tmp_path / name))
+    assert report_module.workload_tasks(read("long")) == "long"
+    with pytest.raises(ConfigurationError, match="writes neither"):
+        report_module.workload_tasks(read("digits"))
+
+
+def test_calibration_sees_training_prompts_only(report_module, tiny, monkeypatch):
+    calibration = importlib.import_module("report_calibration")
+    measure = importlib.import_module("report_measure")
+    evaluated = select_examples("long", 8)
+    seen: list[str] = []
+    original = calibration.calibrate
+
+    def spy(decoder, prompts, *args, **kwargs):
+        seen.extend(prompts)
+        return original(decoder, prompts, *args, **kwargs)
+
+    monkeypatch.setattr(calibration, "calibrate", spy)
+    prompts = lambda k: [e.prompt for e in calibration.calibration_examples("long", k, 0, evaluated)]
+    model = load_model(str(tiny.dllm))
+    records = calibration.calibrate_sizes(model, measure.CONFIGS[1], [30, 150], prompts, 4,
+                                          tiny.dllm.parent / "graphs", 2, {"split": "train"})
+    assert records[-1]["paths"] >= 150 and records[-1]["prompts"] >= 2
+    assert all(r["paths"] >= r["target_paths"] for r in records)
+    training = {e.prompt: e.family for e in select_examples("long", 200, split="train")}
+    assert seen and all(p in training and not is_held_out(training[p], p) for p in seen)
+    assert not set(seen) & {e.prompt for e in evaluated}
+    # a broken split is refused: held-out prompts, or the prompts the report evaluates on
+    with pytest.raises(ConfigurationError, match="held out or evaluated"):
+        calibration.calibration_examples("long", 8, 0, select_examples("long", 8, split="train"))
+    monkeypatch.setattr(calibration, "select_examples", lambda tasks, n, seed, split: evaluated[:n])
+    with pytest.raises(ConfigurationError, match="training-split prompts only"):
+        calibration.calibration_examples("long", 4, 0)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--deltas", "0,1.0"], "each δ must lie in"),
+    (["--caches", "dual,none"], "'none' first"),
+    (["--calibration-paths", "100", "--calibration-sizes", "25,250"], "each in 1 .. --calibration-paths"),
+    (["--assistant", "toy-ar-small"], "--assistant needs --target"),
+    (["--matrix", "full", "--configs", "threshold"], "headline matrix"),
+])
+def test_bad_options_are_refused_before_any_work(report_module, capsys, argv, message):
+    with pytest.raises(SystemExit):
+        report_module.main(argv)
+    assert message in capsys.readouterr().err
+
+
+# --- the whole run ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def long_report(report_module, tiny, tmp_path_factory):
+    root = tmp_path_factory.mktemp("long-report")
+    (root / "docs").mkdir()
+    for name in ("README.md", "docs/index.md"):
+        text = (ROOT / name).read_text()
+        (root / name).write_text(f"{text.split(START)[0]}{START}\nstale table\n{END}{text.split(END)[1]}")
+    report_module.main([
+        "--model", str(tiny.dllm), "-n", "3", "--deltas", "0,0.5", "--calibration-paths", "150",
+        "--calibration-sizes", "20", "--calibration-min-prompts", "2", "--target", str(tiny.ar),
+        "--assistant", str(tiny.small), "--out", str(root / "report.json"), "--docs", str(root / "docs"),
+        "--readme", str(root / "README.md"), "--graphs", str(root / "graphs"),
+    ])
+    return root, json.loads((root / "report.json").read_text())
+
+
+RULES = ("quota", "threshold", "factor", "frechet-0", "frechet-0.5")
+SPIFFY = ("spiffy+quota", "spiffy+threshold", "spiffy+factor", "spiffy+frechet")
+
+
+@pytest.mark.slow
+def test_the_long_model_runs_the_full_matrix(long_report):
+    _, report = long_report
+    assert (report["tasks"], report["matrix"], report["gen_length"], report["block_length"]) == ("long", "full", 128, 32)
+    names = [row["name"] for row in report["rows"]]
+    suffixes = ("", "/prefix", "/dual")
+    assert names == [r + s for s in suffixes for r in RULES] + [r + s for r in SPIFFY for s in suffixes]
+    oracle = report["oracle"]
+    for row in report["rows"]:
+        for key in ("accuracy", "nfe_mean", "nfe_over_oracle", "nfe_per_answer_token", "padding_share", "tpf", "tps"):
+            assert isinstance(row[key], float), (row["name"], key)
+        assert row["nfe_per_answer_token"] == pytest.approx(1 / row["tpf"])
+        if row["speculation"]:  # lossless against its rule alone, and never below the rule's floor
+            assert row["identical_to_commit_rule"] == 1.0
+            alone = next(r for r in report["rows"] if r["name"] == row["name"].replace(
+                "spiffy+frechet", f"frechet-{report['frechet_choice']['delta']:g}").replace("spiffy+", ""))
+            assert row["spiffy_max_saving"] == pytest.approx(alone["nfe_mean"] / alone["spiffy_floor_nfe_mean"])
+            assert row["nfe_mean"] >= alone["spiffy_floor_nfe_mean"]
+        else:
+            assert row["spiffy_ceiling"] == pytest.approx(row["nfe_mean"] / row["spiffy_floor_nfe_mean"])
+        if oracle["reached_share"] == 1.0:
+            assert row["nfe_over_oracle"] == pytest.approx(row["nfe_mean"] / oracle["nfe_mean"])
+    assert {r["name"]: r["cache"] for r in report["rows"]}["spiffy+frechet/dual"] == "dual"
+    assert report["rows"][names.index("spiffy+frechet/dual")]["params"]["spiffy"]["layout"] == "packed"
+
+
+@pytest.mark.slow
+def test_delta_choice_calibration_and_failfast_come_from_the_run(long_report, targets):
+    root, report = long_report
+    plain = {r["name"]: r for r in report["rows"] if r["cache"] == "none"}
+    sweep = [plain["frechet-0"], plain["frechet-0.5"]]
+    assert report["frechet_choice"] == targets.choose_delta(plain["threshold"], sweep)
+    chosen = report["frechet_choice"]["delta"]
+    assert plain["spiffy+frechet"]["params"]["frechet"] == {"delta": chosen}
+    calibration = report["calibration"]
+    assert set(calibration["graphs"]) == {"quota", "threshold", "factor", f"frechet-{chosen:g}"}
+    for rule, graph in calibration["graphs"].items():
+        assert graph["paths"] >= 150 and graph["prompts"] >= 2
+        stored = json.loads(Path(graph["graph"]).read_text())
+        assert stored["calibration"]["split"] == "train" and stored["calibration"]["paths"] == graph["paths"]
+        points = [p for p in calibration["curve"] if p["rule"] == rule]
+        assert points[-1]["paths"] == graph["paths"] and points[0]["target_paths"] == 20
+        spiffy = plain[f"spiffy+{rule.split('-')[0]}"]
+        assert points[-1]["nfe_ratio"] == pytest.approx(plain[rule]["nfe_mean"] / spiffy["nfe_mean"])
+        assert all(p["identical_to_commit_rule"] == 1.0 for p in points)
+    methods = report["failfast"]["methods"]
+    assert set(methods) == {"ar", "failfast", "assisted"}
+    ar = methods["ar"]
+    assert ar["target_forwards"] == ar["generated_tokens"] + report["n"]  # a prefill, then one per token
+    assert methods["failfast"]["identical_to_ar"] == methods["assisted"]["identical_to_ar"] == 1.0
+    assert methods["failfast"]["helper_forwards"] > 0 and methods["assisted"]["helper_forwards"] > 0
+    assert report["targets"] == targets.checklist(report)
+    assert all(item["met"] in (True, False) for item in report["targets"])
+
+
+@pytest.mark.slow
+def test_the_long_page_shows_every_column_and_the_checklist(long_report, report_module):
+    root, report = long_report
+    page = (root / "docs" / "benchmarks" / "report.md").read_text()
+    for header in ("| configuration | cache | accuracy | NFE | oracle NFE | NFE ÷ oracle | NFE / answer token "
+                   "| padding share | tokens / forward | TPS | Spiffy could save at most | Spiffy saves |",
+                   "## Fréchet's δ at matched accuracy", "## Spiffy's calibration", "## FailFast", "## Targets"):
+        assert header in page
+    for row in report["rows"]:
+        assert f"| {row['label']} | {row['cache']} | {row['accuracy']:.1%} | {row['nfe_mean']:.2f} |" in page
+    for item in report["targets"]:
+        assert f"| {item['target']} | {item['measured']} |" in page
+    assert f"**Chosen: δ = {report['frechet_choice']['delta']:g}**" in page
+    for name in (*report_module.PLOTS.values(), report_module.CALIBRATION_PLOT):
+        assert (root / "docs" / "assets" / name).read_bytes().startswith(b"\x89PNG")
+    assert report_module.headline_table(report) in (root / "README.md").read_text()
+    # the page follows the JSON: a changed figure changes the page
+    changed = copy.deepcopy(report)
+    changed["targets"][0]["measured"] = "12.3% at δ = 0.5"
+    assert "| 12.3% at δ = 0.5 |" in report_module.report_page(changed, root / "report.json", None)
+
+
+def test_the_full_matrix_and_failfast_on_the_toy_zoo(report_module, targets, tmp_path):
+    """The smallest full run (one δ, no cache, the shipped toy models): in the default test run."""
+    (tmp_path / "docs").mkdir()
+    for name in ("README.md", "docs/index.md"):
+        (tmp_path / name).write_text((ROOT / name).read_text())
+    report_module.main([
+        "--matrix", "full", "-n", "2", "--deltas", "0", "--caches", "none", "--calibration-paths", "20",
+        "--calibration-sizes", "5", "--calibration-min-prompts", "1", "--target", "toy-ar",
+        "--assistant", "toy-ar-small", "--out", str(tmp_path / "report.json"), "--docs", str(tmp_path / "docs"),
+        "--readme", str(tmp_path / "README.md"), "--graphs", str(tmp_path / "graphs"),
+    ])
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert (report["tasks"], report["matrix"]) == ("all", "full")
+    assert [r["name"] for r in report["rows"]] == ["quota", "threshold", "factor", "frechet-0", *SPIFFY]
+    assert all(r["identical_to_commit_rule"] == 1.0 for r in report["rows"] if r["speculation"])
+    assert all(g["paths"] >= 20 for g in report["calibration"]["graphs"].values())
+    ar, failfast = report["failfast"]["methods"]["ar"], report["failfast"]["methods"]["failfast"]
+    assert ar["target_forwards"] == ar["generated_tokens"] + 2 and failfast["identical_to_ar"] == 1.0
+    assert report["targets"] == targets.checklist(report)
+    page = (tmp_path / "docs" / "benchmarks" / "report.md").read_text()
+    assert "## Targets" in page and "## FailFast" in page and "**Chosen: δ = 0**" in page
