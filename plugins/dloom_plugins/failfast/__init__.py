@@ -101,10 +101,14 @@ def dloom_register_strategies(register) -> None:
                           "failfast (fail fast, win big) or naive (fixed naive_length)", choices=POLICIES),
                 Parameter("naive_length", DEFAULTS.naive_length, int, "draft length of the naive policy", low=1),
                 Parameter("drafter_strategy", DEFAULTS.drafter_strategy, str,
-                          "the drafter's commit rule (a registered strategy: threshold, quota, factor, frechet)"),
+                          "the drafter's dLLM decoder composition: a commit rule (threshold, quota, "
+                          "factor, frechet) or a speculating one (spiffy+threshold)"),
                 Parameter("drafter_tau", DEFAULTS.drafter_tau, float,
                           "tau of the drafter's commit rule, when it has one (threshold)",
                           low=0.0, high=1.0, low_open=True, high_open=True),
+                Parameter("drafter_params", DEFAULTS.drafter_params, str,
+                          "more drafter parameters, NAME=VALUE[,NAME=VALUE] as --param names them "
+                          "(e.g. spiffy.budget=4,spiffy.graph=graph.json)"),
                 Parameter("small_block", DEFAULTS.small_block, int,
                           "draft positions denoised together, left to right (1: strictly in order)", low=1),
                 Parameter("verification", DEFAULTS.verification, str,
