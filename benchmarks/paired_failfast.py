@@ -6,7 +6,8 @@ FailFast over the same ``n`` held-out toy prompts (greedy, batch 1, ``max_new_to
 the benchmark's default FailFast settings) in a fresh child process whose ``PYTHONPATH``
 starts with that tree; trees alternate pass by pass (ABAB...), so slow phases of a shared
 machine hit both alike. Per tree: the median and every pass's seconds (model loading and a
-warm-up prompt excluded), and the exact counts of the first pass (target and drafter
+warm-up prompt excluded), wall and CPU (``time.process_time``: the process's own CPU
+seconds, far less sensitive than wall time to other work on shared cores), and the exact counts of the first pass (target and drafter
 forwards, generated tokens), which must be equal across trees when both decode the same way.
 
 Usage::
@@ -48,11 +49,12 @@ decoder = FailFastDecoder(target, drafter, params=params, max_new_tokens=32, dra
 decoder.generate([prompts[0]])  # warm-up
 counts.update(target=0, drafter=0)
 tokens = 0
-start = time.perf_counter()
+start, cpu = time.perf_counter(), time.process_time()
 for prompt in prompts:
     tokens += len(decoder.generate([prompt]).token_lists[0])
-seconds = time.perf_counter() - start
-print(json.dumps({"seconds": seconds, "tokens": tokens, **{f"{k}_forwards": v for k, v in counts.items()}}))
+seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+print(json.dumps({"seconds": seconds, "cpu_seconds": cpu, "tokens": tokens,
+                  **{f"{k}_forwards": v for k, v in counts.items()}}))
 """
 
 
@@ -84,15 +86,18 @@ def main() -> None:
         "trees": {
             tree: {
                 "median_seconds": statistics.median(r["seconds"] for r in passes),
+                "median_cpu_seconds": statistics.median(r["cpu_seconds"] for r in passes),
                 "seconds": [round(r["seconds"], 3) for r in passes],
+                "cpu_seconds": [round(r["cpu_seconds"], 3) for r in passes],
                 **{key: passes[0][key] for key in ("tokens", "target_forwards", "drafter_forwards")},
             }
             for tree, passes in runs.items()
         },
     }
-    first = report["trees"][str(args.trees[0])]["median_seconds"]
+    first = report["trees"][str(args.trees[0])]
     for entry in report["trees"].values():
-        entry["relative_to_first"] = entry["median_seconds"] / first
+        entry["relative_to_first"] = entry["median_seconds"] / first["median_seconds"]
+        entry["cpu_relative_to_first"] = entry["median_cpu_seconds"] / first["median_cpu_seconds"]
     text = json.dumps(report, indent=2)
     print(text)
     if args.json:

@@ -174,7 +174,9 @@ class PrefixForward:
         primary = tokens[source].scatter(1, span, ids[:, :width])
         start = self.cached
         mask = None if self.padding_mask is None else self.padding_mask[source]
-        store = [(layer.keys, layer.values) for layer in self._cache.layers]  # type: ignore[union-attr, misc]
+        store: list[tuple[torch.Tensor, torch.Tensor]] = [
+            (layer.keys, layer.values) for layer in self._cache.layers  # type: ignore[union-attr, misc]  # full-attention layers
+        ]
         with torch.no_grad():
             out = self.model.model(
                 input_ids=primary[:, start:], attention_mask=mask,

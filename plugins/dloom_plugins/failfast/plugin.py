@@ -34,6 +34,8 @@ class FailFast:
     """FailFast (arXiv 2512.20573): a dLLM drafts dynamic-length chains for an AR target.
 
     :param params: the :class:`~.settings.FailFastSettings` fields.
+    :ivar drafter_decoder: the drafter composition's :class:`dloom.DiffusionDecoder` on the
+        drafter model, whose steps draft (set by ``dloom_configure``).
     :ivar unsafe_ratio_out_of_order: allow ``verification="ratio"`` with ``small_block > 1``.
         That combination is biased; it exists for negative controls (tests showing the bias
         is detected). Never set it otherwise.
@@ -47,8 +49,8 @@ class FailFast:
 
     @hookimpl
     def dloom_configure(self, config: Mapping[str, Any]) -> None:
-        """Check the drafter model, its cache mode and the verification; compose the
-        drafter's commit rule."""
+        """Check the drafter model, its cache mode and the verification; build the drafter's
+        diffusion decoder (:func:`~.drafter_decoder.drafter_decoder`)."""
         if config.get("decoder") != "ar-target":
             return
         settings, drafter = self.settings, config["drafter_model"]
