@@ -144,16 +144,22 @@ def test_a_broken_drafter_verifier_changes_the_drafts_but_not_the_output(
 
 
 @pytest.mark.filterwarnings("ignore:no built-in draft graph")
-def test_spiffy_parameters_reach_the_drafter(pair):
+@pytest.mark.parametrize("cache", ["none", "prefix"])
+def test_spiffy_parameters_reach_the_drafter(pair, reference, cache):
     target, dllm = pair
     decoder = FailFastDecoder(
-        target, dllm, max_new_tokens=NEW, drafter_strategy="spiffy+quota",
-        drafter_params="spiffy.budget=1,layout=packed",
+        target, dllm, max_new_tokens=NEW, drafter_cache=cache, drafter_strategy="spiffy+quota",
+        drafter_params="spiffy.budget=3,layout=packed",
     )
     failfast = next(c.plugin for c in decoder.composition.components if isinstance(c.plugin, FailFast))
     spiffy = next(c for c in failfast.drafter_decoder.composition.components if c.name == "spiffy")
-    assert (spiffy.plugin.budget, spiffy.plugin.layout) == (1, "packed")
-    assert decoder.generate(PROMPTS).token_lists == target_greedy(target, PROMPTS, NEW)
+    assert (spiffy.plugin.budget, spiffy.plugin.layout) == (3, "packed")
+    assert decoder.generate(PROMPTS).token_lists == reference
+    if cache == "prefix":  # the prefix cache evaluates a packed layout span by span: exact
+        _, plain, _ = drafts(pair, PROMPTS, cache=cache, drafter_strategy="quota")
+        _, packed, _ = drafts(pair, PROMPTS, cache=cache, drafter_strategy="spiffy+quota",
+                              drafter_params="spiffy.budget=3,layout=packed")
+        assert packed == plain
 
 
 def test_cli_runs_failfast_with_a_calibrated_spiffy_drafter(tmp_path):
