@@ -2,8 +2,8 @@
 
 * Greedy: the output is the target's own greedy decoding, token for token, compared with an
   uncached one-token-per-forward loop and with ``transformers`` ``generate(do_sample=False)``,
-  for both length policies, every built-in drafter commit rule, both drafter cache modes and
-  left-padded batches; on tiny random float64 pairs always, and on the toy zoo's ``toy-ar`` /
+  for both length policies, every built-in drafter commit rule and Spiffy over three of them
+  (a speculating drafter), both drafter cache modes and left-padded batches; on tiny random float64 pairs always, and on the toy zoo's ``toy-ar`` /
   ``toy-dllm`` (held-out task prompts) when they are installed.
 * Sampling: on tiny enumerable pairs (vocabulary 6, at most 3 generated tokens) the exact
   distribution of the target's own sampled output is enumerated and 20,000 FailFast samples
@@ -64,21 +64,27 @@ def generate_greedy(target, prompts, max_new_tokens):
     return outputs
 
 
+@pytest.mark.filterwarnings("ignore:no built-in draft graph")
 @pytest.mark.parametrize("policy", ["failfast", "naive"])
-@pytest.mark.parametrize("drafter_strategy", ["threshold", "quota", "factor", "frechet"])
+@pytest.mark.parametrize(
+    "drafter_strategy",
+    ["threshold", "quota", "factor", "frechet", "spiffy+threshold", "spiffy+quota", "spiffy+frechet"],
+)
 def test_greedy_output_is_the_targets_greedy_output(pair, reference, policy, drafter_strategy):
     target, drafter = pair
     decoder = FailFastDecoder(
         target, drafter, params=dict(SMALL, policy=policy, drafter_strategy=drafter_strategy),
-        max_new_tokens=16, drafter_cache="prefix" if drafter_strategy == "threshold" else "none",
+        max_new_tokens=16, drafter_cache="prefix" if "threshold" in drafter_strategy else "none",
     )
     assert decoder.generate(PROMPTS).token_lists == reference
 
 
+@pytest.mark.filterwarnings("ignore:no built-in draft graph")
 @settings(max_examples=8, deadline=None)
 @given(
     tau=st.floats(0.0, 1.0), n=st.integers(1, 6), n_max=st.integers(1, 14), initial=st.integers(1, 8),
-    small_block=st.integers(1, 9), rule=st.sampled_from(["threshold", "quota", "factor", "frechet"]),
+    small_block=st.integers(1, 9),
+    rule=st.sampled_from(["threshold", "quota", "factor", "frechet", "spiffy+threshold", "spiffy+quota"]),
     drafter_tau=st.floats(0.01, 0.99), cache=st.sampled_from(["none", "prefix"]),
     policy=st.sampled_from(["failfast", "naive"]), verification=st.sampled_from(["match", "ratio"]),
     remasking=st.sampled_from(REMASKING),
@@ -159,9 +165,15 @@ SAMPLING_CASES = [
         marks=pytest.mark.slow,  # ~10 s on two busy cores; the other two cases cover match and ratio
     ),
     ("ratio, strictly left-to-right drafter", 2, 1.0, dict(verification="ratio", small_block=1, initial_length=1, n=1, n_max=3)),
+    pytest.param(
+        "match, speculating drafter (spiffy+quota), fail fast / win big", 3, 1.0,
+        dict(initial_length=2, n=1, n_max=3, small_block=3, drafter_strategy="spiffy+quota"),
+        marks=pytest.mark.slow,  # ~20 s on two busy cores
+    ),
 ]
 
 
+@pytest.mark.filterwarnings("ignore:no built-in draft graph")
 @pytest.mark.parametrize("case, seed, temperature, params", SAMPLING_CASES)
 def test_sampled_outputs_have_the_targets_distribution(case, seed, temperature, params):
     result = sampling_seed(

@@ -29,7 +29,9 @@ from typer.testing import CliRunner
 import dloom
 from dloom import cli
 from dloom.cli import app
-from dloom.errors import ConfigurationError, HookContractError, ModelError, PluginLoadError
+from dloom.errors import (
+    ConfigurationError, HookContractError, ModelError, PluginLoadError, UnknownStrategyError,
+)
 from dloom_plugins.failfast import FailFastDecoder, build_failfast_decoder
 from dloom_plugins.spiffy.graph import BUILTIN_DIR, MAX_NODES
 from dloom.registry import check_plugin_class, get_registry, reset_registry
@@ -330,6 +332,14 @@ CASES = [
     # 8. options that would be ignored --------------------------------------------------------------
     cli_case("failfast with --model", generate("--strategy", "failfast", "--model", "/does/not/exist", "copy ab"),
              ConfigurationError, "--model /does/not/exist", "--target", "--drafter"),
+    cli_case("failfast with an unknown drafter composition",
+             generate("--strategy", "failfast", "--param", "drafter_strategy=spifyf+threshold", "copy ab"),
+             UnknownStrategyError, "drafter_strategy 'spifyf+threshold'", "unknown strategy 'spifyf'",
+             "Did you mean 'spiffy'?"),
+    cli_case("failfast drafter_params item without a value",
+             generate("--strategy", "failfast", "--param", "drafter_strategy=spiffy+threshold",
+                      "--param", "drafter_params=spiffy.budget", "copy ab"),
+             ConfigurationError, "drafter_params item 'spiffy.budget' is not NAME=VALUE", "spiffy.budget=4"),
     cli_case("threshold with --steps", generate("--strategy", "threshold", "--steps", "8", "copy ab"),
              ConfigurationError, "--steps 8 has no effect", "'threshold'"),
     api_case("Fréchet while sampling", lambda env: lambda: env.decoder("frechet", temperature=1.0),
@@ -413,7 +423,7 @@ def test_bad_input_is_refused_clearly(case: Case, env: Env, monkeypatch):
 def test_the_matrix_covers_the_issue():
     """The closing note's count: every row is a distinct input."""
     names = [c.values[0].name if hasattr(c, "values") else c.name for c in CASES]
-    assert len(names) == len(set(names)) == 63
+    assert len(names) == len(set(names)) == 65
 
 
 # --- what is not a refusal -------------------------------------------------------------------

@@ -16,7 +16,7 @@ from dloom.ar import ARTarget
 from dloom.check.target import target_greedy
 from dloom.check.tiny import tiny_ar, tiny_dllm
 from dloom.cli import app
-from dloom.errors import ConfigurationError, ModelError
+from dloom.errors import ConfigurationError, ModelError, UnknownStrategyError
 from dloom_plugins.failfast import FailFastDecoder, FailFastSettings, check_shared_tokenizer, proposal_length
 from dloom.hookspecs import SPECULATION_HOOKS
 from dloom.registry import get_registry
@@ -148,11 +148,18 @@ def test_ratio_verification_with_an_out_of_order_drafter_is_refused(target, draf
         ({"verification": "exact"}, "allowed: one of 'match', 'ratio'"),
         ({"small_block": 0}, "parameter 'small_block' of strategy 'failfast' is 0; allowed: [1, inf)"),
         ({"drafter_tau": 1.0}, "parameter 'drafter_tau' of strategy 'failfast' is 1.0; allowed: (0, 1)"),
-        ({"drafter_strategy": "failfast"}, "is FailFast itself"),
+        ({"drafter_strategy": "failfast"}, "'failfast' runs in the 'ar-target' decoder (FailFast itself"),
+        ({"drafter_strategy": "spifyf+threshold"}, "drafter_strategy 'spifyf+threshold': unknown strategy 'spifyf'"),
+        ({"drafter_strategy": "spiffy+threshold", "drafter_params": "spiffy.budget"},
+         "drafter_params item 'spiffy.budget' is not NAME=VALUE"),
+        ({"drafter_strategy": "spiffy+threshold", "drafter_params": "spiffy.budget=-1"},
+         "drafter_strategy 'spiffy+threshold': parameter 'budget' of strategy 'spiffy' is -1"),
+        ({"drafter_strategy": "threshold", "drafter_params": "budget=3"},
+         "drafter_strategy 'threshold': unknown parameter 'budget'"),
     ],
 )
 def test_bad_parameters_name_the_allowed_range(target, drafter, params, message):
-    with pytest.raises(ConfigurationError) as raised:
+    with pytest.raises((ConfigurationError, UnknownStrategyError)) as raised:
         FailFastDecoder(target, drafter, params=params)
     assert message in str(raised.value)
 

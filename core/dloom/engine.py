@@ -243,6 +243,12 @@ class DiffusionDecoder:
         """The strategy's name, its composition's (:class:`dloom.decoding.Decoder`)."""
         return self.composition.name
 
+    @property
+    def forward_seconds(self) -> float:
+        """Seconds spent in model forwards since the last session started (what
+        :meth:`generate` reports as ``hook_seconds["forward"]``)."""
+        return self._forward_seconds
+
     def totals(self) -> None:
         """``None``: every figure of this decoder is in each result
         (:class:`dloom.decoding.Decoder`)."""
@@ -402,12 +408,18 @@ class DiffusionDecoder:
             verification_forwards=tallies.verification_forwards,
         )
 
-    def _speculative_step(
+    def speculative_step(
         self, x, attention_mask, block, decoding, known, previous, forward, kernel, plan, counters,
     ):
         """One step of a speculative composition: rows due a full forward (block start with a
         cache) take a plain step on it; the others are verified in one forward over their
         roots and drafts (rows without a known distribution evaluate their root only).
+
+        The one speculative dLLM step: :class:`~dloom.running_batch.DecodeSession` runs it,
+        and so does FailFast's drafter over each row's small block (its ``forward`` has the
+        :class:`~dloom.cache.BlockForward` interface: ``run``, ``evaluate``, ``start``,
+        ``window_start``, ``shift``; ``kernel`` is a :class:`~dloom.speculation.KernelStep`;
+        ``counters`` has ``verification_forwards`` and ``record_layout(exact)``).
 
         :return: the new ``(B, K)`` blocks, each row's last distribution ``(B, K, V)`` and the
             drafts each row accepted ``(B,)`` (``None`` when no graph was drafted).

@@ -404,7 +404,7 @@ class DecodeSession:
         decoding = selectable_positions(block, mask_id, eos_ids, generated).any(-1)
         accepted = None
         if decoder._speculates and self._can_draft:
-            new_block, self.previous, accepted = decoder._speculative_step(
+            new_block, self.previous, accepted = decoder.speculative_step(
                 x, self.full_mask, block, decoding, self.known, self.previous, forward, kernel,
                 (n_full, first_window, last_window), self.tallies,
             )

@@ -43,10 +43,12 @@ def eos_clear(
 def selectable_positions(
     block: torch.Tensor, mask_token_id: int, eos_ids: torch.Tensor, generated: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """``(B, K)`` bool, the positions a kernel step may commit: masked, in unfinished rows
-    (``generated``: as in :func:`eos_clear`)."""
+    """``(B, K)`` bool, the positions a kernel step may commit: masked, generated
+    (``generated``: as in :func:`eos_clear`; a prompt or an already accepted token that
+    happens to be the mask id is never committed over), in unfinished rows."""
     finished = eos_clear(block, mask_token_id, eos_ids, generated)
-    return (block == mask_token_id) & ~finished.unsqueeze(1)
+    selectable = (block == mask_token_id) & ~finished.unsqueeze(1)
+    return selectable if generated is None else selectable & generated
 
 
 class KernelStep:

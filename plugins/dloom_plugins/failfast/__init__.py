@@ -7,11 +7,14 @@ Each round, per row:
 1. **Draft** (``dloom_draft``, :mod:`.drafter`). The drafter (a dLLM sharing the target's tokenizer) sees one canvas per row:
    the prompt, the row's accepted tokens, then masks up to ``max_new_tokens``. It denoises
    the masks after the accepted prefix in *small blocks* (default 8 positions), left to
-   right, each step one forward and one commit of its commit rule (any dloom strategy with
-   ``dloom_select_commit``: quota, threshold, factor, frechet), through the kernel pieces
-   :func:`dloom.kernel.propose`, :func:`dloom.hooks.select_commit` and
-   :func:`dloom.kernel.apply_commit`. Each committed token's confidence (its probability
-   under the drafter's softmax) is recorded. The length policy (``dloom_prune``,
+   right, each call one step of the drafter's own :class:`dloom.DiffusionDecoder` over
+   its composition (``drafter_strategy``: any composition a diffusion decoder takes, a
+   commit rule such as threshold, quota, factor, frechet, or a speculating one such as
+   ``spiffy+threshold``) with block length ``small_block``: the engine's kernel step
+   (:class:`dloom.speculation.KernelStep`), or its speculative step
+   (:meth:`dloom.DiffusionDecoder.speculative_step`: Spiffy's draft, prune, build_mask and
+   verify over the small block, lossless against its base rule). Each committed token's
+   confidence (its probability under the drafter's softmax) is recorded. The length policy (``dloom_prune``,
    :mod:`.policy`) decides when to stop:
 
    * ``failfast`` (fail fast, win big): start with ``L = initial_length``. Once the first
@@ -64,6 +67,8 @@ target decides every token).
 Host synchronisation: none of FailFast's own; the drafter's checks (NaN logits, an idle commit
 rule) ride on the decoder's one synchronisation per drafter step (is any row still drafting,
 the layout's width), plus one per round (the new cache length); never per token or per row.
+A speculating drafter adds its own speculative step's (laying out its drafts), as in the
+diffusion decoder.
 """
 
 from dloom import Claim, Parameter, StrategyRegistration, hookimpl
@@ -101,10 +106,14 @@ def dloom_register_strategies(register) -> None:
                           "failfast (fail fast, win big) or naive (fixed naive_length)", choices=POLICIES),
                 Parameter("naive_length", DEFAULTS.naive_length, int, "draft length of the naive policy", low=1),
                 Parameter("drafter_strategy", DEFAULTS.drafter_strategy, str,
-                          "the drafter's commit rule (a registered strategy: threshold, quota, factor, frechet)"),
+                          "the drafter's dLLM decoder composition: a commit rule (threshold, quota, "
+                          "factor, frechet) or a speculating one (spiffy+threshold)"),
                 Parameter("drafter_tau", DEFAULTS.drafter_tau, float,
                           "tau of the drafter's commit rule, when it has one (threshold)",
                           low=0.0, high=1.0, low_open=True, high_open=True),
+                Parameter("drafter_params", DEFAULTS.drafter_params, str,
+                          "more drafter parameters, NAME=VALUE[,NAME=VALUE] as --param names them "
+                          "(e.g. spiffy.budget=4,spiffy.graph=graph.json)"),
                 Parameter("small_block", DEFAULTS.small_block, int,
                           "draft positions denoised together, left to right (1: strictly in order)", low=1),
                 Parameter("verification", DEFAULTS.verification, str,

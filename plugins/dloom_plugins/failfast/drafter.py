@@ -1,185 +1,354 @@
-"""FailFast's drafter: a dLLM denoising small blocks after each row's accepted tokens, with
-its prefix KV cache across rounds (``dloom_draft``)."""
+"""FailFast's drafter (``dloom_draft``): a dLLM denoising small blocks after each row's
+accepted tokens, one step of the drafter's own diffusion decoder
+(:class:`dloom.DiffusionDecoder` over the drafter composition, block length
+``small_block``) per call.
+
+A step is the engine's: a plain step (one forward of the canvas, then the engine's kernel
+step, :class:`dloom.speculation.KernelStep`, with the drafter's commit rule), or, for a
+drafter composition that speculates (``spiffy+threshold``), the engine's speculative step
+(:meth:`dloom.DiffusionDecoder.speculative_step`: the composition's draft, prune,
+build_mask and verify over every row's small block, one verification forward, the kernel
+followed along the drafts). So a speculating drafter commits what its base commit rule
+commits, in fewer drafter forwards.
+"""
 
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
-import pluggy
 import torch
 from transformers import DynamicCache
 
-from dloom import hooks
 from dloom.adapter import ModelAdapter, output_logits
-from dloom.cache import cache_argument
+from dloom.cache import BlockForward, cache_argument, record_view
 from dloom.errors import HookContractError, NonFiniteLogitsError
-from dloom.kernel import RowStreams, apply_commit, propose, without_mask
-from dloom.metrics import HookTimer
-from dloom.types import BlockSchedule, ChainState, DraftChains
+from dloom.kernel import RowStreams, without_mask
+from dloom.speculation import KernelStep
+from dloom.types import ChainState, DraftChains, VerificationLayout
+
+if TYPE_CHECKING:
+    from dloom.engine import DiffusionDecoder
 
 
-class DrafterForward:
-    """The drafter's logits of the canvas columns ``stable ..``, one forward per call.
+class DrafterKernel(KernelStep):
+    """The drafter decoder's kernel step, recording what FailFast reads of each commit.
 
-    :param model: the drafter adapter (bidirectional).
-    :param mode: one of :data:`dloom.ar_decoder.DRAFTER_CACHE_MODES` (``docs/strategies/failfast.md``).
-    :param attention_mask: ``(B, W)`` padding mask, or ``None`` without padding.
-    :param position_ids: ``(B, W)`` long.
+    :param decoder: the drafter's :class:`~dloom.DiffusionDecoder` (commit rule, temperature,
+        remasking, mask id, steps per block).
+    :param streams: the rows' random streams (:class:`~dloom.kernel.RowStreams`) or ``None``.
+    :param eos_ids: ``(E,)`` long, the target's end tokens (a block holding one with nothing
+        masked before it takes no more steps: the length policy has closed that row).
+    :param rows: ``B``.
+    :param keep_probs: also record the tempered distributions (ratio verification).
+
+    :ivar committed: ``(B, K)`` bool, positions committed since :meth:`clear`.
+    :ivar probability: ``(B, K)`` float64, the committed token's probability under the
+        drafter's softmax (mask excluded) at those positions: FailFast's confidence.
+    :ivar distribution: ``(B, K, V)`` float64, ``softmax(logits / T)`` the committed token
+        was sampled from (``None`` without ``keep_probs``).
     """
 
     def __init__(
-        self, model: ModelAdapter, mode: str, attention_mask: torch.Tensor | None,
-        position_ids: torch.Tensor,
+        self, decoder: DiffusionDecoder, streams: RowStreams | None, eos_ids: torch.Tensor,
+        rows: int, keep_probs: bool,
     ) -> None:
-        self.model = model
-        self.mode = mode
-        self.attention_mask = attention_mask
-        self.position_ids = position_ids
+        blocks = decoder.gen_length // decoder.block_length
+        masked = torch.full((rows,), decoder.block_length, dtype=torch.long, device=eos_ids.device)
+        super().__init__(
+            decoder.pm, decoder.temperature, decoder.remasking, streams, decoder.mask_token_id,
+            eos_ids, decoder.steps // blocks, masked,
+        )
+        self.keep_probs = keep_probs
+        self.distribution: torch.Tensor | None = None
+        self.clear(rows, decoder.block_length)
+
+    def clear(self, rows: int, width: int) -> None:
+        """Forget the recorded commits (before each drafter step)."""
+        device = self.masked_at_start.device
+        self.committed = torch.zeros(rows, width, dtype=torch.bool, device=device)
+        self.probability = torch.zeros(rows, width, dtype=torch.float64, device=device)
+        self.distribution = None
+
+    def __call__(self, block: torch.Tensor, logits: torch.Tensor, advance: torch.Tensor) -> torch.Tensor:
+        new = super().__call__(block, logits, advance)
+        fresh = new != block  # committed now (a candidate is never the mask)
+        logits64 = without_mask(logits, self.mask_token_id)
+        chosen = torch.softmax(logits64, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        self.probability = torch.where(fresh, chosen, self.probability)
+        self.committed = self.committed | fresh
+        if self.keep_probs:
+            tempered = torch.softmax(logits64 / self.temperature, dim=-1)
+            old = torch.zeros_like(tempered) if self.distribution is None else self.distribution
+            self.distribution = torch.where(fresh.unsqueeze(-1), tempered, old)
+        return new
+
+
+class PrefixForward:
+    """The drafter's forwards with FailFast's prefix cache, in the interface the engine's
+    steps call (that of :class:`dloom.cache.BlockForward`).
+
+    The keys and values of the columns every row has accepted (before ``stable - shift``)
+    are kept across steps and rounds; each forward recomputes the columns after them, and
+    the round's first forward (a plain one, :meth:`run`) extends the kept prefix to the
+    newly accepted columns. A bidirectional drafter's kept keys are stale (computed when
+    later columns held other tokens): drafts differ slightly from uncached ones, the output
+    does not (the target decides every token).
+
+    :param model: the drafter's adapter (its forward takes a ``transformers`` cache).
+    :param padding_mask: ``(B, W)`` padding mask, or ``None`` without padding.
+    :param position_ids: ``(B, W)`` long.
+    :param block_length: ``K``.
+
+    :ivar start: ``(B,)`` long, each row's small block (set by the drafting round).
+    :ivar stable: the first column that may still change in any row (set each round).
+    """
+
+    def __init__(
+        self, model: ModelAdapter, padding_mask: torch.Tensor | None, position_ids: torch.Tensor,
+        block_length: int,
+    ) -> None:
+        self.model, self.padding_mask, self.position_ids = model, padding_mask, position_ids
+        self.block_length = block_length
         self.shift = int(model.shift_logits)
+        self.start = torch.zeros(position_ids.shape[0], dtype=torch.long, device=position_ids.device)
+        self.stable = 0
         self.cached = 0
-        self._cache: DynamicCache | None = None
+        self._cache = DynamicCache()
         # dloom_configure refuses prefix mode for a drafter whose forward takes no cache
         self._argument = cache_argument(model.model) or ""
 
-    def __call__(self, canvas: torch.Tensor, stable: int) -> torch.Tensor:
-        """One forward on ``canvas``.
+    @property
+    def window_start(self) -> torch.Tensor:
+        return self.start - self.shift
 
-        :param canvas: ``(B, W)`` long, the current canvas.
-        :param stable: first column that may still change in any row (columns before it are
-            every row's prompt and accepted tokens); ``prefix`` mode keeps the keys and
-            values of the columns before ``stable - shift`` after this call.
-        :return: ``(B, W - stable, V)`` logits, entry ``i`` the distribution of column
-            ``stable + i``.
+    @property
+    def block_columns(self) -> torch.Tensor:
+        """``(B, K)`` long, the columns of every row's small block."""
+        return self.start.unsqueeze(1) + torch.arange(self.block_length, device=self.start.device)
+
+    def advance(self, moving: torch.Tensor) -> None:
+        """Move the rows ``moving`` (``(B,)`` bool) on to their next small block."""
+        self.start = self.start + self.block_length * moving.long()
+
+    def run(
+        self, tokens: torch.Tensor, n_full: int = 0, first_window: int = 0, last_window: int = 0,
+        cached: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One forward of every row (the plan arguments are unused: there is one cache
+        state for all rows); keeps the keys and values before ``stable - shift``.
+
+        :return: ``(B, K, V)`` logits of the rows' small blocks (entries of columns before
+            ``stable``, which no row may change, are another column's) and ``(B,)`` bool,
+            all ``True``.
         """
-        width = canvas.shape[1]
-        if self.mode == "none":
-            return self.model.logits(canvas, self.attention_mask, self.position_ids)[:, stable:]
-        if self._cache is None:
-            self._cache = DynamicCache()
         start = self.cached
         with torch.no_grad():
             out = self.model.model(
-                input_ids=canvas[:, start:], attention_mask=self.attention_mask,
+                input_ids=tokens[:, start:], attention_mask=self.padding_mask,
                 position_ids=self.position_ids[:, start:], use_cache=True,
                 **{self._argument: self._cache},
             )
-        raw = output_logits(out)
-        keep = max(start, stable - self.shift)
-        self._cache.crop(keep - width)
+        raw = output_logits(out)  # column c of the canvas is raw[:, c - start - shift]
+        keep = max(start, self.stable - self.shift)
+        self._cache.crop(keep - tokens.shape[1])
         self.cached = keep
-        first = stable - self.shift - start
-        return raw[:, first : first + width - stable]
+        index = (self.window_start.unsqueeze(1) - start + torch.arange(self.block_length, device=raw.device))
+        index = index.clamp(0, raw.shape[1] - 1).unsqueeze(-1)
+        return torch.take_along_dim(raw, index, dim=1), torch.ones_like(self.start, dtype=torch.bool)
+
+    def evaluate(self, tokens: torch.Tensor, layout: VerificationLayout, first_window: int = 0) -> torch.Tensor:
+        """One forward over a verification layout, reading the kept prefix; the raw outputs
+        at the layout's columns (as :meth:`dloom.cache.BlockForward.evaluate`). A packed
+        layout is evaluated span by span, one layout row each (exact: no span sees another).
+
+        :return: ``(R, S, V)``; the first ``K`` columns of a span are its block's logits.
+        """
+        width = self.block_length + self.shift
+        source, ids = layout.source, layout.input_ids
+        slots = ids.shape[1] // width
+        if layout.packed:
+            source = source.repeat_interleave(slots)
+            ids = ids.reshape(-1, width)
+        span = self.window_start[source].unsqueeze(1) + torch.arange(width, device=tokens.device)
+        primary = tokens[source].scatter(1, span, ids[:, :width])
+        start = self.cached
+        mask = None if self.padding_mask is None else self.padding_mask[source]
+        store: list[tuple[torch.Tensor, torch.Tensor]] = [
+            (layer.keys, layer.values) for layer in self._cache.layers  # type: ignore[union-attr, misc]  # full-attention layers
+        ]
+        with torch.no_grad():
+            out = self.model.model(
+                input_ids=primary[:, start:], attention_mask=mask,
+                position_ids=self.position_ids[source, start:], use_cache=True,
+                **{self._argument: record_view(store, source)},
+            )
+        raw = output_logits(out)
+        picked = torch.take_along_dim(raw, (span - start).clamp(min=0).unsqueeze(-1), dim=1)
+        return picked.reshape(layout.input_ids.shape[0], slots * width, -1) if layout.packed else picked
+
+
+class DrafterVerifications:
+    """What the engine's speculative step counts for the drafter (``counters``)."""
+
+    def __init__(self) -> None:
+        self.verification_forwards = 0
+        self.exact = True
+
+    def record_layout(self, exact: bool) -> None:
+        self.exact = self.exact and exact
 
 
 class DraftingRound:
-    """One generation's drafter: its canvas, its KV cache and the current round's progress.
+    """One generation's drafter: its canvas, forwards, kernel and the current round's progress.
 
-    The canvas holds, per row, the prompt, the row's accepted tokens, then masks. A round
-    denoises each drafting row's masks after its accepted tokens in small blocks of
-    ``small_block`` positions, left to right, one drafter forward and one commit of the
-    commit rule per :meth:`step`, recording each committed token's probability.
+    The canvas ``(B, W)`` holds, per row, the prompt, the row's accepted tokens, then masks.
+    A round denoises each drafting row's masks after its accepted tokens in small blocks
+    of ``K = decoder.block_length`` positions, left to right: the block of a row starts at
+    its first draft column and moves on by ``K`` once it holds no mask (kept inside the
+    canvas: near the end it starts at ``W - K``, where the columns before the row's draft are
+    already final). Each :meth:`step` is one step of the drafter decoder on every drafting
+    row's block (one drafter forward), recording each committed token's probability.
 
-    :param drafter: the drafter's adapter. :param pm: the plugin manager of its commit rule.
-    :param timer: that manager's :class:`~dloom.metrics.HookTimer` (the commit rule's time).
-    :param rule: the commit rule's name (for messages).
+    :param decoder: the drafter's :class:`~dloom.DiffusionDecoder`.
     :param state: the generation's first :class:`~dloom.types.ChainState`.
-    :param mode: the drafter's cache mode. :param small_block: positions per small block.
-    :param remasking: the commit rule's confidence kind.
+    :param mode: the drafter's cache mode (``"none"``: a :class:`~dloom.cache.BlockForward`
+        recomputing the canvas; ``"prefix"``: :class:`PrefixForward`).
     :param keep_probs: record the drafter's tempered distributions (ratio verification).
     """
 
-    def __init__(
-        self, drafter: ModelAdapter, pm: pluggy.PluginManager, timer: HookTimer, rule: str,
-        state: ChainState, mode: str, small_block: int, remasking: str, keep_probs: bool,
-        mask_id: int,
-    ) -> None:
-        self.drafter, self.pm, self.timer, self.rule = drafter, pm, timer, rule
-        self.mask_id = mask_id  # the drafter's mask token
-        self.small_block, self.remasking, self.keep_probs = small_block, remasking, keep_probs
+    def __init__(self, decoder: DiffusionDecoder, state: ChainState, mode: str, keep_probs: bool) -> None:
+        self.decoder = decoder
+        self.mask_id = decoder.mask_token_id
+        self.block_length = decoder.block_length
+        self.speculates = decoder.composition.provider("dloom_draft") is not None
         mask = state.attention_mask
-        padded = bool((mask == 0).any())
-        self.forward = DrafterForward(drafter, mode, mask if padded else None, torch.clamp(mask.cumsum(-1) - 1, min=0))
+        padding = mask if bool((mask == 0).any()) else None
+        positions = torch.clamp(mask.cumsum(-1) - 1, min=0)
+        self.forward: BlockForward | PrefixForward = (
+            BlockForward(decoder.model, "none", padding, positions, state.prompt_length, self.block_length)
+            if mode == "none" else PrefixForward(decoder.model, padding, positions, self.block_length)
+        )
+        rows, width = state.tokens.shape
+        self.kernel = DrafterKernel(decoder, state.streams, state.eos_token_ids, rows, keep_probs)
+        self.keep_probs = keep_probs
+        self.counters = DrafterVerifications()
         self.canvas = state.tokens.clone()
+        self.plan = (0, 0, width - self.block_length)  # every column's logits (no cache plan)
 
     def start(self, state: ChainState) -> None:
-        """Start a round: masks after every active row's accepted tokens."""
-        mask_id = self.mask_id
-        self.stable = state.shared  # first column that may change in any row
-        self.canvas[:, : self.stable] = state.tokens[:, : self.stable]  # the newly accepted columns
-        width = self.canvas.shape[1]
+        """Start a round: masks after every active row's accepted tokens, each row's block at
+        its first draft column, no previous distribution."""
+        canvas, width = self.canvas, self.canvas.shape[1]
+        self.stable = stable = state.shared  # first column that may change in any row
         self.first = state.prompt_length + state.lengths  # (B,) first draft column
-        columns = torch.arange(self.stable, width, device=self.canvas.device)
-        self.offset = columns.unsqueeze(0) - self.first.unsqueeze(1)  # (B, T) position in the draft
-        ahead = (self.offset >= 0) & state.active.unsqueeze(1)
-        self.tail = torch.where(ahead, mask_id, state.tokens[:, self.stable :])
-        self.block_start = torch.zeros_like(state.lengths)  # draft position of each row's small block
-        self.probability = torch.zeros(self.tail.shape, dtype=torch.float64, device=self.canvas.device)
+        columns = torch.arange(width, device=canvas.device)
+        ahead = (columns >= self.first.unsqueeze(1)) & state.active.unsqueeze(1)
+        canvas[:, stable:] = torch.where(ahead, self.mask_id, state.tokens)[:, stable:]
+        canvas[:, :stable] = state.tokens[:, :stable]  # the newly accepted columns
+        self.forward.start = torch.clamp(self.first, max=width - self.block_length)
+        if isinstance(self.forward, PrefixForward):
+            self.forward.stable = stable
+        everyone = torch.ones_like(state.active)
+        self.kernel.start_block(everyone, canvas.gather(1, self.forward.block_columns))
+        self.previous: torch.Tensor | None = None  # (B, K, V), the last step's distribution
+        self.known = torch.zeros_like(state.active)
+        self.probability = torch.zeros(canvas.shape, dtype=torch.float64, device=canvas.device)
         self.draft_probs: torch.Tensor | None = None
         self.room = state.room
         self.nfe = torch.zeros_like(state.lengths)
         self.forwards = 0
-        self.seconds = {"drafter_forward": 0.0, "select_commit": 0.0}
-        batch = state.lengths.shape[0]
-        ones = torch.ones(batch, dtype=torch.long, device=self.canvas.device)
-        # every step commits within the current small block: a quota rule commits one position
-        self.schedule = BlockSchedule(torch.zeros_like(ones), 1, ones)
+        timer = self.decoder.timer.seconds
+        self._since = {"drafter_forward": self.decoder.forward_seconds, **{k: timer[k] for k in self._hooks()}}
+        self._forward = 0.0
+
+    def _hooks(self) -> tuple[str, ...]:
+        return ("select_commit", "draft", "prune", "build_mask", "verify") if self.speculates else ("select_commit",)
 
     def step(self, state: ChainState, drafting: torch.Tensor) -> DraftChains:
-        """One drafter forward and commit for the rows ``drafting`` (``(B,)`` bool)."""
-        mask_id, stable = self.mask_id, self.stable
-        self.canvas[:, stable:] = self.tail
-        started = time.perf_counter()
-        logits = self.forward(self.canvas, stable)
-        self.seconds["drafter_forward"] += time.perf_counter() - started
-        self.nfe += drafting.long()
-        self.forwards += 1
-        offset, tail = self.offset, self.tail
-        end = self.block_start + self.small_block
-        in_block = (offset >= self.block_start.unsqueeze(1)) & (offset < end.unsqueeze(1))
-        selectable = (tail == mask_id) & in_block & drafting.unsqueeze(1)
+        """One drafter step for the rows ``drafting`` (``(B,)`` bool): the engine's speculative
+        step once a distribution is known (speculating drafter), else a plain one."""
+        canvas, forward, kernel = self.canvas, self.forward, self.kernel
+        columns = forward.block_columns
+        block = canvas.gather(1, columns)
+        # a block near the canvas's end starts before the row's draft: only draft columns
+        # may be committed (an accepted token may be the drafter's mask id)
+        kernel.generated = draft_columns = columns >= self.first.unsqueeze(1)
         streams = state.streams
         if isinstance(streams, RowStreams):  # draws keyed to each row's own draft positions
-            streams.offset = stable - self.first
-        candidates, confidence = propose(logits, state.temperature, self.remasking, streams, mask_id)
-        if isinstance(streams, RowStreams):
-            streams.advance(drafting)
-            streams.offset = None
-        before = self.timer.seconds["select_commit"]
-        commit = hooks.select_commit(self.pm, confidence, selectable, self.schedule)
-        self.seconds["select_commit"] += self.timer.seconds["select_commit"] - before
-        self.tail = tail = apply_commit(tail, candidates, commit)
-        logits64 = without_mask(logits, mask_id)
-        token_probability = torch.softmax(logits64, dim=-1).gather(-1, candidates.unsqueeze(-1)).squeeze(-1)
-        self.probability = torch.where(commit, token_probability, self.probability)
-        if self.keep_probs:
-            tempered = torch.softmax(logits64 / state.temperature, dim=-1)
-            self.draft_probs = (
-                tempered if self.draft_probs is None else torch.where(commit.unsqueeze(-1), tempered, self.draft_probs)
+            streams.offset = forward.start - self.first
+        kernel.clear(*block.shape)
+        if self.speculates and self.previous is not None:
+            new_block, self.previous, _ = self.decoder.speculative_step(
+                canvas, state.attention_mask, block, drafting, self.known, self.previous, forward,
+                kernel, self.plan, self.counters,
             )
-        still_masked = ((tail == mask_id) & in_block).any(-1)
-        self.block_start = torch.where(still_masked, self.block_start, end)
-        idle = (selectable.any(-1) & ~commit.any(-1)).any()
+        else:
+            started = time.perf_counter()
+            logits, _ = forward.run(canvas, *self.plan)
+            self._forward += time.perf_counter() - started
+            new_block = kernel(block, logits, drafting)
+            self.previous = logits
+        if isinstance(streams, RowStreams):
+            streams.offset = None
+        canvas.scatter_(1, columns, new_block)
+        self._record(columns)
+        width = canvas.shape[1]
+        moving = ~((new_block == self.mask_id) & draft_columns).any(-1) & drafting
+        forward.advance(moving)
+        forward.start = torch.clamp(forward.start, max=width - self.block_length)
+        kernel.start_block(moving, canvas.gather(1, forward.block_columns))
+        self.known = drafting & ~moving
+        self.nfe += drafting.long()
+        self.forwards += 1
+        name = self.decoder.model.name
         checks = (
-            (~torch.isfinite(logits).all(), NonFiniteLogitsError(
-                f"drafter {self.drafter.name!r} returned NaN or inf logits; try dtype='float32'")),
-            (idle, HookContractError(
-                f"drafter commit rule {self.rule!r} committed no position in a row that had masked positions")),
+            (kernel.non_finite, NonFiniteLogitsError(
+                f"drafter {name!r} returned NaN or inf logits; try dtype='float32'")),
+            (kernel.idle, HookContractError(
+                f"drafter commit rule {self.decoder.composition.provider('dloom_select_commit')!r} "
+                "committed no position in a row that had masked positions")),
         )
         return self._chains(state, drafting, checks)
 
+    def _record(self, columns: torch.Tensor) -> None:
+        """Keep the probabilities (and distributions) of the step's commits by canvas column."""
+        kernel = self.kernel
+        old = self.probability.gather(1, columns)
+        self.probability.scatter_(1, columns, torch.where(kernel.committed, kernel.probability, old))
+        if kernel.distribution is not None:
+            if self.draft_probs is None:
+                shape = (*self.canvas.shape, kernel.distribution.shape[-1])
+                self.draft_probs = torch.zeros(shape, dtype=torch.float64, device=self.canvas.device)
+            index = columns.unsqueeze(-1).expand(-1, -1, kernel.distribution.shape[-1])
+            kept = torch.where(kernel.committed.unsqueeze(-1), kernel.distribution, self.draft_probs.gather(1, index))
+            self.draft_probs.scatter_(1, index, kept)
+
+    def _seconds(self) -> dict[str, float]:
+        """The drafter's forward and hook seconds this round (hooks as ``drafter_<hook>``,
+        the commit rule as ``select_commit``)."""
+        timer = self.decoder.timer.seconds
+        forward = self._forward + self.decoder.forward_seconds - self._since["drafter_forward"]
+        hooks = {
+            ("select_commit" if k == "select_commit" else f"drafter_{k}"): timer[k] - self._since[k]
+            for k in self._hooks()
+        }
+        return {"drafter_forward": forward, **hooks}
+
     def _chains(self, state: ChainState, drafting: torch.Tensor, checks) -> DraftChains:
         """The round's chains so far, aligned to each row's draft positions."""
-        mask_id = self.mask_id
-        width = self.tail.shape[1]
-        position = torch.arange(width, device=self.tail.device)
-        index = (self.first - self.stable).unsqueeze(1) + position  # tail column of draft position i
-        inside = (index >= 0) & (index < width)  # finished rows may lie before the tail
-        index = index.clamp(0, width - 1)
-        tokens = self.tail.gather(1, index)
+        canvas, mask_id = self.canvas, self.mask_id
+        width = canvas.shape[1]
+        length = width - self.stable  # the most draft positions any row has
+        position = torch.arange(length, device=canvas.device)
+        index = self.first.unsqueeze(1) + position  # canvas column of draft position i
+        inside = index < width
+        index = index.clamp(max=width - 1)
+        tokens = canvas.gather(1, index)
         masked = (tokens == mask_id) | ~inside
-        drafted = torch.minimum(torch.where(masked, position, width).amin(-1), self.room)
+        drafted = torch.minimum(torch.where(masked, position, length).amin(-1), self.room)
         committed = position.unsqueeze(0) < drafted.unsqueeze(1)
-        eos = torch.where(committed & torch.isin(tokens, state.eos_token_ids), position, width).amin(-1)
+        eos = torch.where(committed & torch.isin(tokens, state.eos_token_ids), position, length).amin(-1)
         limit = torch.minimum(self.room, eos + 1)
         drafted = torch.where(state.active, drafted, 0)
         limit = torch.where(state.active, limit, 0)
@@ -189,6 +358,6 @@ class DraftingRound:
         return DraftChains(
             tokens=tokens, length=torch.minimum(drafted, limit), open=drafting & (drafted < limit),
             confidence=self.probability.gather(1, index), drafted=drafted, limit=limit, probs=probs,
-            left_to_right=self.small_block == 1, carry=self, drafter_forwards=self.forwards,
-            drafter_nfe=self.nfe.clone(), seconds=dict(self.seconds), checks=checks,
+            left_to_right=self.block_length == 1, carry=self, drafter_forwards=self.forwards,
+            drafter_nfe=self.nfe.clone(), seconds=self._seconds(), checks=checks,
         )

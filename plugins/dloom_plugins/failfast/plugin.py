@@ -18,15 +18,13 @@ from typing import Any, Mapping
 import torch
 
 from dloom import hookimpl
-from dloom.adapter import ModelAdapter
 from dloom.cache import cache_argument
 from dloom.chains import TargetKernel, chain_layout, match_chains
-from dloom.composition import build_plugin_manager, compose
 from dloom.errors import ConfigurationError, ModelError
-from dloom.metrics import HookTimer
 from dloom.types import ChainLayout, ChainState, ChainVerdict, DraftChains
 
 from .drafter import DraftingRound
+from .drafter_decoder import drafter_decoder
 from .policy import prune_chains
 from .settings import FailFastSettings, check_shared_tokenizer
 from .verification import verify_ratio
@@ -36,6 +34,8 @@ class FailFast:
     """FailFast (arXiv 2512.20573): a dLLM drafts dynamic-length chains for an AR target.
 
     :param params: the :class:`~.settings.FailFastSettings` fields.
+    :ivar drafter_decoder: the drafter composition's :class:`dloom.DiffusionDecoder` on the
+        drafter model, whose steps draft (set by ``dloom_configure``).
     :ivar unsafe_ratio_out_of_order: allow ``verification="ratio"`` with ``small_block > 1``.
         That combination is biased; it exists for negative controls (tests showing the bias
         is detected). Never set it otherwise.
@@ -49,8 +49,8 @@ class FailFast:
 
     @hookimpl
     def dloom_configure(self, config: Mapping[str, Any]) -> None:
-        """Check the drafter model, its cache mode and the verification; compose the
-        drafter's commit rule."""
+        """Check the drafter model, its cache mode and the verification; build the drafter's
+        diffusion decoder (:func:`~.drafter_decoder.drafter_decoder`)."""
         if config.get("decoder") != "ar-target":
             return
         settings, drafter = self.settings, config["drafter_model"]
@@ -74,34 +74,8 @@ class FailFast:
                 "x_i given x_<i and min(1, p/q) rejection sampling is biased; use "
                 "verification='match' (exact for any drafter) or small_block=1"
             )
-        composition = self._drafter_composition(config.get("registry"))
-        self._timer = HookTimer()
-        self._pm = build_plugin_manager(composition, self._timer)
-        self._rule = composition.provider("dloom_select_commit")
-        self._drafter: ModelAdapter = drafter
-        self._mask_id: int = drafter.mask_token_id
+        self.drafter_decoder = drafter_decoder(drafter, settings, config)
         self._config = config
-
-    def _drafter_composition(self, registry):
-        from dloom.registry import get_registry
-
-        name = self.settings.drafter_strategy
-        registry = registry or get_registry()
-        parts = [registry.get(part.strip()) for part in name.split("+") if part.strip()]
-        if any(issubclass(s.registration.plugin_class, FailFast) for s in parts if isinstance(s.registration.plugin_class, type)):
-            raise ConfigurationError(f"drafter_strategy {name!r} is FailFast itself; allowed: a commit rule")
-        declares_tau = any(p.name == "tau" for s in parts for p in s.parameters)
-        composition = compose(name, {"tau": self.settings.drafter_tau} if declares_tau else {}, registry)
-        if composition.provider("dloom_select_commit") is None:
-            raise ConfigurationError(
-                f"drafter_strategy {name!r} has no commit rule (dloom_select_commit); allowed: "
-                "quota, threshold, factor, frechet or another commit rule"
-            )
-        if composition.provider("dloom_draft") is not None:
-            raise ConfigurationError(
-                f"drafter_strategy {name!r} speculates; the FailFast drafter takes a plain commit rule"
-            )
-        return composition
 
     # --- the four speculation hooks ----------------------------------------------------
 
@@ -114,10 +88,8 @@ class FailFast:
         else:
             if state.previous is None:
                 session = DraftingRound(
-                    self._drafter, self._pm, self._timer, self._rule, state,
-                    self._config["drafter_cache"], self.settings.small_block,
-                    self._config["remasking"],
-                    self.settings.verification == "ratio" and state.temperature > 0, self._mask_id,
+                    self.drafter_decoder, state, self._config["drafter_cache"],
+                    self.settings.verification == "ratio" and state.temperature > 0,
                 )
             else:
                 session = state.previous.carry

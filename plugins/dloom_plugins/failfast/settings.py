@@ -23,9 +23,12 @@ class FailFastSettings:
     :ivar initial_length: ``L`` at the start of a round (``<= n_max``).
     :ivar policy: ``"failfast"`` or ``"naive"`` (a fixed ``naive_length``).
     :ivar naive_length: draft length of the ``naive`` policy.
-    :ivar drafter_strategy: the drafter's commit rule: a registered strategy or a ``+``
-        composition of strategies that answers ``dloom_select_commit`` and does not draft.
+    :ivar drafter_strategy: the drafter's decoder composition: any composition a
+        :class:`dloom.DiffusionDecoder` takes, a commit rule (``threshold``, ``frechet``) or a
+        speculating one (``spiffy+threshold``: Spiffy over that rule, lossless against it).
     :ivar drafter_tau: ``tau`` of the drafter's commit rule when it declares one (threshold).
+    :ivar drafter_params: more parameters of the drafter composition, as comma-separated
+        ``NAME=VALUE`` items named as ``--param`` names them (``"spiffy.budget=4,spiffy.graph=g.json"``).
     :ivar small_block: positions denoised together, left to right (1: strictly left to right).
     :ivar verification: ``"match"`` (exact for any drafter) or ``"ratio"`` (needs
         ``small_block == 1``, checked when the decoder is built).
@@ -40,6 +43,7 @@ class FailFastSettings:
     naive_length: int = 8
     drafter_strategy: str = "threshold"
     drafter_tau: float = 0.05
+    drafter_params: str = ""
     small_block: int = 8
     verification: str = "match"
 
