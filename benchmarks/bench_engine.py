@@ -12,11 +12,14 @@ dual) x batch size x generation length, one run measures:
 - ``syncs_per_forward``: device-to-host reads of the decoder (``.tolist()``, ``.item()``,
   ``bool``/``int`` of a tensor, ``torch.nonzero``) per step, counted by patching them;
 - ``memory``: the peak resident memory one ``generate`` of a batch adds, over the peak a
-  bare ``model(input_ids)`` forward of the same ``(B, L)`` shape adds (its full logits
-  kept); Linux only (the peak is reset through ``/proc/self/clear_refs``). Run as a script,
-  the benchmark restarts itself with ``MALLOC_MMAP_THRESHOLD_`` fixed, so that glibc returns
-  freed tensors to the system and the peak follows live memory; ``memory_rows`` is the most
-  rows one model call of that ``generate`` held (a speculative layout's rows);
+  bare ``model(input_ids)`` forward of the same shape adds: the batch's own ``(B, L)``, ``B``
+  prompts of the padded length ``L`` (its full logits kept); Linux only (the peak is reset
+  through ``/proc/self/clear_refs``). Run as a script, the benchmark restarts itself with
+  ``MALLOC_MMAP_THRESHOLD_`` fixed, so that glibc returns freed tensors to the system and
+  the peak follows live memory. ``memory_rows`` is the most rows one model call of that
+  ``generate`` held (more than ``B`` for a speculative layout evaluated in one call), and
+  ``memory_vs_rows`` the same peak over a bare forward of ``(memory_rows, L)`` (the widest
+  call's rows at full length; equal to ``memory`` when no call held more than ``B``);
 - for threshold without a cache, ``vs_hand_loop``: dloom's wall time over that of a minimal
   hand-written Fast-dLLM threshold loop decoding the same prompts (the yardstick a user
   would write: block by block, every row of the batch until the block is done).
@@ -111,21 +114,31 @@ def peak_memory_mib(call) -> tuple[float | None, Any]:
     return _status_mib("VmHWM") - base, out
 
 
+def bare_forward_mib(adapter, shape: tuple[int, int]) -> float | None:
+    """Peak memory (MiB) a bare ``model(input_ids)`` forward of ``shape`` adds, its full
+    ``(B, L, V)`` logits kept (after one warm-up forward of that shape)."""
+    ids = torch.randint(0, adapter.mask_token_id, shape)
+    with torch.no_grad():
+        adapter.model(input_ids=ids)
+        bare, _ = peak_memory_mib(lambda: adapter.model(input_ids=ids).logits)
+    return bare
+
+
 def memory_ratio(adapter, decoder, chunk: list[str], calls: list[int]) -> dict[str, Any]:
     """Peak memory of one ``generate`` of ``chunk`` over that of a bare forward of its
-    ``(B, L)`` shape (see the module docstring)."""
+    ``(B, L)`` shape, and over a bare forward of its widest model call's rows (see the
+    module docstring)."""
     first = len(calls)
     generated, result = peak_memory_mib(lambda: decoder.generate(chunk))
     rows = max(calls[first:], default=0)
-    shape = result.sequences.shape
-    ids = torch.randint(0, adapter.mask_token_id, shape)
-    with torch.no_grad():
-        adapter.model(input_ids=ids)  # warm-up of this shape
-        bare, _ = peak_memory_mib(lambda: adapter.model(input_ids=ids).logits)
+    batch, length = result.sequences.shape
+    bare = bare_forward_mib(adapter, (batch, length))
+    wide = bare if rows <= batch else bare_forward_mib(adapter, (rows, length))
+    ratio = lambda over: generated / over if generated is not None and over else None
     return {
-        "memory_mib": generated, "bare_memory_mib": bare,
-        "memory": generated / bare if generated is not None and bare else None,
-        "memory_rows": rows, "memory_shape": list(shape),
+        "memory_mib": generated, "bare_memory_mib": bare, "memory": ratio(bare),
+        "memory_rows": rows, "memory_shape": [batch, length],
+        "bare_rows_memory_mib": wide, "memory_vs_rows": ratio(wide),
     }
 
 
@@ -245,6 +258,37 @@ def markdown(after: list[dict[str, Any]], before: list[dict[str, Any]] | None = 
     return "\n".join(lines) + "\n"
 
 
+def memory_markdown(after: list[dict[str, Any]], before: list[dict[str, Any]] | None = None) -> str:
+    """The memory figures of the rows as a markdown table (an older run's side by side when
+    given, as in :func:`markdown`): the peak over a bare forward of the batch's ``(B, L)``,
+    and over one of the widest model call's ``(rows, L)``."""
+    key = lambda r: (r["strategy"], r["cache"], r["batch"], r["gen_length"], r["block_length"])
+    old = {key(r): r for r in before or []}
+    fields = (
+        ("memory_mib", lambda v: f"{v:.1f}"), ("bare_memory_mib", lambda v: f"{v:.1f}"),
+        ("memory", lambda v: f"{v:.2f}×"), ("memory_rows", str), ("memory_vs_rows", lambda v: f"{v:.2f}×"),
+    )
+    lines = [
+        "| strategy | cache | batch | L | peak (MiB) | bare (B, L) (MiB) | memory | rows per call | vs bare (rows, L) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in after:
+        was = old.get(key(row))
+        cells = []
+        for field, fmt in fields:
+            now = "-" if row.get(field) is None else fmt(row[field])
+            if was is not None:
+                then = was.get(field)
+                if field == "memory_vs_rows" and then is None and was.get("memory_rows", 0) <= row["batch"]:
+                    then = was.get("memory")  # older runs: no call wider than the batch
+                now = f"{'-' if then is None else fmt(then)} → {now}"
+            cells.append(now)
+        lines.append(
+            f"| {row['strategy']} | {row['cache']} | {row['batch']} | {row['memory_shape'][1]} | " + " | ".join(cells) + " |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="toy-dllm")
@@ -261,10 +305,16 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         help="print the markdown table of a result file (after), or of an older run's and a "
         "newer run's side by side (before after), instead of measuring",
     )
+    parser.add_argument(
+        "--memory-report", nargs="+", metavar="JSON",
+        help="as --report, the memory figures only (peak over the batch's bare forward and "
+        "over the widest call's)",
+    )
     args = parser.parse_args(argv)
-    if args.report:
-        loaded = [json.load(open(path))["rows"] for path in args.report]
-        print(markdown(loaded[-1], loaded[0] if len(loaded) > 1 else None), end="")
+    if args.report or args.memory_report:
+        table = markdown if args.report else memory_markdown
+        loaded = [json.load(open(path))["rows"] for path in args.report or args.memory_report]
+        print(table(loaded[-1], loaded[0] if len(loaded) > 1 else None), end="")
         return loaded[-1]
     torch.set_num_threads(args.threads)
     adapter = load_model(args.model)

@@ -143,6 +143,11 @@ def test_bad_layout_and_budget_name_the_allowed_values(tiny_adapter):
         compose("spiffy", {"layout": "diagonal"})
     with pytest.raises(ConfigurationError, match=r"'budget' of strategy 'spiffy' is -1; allowed: \[0, inf\)"):
         compose("spiffy", {"budget": -1})
+    with pytest.raises(ConfigurationError, match=r"'call_rows' of strategy 'spiffy' is -2; allowed: \[0, inf\)"):
+        compose("spiffy", {"call_rows": -2})
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ConfigurationError, match=rf"call_rows is {bad!r}; allowed: an int >= 0"):
+            Spiffy(call_rows=bad)
 
 
 # --- composition -------------------------------------------------------------------------
@@ -395,7 +400,7 @@ def test_cli_graph_budget_and_layout_options_reach_spiffy(tmp_path):
     ])
     assert ok.exit_code == 0, ok.output
     report = json.loads(ok.stdout.splitlines()[-1])  # the summary line
-    assert report["config"]["params"]["spiffy"] == {"graph": "", "budget": 2, "layout": "packed"}
+    assert report["config"]["params"]["spiffy"] == {"graph": "", "budget": 2, "layout": "packed", "call_rows": 0}
     assert report["speculation"]["guarantee"] == "lossless"
     wrong = runner.invoke(app, ["generate", "copy: ab", "--strategy", "threshold", "--budget", "2"])
     assert wrong.exit_code == 2 and "names strategy 'spiffy', which is not part of" in wrong.output.replace("\n", " ")
@@ -500,3 +505,104 @@ def test_verification_never_builds_every_nodes_logits(tiny_adapter, strategy):
     spiffy = next(p for p in decoder.pm.get_plugins() if isinstance(p, Spiffy))
     every_node = (len(prompts), len(spiffy.graph.nodes) + 1, 8, tiny_adapter.model.config.vocab_size)
     assert (every_node in seen.shapes) == (strategy is MaterialisesEveryNode)
+
+
+# --- verification in model calls of at most the batch's rows --------------------------------
+
+
+def test_a_layout_evaluated_in_parts_puts_every_rows_outputs_in_its_place():
+    """Parts of ``max_rows`` rows, the last one shorter: row ``r`` of the result is what the
+    forward gives layout row ``r`` (a forward that writes each row's own ids and source)."""
+    from dloom.speculation import evaluate_in_parts, rows_layout
+
+    spans = torch.arange(3 * 4 * 2).reshape(3, 4, 2)
+    evaluated = torch.tensor([[1, 1, 1, 0], [1, 0, 1, 1], [1, 1, 0, 0]], dtype=torch.bool)
+    layout = rows_layout(spans, evaluated)  # 8 rows
+    calls = []
+
+    def forward(tokens, part, first_window):
+        calls.append(part.input_ids.shape[0])
+        return torch.stack([part.input_ids, part.source[:, None].expand_as(part.input_ids)], dim=-1)
+
+    whole = forward(None, layout, 0)
+    calls.clear()
+    out = evaluate_in_parts(forward, None, layout, 0, max_rows=3)
+    assert calls == [3, 3, 2]
+    assert torch.equal(out, whole)
+    assert torch.equal(evaluate_in_parts(forward, None, layout, 0, max_rows=8), whole) and calls[-1] == 8
+
+
+def _one_call(evaluate, tokens, layout, first_window, max_rows):
+    """Negative control: the whole layout in one model call, whatever its row count."""
+    return evaluate(tokens, layout, first_window)
+
+
+@pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
+@pytest.mark.parametrize("in_parts", [True, False], ids=["in-parts", "control"])
+def test_a_verification_forward_runs_no_more_rows_at_once_than_the_batch(sharp_adapter, monkeypatch, cache, in_parts):
+    """Rows-layout verification: no model call holds more rows than the batch, while the
+    layouts hold more (the control, one call per layout, exceeds it), and the tokens, NFE
+    and verification outputs are those of one call over the whole layout, bit for bit."""
+    import dloom.engine
+    from dloom.speculation import evaluate_in_parts
+
+    compared, counting = [], [True]
+
+    def checked(evaluate, tokens, layout, first_window, max_rows):
+        out = evaluate_in_parts(evaluate, tokens, layout, first_window, max_rows)
+        counting[0] = False  # the comparison's one call is not the decoder's
+        compared.append(torch.equal(out, evaluate(tokens, layout, first_window)))
+        counting[0] = True
+        return out
+
+    prompts = [[5, 6, 7], [8, 9, 10, 11]]
+
+    def decode(verifier):
+        monkeypatch.setattr(dloom.engine, "evaluate_in_parts", verifier)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            decoder = DiffusionDecoder(sharp_adapter, [Spiffy(budget=4), "quota"], gen_length=16, block_length=8, cache=cache)
+        rows: list[int] = []
+
+        def record(_, args, kwargs):
+            if counting[0]:
+                rows.append(kwargs["input_ids"].shape[0])
+
+        hook = sharp_adapter.model.register_forward_pre_hook(record, with_kwargs=True)
+        try:
+            return decoder.generate(prompts), rows
+        finally:
+            hook.remove()
+
+    reference, one_call_rows = decode(_one_call)
+    result, rows = decode(checked if in_parts else _one_call)
+    assert result.verification_forwards > 0 and max(one_call_rows) > len(prompts)
+    assert (max(rows) <= len(prompts)) == in_parts
+    assert torch.equal(result.sequences, reference.sequences) and torch.equal(result.nfe, reference.nfe)
+    assert result.forwards == reference.forwards
+    assert all(compared) and (len(compared) > 0) == in_parts
+
+
+def test_call_rows_evaluates_more_rows_per_call_with_the_same_outputs(sharp_adapter):
+    """``call_rows=10``: up to 10 layout rows per model call (more than the batch's 2),
+    fewer calls, and the tokens and NFE of the default (the batch's rows per call)."""
+    prompts = [[5, 6, 7], [8, 9, 10, 11]]
+
+    def decode(**options):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            decoder = DiffusionDecoder(sharp_adapter, [Spiffy(budget=4, **options), "quota"], gen_length=16, block_length=8)
+        rows: list[int] = []
+        hook = sharp_adapter.model.register_forward_pre_hook(
+            lambda _, args, kwargs: rows.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+        )
+        try:
+            return decoder.generate(prompts), rows
+        finally:
+            hook.remove()
+
+    default, default_rows = decode()
+    wide, wide_rows = decode(call_rows=10)
+    assert max(default_rows) <= len(prompts) < max(wide_rows) <= 10
+    assert wide.model_calls < default.model_calls
+    assert torch.equal(wide.sequences, default.sequences) and torch.equal(wide.nfe, default.nfe)

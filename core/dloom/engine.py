@@ -47,7 +47,7 @@ from dloom.registry import Registry
 from dloom.running_batch import (  # noqa: F401 - re-exported: dloom.engine is where users find them
     BlockRecord, DecodeSession, FinishedRows, StepRecord, finished_rows, generated_lengths,
 )
-from dloom.speculation import KernelStep, NodeLogits, layout_is_exact
+from dloom.speculation import KernelStep, NodeLogits, evaluate_in_parts, layout_is_exact
 from dloom.types import DecodeState
 
 Prompts = Sequence[str] | Sequence[Sequence[int]] | torch.Tensor
@@ -275,7 +275,8 @@ class DiffusionDecoder:
         """
         graph = hooks.prune(self.pm, graph, self.draft_budget)
         layout = hooks.build_mask(self.pm, state, graph)
-        outputs = self._timed(forward.evaluate, state.tokens, layout, first_window)
+        call_rows = max(layout.call_rows, state.tokens.shape[0])  # a rows layout has a row per draft
+        outputs = self._timed(evaluate_in_parts, forward.evaluate, state.tokens, layout, first_window, call_rows)
         verdict = hooks.verify(self.pm, state, graph, NodeLogits(outputs, layout, self.block_length), kernel)
         return verdict, layout_is_exact(layout, self.cache, self.model.attention)
 

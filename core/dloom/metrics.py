@@ -82,7 +82,9 @@ class GenerationResult:
     :ivar forwards: the decoder's steps over the whole batch, each one forward of every row
         still decoding (and one host synchronisation).
     :ivar model_calls: model calls those steps made: a step with a cache takes two when some
-        rows start a block (a full forward for them, a cached one for the others).
+        rows start a block (a full forward for them, a cached one for the others), and a
+        verification one per ``B`` rows of its layout
+        (:func:`dloom.speculation.evaluate_in_parts`; still one step and one NFE per row).
     :ivar row_forwards: rows in those calls, summed (batch rows, not verification layout
         rows); ``1 - sum(nfe) / row_forwards`` is the share of row-forwards spent on rows
         that took no step.

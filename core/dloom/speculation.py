@@ -11,6 +11,7 @@ reference distribution (and, with one row and the same seed, the very same rando
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import torch
@@ -212,6 +213,59 @@ class NodeLogits:
         rows = torch.gather(self.rows, 1, index)  # (B, 1)
         columns = torch.gather(self.offsets, 1, index) + self.span  # (B, K)
         return self.outputs[rows.expand_as(columns), columns]
+
+
+def evaluate_in_parts(
+    evaluate: Callable[[torch.Tensor, VerificationLayout, int], torch.Tensor],
+    tokens: torch.Tensor, layout: VerificationLayout, first_window: int, max_rows: int,
+) -> torch.Tensor:
+    """One verification forward's outputs, evaluated in model calls of at most ``max_rows``
+    layout rows each.
+
+    Layout rows are independent sequences (each attends to its own row alone), so evaluating
+    them a few at a time gives every row the outputs it has in one call over all of them;
+    the rows' layout is unchanged. A rows layout has one row per evaluated node (up to
+    ``budget + 1`` per batch row): the decoder passes ``max(layout.call_rows, B)``, by
+    default the batch's row count, so that a verification runs no more rows at once than a
+    plain step of the same batch and its peak memory is that of such a step
+    (``docs/benchmarks/engine.md``, "Memory"). It is still one verification forward (one
+    step, one NFE for each decoding row, as in one call); ``result.model_calls`` counts the
+    calls.
+
+    :param evaluate: the forward over a layout (``BlockForward.evaluate``): ``(tokens,
+        layout, first_window)`` to ``(R', S, V)``.
+    :param tokens: ``(B, L)`` long, the batch's current state.
+    :param layout: the verification layout, ``R`` rows.
+    :param first_window: passed on to ``evaluate``.
+    :param max_rows: the most layout rows of one model call (``>= 1``).
+    :return: ``(R, S, V)``, row ``r`` the outputs of layout row ``r``.
+    """
+    count = layout.input_ids.shape[0]
+    if count <= max_rows:
+        return evaluate(tokens, layout, first_window)
+    out: torch.Tensor | None = None
+    for first in range(0, count, max_rows):
+        part = layout_part(layout, first, min(first + max_rows, count))
+        outputs = evaluate(tokens, part, first_window)
+        if out is None:  # written in place: no second (R, S, V) copy from a concatenation
+            out = outputs.new_empty(count, *outputs.shape[1:])
+        out[first : first + outputs.shape[0]] = outputs
+        del outputs
+    assert out is not None
+    return out
+
+
+def layout_part(layout: VerificationLayout, first: int, stop: int) -> VerificationLayout:
+    """Layout rows ``first .. stop - 1`` of ``layout``, as a layout to evaluate.
+
+    Its ``(R', ...)`` fields are the rows' own; ``node_rows`` and ``node_offsets`` stay
+    those of the whole layout (they index its rows, and are read from the whole layout's
+    outputs, :class:`NodeLogits`; a forward does not read them)."""
+    rows = slice(first, stop)
+    return dataclasses.replace(
+        layout, input_ids=layout.input_ids[rows], source=layout.source[rows],
+        segment=layout.segment[rows], span_position=layout.span_position[rows],
+    )
 
 
 def layout_is_exact(layout: VerificationLayout, cache: str, attention: str) -> bool:

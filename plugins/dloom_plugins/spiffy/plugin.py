@@ -9,7 +9,8 @@
   that leads to likely drafts is worth more), and keeps the ``budget`` best drafts of each
   row while every kept draft stays reachable from the root through kept drafts.
 * ``dloom_build_mask`` lays the root and the kept drafts out as batch rows (``"rows"``:
-  exact for every model and cache mode) or packed into one sequence per row behind a block
+  exact for every model and cache mode; the decoder evaluates them in model calls of the
+  batch's row count, or ``call_rows``) or packed into one sequence per row behind a block
   attention mask (``"packed"``: exact with the dual cache or a block-causal model,
   near-lossless elsewhere; the decoder reports which in ``result.speculation``).
 * ``dloom_verify`` follows the graph with the decoder's kernel
@@ -18,6 +19,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping
 
 import torch
@@ -41,14 +43,24 @@ class Spiffy:
         uncalibrated default graph (:func:`~dloom_plugins.spiffy.graph.default_graph`).
     :param budget: ``D*``, the most drafts per row one verification forward evaluates.
     :param layout: one of :data:`LAYOUTS`.
+    :param call_rows: the most layout rows one model call of a verification evaluates, if
+        more than the batch's ``B`` (``0``: ``B``; see
+        :attr:`~dloom.types.VerificationLayout.call_rows`). The rows layout has up to
+        ``budget + 1`` rows per batch row: by default they are evaluated ``B`` at a time, so
+        that a verification's peak memory is a plain step's; where a larger call costs no
+        more time (an accelerator at a small batch), ``call_rows`` up to ``B * (budget + 1)``
+        evaluates them in fewer calls. The outputs are the same either way.
     """
 
-    def __init__(self, graph: str = "", budget: int = 10, layout: str = "rows") -> None:
+    def __init__(self, graph: str = "", budget: int = 10, layout: str = "rows", call_rows: int = 0) -> None:
         if layout not in LAYOUTS:
             raise ConfigurationError(f"layout is {layout!r}; allowed: {', '.join(LAYOUTS)}")
+        if isinstance(call_rows, bool) or not isinstance(call_rows, int) or call_rows < 0:
+            raise ConfigurationError(f"call_rows is {call_rows!r}; allowed: an int >= 0 (0: the batch's rows)")
         self.graph_path = graph
         self.budget = budget
         self.layout = layout
+        self.call_rows = call_rows
         self.graph: CalibratedGraph | None = None
         self._templates: dict[torch.device, GraphTemplate] = {}
         self._longest = 0  # the graph's longest path from the root
@@ -170,7 +182,8 @@ class Spiffy:
 
     @hookimpl
     def dloom_build_mask(self, state: DecodeState, graph: DraftGraph) -> VerificationLayout:
-        return layout_drafts(state, graph, packed=self.layout == "packed")
+        layout = layout_drafts(state, graph, packed=self.layout == "packed")
+        return dataclasses.replace(layout, call_rows=self.call_rows)
 
     @hookimpl
     def dloom_verify(self, state: DecodeState, graph: DraftGraph, logits: NodeLogits, kernel) -> Verdict:
