@@ -143,11 +143,11 @@ def test_bad_layout_and_budget_name_the_allowed_values(tiny_adapter):
         compose("spiffy", {"layout": "diagonal"})
     with pytest.raises(ConfigurationError, match=r"'budget' of strategy 'spiffy' is -1; allowed: \[0, inf\)"):
         compose("spiffy", {"budget": -1})
-    with pytest.raises(ConfigurationError, match=r"'call_rows' of strategy 'spiffy' is -2; allowed: \[0, inf\)"):
-        compose("spiffy", {"call_rows": -2})
+    with pytest.raises(ConfigurationError, match=r"'call_tokens' of strategy 'spiffy' is -2; allowed: \[0, inf\)"):
+        compose("spiffy", {"call_tokens": -2})
     for bad in (-1, 2.5, True):
-        with pytest.raises(ConfigurationError, match=rf"call_rows is {bad!r}; allowed: an int >= 0"):
-            Spiffy(call_rows=bad)
+        with pytest.raises(ConfigurationError, match=rf"call_tokens is {bad!r}; allowed: an int >= 0"):
+            Spiffy(call_tokens=bad)
 
 
 # --- composition -------------------------------------------------------------------------
@@ -400,7 +400,7 @@ def test_cli_graph_budget_and_layout_options_reach_spiffy(tmp_path):
     ])
     assert ok.exit_code == 0, ok.output
     report = json.loads(ok.stdout.splitlines()[-1])  # the summary line
-    assert report["config"]["params"]["spiffy"] == {"graph": "", "budget": 2, "layout": "packed", "call_rows": 0}
+    assert report["config"]["params"]["spiffy"] == {"graph": "", "budget": 2, "layout": "packed", "call_tokens": 2048}
     assert report["speculation"]["guarantee"] == "lossless"
     wrong = runner.invoke(app, ["generate", "copy: ab", "--strategy", "threshold", "--budget", "2"])
     assert wrong.exit_code == 2 and "names strategy 'spiffy', which is not part of" in wrong.output.replace("\n", " ")
@@ -561,7 +561,9 @@ def test_a_verification_forward_runs_no_more_rows_at_once_than_the_batch(sharp_a
         monkeypatch.setattr(dloom.engine, "evaluate_in_parts", verifier)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            decoder = DiffusionDecoder(sharp_adapter, [Spiffy(budget=4), "quota"], gen_length=16, block_length=8, cache=cache)
+            decoder = DiffusionDecoder(
+                sharp_adapter, [Spiffy(budget=4, call_tokens=0), "quota"], gen_length=16, block_length=8, cache=cache
+            )
         rows: list[int] = []
 
         def record(_, args, kwargs):
@@ -583,9 +585,10 @@ def test_a_verification_forward_runs_no_more_rows_at_once_than_the_batch(sharp_a
     assert all(compared) and (len(compared) > 0) == in_parts
 
 
-def test_call_rows_evaluates_more_rows_per_call_with_the_same_outputs(sharp_adapter):
-    """``call_rows=10``: up to 10 layout rows per model call (more than the batch's 2),
-    fewer calls, and the tokens and NFE of the default (the batch's rows per call)."""
+def test_call_tokens_sets_the_rows_per_call_with_the_same_outputs(sharp_adapter):
+    """``call_tokens=0``: the batch's 2 rows per model call; ``call_tokens=4 L`` (without a
+    cache a row's query is the whole 20-position sequence): up to 4 rows per call; the default 2048 tokens: every layout of this tiny decode (up to 2 x (4 + 1) rows)
+    in one call. Fewer calls, the same tokens and NFE."""
     prompts = [[5, 6, 7], [8, 9, 10, 11]]
 
     def decode(**options):
@@ -601,8 +604,10 @@ def test_call_rows_evaluates_more_rows_per_call_with_the_same_outputs(sharp_adap
         finally:
             hook.remove()
 
-    default, default_rows = decode()
-    wide, wide_rows = decode(call_rows=10)
-    assert max(default_rows) <= len(prompts) < max(wide_rows) <= 10
-    assert wide.model_calls < default.model_calls
-    assert torch.equal(wide.sequences, default.sequences) and torch.equal(wide.nfe, default.nfe)
+    narrow, narrow_rows = decode(call_tokens=0)
+    wide, wide_rows = decode(call_tokens=4 * 20)
+    whole, whole_rows = decode()
+    assert max(narrow_rows) <= len(prompts) < max(wide_rows) <= 4 < max(whole_rows) == 10
+    assert whole.model_calls < wide.model_calls < narrow.model_calls
+    for result in (wide, whole):
+        assert torch.equal(result.sequences, narrow.sequences) and torch.equal(result.nfe, narrow.nfe)

@@ -225,10 +225,10 @@ def evaluate_in_parts(
     Layout rows are independent sequences (each attends to its own row alone), so evaluating
     them a few at a time gives every row the outputs it has in one call over all of them;
     the rows' layout is unchanged. A rows layout has one row per evaluated node (up to
-    ``budget + 1`` per batch row): the decoder passes ``max(layout.call_rows, B)``, by
-    default the batch's row count, so that a verification runs no more rows at once than a
-    plain step of the same batch and its peak memory is that of such a step
-    (``docs/benchmarks/engine.md``, "Memory"). It is still one verification forward (one
+    ``budget + 1`` per batch row): the decoder passes ``max(B, layout.call_tokens // Q)``
+    (``Q`` query tokens per row), so that a large verification runs no more rows at once
+    than a plain step of the same batch and its peak memory is that of such a step
+    (``docs/benchmarks/engine.md``, "Memory"), while a small one stays one call. It is still one verification forward (one
     step, one NFE for each decoding row, as in one call); ``result.model_calls`` counts the
     calls.
 

@@ -172,10 +172,12 @@ class VerificationLayout:
         where the node is not evaluated.
     :ivar node_offsets: ``(B, N + 1)`` long, the column where that node's span starts.
     :ivar packed: whether some layout row holds more than one span.
-    :ivar call_rows: the most layout rows one model call may evaluate, if more than the
-        batch's ``B``: the decoder evaluates the layout in calls of at most
-        ``max(call_rows, B)`` rows (``0``: ``B``, so that a verification holds no more rows
-        at once than a plain step; :func:`dloom.speculation.evaluate_in_parts`).
+    :ivar call_tokens: how many query tokens one model call of the verification may hold
+        beyond the batch's ``B`` rows: the decoder evaluates the layout in calls of at most
+        ``max(B, call_tokens // Q)`` rows, ``Q`` the tokens its forward computes per row (the
+        sequence without a cache, the window with one); ``0``: ``B`` rows, so that a
+        verification holds no more rows at once than a plain step
+        (:func:`dloom.speculation.evaluate_in_parts`).
     """
 
     input_ids: torch.Tensor
@@ -185,7 +187,7 @@ class VerificationLayout:
     node_rows: torch.Tensor
     node_offsets: torch.Tensor
     packed: bool
-    call_rows: int = 0
+    call_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dloom import Claim, Parameter, StrategyRegistration, hookimpl
 
 from .graph import CalibratedGraph
-from .plugin import LAYOUTS, Spiffy
+from .plugin import CALL_TOKENS, LAYOUTS, Spiffy
 
 __all__ = ["CalibratedGraph", "Spiffy", "dloom_register_commands", "dloom_register_strategies"]
 
@@ -37,8 +37,8 @@ def dloom_register_strategies(register) -> None:
                 Parameter("budget", 10, int, "D*: drafts per row in one verification forward", low=0),
                 Parameter("layout", "rows", str, "drafts as batch rows or packed in one sequence",
                           choices=LAYOUTS),
-                Parameter("call_rows", 0, int, "most layout rows per verification model call, if more "
-                          "than the batch's (0 = the batch's: a plain step's peak memory)", low=0),
+                Parameter("call_tokens", CALL_TOKENS, int, "query tokens one verification model call may hold "
+                          "beyond the batch's rows (0 = the batch's rows: a plain step's peak memory)", low=0),
             ),
             guarantee=GUARANTEE,
             summary="speculates the dLLM's own future states from a calibrated draft graph",

@@ -10,7 +10,7 @@
   row while every kept draft stays reachable from the root through kept drafts.
 * ``dloom_build_mask`` lays the root and the kept drafts out as batch rows (``"rows"``:
   exact for every model and cache mode; the decoder evaluates them in model calls of the
-  batch's row count, or ``call_rows``) or packed into one sequence per row behind a block
+  batch's row count, or of ``call_tokens`` query tokens if more) or packed into one sequence per row behind a block
   attention mask (``"packed"``: exact with the dual cache or a block-causal model,
   near-lossless elsewhere; the decoder reports which in ``result.speculation``).
 * ``dloom_verify`` follows the graph with the decoder's kernel
@@ -33,6 +33,9 @@ from .frame import rank_frame
 from .graph import CalibratedGraph, GraphTemplate, calibrate_command, default_graph, find_builtin
 
 LAYOUTS = ("rows", "packed")
+CALL_TOKENS = 2048
+"""The default ``call_tokens``: a verification's model call holds ``B`` rows or this many
+query tokens, whichever is more."""
 
 
 class Spiffy:
@@ -43,24 +46,26 @@ class Spiffy:
         uncalibrated default graph (:func:`~dloom_plugins.spiffy.graph.default_graph`).
     :param budget: ``D*``, the most drafts per row one verification forward evaluates.
     :param layout: one of :data:`LAYOUTS`.
-    :param call_rows: the most layout rows one model call of a verification evaluates, if
-        more than the batch's ``B`` (``0``: ``B``; see
-        :attr:`~dloom.types.VerificationLayout.call_rows`). The rows layout has up to
-        ``budget + 1`` rows per batch row: by default they are evaluated ``B`` at a time, so
-        that a verification's peak memory is a plain step's; where a larger call costs no
-        more time (an accelerator at a small batch), ``call_rows`` up to ``B * (budget + 1)``
-        evaluates them in fewer calls. The outputs are the same either way.
+    :param call_tokens: how many query tokens one model call of a verification may hold
+        beyond the batch's ``B`` rows (the layout's
+        :attr:`~dloom.types.VerificationLayout.call_tokens`: rows of ``Q`` query tokens are
+        evaluated ``max(B, call_tokens // Q)`` at a time). The rows layout has up to
+        ``budget + 1`` rows per batch row; evaluating them ``B`` at a time (``0``) keeps a
+        verification's peak memory that of a plain step, but a call of a few hundred tokens
+        costs an accelerator about one read of the weights whatever its rows, so splitting
+        a small verification multiplies its time. The default, 2048 tokens, splits only
+        verifications that are large anyway. The outputs are the same either way.
     """
 
-    def __init__(self, graph: str = "", budget: int = 10, layout: str = "rows", call_rows: int = 0) -> None:
+    def __init__(self, graph: str = "", budget: int = 10, layout: str = "rows", call_tokens: int = CALL_TOKENS) -> None:
         if layout not in LAYOUTS:
             raise ConfigurationError(f"layout is {layout!r}; allowed: {', '.join(LAYOUTS)}")
-        if isinstance(call_rows, bool) or not isinstance(call_rows, int) or call_rows < 0:
-            raise ConfigurationError(f"call_rows is {call_rows!r}; allowed: an int >= 0 (0: the batch's rows)")
+        if isinstance(call_tokens, bool) or not isinstance(call_tokens, int) or call_tokens < 0:
+            raise ConfigurationError(f"call_tokens is {call_tokens!r}; allowed: an int >= 0 (0: the batch's rows)")
         self.graph_path = graph
         self.budget = budget
         self.layout = layout
-        self.call_rows = call_rows
+        self.call_tokens = call_tokens
         self.graph: CalibratedGraph | None = None
         self._templates: dict[torch.device, GraphTemplate] = {}
         self._longest = 0  # the graph's longest path from the root
@@ -183,7 +188,7 @@ class Spiffy:
     @hookimpl
     def dloom_build_mask(self, state: DecodeState, graph: DraftGraph) -> VerificationLayout:
         layout = layout_drafts(state, graph, packed=self.layout == "packed")
-        return dataclasses.replace(layout, call_rows=self.call_rows)
+        return dataclasses.replace(layout, call_tokens=self.call_tokens)
 
     @hookimpl
     def dloom_verify(self, state: DecodeState, graph: DraftGraph, logits: NodeLogits, kernel) -> Verdict:
