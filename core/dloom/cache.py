@@ -93,6 +93,25 @@ class BlockForward:
         the first).
     :param block_ids: ``(B, L)`` long block index of every position for a block-causal model
         (:mod:`dloom.attention`), ``None`` for a bidirectional one.
+    :param static_width: ``None`` (the default) sizes every forward to what it needs; an int
+        ``S`` gives static shapes (see "Static shapes" below): ``S`` is the last ``S``
+        columns, which must hold every window any row will ever have (``L - S <=`` every
+        row's first window start).
+
+    Static shapes (``static_width``). For a fixed set of rows, every forward of a kind has
+    the same shapes whatever the blocks: a full forward is ``(R, L)`` and computes the logits
+    of the last ``S`` columns; a cached window is ``(R, W)`` with ``W = K + shift`` for dual
+    and ``W = S`` for prefix (columns past ``L`` are invisible padding); the record is a
+    preallocated ``(B, H, L + P, D)`` buffer per layer (``P = S`` slack columns for prefix,
+    where a window's invisible columns write, else 0) that a cached forward writes its window
+    into in place (:func:`static_view`); its 4-D mask covers the whole record. A model
+    compiled with ``torch.compile`` then reuses one graph per ``(rows, width)`` across steps
+    and blocks. A cached query attends to the same keys and values as without static shapes,
+    in another order (the window's own entries at their columns, not appended), and a full
+    forward's head runs over more columns: logits agree up to floating-point rounding, and
+    the decoded tokens and NFE match on the toy zoo (``tests/test_static_shapes.py``). The
+    cost: a prefix window stays ``S`` wide (it does not shrink as blocks advance), and full
+    forwards compute ``S`` columns of logits instead of the active blocks'.
 
     :ivar start: ``(B,)`` long, each row's active block; :meth:`advance` moves rows on.
     :ivar window_start: ``(B,)`` long, first recomputed column of a cached forward (one
@@ -113,6 +132,7 @@ class BlockForward:
         block_length: int,
         refresh: int | None = None,
         block_ids: torch.Tensor | None = None,
+        static_width: int | None = None,
     ) -> None:
         if mode not in CACHE_MODES:
             raise ConfigurationError(f"cache is {mode!r}; allowed: {', '.join(CACHE_MODES)}")
@@ -124,6 +144,9 @@ class BlockForward:
         batch, self.length = position_ids.shape
         device = position_ids.device
         self.start = torch.as_tensor(start, dtype=torch.long, device=device).expand(batch).clone()
+        self.static_width = None if static_width is None else min(static_width, self.length)
+        # slack columns past L where a static prefix window's invisible columns write
+        self.slack = self.static_width if self.static_width is not None and mode == "prefix" else 0
         self._set_masks(padding_mask, block_ids)
         self._takes_keep = "logits_to_keep" in inspect.signature(model.model.forward).parameters
         self.query_positions = 0
@@ -266,7 +289,7 @@ class BlockForward:
             forward.
         """
         batch = tokens.shape[0]
-        keep = (first_window, last_window + self.block_length)
+        keep = self._kept(first_window, last_window)
         if self.mode == "none":
             raw = self._plain(tokens, self._full_mask, self.position_ids, keep)
             picked = self._pick(raw, self.window_start, keep)
@@ -291,28 +314,49 @@ class BlockForward:
         assert out is None or out.shape[0] == batch, "run() with no row to run"
         return out, full  # type: ignore[return-value]  # None only when asked to run no row
 
+    def _kept(self, first_window: int, last_window: int) -> tuple[int, int]:
+        """The columns whose logits a full forward computes: the rows' windows, or with static
+        shapes always the last ``static_width``."""
+        if self.static_width is not None:
+            return self.length - self.static_width, self.length
+        return first_window, last_window + self.block_length
+
     def _full_forward(
         self, tokens: torch.Tensor, rows: torch.Tensor, every: bool, keep: tuple[int, int] | None = None
     ) -> torch.Tensor:
         """A full forward of ``rows`` that records their keys and values; their block logits
         (computed for columns ``keep`` only, where the model allows)."""
-        from transformers import DynamicCache
-
-        cache = DynamicCache()
         pick = (lambda t: t) if every else (lambda t: None if t is None else t[rows])
-        raw = self._run(pick(tokens), pick(self._full_mask), pick(self.position_ids), cache, keep)
-        layers: list[tuple[torch.Tensor, torch.Tensor]] = [
-            (layer.keys, layer.values) for layer in cache.layers  # type: ignore[union-attr, misc]  # full-attention layers
-        ]
-        if every or self._store is None:
-            self._store = layers
-        else:
-            for (keys, values), (new_keys, new_values) in zip(self._store, layers):
-                keys.index_copy_(0, rows, new_keys)
-                values.index_copy_(0, rows, new_values)
+        raw = self._record(pick(tokens), pick(self._full_mask), pick(self.position_ids), rows, every, keep)
         self._needs_full = self._needs_full.index_fill(0, rows, False)
         self._on_cache = self._on_cache.index_fill(0, rows, 1)
         return self._pick(raw, self.window_start if every else self.window_start[rows], keep)
+
+    def _record(self, tokens, attention_mask, position_ids, rows, every, keep) -> torch.Tensor:
+        """A full forward through a ``DynamicCache``, whose keys and values become the record
+        (all of it, or ``rows`` of it); its raw outputs. With static shapes the record is
+        preallocated at ``(B, H, L + P, D)`` on the batch's first full forward and written in
+        place by the later ones."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        raw = self._run(tokens, attention_mask, position_ids, cache, keep)
+        layers: list[tuple[torch.Tensor, torch.Tensor]] = [
+            (layer.keys, layer.values) for layer in cache.layers  # type: ignore[union-attr, misc]  # full-attention layers
+        ]
+        if self._store is None and self.static_width is not None:
+            self._store = [(_slack(keys, self.slack), _slack(values, self.slack)) for keys, values in layers]
+        elif every and self.static_width is None:
+            self._store = layers
+        else:
+            assert self._store is not None, "the batch's first full forward holds every row"
+            for (keys, values), (new_keys, new_values) in zip(self._store, layers):
+                for record, new in ((keys, new_keys), (values, new_values)):
+                    if every:
+                        record[:, :, : self.length].copy_(new)
+                    else:
+                        record[:, :, : self.length].index_copy_(0, rows, new)
+        return raw
 
     def _keep_argument(self, keep: tuple[int, int] | None) -> dict:
         """``logits_to_keep`` for columns ``keep`` (``{}`` when the model takes none)."""
@@ -359,6 +403,8 @@ class BlockForward:
         earliest window start on for prefix."""
         if self.mode == "dual":
             return self.block_length + self.shift
+        if self.static_width is not None:
+            return self.static_width
         return self.length - first_window
 
     def _windows(self, rows: torch.Tensor | None, width: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -384,6 +430,8 @@ class BlockForward:
         """A read-only view of the recorded keys and values of ``rows`` (``None``: every
         row), for one cached forward (:func:`record_view`: no copy of the record)."""
         assert self._store is not None, "a cached forward before the full forward that records it"
+        if self.slack:  # the static record's first L columns (views)
+            return record_view([(k[..., : self.length, :], v[..., : self.length, :]) for k, v in self._store], rows)
         return record_view(self._store, rows)
 
     def _window_forward(self, tokens: torch.Tensor, rows: torch.Tensor | None, first_window: int) -> torch.Tensor:
@@ -397,6 +445,8 @@ class BlockForward:
         columns, real = self._windows(rows, width)
         positions = self.position_ids if rows is None else self.position_ids[rows]
         keys = torch.arange(self.length, device=tokens.device).expand(len(tokens), -1)
+        if self.static_width is not None:
+            return self._static_window(tokens, rows, columns, real, positions, keys)
         starts = columns[:, :1]
         stale = (keys >= starts) & (keys < starts + width)  # recorded, but recomputed here
         recorded = self._allowed(rows, columns, keys) & ~stale.unsqueeze(1)
@@ -405,6 +455,23 @@ class BlockForward:
         return self._run(
             torch.gather(tokens, 1, columns), model_mask(mask, self.model.model),
             torch.gather(positions, 1, columns), self._row_cache(rows),
+        )
+
+    def _static_window(self, tokens, rows, columns, real, positions, keys) -> torch.Tensor:
+        """:meth:`_window_forward` with static shapes: the window's keys and values are
+        written into the record at their own columns (an invisible column into the slack past
+        ``L``), and its queries attend over the whole ``(L + P)`` record."""
+        assert self._store is not None, "a cached forward before the full forward that records it"
+        count, width = columns.shape
+        allowed = self._allowed(rows, columns, keys)
+        if self.slack:
+            allowed = torch.cat([allowed, allowed.new_zeros(count, width, self.slack)], dim=2)
+        slack = self.length + torch.arange(width, device=columns.device)
+        targets = torch.where(real, columns, slack)
+        cache = static_view(self._store, rows, targets)
+        return self._run(
+            torch.gather(tokens, 1, columns), model_mask(allowed.unsqueeze(1), self.model.model),
+            torch.gather(positions, 1, columns), cache,
         )
 
     # --- verification forwards (speculative decoding) --------------------------------------
@@ -497,6 +564,15 @@ class BlockForward:
         return torch.cat([first, raw[:, n_recomputed:]], dim=1)
 
 
+def _slack(recorded: torch.Tensor, columns: int) -> torch.Tensor:
+    """Recorded keys or values ``(B, H, L, D)`` in a new ``(B, H, L + columns, D)`` buffer
+    (zeros after them)."""
+    batch, heads, length, width = recorded.shape
+    buffer = recorded.new_zeros(batch, heads, length + columns, width)
+    buffer[:, :, :length] = recorded
+    return buffer
+
+
 def _grow(recorded: torch.Tensor, columns: int, rows: int) -> torch.Tensor:
     """Recorded keys or values ``(B, H, L, D)`` with ``columns`` zero columns on the left
     and ``rows`` zero rows after the last: ``(B + rows, H, columns + L, D)``."""
@@ -561,5 +637,71 @@ def record_view(store: list[tuple[torch.Tensor, torch.Tensor]], rows: torch.Tens
     cache = DynamicCache()
     layer = _record_layer()
     cache.layers = [layer(keys, values, rows) for keys, values in store]
+    cache.layer_class_to_replicate = None
+    return cache
+
+
+@functools.cache
+def _static_layer() -> type:
+    """The cache layer class of :func:`static_view` (defined on first use: ``transformers``
+    is imported lazily)."""
+    from transformers.cache_utils import DynamicLayer
+
+    class StaticRecordLayer(DynamicLayer):
+        """One layer of a :func:`static_view`: the preallocated ``(B, H, N, D)`` record,
+        written in place at given columns."""
+
+        def __init__(
+            self, keys: torch.Tensor, values: torch.Tensor, rows: torch.Tensor | None, columns: torch.Tensor
+        ) -> None:
+            super().__init__()
+            self.keys, self.values, self.rows, self.columns = keys, values, rows, columns
+            self.length = keys.shape[-2]
+            self.device = keys.device
+            self.is_initialized = True
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            """Write the window's ``(R, H, W, D)`` keys and values at its columns and attend to
+            the whole record (the rows' copy when ``rows`` is given, so that rows repeating
+            one batch row each see their own window)."""
+            index = self.columns[:, None, :, None]
+            if self.rows is None:
+                keys, values = self.keys, self.values
+            else:
+                keys, values = self.keys.index_select(0, self.rows), self.values.index_select(0, self.rows)
+            keys.scatter_(2, index.expand_as(key_states), key_states)
+            values.scatter_(2, index.expand_as(value_states), value_states)
+            return keys, values
+
+        def get_seq_length(self) -> int:
+            return self.length
+
+        def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+            return self.length, 0
+
+    return StaticRecordLayer
+
+
+def static_view(store: list[tuple[torch.Tensor, torch.Tensor]], rows: torch.Tensor | None, columns: torch.Tensor):
+    """A ``transformers`` cache over a preallocated record for a cached forward of static
+    shapes (:class:`BlockForward`'s ``static_width``): each layer writes the window's keys
+    and values at its columns and the window attends to the whole record.
+
+    ``transformers``' own ``StaticCache`` does not fit: it appends at one position shared by
+    the whole batch, while here every row rewrites its own window (rows sit in different
+    blocks), and a step's rows may be a subset of the batch or repeat a row (verification).
+
+    :param store: per layer, the record's ``(B, H, N, D)`` keys and values.
+    :param rows: ``(R,)`` long, the batch row each forward row reads, or ``None`` for every
+        row in order: then the window is written into the record itself (in place, no copy);
+        else into a copy of the rows' record (repeats allowed).
+    :param columns: ``(R, W)`` long, the record column of each window position, distinct
+        within a row, ``< N``.
+    """
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    layer = _static_layer()
+    cache.layers = [layer(keys, values, rows, columns) for keys, values in store]
     cache.layer_class_to_replicate = None
     return cache

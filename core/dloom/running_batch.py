@@ -285,13 +285,22 @@ class DecodeSession:
         padded = bool((self.full_mask == 0).any())
         self.forward = BlockForward(
             self.model, decoder.cache, self.full_mask if padded else None, self.positions, start,
-            decoder.block_length, decoder.cache_refresh, self._block_ids(),
+            decoder.block_length, decoder.cache_refresh, self._block_ids(), self._static_width(),
         )
         generator = RowStreams(decoder.seed, streams) if self._samples else None
         self.kernel = KernelStep(
             decoder.pm, decoder.temperature, decoder.remasking, generator, self._mask_id, self._eos,
             self._steps_per_block, self._masked(self.x, self.forward.block_columns), decoder.on_proposal,
         )
+
+    def _static_width(self) -> int | None:
+        """With ``static_shapes``, the columns every window lies in: the generated region, a
+        block before it when the first block may start in the prompt (absolute alignment), and
+        the column before it for a shifted model; ``None`` without."""
+        if not self.decoder.static_shapes:
+            return None
+        lead = self.decoder.block_length - 1 if self.model.block_alignment == "absolute" else 0
+        return self.x.shape[1] - self.width + lead + int(self.model.shift_logits)
 
     def _masked(self, tokens: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
         """``(B,)`` masked positions of the blocks at ``columns`` ``(B, K)``."""
