@@ -143,6 +143,9 @@ class BlockForward:
         self.shift = int(model.shift_logits)
         batch, self.length = position_ids.shape
         device = position_ids.device
+        self.block_columns: torch.Tensor  # (B, K) long, the columns of every row's active block
+        self.window_start: torch.Tensor  # (B,) long
+        self._window: tuple | None = None
         self.start = torch.as_tensor(start, dtype=torch.long, device=device).expand(batch).clone()
         self.static_width = None if static_width is None else min(static_width, self.length)
         # slack columns past L where a static prefix window's invisible columns write
@@ -181,13 +184,16 @@ class BlockForward:
     # --- per-row bookkeeping (device tensors only) -----------------------------------------
 
     @property
-    def window_start(self) -> torch.Tensor:
-        return self.start - self.shift
+    def start(self) -> torch.Tensor:
+        return self._start
 
-    @property
-    def block_columns(self) -> torch.Tensor:
-        """``(B, K)`` long, the columns of every row's active block."""
-        return self.start.unsqueeze(1) + torch.arange(self.block_length, device=self.start.device)
+    @start.setter
+    def start(self, value: torch.Tensor) -> None:
+        """Each row's block start, and what follows from it (computed once per change, read
+        several times a step): :attr:`window_start` and :attr:`block_columns`."""
+        self._start = value
+        self.window_start = value - self.shift if self.shift else value
+        self.block_columns = value.unsqueeze(1) + torch.arange(self.block_length, device=value.device)
 
     def pending_full(self) -> torch.Tensor:
         """``(B,)`` bool, rows whose next forward is a full one."""
@@ -219,6 +225,7 @@ class BlockForward:
         """Keep the rows ``index`` (``(B',)`` long), in that order (rows that left the batch)."""
         self.position_ids = self.position_ids[index]
         self.start = self.start[index]
+        self._window = None
         self._keys_ok = self._keys_ok[index]
         if self.padding_mask is not None:
             self.padding_mask = self.padding_mask[index]
@@ -255,6 +262,7 @@ class BlockForward:
         device = start.device
         self.position_ids, self.length = position_ids, position_ids.shape[1]
         self.start = torch.cat([self.start + widened, start])
+        self._window = None
         self._needs_full = torch.cat(
             [self._needs_full, torch.full((joining,), self.mode != "none", dtype=torch.bool, device=device)]
         )
@@ -294,25 +302,25 @@ class BlockForward:
             raw = self._plain(tokens, self._full_mask, self.position_ids, keep)
             picked = self._pick(raw, self.window_start, keep)
             return picked, torch.ones(batch, dtype=torch.bool, device=tokens.device)
+        if n_full == 0:  # every row on its record (no row selection needed)
+            out = None
+            if cached:
+                out = self._window_forward(tokens, None, first_window)[:, : self.block_length]
+                self._on_cache = self._on_cache + 1
+            return out, torch.zeros(batch, dtype=torch.bool, device=tokens.device)  # type: ignore[return-value]
+        self._window = None  # some row moved on (or refreshes): its window moves
+        if n_full == batch:
+            return self._full_forward(tokens, None, True, keep), torch.ones(batch, dtype=torch.bool, device=tokens.device)
         full = self.pending_full()
         order = torch.argsort((~full).long(), stable=True)
         full_rows, cached_rows = order[:n_full], order[n_full:]
-        out = None
-        if n_full:
-            block = self._full_forward(tokens, full_rows, n_full == batch, keep)
-            out = block if n_full == batch else block.new_zeros(batch, *block.shape[1:]).index_copy_(0, full_rows, block)
-        if cached and n_full < batch:
-            every = n_full == 0
-            rows = None if every else cached_rows
-            raw = self._window_forward(tokens if every else tokens[rows], rows, first_window)
-            block = raw[:, : self.block_length]
-            if out is None:
-                out = block
-            else:
-                out.index_copy_(0, cached_rows, block)
+        block = self._full_forward(tokens, full_rows, False, keep)
+        out = block.new_zeros(batch, *block.shape[1:]).index_copy_(0, full_rows, block)
+        if cached:
+            raw = self._window_forward(tokens[cached_rows], cached_rows, first_window)
+            out.index_copy_(0, cached_rows, raw[:, : self.block_length])
             self._on_cache = self._on_cache + (~full).long()
-        assert out is None or out.shape[0] == batch, "run() with no row to run"
-        return out, full  # type: ignore[return-value]  # None only when asked to run no row
+        return out, full
 
     def _kept(self, first_window: int, last_window: int) -> tuple[int, int]:
         """The columns whose logits a full forward computes: the rows' windows, or with static
@@ -322,12 +330,18 @@ class BlockForward:
         return first_window, last_window + self.block_length
 
     def _full_forward(
-        self, tokens: torch.Tensor, rows: torch.Tensor, every: bool, keep: tuple[int, int] | None = None
+        self, tokens: torch.Tensor, rows: torch.Tensor | None, every: bool, keep: tuple[int, int] | None = None
     ) -> torch.Tensor:
-        """A full forward of ``rows`` that records their keys and values; their block logits
-        (computed for columns ``keep`` only, where the model allows)."""
+        """A full forward of ``rows`` (every row when ``every``; ``rows`` is then unused)
+        that records their keys and values; their block logits (computed for columns
+        ``keep`` only, where the model allows)."""
         pick = (lambda t: t) if every else (lambda t: None if t is None else t[rows])
         raw = self._record(pick(tokens), pick(self._full_mask), pick(self.position_ids), rows, every, keep)
+        if every:
+            self._needs_full = torch.zeros_like(self._needs_full)
+            self._on_cache = torch.ones_like(self._on_cache)
+            return self._pick(raw, self.window_start, keep)
+        assert rows is not None, "a full forward of some rows names them"
         self._needs_full = self._needs_full.index_fill(0, rows, False)
         self._on_cache = self._on_cache.index_fill(0, rows, 1)
         return self._pick(raw, self.window_start if every else self.window_start[rows], keep)
@@ -441,38 +455,48 @@ class BlockForward:
         :param tokens: ``(R, L)``, the rows' current state.
         :param rows: the rows (``None``: every row, in order).
         """
+        memo = self._window if rows is None else None
+        if memo is not None and memo[0] == first_window:  # every row in its block as before
+            _, columns, positions, mask, targets = memo
+        else:
+            columns, positions, mask, targets = self._window_layout(tokens, rows, first_window)
+            if rows is None:
+                self._window = (first_window, columns, positions, mask, targets)
+        if targets is None:
+            cache = self._row_cache(rows)
+        else:
+            assert self._store is not None, "a cached forward before the full forward that records it"
+            cache = static_view(self._store, rows, targets)
+        return self._run(torch.gather(tokens, 1, columns), mask, positions, cache)
+
+    def _window_layout(self, tokens: torch.Tensor, rows: torch.Tensor | None, first_window: int):
+        """What a window forward of ``rows`` takes besides the tokens, the same for every
+        step of the rows' blocks (memoised for all rows until a row moves on): the ``(R, W)``
+        columns and their positions, the model's 4-D mask, and with static shapes the record
+        columns the window writes (``None`` without).
+
+        Without static shapes the mask covers the record (less the window's stale entries)
+        then the window's own keys; with them, the record of ``L + P`` columns, where the
+        window writes its keys at its own columns (an invisible column into the slack past
+        ``L``)."""
         width = self.window_width(first_window)
         columns, real = self._windows(rows, width)
         positions = self.position_ids if rows is None else self.position_ids[rows]
         keys = torch.arange(self.length, device=tokens.device).expand(len(tokens), -1)
+        targets = None
         if self.static_width is not None:
-            return self._static_window(tokens, rows, columns, real, positions, keys)
-        starts = columns[:, :1]
-        stale = (keys >= starts) & (keys < starts + width)  # recorded, but recomputed here
-        recorded = self._allowed(rows, columns, keys) & ~stale.unsqueeze(1)
-        fresh = self._allowed(rows, columns, columns) & real.unsqueeze(1)
-        mask = torch.cat([recorded, fresh], dim=2).unsqueeze(1)
-        return self._run(
-            torch.gather(tokens, 1, columns), model_mask(mask, self.model.model),
-            torch.gather(positions, 1, columns), self._row_cache(rows),
-        )
-
-    def _static_window(self, tokens, rows, columns, real, positions, keys) -> torch.Tensor:
-        """:meth:`_window_forward` with static shapes: the window's keys and values are
-        written into the record at their own columns (an invisible column into the slack past
-        ``L``), and its queries attend over the whole ``(L + P)`` record."""
-        assert self._store is not None, "a cached forward before the full forward that records it"
-        count, width = columns.shape
-        allowed = self._allowed(rows, columns, keys)
-        if self.slack:
-            allowed = torch.cat([allowed, allowed.new_zeros(count, width, self.slack)], dim=2)
-        slack = self.length + torch.arange(width, device=columns.device)
-        targets = torch.where(real, columns, slack)
-        cache = static_view(self._store, rows, targets)
-        return self._run(
-            torch.gather(tokens, 1, columns), model_mask(allowed.unsqueeze(1), self.model.model),
-            torch.gather(positions, 1, columns), cache,
-        )
+            count = len(columns)
+            mask = self._allowed(rows, columns, keys)
+            if self.slack:
+                mask = torch.cat([mask, mask.new_zeros(count, width, self.slack)], dim=2)
+            targets = torch.where(real, columns, self.length + torch.arange(width, device=columns.device))
+        else:
+            starts = columns[:, :1]
+            stale = (keys >= starts) & (keys < starts + width)  # recorded, but recomputed here
+            recorded = self._allowed(rows, columns, keys) & ~stale.unsqueeze(1)
+            fresh = self._allowed(rows, columns, columns) & real.unsqueeze(1)
+            mask = torch.cat([recorded, fresh], dim=2)
+        return columns, torch.gather(positions, 1, columns), model_mask(mask.unsqueeze(1), self.model.model), targets
 
     # --- verification forwards (speculative decoding) --------------------------------------
 

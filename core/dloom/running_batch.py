@@ -48,7 +48,7 @@ from dloom.generation import row_streams
 from dloom.kernel import RowStreams
 from dloom.metrics import speculation_summary
 from dloom.prompt_validation import check_prompts
-from dloom.speculation import KernelStep, eos_clear, selectable_positions
+from dloom.speculation import KernelStep, eos_clear
 
 if TYPE_CHECKING:
     from dloom.engine import DiffusionDecoder, Prompts
@@ -410,7 +410,9 @@ class DecodeSession:
         # aligned at position 0, a row's first block also holds the prompt's last partial block
         generated = columns >= self.width if self.model.block_alignment == "absolute" else None
         kernel.generated = generated
-        decoding = selectable_positions(block, mask_id, eos_ids, generated).any(-1)
+        # Every row here has a position to decode: a finished row left the batch at the end of
+        # the step that finished it, and a row that moved on holds a fresh, fully masked block.
+        decoding = torch.ones(len(block), dtype=torch.bool, device=block.device)
         accepted = None
         if decoder._speculates and self._can_draft:
             new_block, self.previous, accepted = decoder._speculative_step(
@@ -424,25 +426,29 @@ class DecodeSession:
             if self.observer is not None:
                 self.observer(StepRecord(self.block_index.clone(), self.rows.clone(), block.clone(), logits, new_block.clone()))
         x.scatter_(1, columns, new_block)
-        self.nfe = self.nfe + decoding.long()
-        block_done = ~selectable_positions(new_block, mask_id, eos_ids, generated).any(-1)
-        gen_end = x.shape[1]
-        finished = finished_rows(x[:, self.width:gen_end], mask_id, eos_ids)
+        self.nfe = self.nfe + 1
+        # Earlier blocks are complete and hold no EOS, later ones are all masks: the row's
+        # output is final (finished_rows of its generated region) exactly when its block has
+        # an EOS with nothing masked before it, or has nothing masked and is its last block.
+        eos = eos_clear(new_block, mask_id, eos_ids, generated)
+        unmasked = ~(new_block == mask_id).any(-1)
+        block_done = eos | unmasked
+        finished = eos | (unmasked & (forward.start + decoder.block_length >= self.region_end))
         moving = block_done & ~finished
         forward.advance(moving)
         kernel.start_block(moving, torch.gather(x, 1, forward.block_columns))
         done_block = self.block_index
-        self.block_index = self.block_index + moving.long()
+        self.block_index = self.block_index + moving
         self.known = decoding & ~moving
         status = [
             kernel.non_finite, kernel.idle, finished.sum(),
-            *forward.plan(~finished), (self.known & ~finished).any(),
+            forward.plan(~finished), (self.known & ~finished).any(),
         ]
         if accepted is not None:
             status += [accepted.sum(), decoding.sum()]
         if self.on_block is not None:
             status.append((block_done | finished).sum())
-        values = torch.stack([v.long() for v in status]).tolist()  # the step's one sync
+        values = torch.cat([v.view(-1) for v in status]).tolist()  # the step's one sync (long: promoted)
         decoder._check(self.tallies.forwards, values[0], values[1], self.block_index)
         leaving = values[2]
         self._plan = values[3:6]
