@@ -151,7 +151,11 @@ class BlockForward:
         # slack columns past L where a static prefix window's invisible columns write
         self.slack = self.static_width if self.static_width is not None and mode == "prefix" else 0
         self._set_masks(padding_mask, block_ids)
-        self._takes_keep = "logits_to_keep" in inspect.signature(model.model.forward).parameters
+        parameters = inspect.signature(model.model.forward).parameters
+        self._takes_keep = "logits_to_keep" in parameters
+        # an uncached forward asks for no cache where the model takes the flag (transformers'
+        # models otherwise fill a DynamicCache nothing reads)
+        self._uncached = {"use_cache": False} if "use_cache" in parameters else {}
         self.query_positions = 0
         self.calls = 0  # model calls
         self.row_forwards = 0  # rows over all model calls
@@ -393,7 +397,7 @@ class BlockForward:
         with torch.no_grad():
             out = self.model.model(
                 input_ids=tokens, attention_mask=attention_mask, position_ids=position_ids,
-                **self._keep_argument(keep),
+                **self._uncached, **self._keep_argument(keep),
             )
         return output_logits(out)
 
@@ -525,6 +529,7 @@ class BlockForward:
                 with torch.no_grad():
                     out = self.model.model(
                         input_ids=primary, attention_mask=mask, position_ids=self.position_ids[source],
+                        **self._uncached,
                     )
                 raw = output_logits(out)
                 return torch.take_along_dim(raw, span.unsqueeze(-1), dim=1)
@@ -577,7 +582,9 @@ class BlockForward:
         self._count(inputs)
         with torch.no_grad():
             if self.mode == "none":
-                out = self.model.model(input_ids=inputs, attention_mask=model_input, position_ids=positions)
+                out = self.model.model(
+                    input_ids=inputs, attention_mask=model_input, position_ids=positions, **self._uncached
+                )
             else:
                 out = self.model.model(
                     input_ids=inputs, attention_mask=model_input, position_ids=positions,
