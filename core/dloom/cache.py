@@ -102,9 +102,12 @@ class BlockForward:
     the same shapes whatever the blocks: a full forward is ``(R, L)`` and computes the logits
     of the last ``S`` columns; a cached window is ``(R, W)`` with ``W = K + shift`` for dual
     and ``W = S`` for prefix (columns past ``L`` are invisible padding); the record is a
-    preallocated ``(B, H, L + P, D)`` buffer per layer (``P = S`` slack columns for prefix,
-    where a window's invisible columns write, else 0) that a cached forward writes its window
-    into in place (:func:`static_view`); its 4-D mask covers the whole record. A model
+    ``(B, H, L + P, D)`` buffer per layer (``P = S`` slack columns for prefix, where a
+    window's invisible columns write, else 0), allocated at the batch's first full forward
+    and from then on written in place: by every full forward (which runs on a
+    ``DynamicCache``, bit-identical to the default path, and copies its keys and values in)
+    and by every cached window, which writes its own at its columns (:func:`static_view`);
+    the window's 4-D mask covers the whole record. A model
     compiled with ``torch.compile`` then reuses one graph per ``(rows, width)`` across steps
     and blocks. A cached query attends to the same keys and values as without static shapes,
     in another order (the window's own entries at their columns, not appended), and a full
