@@ -9,6 +9,13 @@ dual) x batch size x generation length, one run measures:
   (plain rules; a speculative step's layout rows are drafts, not waste, so it is left out);
 - ``loop/step``: the time outside the model's forwards per step, ``(wall - forward) / steps``
   (the loop's own cost; the table computes it from the recorded times);
+- ``model overhead``: wall time / time inside the model's own ``forward`` calls (timed by
+  hooks on the model: unlike ``overhead``, the preparation of a forward's inputs, masks and
+  cache view counts as loop);
+- ``ops/step``: torch calls the decoder makes outside the model per step (functions,
+  methods and tensor attributes, counted by a ``TorchFunctionMode`` over one ``generate``
+  of the first batch): an exact count of the loop's dispatches, unlike its times on a shared
+  machine;
 - ``syncs_per_forward``: device-to-host reads of the decoder (``.tolist()``, ``.item()``,
   ``bool``/``int`` of a tensor, ``torch.nonzero``) per step, counted by patching them;
 - ``memory``: the peak resident memory one ``generate`` of a batch adds, over the peak a
@@ -28,6 +35,7 @@ Usage::
 
     python benchmarks/bench_engine.py --json engine.json                 # the default grid
     python benchmarks/bench_engine.py --batch 1 8 --gen 64 --json x.json  # a reduced grid
+    python benchmarks/bench_engine.py --batch 1 --static-shapes --json s.json  # static shapes
 
 It runs on the toy zoo's ``toy-dllm`` (trained: realistic confidences, so threshold and
 Fréchet take realistic steps; context 128, so gen 64 at most) on the CPU. Run it against an
@@ -91,6 +99,53 @@ def counting_syncs(model: torch.nn.Module):
         torch.nonzero = nonzero
         pre.remove()
         post.remove()
+
+
+@contextmanager
+def model_time(model: torch.nn.Module):
+    """Seconds spent inside ``model``'s forward calls (outermost calls only)."""
+    spent = {"seconds": 0.0}
+    depth = [0, 0.0]
+
+    def before(*_):
+        if not depth[0]:
+            depth[1] = time.perf_counter()
+        depth[0] += 1
+
+    def after(*_):
+        depth[0] -= 1
+        if not depth[0]:
+            spent["seconds"] += time.perf_counter() - depth[1]
+
+    pre, post = model.register_forward_pre_hook(before), model.register_forward_hook(after)
+    try:
+        yield spent
+    finally:
+        pre.remove()
+        post.remove()
+
+
+def ops_per_step(adapter, decoder, chunk: list[str]) -> float:
+    """Torch calls outside the model per step over one ``generate`` of ``chunk``."""
+    from torch.overrides import TorchFunctionMode
+
+    inside, count = [0], [0]
+
+    class Counting(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if not inside[0]:
+                count[0] += 1
+            return func(*args, **(kwargs or {}))
+
+    pre = adapter.model.register_forward_pre_hook(lambda *_: inside.__setitem__(0, inside[0] + 1))
+    post = adapter.model.register_forward_hook(lambda *_: inside.__setitem__(0, inside[0] - 1))
+    try:
+        with Counting():
+            result = decoder.generate(chunk)
+    finally:
+        pre.remove()
+        post.remove()
+    return count[0] / result.forwards
 
 
 MMAP_THRESHOLD = "65536"  # bytes: larger allocations are mapped, and unmapped when freed
@@ -179,12 +234,13 @@ def hand_threshold_loop(adapter, prompts: list[str], gen_length: int, block_leng
 
 
 def run_case(adapter, strategy: str, cache: str, batch: int, gen_length: int, block_length: int,
-             prompts: list[str]) -> dict[str, Any]:
+             prompts: list[str], static_shapes: bool = False) -> dict[str, Any]:
     name, params = STRATEGIES[strategy]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         decoder = DiffusionDecoder(
-            adapter, name, gen_length=gen_length, block_length=block_length, cache=cache, params=params
+            adapter, name, gen_length=gen_length, block_length=block_length, cache=cache, params=params,
+            **({"static_shapes": True} if static_shapes else {}),  # an older engine has no such setting
         )
     chunks = [prompts[i : i + batch] for i in range(0, len(prompts), batch)]
     decoder.generate(chunks[0])  # warm-up
@@ -195,7 +251,7 @@ def run_case(adapter, strategy: str, cache: str, batch: int, gen_length: int, bl
     wall = forward = 0.0
     nfe = steps = 0
     try:
-        with counting_syncs(adapter.model) as syncs:
+        with counting_syncs(adapter.model) as syncs, model_time(adapter.model) as inside:
             for chunk in chunks:
                 started = time.perf_counter()
                 result = decoder.generate(chunk)
@@ -207,11 +263,14 @@ def run_case(adapter, strategy: str, cache: str, batch: int, gen_length: int, bl
         memory = memory_ratio(adapter, decoder, chunks[0], calls)  # outside the sync count
     finally:
         hook.remove()
+    ops = ops_per_step(adapter, decoder, chunks[0])
     row = {
         "strategy": strategy, "cache": cache, "batch": batch, "gen_length": gen_length,
         "block_length": block_length, "prompts": len(prompts), "steps": steps,
         "model_calls": timed_calls, "row_forwards": sum(calls[:timed_calls]), "nfe": nfe,
+        "static_shapes": static_shapes,
         "wall_s": wall, "forward_s": forward, "overhead": wall / forward if forward else None,
+        "model_s": inside["seconds"], "model_overhead": wall / inside["seconds"], "ops_per_step": ops,
         "syncs_per_forward": syncs["decoder"] / steps,
         "wasted": None if strategy.startswith("spiffy") else 1 - nfe / sum(calls[:timed_calls]),
         **memory,
@@ -229,13 +288,14 @@ def run_case(adapter, strategy: str, cache: str, batch: int, gen_length: int, bl
 def markdown(after: list[dict[str, Any]], before: list[dict[str, Any]] | None = None) -> str:
     """A markdown table of the rows, with a run of an older engine side by side when given
     (matched on strategy, cache, batch, generation and block length)."""
-    key = lambda r: (r["strategy"], r["cache"], r["batch"], r["gen_length"], r["block_length"])
+    key = lambda r: (r["strategy"], r["cache"], r["batch"], r["gen_length"], r["block_length"],
+                     r.get("static_shapes", False))
     old = {key(r): r for r in before or []}
     pct = lambda v: "-" if v is None else f"{v:.1%}"
     times = lambda v: "-" if v is None else f"{v:.2f}×"
     lines = [
-        "| strategy | cache | batch | gen | block | wall (s) | overhead | wasted | loop/step (ms) | syncs/forward | memory | vs hand loop |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| strategy | cache | batch | gen | block | wall (s) | overhead | model overhead | wasted | loop/step (ms) | ops/step | syncs/forward | memory | vs hand loop |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in after:
         was = old.get(key(row))
@@ -251,8 +311,8 @@ def markdown(after: list[dict[str, Any]], before: list[dict[str, Any]] | None = 
         lines.append(
             f"| {row['strategy']} | {row['cache']} | {row['batch']} | {row['gen_length']} | "
             f"{row['block_length']} | {pair('wall_s', lambda v: f'{v:.2f}')} | "
-            f"{pair('overhead', lambda v: f'{v:.2f}×')} | {pair('wasted', pct)} | "
-            f"{pair('loop_ms', lambda v: f'{v:.2f}')} | "
+            f"{pair('overhead', lambda v: f'{v:.2f}×')} | {pair('model_overhead', times)} | {pair('wasted', pct)} | "
+            f"{pair('loop_ms', lambda v: f'{v:.2f}')} | {pair('ops_per_step', lambda v: '-' if v is None else f'{v:.0f}')} | "
             f"{pair('syncs_per_forward', lambda v: f'{v:.2f}')} | {pair('memory', times)} | {hand} |"
         )
     return "\n".join(lines) + "\n"
@@ -300,6 +360,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--static-shapes", action="store_true", help="decode with static_shapes=True")
     parser.add_argument(
         "--report", nargs="+", metavar="JSON",
         help="print the markdown table of a result file (after), or of an older run's and a "
@@ -325,12 +386,14 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             for strategy in args.strategies:
                 for cache in args.caches:
                     for batch in args.batch:
-                        row = run_case(adapter, strategy, cache, batch, gen_length, block_length, prompts)
+                        row = run_case(adapter, strategy, cache, batch, gen_length, block_length, prompts,
+                                       args.static_shapes)
                         rows.append(row)
                         wasted = "-" if row["wasted"] is None else f"{row['wasted']:.1%}"
                         print(
                             f"{strategy:17s} {cache:6s} B={batch:<3d} G={gen_length} K={block_length:<3d} "
-                            f"overhead {row['overhead']:.2f}x wasted {wasted:>6s} "
+                            f"overhead {row['overhead']:.2f}x (model {row['model_overhead']:.2f}x) "
+                            f"ops/step {row['ops_per_step']:.0f} wasted {wasted:>6s} "
                             f"syncs/fwd {row['syncs_per_forward']:.2f} memory "
                             + ("-" if row["memory"] is None else f"{row['memory']:.2f}x")
                             + (f" vs hand loop {row['vs_hand_loop']:.2f}x (per step "

@@ -243,6 +243,8 @@ CASES = [
     api_case("API: steps=0", lambda env: lambda: env.decoder(steps=0), ConfigurationError, "steps is 0"),
     api_case("API: gen_length=8.0", lambda env: lambda: env.decoder(gen_length=8.0), ConfigurationError,
              "gen_length is 8.0"),
+    api_case("API: static_shapes='yes'", lambda env: lambda: env.decoder(static_shapes="yes"), ConfigurationError,
+             "static_shapes is 'yes'", "True or False"),
     api_case("API: FailFast max_new_tokens=0",
              lambda env: lambda: FailFastDecoder(
                  dloom.load_model("toy-ar", require_mask=False), env.adapter, max_new_tokens=0),
@@ -423,7 +425,7 @@ def test_bad_input_is_refused_clearly(case: Case, env: Env, monkeypatch):
 def test_the_matrix_covers_the_issue():
     """The closing note's count: every row is a distinct input."""
     names = [c.values[0].name if hasattr(c, "values") else c.name for c in CASES]
-    assert len(names) == len(set(names)) == 65
+    assert len(names) == len(set(names)) == 66
 
 
 # --- what is not a refusal -------------------------------------------------------------------

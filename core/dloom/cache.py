@@ -93,6 +93,28 @@ class BlockForward:
         the first).
     :param block_ids: ``(B, L)`` long block index of every position for a block-causal model
         (:mod:`dloom.attention`), ``None`` for a bidirectional one.
+    :param static_width: ``None`` (the default) sizes every forward to what it needs; an int
+        ``S`` gives static shapes (see "Static shapes" below): ``S`` is the last ``S``
+        columns, which must hold every window any row will ever have (``L - S <=`` every
+        row's first window start).
+
+    Static shapes (``static_width``). For a fixed set of rows, every forward of a kind has
+    the same shapes whatever the blocks: a full forward is ``(R, L)`` and computes the logits
+    of the last ``S`` columns; a cached window is ``(R, W)`` with ``W = K + shift`` for dual
+    and ``W = S`` for prefix (columns past ``L`` are invisible padding); the record is a
+    ``(B, H, L + P, D)`` buffer per layer (``P = S`` slack columns for prefix, where a
+    window's invisible columns write, else 0), allocated at the batch's first full forward
+    and from then on written in place: by every full forward (which runs on a
+    ``DynamicCache``, bit-identical to the default path, and copies its keys and values in)
+    and by every cached window, which writes its own at its columns (:func:`static_view`);
+    the window's 4-D mask covers the whole record. A model
+    compiled with ``torch.compile`` then reuses one graph per ``(rows, width)`` across steps
+    and blocks. A cached query attends to the same keys and values as without static shapes,
+    in another order (the window's own entries at their columns, not appended), and a full
+    forward's head runs over more columns: logits agree up to floating-point rounding, and
+    the decoded tokens and NFE match on the toy zoo (``tests/test_static_shapes.py``). The
+    cost: a prefix window stays ``S`` wide (it does not shrink as blocks advance), and full
+    forwards compute ``S`` columns of logits instead of the active blocks'.
 
     :ivar start: ``(B,)`` long, each row's active block; :meth:`advance` moves rows on.
     :ivar window_start: ``(B,)`` long, first recomputed column of a cached forward (one
@@ -113,6 +135,7 @@ class BlockForward:
         block_length: int,
         refresh: int | None = None,
         block_ids: torch.Tensor | None = None,
+        static_width: int | None = None,
     ) -> None:
         if mode not in CACHE_MODES:
             raise ConfigurationError(f"cache is {mode!r}; allowed: {', '.join(CACHE_MODES)}")
@@ -123,9 +146,19 @@ class BlockForward:
         self.shift = int(model.shift_logits)
         batch, self.length = position_ids.shape
         device = position_ids.device
+        self.block_columns: torch.Tensor  # (B, K) long, the columns of every row's active block
+        self.window_start: torch.Tensor  # (B,) long
+        self._window: tuple | None = None
         self.start = torch.as_tensor(start, dtype=torch.long, device=device).expand(batch).clone()
+        self.static_width = None if static_width is None else min(static_width, self.length)
+        # slack columns past L where a static prefix window's invisible columns write
+        self.slack = self.static_width if self.static_width is not None and mode == "prefix" else 0
         self._set_masks(padding_mask, block_ids)
-        self._takes_keep = "logits_to_keep" in inspect.signature(model.model.forward).parameters
+        parameters = inspect.signature(model.model.forward).parameters
+        self._takes_keep = "logits_to_keep" in parameters
+        # an uncached forward asks for no cache where the model takes the flag (transformers'
+        # models otherwise fill a DynamicCache nothing reads)
+        self._uncached = {"use_cache": False} if "use_cache" in parameters else {}
         self.query_positions = 0
         self.calls = 0  # model calls
         self.row_forwards = 0  # rows over all model calls
@@ -158,13 +191,16 @@ class BlockForward:
     # --- per-row bookkeeping (device tensors only) -----------------------------------------
 
     @property
-    def window_start(self) -> torch.Tensor:
-        return self.start - self.shift
+    def start(self) -> torch.Tensor:
+        return self._start
 
-    @property
-    def block_columns(self) -> torch.Tensor:
-        """``(B, K)`` long, the columns of every row's active block."""
-        return self.start.unsqueeze(1) + torch.arange(self.block_length, device=self.start.device)
+    @start.setter
+    def start(self, value: torch.Tensor) -> None:
+        """Each row's block start, and what follows from it (computed once per change, read
+        several times a step): :attr:`window_start` and :attr:`block_columns`."""
+        self._start = value
+        self.window_start = value - self.shift if self.shift else value
+        self.block_columns = value.unsqueeze(1) + torch.arange(self.block_length, device=value.device)
 
     def pending_full(self) -> torch.Tensor:
         """``(B,)`` bool, rows whose next forward is a full one."""
@@ -196,6 +232,7 @@ class BlockForward:
         """Keep the rows ``index`` (``(B',)`` long), in that order (rows that left the batch)."""
         self.position_ids = self.position_ids[index]
         self.start = self.start[index]
+        self._window = None
         self._keys_ok = self._keys_ok[index]
         if self.padding_mask is not None:
             self.padding_mask = self.padding_mask[index]
@@ -232,6 +269,7 @@ class BlockForward:
         device = start.device
         self.position_ids, self.length = position_ids, position_ids.shape[1]
         self.start = torch.cat([self.start + widened, start])
+        self._window = None
         self._needs_full = torch.cat(
             [self._needs_full, torch.full((joining,), self.mode != "none", dtype=torch.bool, device=device)]
         )
@@ -266,53 +304,80 @@ class BlockForward:
             forward.
         """
         batch = tokens.shape[0]
-        keep = (first_window, last_window + self.block_length)
+        keep = self._kept(first_window, last_window)
         if self.mode == "none":
             raw = self._plain(tokens, self._full_mask, self.position_ids, keep)
             picked = self._pick(raw, self.window_start, keep)
             return picked, torch.ones(batch, dtype=torch.bool, device=tokens.device)
+        if n_full == 0:  # every row on its record (no row selection needed)
+            out = None
+            if cached:
+                out = self._window_forward(tokens, None, first_window)[:, : self.block_length]
+                self._on_cache = self._on_cache + 1
+            return out, torch.zeros(batch, dtype=torch.bool, device=tokens.device)  # type: ignore[return-value]
+        self._window = None  # some row moved on (or refreshes): its window moves
+        if n_full == batch:
+            return self._full_forward(tokens, None, True, keep), torch.ones(batch, dtype=torch.bool, device=tokens.device)
         full = self.pending_full()
         order = torch.argsort((~full).long(), stable=True)
         full_rows, cached_rows = order[:n_full], order[n_full:]
-        out = None
-        if n_full:
-            block = self._full_forward(tokens, full_rows, n_full == batch, keep)
-            out = block if n_full == batch else block.new_zeros(batch, *block.shape[1:]).index_copy_(0, full_rows, block)
-        if cached and n_full < batch:
-            every = n_full == 0
-            rows = None if every else cached_rows
-            raw = self._window_forward(tokens if every else tokens[rows], rows, first_window)
-            block = raw[:, : self.block_length]
-            if out is None:
-                out = block
-            else:
-                out.index_copy_(0, cached_rows, block)
+        block = self._full_forward(tokens, full_rows, False, keep)
+        out = block.new_zeros(batch, *block.shape[1:]).index_copy_(0, full_rows, block)
+        if cached:
+            raw = self._window_forward(tokens[cached_rows], cached_rows, first_window)
+            out.index_copy_(0, cached_rows, raw[:, : self.block_length])
             self._on_cache = self._on_cache + (~full).long()
-        assert out is None or out.shape[0] == batch, "run() with no row to run"
-        return out, full  # type: ignore[return-value]  # None only when asked to run no row
+        return out, full
+
+    def _kept(self, first_window: int, last_window: int) -> tuple[int, int]:
+        """The columns whose logits a full forward computes: the rows' windows, or with static
+        shapes always the last ``static_width``."""
+        if self.static_width is not None:
+            return self.length - self.static_width, self.length
+        return first_window, last_window + self.block_length
 
     def _full_forward(
-        self, tokens: torch.Tensor, rows: torch.Tensor, every: bool, keep: tuple[int, int] | None = None
+        self, tokens: torch.Tensor, rows: torch.Tensor | None, every: bool, keep: tuple[int, int] | None = None
     ) -> torch.Tensor:
-        """A full forward of ``rows`` that records their keys and values; their block logits
-        (computed for columns ``keep`` only, where the model allows)."""
-        from transformers import DynamicCache
-
-        cache = DynamicCache()
+        """A full forward of ``rows`` (every row when ``every``; ``rows`` is then unused)
+        that records their keys and values; their block logits (computed for columns
+        ``keep`` only, where the model allows)."""
         pick = (lambda t: t) if every else (lambda t: None if t is None else t[rows])
-        raw = self._run(pick(tokens), pick(self._full_mask), pick(self.position_ids), cache, keep)
-        layers: list[tuple[torch.Tensor, torch.Tensor]] = [
-            (layer.keys, layer.values) for layer in cache.layers  # type: ignore[union-attr, misc]  # full-attention layers
-        ]
-        if every or self._store is None:
-            self._store = layers
-        else:
-            for (keys, values), (new_keys, new_values) in zip(self._store, layers):
-                keys.index_copy_(0, rows, new_keys)
-                values.index_copy_(0, rows, new_values)
+        raw = self._record(pick(tokens), pick(self._full_mask), pick(self.position_ids), rows, every, keep)
+        if every:
+            self._needs_full = torch.zeros_like(self._needs_full)
+            self._on_cache = torch.ones_like(self._on_cache)
+            return self._pick(raw, self.window_start, keep)
+        assert rows is not None, "a full forward of some rows names them"
         self._needs_full = self._needs_full.index_fill(0, rows, False)
         self._on_cache = self._on_cache.index_fill(0, rows, 1)
         return self._pick(raw, self.window_start if every else self.window_start[rows], keep)
+
+    def _record(self, tokens, attention_mask, position_ids, rows, every, keep) -> torch.Tensor:
+        """A full forward through a ``DynamicCache``, whose keys and values become the record
+        (all of it, or ``rows`` of it); its raw outputs. With static shapes the record is
+        preallocated at ``(B, H, L + P, D)`` on the batch's first full forward and written in
+        place by the later ones."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        raw = self._run(tokens, attention_mask, position_ids, cache, keep)
+        layers: list[tuple[torch.Tensor, torch.Tensor]] = [
+            (layer.keys, layer.values) for layer in cache.layers  # type: ignore[union-attr, misc]  # full-attention layers
+        ]
+        if self._store is None and self.static_width is not None:
+            self._store = [(_slack(keys, self.slack), _slack(values, self.slack)) for keys, values in layers]
+        elif every and self.static_width is None:
+            self._store = layers
+        else:
+            assert self._store is not None, "the batch's first full forward holds every row"
+            for (keys, values), (new_keys, new_values) in zip(self._store, layers):
+                for record, new in ((keys, new_keys), (values, new_values)):
+                    if every:
+                        record[:, :, : self.length].copy_(new)
+                    else:
+                        record[:, :, : self.length].index_copy_(0, rows, new)
+        return raw
 
     def _keep_argument(self, keep: tuple[int, int] | None) -> dict:
         """``logits_to_keep`` for columns ``keep`` (``{}`` when the model takes none)."""
@@ -335,7 +400,7 @@ class BlockForward:
         with torch.no_grad():
             out = self.model.model(
                 input_ids=tokens, attention_mask=attention_mask, position_ids=position_ids,
-                **self._keep_argument(keep),
+                **self._uncached, **self._keep_argument(keep),
             )
         return output_logits(out)
 
@@ -359,6 +424,8 @@ class BlockForward:
         earliest window start on for prefix."""
         if self.mode == "dual":
             return self.block_length + self.shift
+        if self.static_width is not None:
+            return self.static_width
         return self.length - first_window
 
     def _windows(self, rows: torch.Tensor | None, width: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -384,6 +451,8 @@ class BlockForward:
         """A read-only view of the recorded keys and values of ``rows`` (``None``: every
         row), for one cached forward (:func:`record_view`: no copy of the record)."""
         assert self._store is not None, "a cached forward before the full forward that records it"
+        if self.slack:  # the static record's first L columns (views)
+            return record_view([(k[..., : self.length, :], v[..., : self.length, :]) for k, v in self._store], rows)
         return record_view(self._store, rows)
 
     def _window_forward(self, tokens: torch.Tensor, rows: torch.Tensor | None, first_window: int) -> torch.Tensor:
@@ -393,19 +462,48 @@ class BlockForward:
         :param tokens: ``(R, L)``, the rows' current state.
         :param rows: the rows (``None``: every row, in order).
         """
+        memo = self._window if rows is None else None
+        if memo is not None and memo[0] == first_window:  # every row in its block as before
+            _, columns, positions, mask, targets = memo
+        else:
+            columns, positions, mask, targets = self._window_layout(tokens, rows, first_window)
+            if rows is None:
+                self._window = (first_window, columns, positions, mask, targets)
+        if targets is None:
+            cache = self._row_cache(rows)
+        else:
+            assert self._store is not None, "a cached forward before the full forward that records it"
+            cache = static_view(self._store, rows, targets)
+        return self._run(torch.gather(tokens, 1, columns), mask, positions, cache)
+
+    def _window_layout(self, tokens: torch.Tensor, rows: torch.Tensor | None, first_window: int):
+        """What a window forward of ``rows`` takes besides the tokens, the same for every
+        step of the rows' blocks (memoised for all rows until a row moves on): the ``(R, W)``
+        columns and their positions, the model's 4-D mask, and with static shapes the record
+        columns the window writes (``None`` without).
+
+        Without static shapes the mask covers the record (less the window's stale entries)
+        then the window's own keys; with them, the record of ``L + P`` columns, where the
+        window writes its keys at its own columns (an invisible column into the slack past
+        ``L``)."""
         width = self.window_width(first_window)
         columns, real = self._windows(rows, width)
         positions = self.position_ids if rows is None else self.position_ids[rows]
         keys = torch.arange(self.length, device=tokens.device).expand(len(tokens), -1)
-        starts = columns[:, :1]
-        stale = (keys >= starts) & (keys < starts + width)  # recorded, but recomputed here
-        recorded = self._allowed(rows, columns, keys) & ~stale.unsqueeze(1)
-        fresh = self._allowed(rows, columns, columns) & real.unsqueeze(1)
-        mask = torch.cat([recorded, fresh], dim=2).unsqueeze(1)
-        return self._run(
-            torch.gather(tokens, 1, columns), model_mask(mask, self.model.model),
-            torch.gather(positions, 1, columns), self._row_cache(rows),
-        )
+        targets = None
+        if self.static_width is not None:
+            count = len(columns)
+            mask = self._allowed(rows, columns, keys)
+            if self.slack:
+                mask = torch.cat([mask, mask.new_zeros(count, width, self.slack)], dim=2)
+            targets = torch.where(real, columns, self.length + torch.arange(width, device=columns.device))
+        else:
+            starts = columns[:, :1]
+            stale = (keys >= starts) & (keys < starts + width)  # recorded, but recomputed here
+            recorded = self._allowed(rows, columns, keys) & ~stale.unsqueeze(1)
+            fresh = self._allowed(rows, columns, columns) & real.unsqueeze(1)
+            mask = torch.cat([recorded, fresh], dim=2)
+        return columns, torch.gather(positions, 1, columns), model_mask(mask.unsqueeze(1), self.model.model), targets
 
     # --- verification forwards (speculative decoding) --------------------------------------
 
@@ -434,6 +532,7 @@ class BlockForward:
                 with torch.no_grad():
                     out = self.model.model(
                         input_ids=primary, attention_mask=mask, position_ids=self.position_ids[source],
+                        **self._uncached,
                     )
                 raw = output_logits(out)
                 return torch.take_along_dim(raw, span.unsqueeze(-1), dim=1)
@@ -486,7 +585,9 @@ class BlockForward:
         self._count(inputs)
         with torch.no_grad():
             if self.mode == "none":
-                out = self.model.model(input_ids=inputs, attention_mask=model_input, position_ids=positions)
+                out = self.model.model(
+                    input_ids=inputs, attention_mask=model_input, position_ids=positions, **self._uncached
+                )
             else:
                 out = self.model.model(
                     input_ids=inputs, attention_mask=model_input, position_ids=positions,
@@ -495,6 +596,15 @@ class BlockForward:
         raw = output_logits(out)
         first = torch.take_along_dim(raw, (span - window_first).unsqueeze(-1), dim=1)
         return torch.cat([first, raw[:, n_recomputed:]], dim=1)
+
+
+def _slack(recorded: torch.Tensor, columns: int) -> torch.Tensor:
+    """Recorded keys or values ``(B, H, L, D)`` in a new ``(B, H, L + columns, D)`` buffer
+    (zeros after them)."""
+    batch, heads, length, width = recorded.shape
+    buffer = recorded.new_zeros(batch, heads, length + columns, width)
+    buffer[:, :, :length] = recorded
+    return buffer
 
 
 def _grow(recorded: torch.Tensor, columns: int, rows: int) -> torch.Tensor:
@@ -561,5 +671,71 @@ def record_view(store: list[tuple[torch.Tensor, torch.Tensor]], rows: torch.Tens
     cache = DynamicCache()
     layer = _record_layer()
     cache.layers = [layer(keys, values, rows) for keys, values in store]
+    cache.layer_class_to_replicate = None
+    return cache
+
+
+@functools.cache
+def _static_layer() -> type:
+    """The cache layer class of :func:`static_view` (defined on first use: ``transformers``
+    is imported lazily)."""
+    from transformers.cache_utils import DynamicLayer
+
+    class StaticRecordLayer(DynamicLayer):
+        """One layer of a :func:`static_view`: the preallocated ``(B, H, N, D)`` record,
+        written in place at given columns."""
+
+        def __init__(
+            self, keys: torch.Tensor, values: torch.Tensor, rows: torch.Tensor | None, columns: torch.Tensor
+        ) -> None:
+            super().__init__()
+            self.keys, self.values, self.rows, self.columns = keys, values, rows, columns
+            self.length = keys.shape[-2]
+            self.device = keys.device
+            self.is_initialized = True
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            """Write the window's ``(R, H, W, D)`` keys and values at its columns and attend to
+            the whole record (the rows' copy when ``rows`` is given, so that rows repeating
+            one batch row each see their own window)."""
+            index = self.columns[:, None, :, None]
+            if self.rows is None:
+                keys, values = self.keys, self.values
+            else:
+                keys, values = self.keys.index_select(0, self.rows), self.values.index_select(0, self.rows)
+            keys.scatter_(2, index.expand_as(key_states), key_states)
+            values.scatter_(2, index.expand_as(value_states), value_states)
+            return keys, values
+
+        def get_seq_length(self) -> int:
+            return self.length
+
+        def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+            return self.length, 0
+
+    return StaticRecordLayer
+
+
+def static_view(store: list[tuple[torch.Tensor, torch.Tensor]], rows: torch.Tensor | None, columns: torch.Tensor):
+    """A ``transformers`` cache over a preallocated record for a cached forward of static
+    shapes (:class:`BlockForward`'s ``static_width``): each layer writes the window's keys
+    and values at its columns and the window attends to the whole record.
+
+    ``transformers``' own ``StaticCache`` does not fit: it appends at one position shared by
+    the whole batch, while here every row rewrites its own window (rows sit in different
+    blocks), and a step's rows may be a subset of the batch or repeat a row (verification).
+
+    :param store: per layer, the record's ``(B, H, N, D)`` keys and values.
+    :param rows: ``(R,)`` long, the batch row each forward row reads, or ``None`` for every
+        row in order: then the window is written into the record itself (in place, no copy);
+        else into a copy of the rows' record (repeats allowed).
+    :param columns: ``(R, W)`` long, the record column of each window position, distinct
+        within a row, ``< N``.
+    """
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    layer = _static_layer()
+    cache.layers = [layer(keys, values, rows, columns) for keys, values in store]
     cache.layer_class_to_replicate = None
     return cache

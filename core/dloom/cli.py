@@ -196,6 +196,10 @@ CacheOption = typer.Option(
 CacheRefreshOption = typer.Option(
     None, "--cache-refresh", help="With --cache: a full forward every N forwards of a block (default: once per block)."
 )
+StaticShapesOption = typer.Option(
+    False, "--static-shapes",
+    help="Give every forward static shapes (a preallocated cache written in place), for torch.compile.",
+)
 DeviceOption = typer.Option("cpu", help="torch device, e.g. cpu or cuda.")
 DtypeOption = typer.Option("float32", help="float32, float64, bfloat16 or float16.")
 JsonOption = typer.Option(False, "--json", help="Machine-readable output.")
@@ -213,7 +217,7 @@ def build_decoder(
     (:func:`dloom.decoding.decoder_kind`; shared by the commands).
 
     ``settings`` go to the decoder: lengths, ``steps``, ``temperature``, ``remasking``,
-    ``seed``, ``cache`` and ``cache_refresh``. Options that would have no effect are
+    ``seed``, ``cache``, ``cache_refresh`` and ``static_shapes``. Options that would have no effect are
     refused: ``--model`` with an AR-target strategy (it takes ``--target`` and
     ``--drafter``), those two with a diffusion one, and ``--steps`` with a commit rule that
     does not read the step budget.
@@ -243,6 +247,8 @@ def _ar_target_decoder(
         )
     if settings.pop("cache_refresh", None) is not None:
         raise ConfigurationError(f"--cache-refresh applies to diffusion decoding, not to {strategy}")
+    if settings.pop("static_shapes", False):
+        raise ConfigurationError(f"--static-shapes applies to diffusion decoding, not to {strategy}")
     if device_map is not None:
         raise ConfigurationError(f"--device-map does not apply to {strategy}; use --device")
     return load_ar_target_decoder(target or "toy-ar", drafter or "toy-dllm", strategy, params, **settings)
@@ -294,6 +300,7 @@ def generate(
     remasking: str = RemaskingOption,
     cache: str = CacheOption,
     cache_refresh: Optional[int] = CacheRefreshOption,
+    static_shapes: bool = StaticShapesOption,
     batch_size: int = typer.Option(8, min=1, help="Prompts per forward batch."),
     max_batch_tokens: Optional[int] = MaxBatchTokensOption,
     mask_token_id: Optional[int] = typer.Option(None, help="Override the model's mask token id."),
@@ -329,6 +336,7 @@ def generate(
             gen_length=gen_length, block_length=block_length, steps=steps,
             temperature=temperature, remasking=remasking, seed=seed, cache=cache,
             cache_refresh=cache_refresh, target=target, drafter=drafter,
+            **({"static_shapes": True} if static_shapes else {}),
         )
         if chat:
             if not all(isinstance(p, str) for p in prompts):

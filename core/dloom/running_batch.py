@@ -48,7 +48,7 @@ from dloom.generation import row_streams
 from dloom.kernel import RowStreams
 from dloom.metrics import speculation_summary
 from dloom.prompt_validation import check_prompts
-from dloom.speculation import KernelStep, eos_clear, selectable_positions
+from dloom.speculation import KernelStep, eos_clear
 
 if TYPE_CHECKING:
     from dloom.engine import DiffusionDecoder, Prompts
@@ -285,13 +285,22 @@ class DecodeSession:
         padded = bool((self.full_mask == 0).any())
         self.forward = BlockForward(
             self.model, decoder.cache, self.full_mask if padded else None, self.positions, start,
-            decoder.block_length, decoder.cache_refresh, self._block_ids(),
+            decoder.block_length, decoder.cache_refresh, self._block_ids(), self._static_width(),
         )
         generator = RowStreams(decoder.seed, streams) if self._samples else None
         self.kernel = KernelStep(
             decoder.pm, decoder.temperature, decoder.remasking, generator, self._mask_id, self._eos,
             self._steps_per_block, self._masked(self.x, self.forward.block_columns), decoder.on_proposal,
         )
+
+    def _static_width(self) -> int | None:
+        """With ``static_shapes``, the columns every window lies in: the generated region, a
+        block before it when the first block may start in the prompt (absolute alignment), and
+        the column before it for a shifted model; ``None`` without."""
+        if not self.decoder.static_shapes:
+            return None
+        lead = self.decoder.block_length - 1 if self.model.block_alignment == "absolute" else 0
+        return self.x.shape[1] - self.width + lead + int(self.model.shift_logits)
 
     def _masked(self, tokens: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
         """``(B,)`` masked positions of the blocks at ``columns`` ``(B, K)``."""
@@ -401,7 +410,9 @@ class DecodeSession:
         # aligned at position 0, a row's first block also holds the prompt's last partial block
         generated = columns >= self.width if self.model.block_alignment == "absolute" else None
         kernel.generated = generated
-        decoding = selectable_positions(block, mask_id, eos_ids, generated).any(-1)
+        # Every row here has a position to decode: a finished row left the batch at the end of
+        # the step that finished it, and a row that moved on holds a fresh, fully masked block.
+        decoding = torch.ones(len(block), dtype=torch.bool, device=block.device)
         accepted = None
         if decoder._speculates and self._can_draft:
             new_block, self.previous, accepted = decoder.speculative_step(
@@ -415,25 +426,29 @@ class DecodeSession:
             if self.observer is not None:
                 self.observer(StepRecord(self.block_index.clone(), self.rows.clone(), block.clone(), logits, new_block.clone()))
         x.scatter_(1, columns, new_block)
-        self.nfe = self.nfe + decoding.long()
-        block_done = ~selectable_positions(new_block, mask_id, eos_ids, generated).any(-1)
-        gen_end = x.shape[1]
-        finished = finished_rows(x[:, self.width:gen_end], mask_id, eos_ids)
+        self.nfe = self.nfe + 1
+        # Earlier blocks are complete and hold no EOS, later ones are all masks: the row's
+        # output is final (finished_rows of its generated region) exactly when its block has
+        # an EOS with nothing masked before it, or has nothing masked and is its last block.
+        eos = eos_clear(new_block, mask_id, eos_ids, generated)
+        unmasked = ~(new_block == mask_id).any(-1)
+        block_done = eos | unmasked
+        finished = eos | (unmasked & (forward.start + decoder.block_length >= self.region_end))
         moving = block_done & ~finished
         forward.advance(moving)
         kernel.start_block(moving, torch.gather(x, 1, forward.block_columns))
         done_block = self.block_index
-        self.block_index = self.block_index + moving.long()
+        self.block_index = self.block_index + moving
         self.known = decoding & ~moving
         status = [
             kernel.non_finite, kernel.idle, finished.sum(),
-            *forward.plan(~finished), (self.known & ~finished).any(),
+            forward.plan(~finished), (self.known & ~finished).any(),
         ]
         if accepted is not None:
             status += [accepted.sum(), decoding.sum()]
         if self.on_block is not None:
             status.append((block_done | finished).sum())
-        values = torch.stack([v.long() for v in status]).tolist()  # the step's one sync
+        values = torch.cat([v.view(-1) for v in status]).tolist()  # the step's one sync (long: promoted)
         decoder._check(self.tallies.forwards, values[0], values[1], self.block_index)
         leaving = values[2]
         self._plan = values[3:6]
