@@ -419,6 +419,11 @@ class BlockForward:
             )
         return output_logits(out)
 
+    def query_width(self, first_window: int) -> int:
+        """Tokens one layout row's forward computes in :meth:`evaluate`: the whole sequence
+        without a cache, the window with one."""
+        return self.length if self.mode == "none" else self.window_width(first_window)
+
     def window_width(self, first_window: int) -> int:
         """``W``: the block (and the column before it, shifted) for dual, everything from the
         earliest window start on for prefix."""

@@ -288,7 +288,7 @@ class DiffusionDecoder:
         """
         graph = hooks.prune(self.pm, graph, self.draft_budget)
         layout = hooks.build_mask(self.pm, state, graph)
-        query = state.tokens.shape[1] if forward.mode == "none" else forward.window_width(first_window)
+        query = forward.query_width(first_window)
         call_rows = max(state.tokens.shape[0], layout.call_tokens // query)  # a rows layout has a row per draft
         outputs = self._timed(evaluate_in_parts, forward.evaluate, state.tokens, layout, first_window, call_rows)
         verdict = hooks.verify(self.pm, state, graph, NodeLogits(outputs, layout, self.block_length), kernel)

@@ -157,6 +157,11 @@ class PrefixForward:
         index = index.clamp(0, raw.shape[1] - 1).unsqueeze(-1)
         return torch.take_along_dim(raw, index, dim=1), torch.ones_like(self.start, dtype=torch.bool)
 
+    def query_width(self, first_window: int = 0) -> int:
+        """Tokens one layout row's forward computes in :meth:`evaluate`: the columns after
+        the kept prefix."""
+        return self.position_ids.shape[1] - self.cached
+
     def evaluate(self, tokens: torch.Tensor, layout: VerificationLayout, first_window: int = 0) -> torch.Tensor:
         """One forward over a verification layout, reading the kept prefix; the raw outputs
         at the layout's columns (as :meth:`dloom.cache.BlockForward.evaluate`). A packed
