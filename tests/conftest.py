@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+
 from pathlib import Path
 
 import pytest
@@ -77,3 +80,14 @@ def fresh_registry(monkeypatch):
     reset_registry()
     yield
     reset_registry()
+
+
+@pytest.fixture(scope="session")
+def report_module():
+    """``benchmarks/report.py`` loaded as a module (a script, not part of the package)."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "report.py"
+    spec = importlib.util.spec_from_file_location("dloom_benchmark_report", path)
+    assert spec is not None and spec.loader is not None
+    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses need it
+    spec.loader.exec_module(module)  # puts benchmarks/ on sys.path for the sibling modules
+    return module

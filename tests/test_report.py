@@ -3,23 +3,13 @@ headline tables (on the shipped ``toy-dllm``, seven prompts, into a temporary co
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 START, END = "<!-- report:headline:start -->", "<!-- report:headline:end -->"
-
-
-@pytest.fixture(scope="module")
-def report_module():
-    spec = importlib.util.spec_from_file_location("dloom_benchmark_report", ROOT / "benchmarks" / "report.py")
-    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses need it
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")

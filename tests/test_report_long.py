@@ -9,7 +9,6 @@ import copy
 import importlib
 import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -25,14 +24,6 @@ from dloom.zoo.tasks import is_held_out
 
 ROOT = Path(__file__).resolve().parents[1]
 START, END = "<!-- report:headline:start -->", "<!-- report:headline:end -->"
-
-
-@pytest.fixture(scope="module")
-def report_module():
-    spec = importlib.util.spec_from_file_location("dloom_benchmark_report", ROOT / "benchmarks" / "report.py")
-    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses need it
-    spec.loader.exec_module(module)  # puts benchmarks/ on sys.path for the sibling modules
-    return module
 
 
 @pytest.fixture(scope="module")
