@@ -38,6 +38,12 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def padding_or_none(attention_mask: torch.Tensor) -> torch.Tensor | None:
+    """``attention_mask`` if some position is padding, else ``None`` (a model then needs no
+    mask). One host read: call it when a batch is laid out, not per step."""
+    return attention_mask if bool((attention_mask == 0).any()) else None
+
+
 def output_logits(out: Any) -> torch.Tensor:
     """The logits of a model's forward output: ``out.logits``, or the first element of a
     tuple output (models without a ``transformers`` output class)."""

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from dloom.adapter import ModelAdapter, output_logits
+from dloom.adapter import ModelAdapter, output_logits, position_ids_from_mask
 from dloom.cache import cache_argument
 from dloom.errors import ModelError
 
@@ -87,7 +87,7 @@ class ARTarget:
             [prompt_mask.long(), torch.ones(batch, max_new_tokens, dtype=torch.long, device=prompt_ids.device)],
             dim=1,
         )
-        self._position_ids = (self._key_mask.cumsum(-1) - 1).clamp(min=0)
+        self._position_ids = position_ids_from_mask(self._key_mask)
         self._cache = DynamicCache()
         self.length = 0
         self.forwards = 0

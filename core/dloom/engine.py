@@ -34,7 +34,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from dloom import hooks
-from dloom.adapter import ModelAdapter
+from dloom.adapter import ModelAdapter, position_ids_from_mask
 from dloom.cache import CACHE_MODES, BlockForward, cache_argument, check_refresh
 from dloom.composition import StrategySpec, build_plugin_manager, compose
 from dloom.decoding import DIFFUSION
@@ -337,7 +337,7 @@ class DiffusionDecoder:
             [prompt_ids, torch.where(decoded, self.mask_token_id, self.model.pad_token_id)], dim=1
         )
         full_mask = torch.cat([prompt_mask, decoded.long()], dim=1)
-        positions = torch.clamp(full_mask.cumsum(-1) - 1, min=0)
+        positions = position_ids_from_mask(full_mask)
         return tokens, full_mask, positions, start, region_end
 
     def generated_region(

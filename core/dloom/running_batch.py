@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 
-from dloom.adapter import left_pad_prompts
+from dloom.adapter import left_pad_prompts, padding_or_none
 from dloom.attention import absolute_block_ids, block_ids
 from dloom.cache import BlockForward
 from dloom.errors import ConfigurationError, ModelError
@@ -282,9 +282,8 @@ class DecodeSession:
         self.nfe = torch.zeros_like(ids)
         self.known = torch.zeros(len(ids), dtype=torch.bool, device=ids.device)
         self.previous: torch.Tensor | None = None  # (B, K, V): each row's last step's distribution
-        padded = bool((self.full_mask == 0).any())
         self.forward = BlockForward(
-            self.model, decoder.cache, self.full_mask if padded else None, self.positions, start,
+            self.model, decoder.cache, padding_or_none(self.full_mask), self.positions, start,
             decoder.block_length, decoder.cache_refresh, self._block_ids(), self._static_width(),
         )
         generator = RowStreams(decoder.seed, streams) if self._samples else None
@@ -330,9 +329,8 @@ class DecodeSession:
         self.known = torch.cat([self.known, torch.zeros(len(ids), dtype=torch.bool, device=ids.device)])
         if self.previous is not None:
             self.previous = torch.cat([self.previous, self.previous.new_zeros(len(ids), *self.previous.shape[1:])])
-        padded = bool((self.full_mask == 0).any())
         self._running_forward().join(
-            self.full_mask if padded else None, self.positions, start, self._block_ids(), widened
+            padding_or_none(self.full_mask), self.positions, start, self._block_ids(), widened
         )
         columns = start.unsqueeze(1) + torch.arange(decoder.block_length, device=start.device)
         self.kernel.join(self._masked(tokens, columns), streams)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import DynamicCache
 
-from dloom.adapter import ModelAdapter, output_logits
+from dloom.adapter import ModelAdapter, output_logits, padding_or_none, position_ids_from_mask
 from dloom.cache import BlockForward, cache_argument, record_view
 from dloom.errors import HookContractError, NonFiniteLogitsError
 from dloom.kernel import RowStreams, without_mask
@@ -228,8 +228,7 @@ class DraftingRound:
         self.block_length = decoder.block_length
         self.speculates = decoder.composition.provider("dloom_draft") is not None
         mask = state.attention_mask
-        padding = mask if bool((mask == 0).any()) else None
-        positions = torch.clamp(mask.cumsum(-1) - 1, min=0)
+        padding, positions = padding_or_none(mask), position_ids_from_mask(mask)
         self.forward: BlockForward | PrefixForward = (
             BlockForward(decoder.model, "none", padding, positions, state.prompt_length, self.block_length)
             if mode == "none" else PrefixForward(decoder.model, padding, positions, self.block_length)
