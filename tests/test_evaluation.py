@@ -94,6 +94,20 @@ def test_eval_json_schema(char_model_dir):
     assert data["config"]["gen_length"] == 8
 
 
+def test_eval_static_shapes_grades_the_same_outputs(char_model_dir):
+    """``dloom eval --static-shapes`` decodes the same outputs in the same NFE, and records
+    the setting; an AR-target strategy refuses it before any work."""
+    args = ["eval", "--model", str(char_model_dir), "--strategy", "threshold", "-n", "6", "--cache", "dual",
+            "--tasks", "copy,reverse", "--json", "--outputs"]
+    default, static = runner.invoke(app, args), runner.invoke(app, [*args, "--static-shapes"])
+    assert default.exit_code == static.exit_code == 0, static.output
+    first, second = (json.loads(r.stdout.splitlines()[-1]) for r in (default, static))
+    assert second["outputs"] == first["outputs"] and second["nfe_mean"] == first["nfe_mean"]
+    assert second["config"]["static_shapes"] is True and first["config"]["static_shapes"] is False
+    refused = runner.invoke(app, ["eval", "--strategy", "failfast", "-n", "2", "--static-shapes"])
+    assert refused.exit_code == 2 and "--static-shapes applies to diffusion decoding" in refused.output
+
+
 def test_eval_unknown_task_exits_2(char_model_dir):
     result = runner.invoke(app, ["eval", "--model", str(char_model_dir), "--tasks", "poetry"])
     assert result.exit_code == 2 and "unknown task family" in result.output

@@ -396,6 +396,7 @@ def eval_command(
     remasking: str = RemaskingOption,
     cache: str = CacheOption,
     cache_refresh: Optional[int] = CacheRefreshOption,
+    static_shapes: bool = StaticShapesOption,
     batch_size: int = typer.Option(32, min=1, help="Prompts per forward batch."),
     max_batch_tokens: Optional[int] = MaxBatchTokensOption,
     device: str = DeviceOption,
@@ -431,6 +432,7 @@ def eval_command(
         settings: dict[str, Any] = dict(
             gen_length=gen_length, block_length=block_length, steps=steps, temperature=temperature,
             remasking=remasking, seed=seed, cache=cache, cache_refresh=cache_refresh,
+            **({"static_shapes": True} if static_shapes else {}),
         )
         if ray_actors is not None:  # each actor builds the decoder; its errors come back as dloom's
             if oracle:
