@@ -5,6 +5,7 @@
     python benchmarks/report.py -n 140            # the published toy report
     python benchmarks/report.py -n 140 --micro    # plus the pytest-benchmark suite
     python benchmarks/report.py --model long-dllm -n 300 --target long-ar --assistant long-ar-small
+    python benchmarks/report.py ... --resume      # the same report, stopped: measure what is left
 
 The workload comes from the model: a tokenizer that writes every character of
 :data:`dloom.zoo.long_tasks.ALPHABET` decodes the long-answer suite (``--tasks long``), any
@@ -43,13 +44,21 @@ It writes (``DOCS`` is ``--docs``, default ``docs/``):
   JSON at ``--micro-json`` (default ``benchmarks/results/pytest-benchmark.json``) and its
   table in the report page.
 
-Every ratio compares two configurations measured in this run on this machine.
+Every finished measurement is appended at once to ``--out`` with the suffix
+``.measurements.jsonl`` (:mod:`report_store`); after an interrupt, ``--resume`` with the same
+options reuses each one whose model weights, prompts, settings and graph files are unchanged,
+and measures the rest (the JSON lists the reused ones under ``reused``).
+
+Every ratio compares two configurations measured on this machine, in this run or, after
+``--resume``, in the stopped run that measured one of them.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
+import functools
 import json
 import os
 import platform
@@ -78,10 +87,13 @@ from report_plots import plot_acceptance, plot_accuracy_nfe, plot_calibration, p
 from report_tables import (  # noqa: E402,F401  (headline_table, oracle_table, micro_table: the tests' API)
     CALIBRATION_PLOT, PLOTS, headline_table, micro_table, oracle_table, replace_marked, report_page,
 )
+from report_store import MeasurementStore, file_digest, model_digest, run_identity  # noqa: E402
 from report_targets import checklist, choose_delta  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MATRICES = ("auto", "headline", "full")
+STORE_SUFFIX = ".measurements.jsonl"
+"""The suffix (on ``--out``) of the file of finished measurements (:mod:`report_store`)."""
 CALIBRATION_SIZES = (25, 100, 250)
 """Calibration sizes (paths) Spiffy is measured at next to its main graph's."""
 
@@ -103,6 +115,8 @@ class Settings:
     target: str | None = None
     assistant: str | None = None
     device: str = "cpu"
+    store: Path | None = None
+    resume: bool = False
 
 
 def workload_tasks(model) -> str:
@@ -126,18 +140,39 @@ def log(row: dict[str, Any]) -> None:
           f"TPF {row['tpf']:5.2f}  TPS {row['tps']:7.1f}", file=sys.stderr, flush=True)
 
 
-def measured(model, config: Config, examples, batch_size: int) -> dict[str, Any]:
-    row = measure(model, config, examples, batch_size)
-    log(row)
-    return row
+def measured(store: MeasurementStore, model, config: Config, examples, batch_size: int) -> dict[str, Any]:
+    """``config``'s row (:func:`report_measure.measure`), from ``store`` when a resumed run has it."""
+    def compute() -> dict[str, Any]:
+        row = measure(model, config, examples, batch_size)
+        log(row)
+        return row
+
+    return store.get("row", config.name, dataclasses.asdict(config), compute)
 
 
-def run_full(model, examples, tasks: str, batch_size: int, settings: Settings, model_name: str) -> dict[str, Any]:
+def calibrated(model, rule: Config, sizes: Sequence[int], prompts, settings: Settings, out: Path,
+               description: dict[str, Any]) -> list[dict[str, Any]]:
+    """:func:`report_calibration.calibrate_sizes`'s records, each with its graph file's
+    SHA-256 (``sha256``)."""
+    records = calibrate_sizes(model, rule, sizes, prompts, settings.spiffy_budget, out,
+                              settings.calibration_min_prompts, description)
+    return [{**record, "sha256": file_digest(record["graph"])} for record in records]
+
+
+def graphs_on_disk(records: list[dict[str, Any]]) -> bool:
+    """Whether every graph of stored calibration ``records`` is still the file it was."""
+    return all(Path(r["graph"]).is_file() and file_digest(r["graph"]) == r.get("sha256") for r in records)
+
+
+def run_full(
+    store: MeasurementStore, model, examples, tasks: str, batch_size: int, settings: Settings, model_name: str,
+) -> dict[str, Any]:
     """The full matrix: every rule under every cache, Fréchet's δ choice, Spiffy's graphs
     and rows, and Spiffy against calibration size. ``{"rows", "frechet_choice",
     "calibration"}``; the rows keep their texts."""
     rules = base_rules(settings.deltas)
-    rows = [measured(model, cached(rule, cache), examples, batch_size) for cache in settings.caches for rule in rules]
+    rows = [measured(store, model, cached(rule, cache), examples, batch_size)
+            for cache in settings.caches for rule in rules]
     plain = {row["name"]: row for row in rows if row["cache"] == "none"}
     sweep = [row for row in plain.values() if row["commit_rule"] == "frechet"]
     choice = choose_delta(plain["threshold"], sweep)
@@ -156,18 +191,23 @@ def run_full(model, examples, tasks: str, batch_size: int, settings: Settings, m
 
     out = settings.graphs / Path(model_name).name
     for rule in (BASELINE, CONFIGS[1], CONFIGS[2], frechet(delta)):
-        records = calibrate_sizes(model, rule, sizes, prompts, settings.spiffy_budget, out,
-                                  settings.calibration_min_prompts, description)
+        records = store.get(
+            "calibration", f"graphs of {rule.name}",
+            {"rule": dataclasses.asdict(rule), "sizes": sizes, "budget": settings.spiffy_budget,
+             "min_prompts": settings.calibration_min_prompts, "description": description},
+            functools.partial(calibrated, model, rule, sizes, prompts, settings, out, description),
+            valid=graphs_on_disk,
+        )
         graphs[rule.name] = records[-1]
         alone = plain[rule.name]
         for cache in settings.caches:
-            row = measured(model, cached(spiffy_over(rule, records[-1]["graph"]), cache), examples, batch_size)
+            row = measured(store, model, cached(spiffy_over(rule, records[-1]["graph"]), cache), examples, batch_size)
             row["headline"] = cache == "none" or (cache == "dual" and rule.strategy == "frechet")
             rows.append(row)
         main_row = next(r for r in rows if r["name"] == f"spiffy+{rule.strategy}")
         for record in records:
-            row = main_row if record is records[-1] else measure(
-                model, spiffy_over(rule, record["graph"]), examples, batch_size)
+            row = main_row if record is records[-1] else measured(
+                store, model, spiffy_over(rule, record["graph"]), examples, batch_size)
             curve.append({
                 "rule": rule.name, "target_paths": record["target_paths"], "paths": record["paths"],
                 "prompts": record["prompts"], "nfe_mean": row["nfe_mean"],
@@ -198,13 +238,14 @@ def run(
     examples = select_examples(tasks, n)
     # Warm up (lazy initialisation, allocator) so that the first configuration's TPS is fair.
     DiffusionDecoder(model, BASELINE.strategy).generate([e.prompt for e in examples[:2]])
+    store = MeasurementStore(settings.store, run_identity(model, examples, batch_size), settings.resume)
     if matrix == "full":
-        measured_matrix = run_full(model, examples, tasks, batch_size, settings, model_name)
+        measured_matrix = run_full(store, model, examples, tasks, batch_size, settings, model_name)
     else:
-        measured_matrix = {"rows": [measured(model, c, examples, batch_size) for c in configs],
+        measured_matrix = {"rows": [measured(store, model, c, examples, batch_size) for c in configs],
                            "frechet_choice": None, "calibration": None}
     rows = measured_matrix["rows"]
-    oracle = measure_oracle(model, examples)
+    oracle = store.get("oracle", "oracle", {}, lambda: measure_oracle(model, examples))
     print(f"{'oracle':26s} NFE {oracle['nfe_mean']:7.2f}  reached {oracle['reached_share']:6.1%}",
           file=sys.stderr, flush=True)
     compare(rows, oracle)
@@ -213,7 +254,12 @@ def run(
     if settings.target is not None:
         from report_failfast import measure_failfast
 
-        failfast = measure_failfast(model, settings.target, settings.assistant, examples, SUITES[tasks])
+        failfast = store.get(
+            "failfast", "failfast",
+            {"target": settings.target, "target_files": model_digest(settings.target), "assistant": settings.assistant,
+             "assistant_files": None if settings.assistant is None else model_digest(settings.assistant)},
+            lambda: measure_failfast(model, settings.target, settings.assistant, examples, SUITES[tasks]),
+        )
     sample = DiffusionDecoder(model, BASELINE.strategy).config
     report = {
         "command": command,
@@ -237,6 +283,7 @@ def run(
         "frechet_choice": measured_matrix["frechet_choice"],
         "calibration": measured_matrix["calibration"],
         "failfast": failfast,
+        "reused": store.reused,
     }
     report["targets"] = checklist(report)
     report["seconds"] = round(time.perf_counter() - started, 1)
@@ -327,6 +374,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--assistant", default=None, help="small AR assistant for assisted generation")
     parser.add_argument("--device", default="cpu", help="where every model runs (e.g. cuda)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "report.json")
+    parser.add_argument("--resume", action="store_true",
+                        help="reuse the measurements a stopped run of this report kept (OUT with the suffix "
+                        f"{STORE_SUFFIX}: every finished measurement is written there at once)")
     parser.add_argument("--docs", type=Path, default=ROOT / "docs", help="docs directory to write into")
     parser.add_argument("--readme", type=Path, default=ROOT / "README.md")
     parser.add_argument("--micro", action="store_true", help="also run the pytest-benchmark suite")
@@ -379,6 +429,7 @@ def parse_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         tasks=args.tasks, matrix=args.matrix, deltas=deltas, caches=caches, calibration_paths=args.calibration_paths,
         calibration_sizes=sizes, calibration_min_prompts=args.calibration_min_prompts, graphs=args.graphs,
         target=args.target, assistant=args.assistant, device=args.device,
+        store=args.out.with_suffix(STORE_SUFFIX), resume=args.resume,
     )
 
 

@@ -308,3 +308,88 @@ def test_the_full_matrix_and_failfast_on_the_toy_zoo(report_module, targets, tmp
     assert report["targets"] == targets.checklist(report)
     page = (tmp_path / "docs" / "benchmarks" / "report.md").read_text()
     assert "## Targets" in page and "## FailFast" in page and "**Chosen: δ = 0**" in page
+
+
+def test_a_stopped_report_resumes_with_what_it_had_measured(report_module, tmp_path, monkeypatch):
+    """Every finished measurement is kept at once; ``--resume`` reuses exactly those (rows,
+    graphs, oracle) and measures the rest, and a changed input is measured again."""
+    (tmp_path / "docs").mkdir()
+    for name in ("README.md", "docs/index.md"):
+        (tmp_path / name).write_text((ROOT / name).read_text())
+    out = tmp_path / "report.json"
+    args = ["--matrix", "full", "-n", "2", "--deltas", "0", "--caches", "none", "--calibration-paths", "20",
+            "--calibration-sizes", "5", "--calibration-min-prompts", "1", "--out", str(out),
+            "--docs", str(tmp_path / "docs"), "--readme", str(tmp_path / "README.md"),
+            "--graphs", str(tmp_path / "graphs")]
+    measure, calibrate, oracle = report_module.measure, report_module.calibrate_sizes, report_module.measure_oracle
+    calls: list[str] = []
+
+    def counted(name, original, stop_at=None):
+        def call(*a, **k):
+            calls.append(name)
+            if stop_at is not None and calls.count(name) == stop_at:
+                raise KeyboardInterrupt
+            return original(*a, **k)
+        return call
+
+    def patch(stop_at=None):
+        calls.clear()
+        monkeypatch.setattr(report_module, "measure", counted("row", measure, stop_at))
+        monkeypatch.setattr(report_module, "calibrate_sizes", counted("calibration", calibrate))
+        monkeypatch.setattr(report_module, "measure_oracle", counted("oracle", oracle))
+
+    patch(stop_at=3)  # Ctrl-C during the third row
+    with pytest.raises(KeyboardInterrupt):
+        report_module.main(args)
+    store = out.with_suffix(report_module.STORE_SUFFIX)
+    assert [json.loads(line)["name"] for line in store.read_text().splitlines()] == ["quota", "threshold"]
+    assert not out.exists()
+
+    patch()
+    report_module.main([*args, "--resume"])
+    resumed = json.loads(out.read_text())
+    assert resumed["reused"] == ["quota", "threshold"]
+    rows = len(resumed["rows"]) + len(resumed["calibration"]["curve"]) - len(resumed["calibration"]["graphs"])
+    assert calls.count("row") == rows - 2 and calls.count("calibration") == 4 and calls.count("oracle") == 1
+    assert "reused 2 measurements of the stopped run (quota, threshold)" in (tmp_path / "docs/benchmarks/report.md").read_text()
+
+    patch()
+    report_module.main([*args, "--resume"])  # everything is stored: nothing is measured
+    again = json.loads(out.read_text())
+    assert calls == [] and len(again["reused"]) == rows + 4 + 1
+    assert [(r["name"], r["nfe_mean"], r["accuracy"]) for r in again["rows"]] == [
+        (r["name"], r["nfe_mean"], r["accuracy"]) for r in resumed["rows"]]
+
+    graphs = sorted((tmp_path / "graphs").rglob("threshold__paths*.json"))
+    before = {path: path.read_bytes() for path in graphs}
+    graphs[-1].write_text(graphs[-1].read_text().replace('"paths"', '"paths" ', 1))  # other bytes
+    patch()
+    report_module.main([*args, "--resume"])
+    # threshold's graphs are made again; a row on a graph whose bytes differ from those it was
+    # measured on is measured again, one on identical bytes is reused
+    changed = sum(path.read_bytes() != before[path] for path in graphs)
+    assert calls.count("calibration") == 1 and calls.count("row") == changed
+
+    patch()
+    report_module.main(args)  # without --resume the store starts afresh
+    assert calls.count("row") == rows and json.loads(out.read_text())["reused"] == []
+
+
+def test_a_stored_measurement_is_keyed_by_its_run_its_settings_and_the_files_they_name(report_module, tmp_path):
+    store_module = importlib.import_module("report_store")
+    path, graph = tmp_path / "m.jsonl", tmp_path / "graph.json"
+    graph.write_text("one")
+    reopen = lambda identity={"weights": "w"}: store_module.MeasurementStore(path, identity, resume=True)
+    first = store_module.MeasurementStore(path, {"weights": "w"})
+    assert first.get("row", "r", {"graph": str(graph)}, lambda: 1) == 1
+    assert reopen().get("row", "r", {"graph": str(graph)}, lambda: 2) == 1  # reused
+    assert reopen({"weights": "other"}).get("row", "r", {"graph": str(graph)}, lambda: 3) == 3
+    assert reopen().get("row", "r", {"graph": str(graph), "tau": 0.5}, lambda: 4) == 4
+    graph.write_text("two")  # the same name, other contents
+    assert reopen().get("row", "r", {"graph": str(graph)}, lambda: 5) == 5
+    with path.open("a") as handle:
+        handle.write('{"key": "cut sh')  # a line the interrupt cut short
+    assert reopen().get("row", "r", {"graph": str(graph)}, lambda: 6) == 5
+    assert reopen().get("row", "r", {"graph": str(graph)}, lambda: 7, valid=lambda value: value != 5) == 7
+    assert reopen().get("row", "r", {"graph": str(graph)}, lambda: 9) == 7  # kept after the cut line
+    assert store_module.MeasurementStore(path, {"weights": "w"}).get("row", "r", {"graph": str(graph)}, lambda: 8) == 8
