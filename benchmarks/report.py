@@ -21,10 +21,10 @@ Matrices (``--matrix``; ``auto``: ``full`` on the long suite, ``headline`` on th
 
 * ``headline``: the toy report's configurations (:data:`report_measure.CONFIGS`), Spiffy with
   its built-in graphs;
-* ``full``: quota, threshold 0.9, factor 1 and Fréchet at every δ of ``--deltas``, each under
-  every cache of ``--caches``; Fréchet's δ chosen from the sweep at matched accuracy
-  (:func:`report_targets.choose_delta`); Spiffy over quota, threshold, factor and the chosen
-  Fréchet under every cache, with graphs calibrated here on at least ``--calibration-paths``
+* ``full``: quota, threshold 0.9, factor 1 and Fréchet at every δ of ``--deltas`` without a
+  cache; Fréchet's δ chosen from that sweep at matched accuracy
+  (:func:`report_targets.choose_delta`); quota, threshold, factor and the chosen Fréchet under
+  every other cache of ``--caches``; Spiffy over each of those four under every cache, with graphs calibrated here on at least ``--calibration-paths``
   paths of training-split prompts (:mod:`report_calibration`), and Spiffy (no cache) with
   graphs of each ``--calibration-sizes`` against its rule alone.
 
@@ -167,20 +167,22 @@ def graphs_on_disk(records: list[dict[str, Any]]) -> bool:
 def run_full(
     store: MeasurementStore, model, examples, tasks: str, batch_size: int, settings: Settings, model_name: str,
 ) -> dict[str, Any]:
-    """The full matrix: every rule under every cache, Fréchet's δ choice, Spiffy's graphs
+    """The full matrix: every rule without a cache (Fréchet at every δ) and Fréchet's δ
+    choice; then the rules (Fréchet at the chosen δ) under the other caches, Spiffy's graphs
     and rows, and Spiffy against calibration size. ``{"rows", "frechet_choice",
     "calibration"}``; the rows keep their texts."""
-    rules = base_rules(settings.deltas)
-    rows = [measured(store, model, cached(rule, cache), examples, batch_size)
-            for cache in settings.caches for rule in rules]
-    plain = {row["name"]: row for row in rows if row["cache"] == "none"}
-    sweep = [row for row in plain.values() if row["commit_rule"] == "frechet"]
+    rows = [measured(store, model, rule, examples, batch_size) for rule in base_rules(settings.deltas)]
+    plain = {row["name"]: row for row in rows}
+    sweep = [row for row in rows if row["commit_rule"] == "frechet"]
     choice = choose_delta(plain["threshold"], sweep)
     # No δ matched: Spiffy goes over the most accurate one (ties: the smaller δ).
     delta = choice["delta"] if choice["delta"] is not None else max(
         sweep, key=lambda r: (r["accuracy"], -r["delta"]))["delta"]
-    for name in ("quota", "threshold", "factor", frechet(delta).name):
-        plain[name]["headline"] = True
+    rules = (BASELINE, CONFIGS[1], CONFIGS[2], frechet(delta))
+    for rule in rules:
+        plain[rule.name]["headline"] = True
+    rows += [measured(store, model, cached(rule, cache), examples, batch_size)
+             for cache in settings.caches[1:] for rule in rules]
     graphs: dict[str, dict[str, Any]] = {}
     curve: list[dict[str, Any]] = []
     sizes = sorted({*settings.calibration_sizes, settings.calibration_paths})
@@ -190,7 +192,7 @@ def run_full(
         return [e.prompt for e in calibration_examples(tasks, count, settings.calibration_seed, examples)]
 
     out = settings.graphs / Path(model_name).name
-    for rule in (BASELINE, CONFIGS[1], CONFIGS[2], frechet(delta)):
+    for rule in rules:
         records = store.get(
             "calibration", f"graphs of {rule.name}",
             {"rule": dataclasses.asdict(rule), "sizes": sizes, "budget": settings.spiffy_budget,

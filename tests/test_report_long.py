@@ -215,8 +215,9 @@ def test_the_long_model_runs_the_full_matrix(long_report):
     _, report = long_report
     assert (report["tasks"], report["matrix"], report["gen_length"], report["block_length"]) == ("long", "full", 128, 32)
     names = [row["name"] for row in report["rows"]]
+    chosen = ("quota", "threshold", "factor", f"frechet-{report['frechet_choice']['delta']:g}")
     suffixes = ("", "/prefix", "/dual")
-    assert names == [r + s for s in suffixes for r in RULES] + [r + s for r in SPIFFY for s in suffixes]
+    assert names == [*RULES, *(r + s for s in suffixes[1:] for r in chosen), *(r + s for r in SPIFFY for s in suffixes)]
     oracle = report["oracle"]
     for row in report["rows"]:
         for key in ("accuracy", "nfe_mean", "nfe_over_oracle", "nfe_per_answer_token", "padding_share", "tpf", "tps"):
