@@ -38,7 +38,11 @@ Usage::
     python benchmarks/bench_engine.py --batch 1 --static-shapes --json s.json  # static shapes
 
 It runs on the toy zoo's ``toy-dllm`` (trained: realistic confidences, so threshold and
-Fréchet take realistic steps; context 128, so gen 64 at most) on the CPU. Run it against an
+Fréchet take realistic steps; context 128, so gen 64 at most) on the CPU. ``--model
+random-WxN`` (e.g. ``random-512x8``, the issue's second yardstick) is a randomly initialised
+bidirectional Llama of width ``W`` and ``N`` layers (heads of 64, FFN 3W) with toy-dllm's
+tokenizer and conventions: its forwards cost what a larger model's do, while its flat
+confidences make threshold and Fréchet commit about one position a step. Run it against an
 older checkout (``PYTHONPATH`` pointing at its package) for before/after figures: nothing
 here depends on the engine's internals. ``test_engine_step`` is a pytest-benchmark case.
 """
@@ -46,6 +50,7 @@ here depends on the engine's internals. ``test_engine_step`` is a pytest-benchma
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -198,6 +203,29 @@ def memory_ratio(adapter, decoder, chunk: list[str], calls: list[int]) -> dict[s
         "memory_rows": rows, "memory_shape": [batch, length],
         "bare_rows_memory_mib": wide, "memory_vs_rows": ratio(wide),
     }
+
+
+RANDOM_MODEL = re.compile(r"random-(\d+)x(\d+)")
+
+
+def bench_model(name: str):
+    """The adapter ``--model`` names: a zoo name or a checkpoint directory, or ``random-WxN``
+    (see the module docstring; seeded, so every run builds the same weights)."""
+    match = RANDOM_MODEL.fullmatch(name)
+    if match is None:
+        return load_model(name)
+    from transformers import LlamaForCausalLM
+
+    toy = load_model("toy-dllm")
+    width, layers = map(int, match.groups())
+    if width % 64:
+        raise SystemExit(f"--model {name}: the width must be a multiple of 64 (heads of 64)")
+    config = toy.model.config.to_dict()
+    config.update(hidden_size=width, intermediate_size=3 * width, num_hidden_layers=layers, head_dim=64,
+                  num_attention_heads=width // 64, num_key_value_heads=width // 64, dtype="float32")
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(type(toy.model.config)(**config)).eval()
+    return dataclasses.replace(toy, model=model, name=name)
 
 
 def prompts_for(adapter, count: int) -> list[str]:
@@ -354,7 +382,7 @@ def memory_markdown(after: list[dict[str, Any]], before: list[dict[str, Any]] | 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default="toy-dllm")
+    parser.add_argument("--model", default="toy-dllm", help="zoo name, checkpoint directory or random-WxN")
     parser.add_argument("--strategies", nargs="+", default=[name for name in STRATEGIES if "," not in name])
     parser.add_argument("--caches", nargs="+", default=list(CACHES))
     parser.add_argument("--batch", nargs="+", type=int, default=[1, 8, 32])
@@ -381,7 +409,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         print(table(loaded[-1], loaded[0] if len(loaded) > 1 else None), end="")
         return loaded[-1]
     torch.set_num_threads(args.threads)
-    adapter = load_model(args.model)
+    adapter = bench_model(args.model)
     prompts = prompts_for(adapter, args.prompts)
     rows = []
     for gen_length in args.gen:

@@ -24,9 +24,10 @@ Matrices (``--matrix``; ``auto``: ``full`` on the long suite, ``headline`` on th
 * ``full``: quota, threshold 0.9, factor 1 and Fréchet at every δ of ``--deltas`` without a
   cache; Fréchet's δ chosen from that sweep at matched accuracy
   (:func:`report_targets.choose_delta`); quota, threshold, factor and the chosen Fréchet under
-  every other cache of ``--caches``; Spiffy over each of those four under every cache, with graphs calibrated here on at least ``--calibration-paths``
-  paths of training-split prompts (:mod:`report_calibration`), and Spiffy (no cache) with
-  graphs of each ``--calibration-sizes`` against its rule alone.
+  every other cache of ``--caches``; Spiffy over each of those four under every cache, with
+  graphs calibrated here on at least ``--calibration-paths`` paths of training-split prompts
+  (:mod:`report_calibration`); and Spiffy under the last cache of ``--caches`` (default
+  dual) with graphs of each ``--calibration-sizes`` against its rule alone.
 
 With ``--target`` (and ``--assistant``), FailFast with this dLLM as drafter against AR
 decoding and assisted generation (:mod:`report_failfast`). Every run ends with issue 19's
@@ -192,6 +193,10 @@ def run_full(
         return [e.prompt for e in calibration_examples(tasks, count, settings.calibration_seed, examples)]
 
     out = settings.graphs / Path(model_name).name
+    # Spiffy against calibration size runs under the last cache (default dual): there a
+    # verification forward reads the block's columns only; without a cache every draft
+    # is a whole sequence, which on a CPU costs the nodes' rows in compute.
+    curve_cache = settings.caches[-1]
     for rule in rules:
         records = store.get(
             "calibration", f"graphs of {rule.name}",
@@ -201,15 +206,16 @@ def run_full(
             valid=graphs_on_disk,
         )
         graphs[rule.name] = records[-1]
-        alone = plain[rule.name]
         for cache in settings.caches:
             row = measured(store, model, cached(spiffy_over(rule, records[-1]["graph"]), cache), examples, batch_size)
             row["headline"] = cache == "none" or (cache == "dual" and rule.strategy == "frechet")
             rows.append(row)
-        main_row = next(r for r in rows if r["name"] == f"spiffy+{rule.strategy}")
+        by_name = {row["name"]: row for row in rows}
+        alone = by_name[cached(rule, curve_cache).name]
+        main_row = by_name[cached(spiffy_over(rule, records[-1]["graph"]), curve_cache).name]
         for record in records:
             row = main_row if record is records[-1] else measured(
-                store, model, spiffy_over(rule, record["graph"]), examples, batch_size)
+                store, model, cached(spiffy_over(rule, record["graph"]), curve_cache), examples, batch_size)
             curve.append({
                 "rule": rule.name, "target_paths": record["target_paths"], "paths": record["paths"],
                 "prompts": record["prompts"], "nfe_mean": row["nfe_mean"],
@@ -218,7 +224,7 @@ def run_full(
     calibration = {
         "tasks": tasks, "seed": settings.calibration_seed, "paths": settings.calibration_paths,
         "min_prompts": settings.calibration_min_prompts, "budget": settings.spiffy_budget,
-        "graphs": graphs, "curve": curve,
+        "graphs": graphs, "curve": curve, "curve_cache": curve_cache,
     }
     return {"rows": rows, "frechet_choice": choice, "calibration": calibration}
 

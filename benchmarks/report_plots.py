@@ -93,7 +93,8 @@ def plot_calibration(report: dict[str, Any], path: Path) -> None:
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xlabel("calibration paths of the draft graph (log scale)")
     ax.set_ylabel("rule NFE ÷ Spiffy NFE")
-    ax.set_title(f"{report['model']}: Spiffy against calibration size ({report['n']} prompts)")
+    ax.set_title(f"{report['model']}: Spiffy against calibration size ({report['n']} prompts, "
+                 f"cache {report['calibration'].get('curve_cache', 'none')})")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

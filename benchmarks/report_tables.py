@@ -177,8 +177,9 @@ def calibration_table(report: dict[str, Any]) -> str:
                    f"`{Path(g['graph']).name}` |")
     curve = calibration["curve"]
     if curve:
-        out += ["", "Spiffy's NFE ratio (its rule alone over Spiffy, no cache, the same held-out "
-                "prompts) against the calibration size of its graph:", "",
+        cache = calibration.get("curve_cache", "none")
+        out += ["", f"Spiffy's NFE ratio (its rule alone over Spiffy, both with cache `{cache}`, the same "
+                "held-out prompts) against the calibration size of its graph:", "",
                 "| rule | calibration paths | prompts | Spiffy NFE | rule NFE ÷ Spiffy NFE | = its rule alone |",
                 "|---|---|---|---|---|---|"]
         for point in curve:

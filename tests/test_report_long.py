@@ -253,8 +253,10 @@ def test_delta_choice_calibration_and_failfast_come_from_the_run(long_report, ta
         assert stored["calibration"]["split"] == "train" and stored["calibration"]["paths"] == graph["paths"]
         points = [p for p in calibration["curve"] if p["rule"] == rule]
         assert points[-1]["paths"] == graph["paths"] and points[0]["target_paths"] == 20
-        spiffy = plain[f"spiffy+{rule.split('-')[0]}"]
-        assert points[-1]["nfe_ratio"] == pytest.approx(plain[rule]["nfe_mean"] / spiffy["nfe_mean"])
+        dual = {r["name"]: r for r in report["rows"] if r["cache"] == "dual"}  # the curve's cache: the last
+        spiffy = dual[f"spiffy+{rule.split('-')[0]}/dual"]
+        assert calibration["curve_cache"] == "dual"
+        assert points[-1]["nfe_ratio"] == pytest.approx(dual[f"{rule}/dual"]["nfe_mean"] / spiffy["nfe_mean"])
         assert all(p["identical_to_commit_rule"] == 1.0 for p in points)
     methods = report["failfast"]["methods"]
     assert set(methods) == {"ar", "failfast", "assisted"}
