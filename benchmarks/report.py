@@ -6,6 +6,7 @@
     python benchmarks/report.py -n 140 --micro    # plus the pytest-benchmark suite
     python benchmarks/report.py --model long-dllm -n 300 --target long-ar --assistant long-ar-small
     python benchmarks/report.py ... --resume      # the same report, stopped: measure what is left
+    python benchmarks/report.py ... --workers 2   # the measurements of a stage in two processes
 
 The workload comes from the model: a tokenizer that writes every character of
 :data:`dloom.zoo.long_tasks.ALPHABET` decodes the long-answer suite (``--tasks long``), any
@@ -57,9 +58,7 @@ Every ratio compares two configurations measured on this machine, in this run or
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
-import functools
 import json
 import os
 import platform
@@ -79,16 +78,15 @@ from dloom.errors import ConfigurationError  # noqa: E402
 from dloom.evaluation import SUITES, select_examples  # noqa: E402
 from dloom.zoo import long_tasks, tasks as toy_tasks  # noqa: E402
 
-from report_calibration import calibrate_sizes, calibration_examples  # noqa: E402
+from report_jobs import Context, Job, Runner, calibration_job, row_job  # noqa: E402
 from report_measure import (  # noqa: E402
-    BASELINE, CACHES, CONFIGS, DELTAS, Config, base_rules, cached, compare, drop_texts, frechet, measure,
-    measure_oracle, same_outputs, spiffy_over,
+    BASELINE, CACHES, CONFIGS, DELTAS, Config, base_rules, cached, compare, drop_texts, frechet, same_outputs, spiffy_over,
 )
 from report_plots import plot_acceptance, plot_accuracy_nfe, plot_calibration, plot_speedup  # noqa: E402
 from report_tables import (  # noqa: E402,F401  (headline_table, oracle_table, micro_table: the tests' API)
     CALIBRATION_PLOT, PLOTS, headline_table, micro_table, oracle_table, replace_marked, report_page,
 )
-from report_store import MeasurementStore, file_digest, model_digest, run_identity  # noqa: E402
+from report_store import MeasurementStore, run_identity  # noqa: E402
 from report_targets import checklist, choose_delta  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,6 +116,7 @@ class Settings:
     device: str = "cpu"
     store: Path | None = None
     resume: bool = False
+    workers: int = 1
 
 
 def workload_tasks(model) -> str:
@@ -136,97 +135,82 @@ def workload_tasks(model) -> str:
     )
 
 
-def log(row: dict[str, Any]) -> None:
-    print(f"{row['name']:26s} acc {row['accuracy']:6.1%}  NFE {row['nfe_mean']:7.2f}  "
-          f"TPF {row['tpf']:5.2f}  TPS {row['tps']:7.1f}", file=sys.stderr, flush=True)
+def run_full(runner: Runner, settings: Settings, model_name: str, common: Sequence[Job]) -> dict[str, Any]:
+    """The full matrix, in three stages of jobs whose inputs are known (each stage's jobs run
+    at once with ``--workers``):
 
+    1. every rule without a cache (Fréchet at every δ), the graphs of quota, threshold and
+       factor, and ``common`` (the oracle, FailFast);
+    2. Fréchet's δ chosen from the sweep; the graphs of that Fréchet, the four rules under the
+       other caches, and Spiffy over quota, threshold and factor (every cache, and against
+       calibration size under the last cache);
+    3. Spiffy over the chosen Fréchet.
 
-def measured(store: MeasurementStore, model, config: Config, examples, batch_size: int) -> dict[str, Any]:
-    """``config``'s row (:func:`report_measure.measure`), from ``store`` when a resumed run has it."""
-    def compute() -> dict[str, Any]:
-        row = measure(model, config, examples, batch_size)
-        log(row)
-        return row
+    ``{"rows", "frechet_choice", "calibration", "common"}`` (``common``: those jobs'
+    results); the rows keep their texts."""
+    context = runner.context
+    sizes = sorted({*settings.calibration_sizes, settings.calibration_paths})
+    description = {"tasks": context.tasks, "split": "train", "seed": settings.calibration_seed}
+    out = settings.graphs / Path(model_name).name
+    graphs_of = lambda rule: calibration_job(rule, sizes, out, description, context)
+    # Spiffy against calibration size runs under the last cache (default dual): there a
+    # verification forward reads the block's columns only; without a cache every draft
+    # is a whole sequence, which on a CPU costs the nodes' rows in compute.
+    curve_cache = settings.caches[-1]
 
-    return store.get("row", config.name, dataclasses.asdict(config), compute)
+    def spiffy_jobs(rule: Config, records: list[dict[str, Any]]) -> list[Job]:
+        main = [row_job(cached(spiffy_over(rule, records[-1]["graph"]), cache)) for cache in settings.caches]
+        return main + [row_job(cached(spiffy_over(rule, r["graph"]), curve_cache)) for r in records[:-1]]
 
-
-def calibrated(model, rule: Config, sizes: Sequence[int], prompts, settings: Settings, out: Path,
-               description: dict[str, Any]) -> list[dict[str, Any]]:
-    """:func:`report_calibration.calibrate_sizes`'s records, each with its graph file's
-    SHA-256 (``sha256``)."""
-    records = calibrate_sizes(model, rule, sizes, prompts, settings.spiffy_budget, out,
-                              settings.calibration_min_prompts, description)
-    return [{**record, "sha256": file_digest(record["graph"])} for record in records]
-
-
-def graphs_on_disk(records: list[dict[str, Any]]) -> bool:
-    """Whether every graph of stored calibration ``records`` is still the file it was."""
-    return all(Path(r["graph"]).is_file() and file_digest(r["graph"]) == r.get("sha256") for r in records)
-
-
-def run_full(
-    store: MeasurementStore, model, examples, tasks: str, batch_size: int, settings: Settings, model_name: str,
-) -> dict[str, Any]:
-    """The full matrix: every rule without a cache (Fréchet at every δ) and Fréchet's δ
-    choice; then the rules (Fréchet at the chosen δ) under the other caches, Spiffy's graphs
-    and rows, and Spiffy against calibration size. ``{"rows", "frechet_choice",
-    "calibration"}``; the rows keep their texts."""
-    rows = [measured(store, model, rule, examples, batch_size) for rule in base_rules(settings.deltas)]
+    sweep_rules = base_rules(settings.deltas)
+    first = runner.run([*map(row_job, sweep_rules), *map(graphs_of, CONFIGS[:3]), *common])
+    rows = first[:len(sweep_rules)]
+    records = dict(zip((c.name for c in CONFIGS[:3]), first[len(sweep_rules):len(sweep_rules) + 3]))
     plain = {row["name"]: row for row in rows}
     sweep = [row for row in rows if row["commit_rule"] == "frechet"]
     choice = choose_delta(plain["threshold"], sweep)
     # No δ matched: Spiffy goes over the most accurate one (ties: the smaller δ).
     delta = choice["delta"] if choice["delta"] is not None else max(
         sweep, key=lambda r: (r["accuracy"], -r["delta"]))["delta"]
-    rules = (BASELINE, CONFIGS[1], CONFIGS[2], frechet(delta))
+    rules = (*CONFIGS[:3], frechet(delta))
     for rule in rules:
         plain[rule.name]["headline"] = True
-    rows += [measured(store, model, cached(rule, cache), examples, batch_size)
-             for cache in settings.caches[1:] for rule in rules]
+
+    cached_jobs = [row_job(cached(rule, cache)) for cache in settings.caches[1:] for rule in rules]
+    spiffy = [spiffy_jobs(rule, records[rule.name]) for rule in CONFIGS[:3]]
+    second = runner.run([*cached_jobs, graphs_of(rules[3]), *(job for jobs in spiffy for job in jobs)])
+    rows += second[:len(cached_jobs)]
+    records[rules[3].name] = second[len(cached_jobs)]
+    spiffy_rows, at = [], len(cached_jobs) + 1
+    for jobs in spiffy:
+        spiffy_rows.append(second[at:at + len(jobs)])
+        at += len(jobs)
+    spiffy.append(spiffy_jobs(rules[3], records[rules[3].name]))
+    spiffy_rows.append(runner.run(spiffy[3]))
+
     graphs: dict[str, dict[str, Any]] = {}
     curve: list[dict[str, Any]] = []
-    sizes = sorted({*settings.calibration_sizes, settings.calibration_paths})
-    description = {"tasks": tasks, "split": "train", "seed": settings.calibration_seed}
-
-    def prompts(count: int) -> list[str]:
-        return [e.prompt for e in calibration_examples(tasks, count, settings.calibration_seed, examples)]
-
-    out = settings.graphs / Path(model_name).name
-    # Spiffy against calibration size runs under the last cache (default dual): there a
-    # verification forward reads the block's columns only; without a cache every draft
-    # is a whole sequence, which on a CPU costs the nodes' rows in compute.
-    curve_cache = settings.caches[-1]
-    for rule in rules:
-        records = store.get(
-            "calibration", f"graphs of {rule.name}",
-            {"rule": dataclasses.asdict(rule), "sizes": sizes, "budget": settings.spiffy_budget,
-             "min_prompts": settings.calibration_min_prompts, "description": description},
-            functools.partial(calibrated, model, rule, sizes, prompts, settings, out, description),
-            valid=graphs_on_disk,
-        )
-        graphs[rule.name] = records[-1]
-        for cache in settings.caches:
-            row = measured(store, model, cached(spiffy_over(rule, records[-1]["graph"]), cache), examples, batch_size)
+    for rule, measured_rows in zip(rules, spiffy_rows):
+        graphs[rule.name] = records[rule.name][-1]
+        main, smaller = measured_rows[:len(settings.caches)], measured_rows[len(settings.caches):]
+        for row, cache in zip(main, settings.caches):
             row["headline"] = cache == "none" or (cache == "dual" and rule.strategy == "frechet")
-            rows.append(row)
+        rows += main
         by_name = {row["name"]: row for row in rows}
         alone = by_name[cached(rule, curve_cache).name]
-        main_row = by_name[cached(spiffy_over(rule, records[-1]["graph"]), curve_cache).name]
-        for record in records:
-            row = main_row if record is records[-1] else measured(
-                store, model, cached(spiffy_over(rule, record["graph"]), curve_cache), examples, batch_size)
+        for record, row in zip(records[rule.name], [*smaller, main[settings.caches.index(curve_cache)]]):
             curve.append({
                 "rule": rule.name, "target_paths": record["target_paths"], "paths": record["paths"],
                 "prompts": record["prompts"], "nfe_mean": row["nfe_mean"],
                 "nfe_ratio": alone["nfe_mean"] / row["nfe_mean"], "identical_to_commit_rule": same_outputs(row, alone),
             })
     calibration = {
-        "tasks": tasks, "seed": settings.calibration_seed, "paths": settings.calibration_paths,
+        "tasks": context.tasks, "seed": settings.calibration_seed, "paths": settings.calibration_paths,
         "min_prompts": settings.calibration_min_prompts, "budget": settings.spiffy_budget,
         "graphs": graphs, "curve": curve, "curve_cache": curve_cache,
     }
-    return {"rows": rows, "frechet_choice": choice, "calibration": calibration}
+    return {"rows": rows, "frechet_choice": choice, "calibration": calibration,
+            "common": first[len(sweep_rules) + 3:]}
 
 
 def run(
@@ -247,27 +231,27 @@ def run(
     # Warm up (lazy initialisation, allocator) so that the first configuration's TPS is fair.
     DiffusionDecoder(model, BASELINE.strategy).generate([e.prompt for e in examples[:2]])
     store = MeasurementStore(settings.store, run_identity(model, examples, batch_size), settings.resume)
-    if matrix == "full":
-        measured_matrix = run_full(store, model, examples, tasks, batch_size, settings, model_name)
-    else:
-        measured_matrix = {"rows": [measured(store, model, c, examples, batch_size) for c in configs],
-                           "frechet_choice": None, "calibration": None}
+    context = Context(model, examples, tasks, batch_size, settings.spiffy_budget, settings.calibration_min_prompts,
+                      settings.calibration_seed)
+    common = [Job("oracle", "oracle")]
+    if settings.target is not None:
+        common.append(Job("failfast", "failfast", {"target": settings.target, "assistant": settings.assistant}))
+    runner = Runner(store, context, settings.workers, model_name, settings.device)
+    try:
+        if matrix == "full":
+            measured_matrix = run_full(runner, settings, model_name, common)
+        else:
+            results = runner.run([*map(row_job, configs), *common])
+            measured_matrix = {"rows": results[:len(configs)], "frechet_choice": None, "calibration": None,
+                               "common": results[len(configs):]}
+    finally:
+        runner.close()
     rows = measured_matrix["rows"]
-    oracle = store.get("oracle", "oracle", {}, lambda: measure_oracle(model, examples))
+    oracle, failfast = (*measured_matrix["common"], None)[:2]
     print(f"{'oracle':26s} NFE {oracle['nfe_mean']:7.2f}  reached {oracle['reached_share']:6.1%}",
           file=sys.stderr, flush=True)
     compare(rows, oracle)
     drop_texts(rows)
-    failfast = None
-    if settings.target is not None:
-        from report_failfast import measure_failfast
-
-        failfast = store.get(
-            "failfast", "failfast",
-            {"target": settings.target, "target_files": model_digest(settings.target), "assistant": settings.assistant,
-             "assistant_files": None if settings.assistant is None else model_digest(settings.assistant)},
-            lambda: measure_failfast(model, settings.target, settings.assistant, examples, SUITES[tasks]),
-        )
     sample = DiffusionDecoder(model, BASELINE.strategy).config
     report = {
         "command": command,
@@ -348,7 +332,7 @@ def options(args: argparse.Namespace, defaults: Settings) -> list[str]:
         ("--calibration-sizes", args.calibration_sizes, ",".join(map(str, defaults.calibration_sizes))),
         ("--calibration-min-prompts", args.calibration_min_prompts, defaults.calibration_min_prompts),
         ("--target", args.target, None), ("--assistant", args.assistant, None),
-        ("--device", args.device, defaults.device),
+        ("--device", args.device, defaults.device), ("--workers", args.workers, defaults.workers),
     ):
         if value != default:
             shown.append(f"{flag} {value}")
@@ -382,6 +366,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--assistant", default=None, help="small AR assistant for assisted generation")
     parser.add_argument("--device", default="cpu", help="where every model runs (e.g. cuda)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "report.json")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="processes the measurements of a stage run in at once, each with its own copy of "
+                        "the model and --threads threads (1: one after another in this process)")
     parser.add_argument("--resume", action="store_true",
                         help="reuse the measurements a stopped run of this report kept (OUT with the suffix "
                         f"{STORE_SUFFIX}: every finished measurement is written there at once)")
@@ -431,13 +418,15 @@ def parse_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
     if any(not 1 <= size <= args.calibration_paths for size in sizes):
         parser.error(f"--calibration-sizes {args.calibration_sizes!r}: each in 1 .. --calibration-paths "
                      f"({args.calibration_paths})")
+    if args.workers < 1:
+        parser.error(f"--workers {args.workers}: allowed: 1 or more processes")
     if args.assistant is not None and args.target is None:
         parser.error("--assistant needs --target (assisted generation is FailFast's comparison)")
     return Settings(
         tasks=args.tasks, matrix=args.matrix, deltas=deltas, caches=caches, calibration_paths=args.calibration_paths,
         calibration_sizes=sizes, calibration_min_prompts=args.calibration_min_prompts, graphs=args.graphs,
         target=args.target, assistant=args.assistant, device=args.device,
-        store=args.out.with_suffix(STORE_SUFFIX), resume=args.resume,
+        store=args.out.with_suffix(STORE_SUFFIX), resume=args.resume, workers=args.workers,
     )
 
 

@@ -117,18 +117,19 @@ class MeasurementStore:
         return json.dumps({"kind": kind, "run": self.identity, "settings": with_file_digests(settings)},
                           sort_keys=True, ensure_ascii=False)
 
-    def get(self, kind: str, name: str, settings: dict[str, Any], compute: Callable[[], Any],
-            valid: Callable[[Any], bool] = lambda value: True) -> Any:
-        """The stored value of ``(kind, settings)`` if this run resumes one that measured it
-        (and ``valid(value)``), else ``compute()``, stored before it is returned."""
-        key = self.key(kind, settings)
+    def lookup(self, key: str, name: str, valid: Callable[[Any], bool] | None = None) -> tuple[bool, Any]:
+        """``(True, value)`` when a resumed run stored ``key`` (and ``valid(value)``), else
+        ``(False, None)``."""
         entry = self._entries.get(key)
-        if entry is not None and valid(entry["value"]):
-            self.reused.append(name)
-            note = "" if entry.get("commit") == self.commit else f", measured at commit {entry.get('commit')}"
-            print(f"{name:26s} reused from {self.path}{note}", file=sys.stderr, flush=True)
-            return entry["value"]
-        value = compute()
+        if entry is None or (valid is not None and not valid(entry["value"])):
+            return False, None
+        self.reused.append(name)
+        note = "" if entry.get("commit") == self.commit else f", measured at commit {entry.get('commit')}"
+        print(f"{name:26s} reused from {self.path}{note}", file=sys.stderr, flush=True)
+        return True, entry["value"]
+
+    def put(self, key: str, name: str, value: Any) -> Any:
+        """Keep ``value`` under ``key`` (appended to the file, flushed and synced); return it."""
         entry = {"key": key, "name": name, "commit": self.commit, "value": value}
         self._entries[key] = entry
         if self.path is not None:
@@ -137,3 +138,11 @@ class MeasurementStore:
                 handle.flush()
                 os.fsync(handle.fileno())
         return value
+
+    def get(self, kind: str, name: str, settings: dict[str, Any], compute: Callable[[], Any],
+            valid: Callable[[Any], bool] | None = None) -> Any:
+        """The stored value of ``(kind, settings)`` if this run resumes one that measured it
+        (and ``valid(value)``), else ``compute()``, stored before it is returned."""
+        key = self.key(kind, settings)
+        found, value = self.lookup(key, name, valid)
+        return value if found else self.put(key, name, compute())

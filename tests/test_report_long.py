@@ -291,7 +291,8 @@ def test_the_long_page_shows_every_column_and_the_checklist(long_report, report_
 
 
 def test_the_full_matrix_and_failfast_on_the_toy_zoo(report_module, targets, tmp_path):
-    """The smallest full run (one δ, no cache, the shipped toy models): in the default test run."""
+    """The smallest full run (one δ, no cache, the shipped toy models), its measurements made
+    in two worker processes: in the default test run."""
     (tmp_path / "docs").mkdir()
     for name in ("README.md", "docs/index.md"):
         (tmp_path / name).write_text((ROOT / name).read_text())
@@ -299,9 +300,14 @@ def test_the_full_matrix_and_failfast_on_the_toy_zoo(report_module, targets, tmp
         "--matrix", "full", "-n", "2", "--deltas", "0", "--caches", "none", "--calibration-paths", "20",
         "--calibration-sizes", "5", "--calibration-min-prompts", "1", "--target", "toy-ar",
         "--assistant", "toy-ar-small", "--out", str(tmp_path / "report.json"), "--docs", str(tmp_path / "docs"),
-        "--readme", str(tmp_path / "README.md"), "--graphs", str(tmp_path / "graphs"),
+        "--readme", str(tmp_path / "README.md"), "--graphs", str(tmp_path / "graphs"), "--workers", "2",
     ])
     report = json.loads((tmp_path / "report.json").read_text())
+    measure = importlib.import_module("report_measure")  # a worker's row is the one made here
+    here = measure.measure(load_model("toy-dllm"), measure.CONFIGS[1], select_examples("all", 2), 32)
+    worker = next(r for r in report["rows"] if r["name"] == "threshold")
+    assert (worker["nfe_mean"], worker["accuracy"], worker["tpf"]) == (here["nfe_mean"], here["accuracy"], here["tpf"])
+    assert "--workers 2" in report["command"]
     assert (report["tasks"], report["matrix"]) == ("all", "full")
     assert [r["name"] for r in report["rows"]] == ["quota", "threshold", "factor", "frechet-0", *SPIFFY]
     assert all(r["identical_to_commit_rule"] == 1.0 for r in report["rows"] if r["speculation"])
@@ -324,7 +330,8 @@ def test_a_stopped_report_resumes_with_what_it_had_measured(report_module, tmp_p
             "--calibration-sizes", "5", "--calibration-min-prompts", "1", "--out", str(out),
             "--docs", str(tmp_path / "docs"), "--readme", str(tmp_path / "README.md"),
             "--graphs", str(tmp_path / "graphs")]
-    measure, calibrate, oracle = report_module.measure, report_module.calibrate_sizes, report_module.measure_oracle
+    jobs = importlib.import_module("report_jobs")  # where the measurements are made
+    measure, calibrate, oracle = jobs.measure, jobs.calibrate_sizes, jobs.measure_oracle
     calls: list[str] = []
 
     def counted(name, original, stop_at=None):
@@ -337,9 +344,9 @@ def test_a_stopped_report_resumes_with_what_it_had_measured(report_module, tmp_p
 
     def patch(stop_at=None):
         calls.clear()
-        monkeypatch.setattr(report_module, "measure", counted("row", measure, stop_at))
-        monkeypatch.setattr(report_module, "calibrate_sizes", counted("calibration", calibrate))
-        monkeypatch.setattr(report_module, "measure_oracle", counted("oracle", oracle))
+        monkeypatch.setattr(jobs, "measure", counted("row", measure, stop_at))
+        monkeypatch.setattr(jobs, "calibrate_sizes", counted("calibration", calibrate))
+        monkeypatch.setattr(jobs, "measure_oracle", counted("oracle", oracle))
 
     patch(stop_at=3)  # Ctrl-C during the third row
     with pytest.raises(KeyboardInterrupt):
