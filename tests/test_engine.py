@@ -383,3 +383,12 @@ def test_engine_benchmark_measures_every_figure(tmp_path):
     assert all(r["memory_rows"] >= 1 and len(r["memory_shape"]) == 2 for r in rows)
     table = bench.markdown(rows, rows).splitlines()
     assert len(table) == 2 + len(rows) and "0.0% → 0.0%" in table[2]
+    # --model random-WxN: a seeded random bidirectional Llama of that shape, toy-dllm's conventions
+    wide = bench.bench_model("random-128x2")
+    config = wide.model.config
+    assert (config.hidden_size, config.num_hidden_layers, config.num_attention_heads) == (128, 2, 2)
+    assert not config.is_causal and wide.tokenizer is not None and wide.mask_token_id == 1
+    again = bench.bench_model("random-128x2")
+    assert all(torch.equal(a, b) for a, b in zip(wide.model.parameters(), again.model.parameters()))
+    with pytest.raises(SystemExit, match="multiple of 64"):
+        bench.bench_model("random-100x2")
