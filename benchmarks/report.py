@@ -58,6 +58,7 @@ Every ratio compares two configurations measured on this machine, in this run or
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -160,7 +161,9 @@ def run_full(runner: Runner, settings: Settings, model_name: str, common: Sequen
 
     def spiffy_jobs(rule: Config, records: list[dict[str, Any]]) -> list[Job]:
         main = [row_job(cached(spiffy_over(rule, records[-1]["graph"]), cache)) for cache in settings.caches]
-        return main + [row_job(cached(spiffy_over(rule, r["graph"]), curve_cache)) for r in records[:-1]]
+        smaller = [cached(spiffy_over(rule, r["graph"]), curve_cache) for r in records[:-1]]
+        return main + [row_job(dataclasses.replace(config, name=f"{config.name} ({r['paths']} paths)"))
+                       for config, r in zip(smaller, records)]
 
     sweep_rules = base_rules(settings.deltas)
     first = runner.run([*map(row_job, sweep_rules), *map(graphs_of, CONFIGS[:3]), *common])
