@@ -2,24 +2,30 @@
 
 For a fixed set of rows every forward of a kind keeps its shapes across steps and blocks
 (full forwards ``(R, L)``, cached windows ``(R, W)``, a record preallocated once and written
-in place), so that a compiled model reuses its graphs. The tokens and NFE are those of the
-default path on the toy zoo; cached logits agree up to float rounding.
+in place; Spiffy's verification calls padded to one row count, packed layouts to one span
+count), so that a compiled model reuses its graphs. The tokens and NFE (and for Spiffy the
+accepted drafts and model calls) are those of the default path on the toy zoo; cached logits
+agree up to float rounding.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import warnings
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
+import dloom.speculation
 from dloom import DiffusionDecoder, load_model
-from dloom.cache import _static_layer
+from dloom.cache import BlockForward, _static_layer
 from dloom.cli import app
 from dloom.zoo.tasks import held_out
 
-STRATEGIES = ["quota", "threshold", "frechet", "spiffy+threshold"]
+STRATEGIES = ["quota", "threshold", "frechet"]
+SPIFFY = ["spiffy+threshold", "spiffy+quota", "spiffy+frechet"]
 MODES = ["none", "prefix", "dual"]
 LONG = ["story leo shy hen", "story bob shy cat", "copy ab", "story tom shy cow"]
 
@@ -64,6 +70,122 @@ def test_static_shapes_decode_the_default_tokens_and_nfe(toy, prompts, strategy,
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_static_shapes_decode_the_default_tokens_and_nfe_one_at_a_time(toy, prompts, strategy, mode):
     same_decoding(toy, prompts, strategy, mode, 1)
+
+
+def spiffy_decoder(toy, strategy: str, mode: str, static: bool, layout: str = "rows") -> DiffusionDecoder:
+    with warnings.catch_warnings():  # no built-in graph for blocks of 4: the default graph
+        warnings.simplefilter("ignore")
+        return DiffusionDecoder(
+            toy, strategy, cache=mode, block_length=4, static_shapes=static, **{"spiffy.layout": layout}
+        )
+
+
+def verification_figures(toy, decoder: DiffusionDecoder, prompts, monkeypatch):
+    """What a decode must keep under static shapes (tokens, NFE, steps, verifications,
+    accepted drafts, model calls, layout exactness), and the ``(B, input shape)`` of every
+    verification model call (``B`` the batch's rows at the time)."""
+    calls: list[tuple[int, tuple[int, ...]]] = []
+    batch: list[int] = []
+    evaluate = BlockForward.evaluate
+
+    def watched(self, tokens, layout, first_window):
+        batch.append(tokens.shape[0])
+        try:
+            return evaluate(self, tokens, layout, first_window)
+        finally:
+            batch.pop()
+
+    def record(_, args, kwargs):
+        if batch:
+            calls.append((batch[-1], tuple(kwargs["input_ids"].shape)))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(BlockForward, "evaluate", watched)
+        hook = toy.model.register_forward_pre_hook(record, with_kwargs=True)
+        try:
+            result = decoder.generate(prompts)
+        finally:
+            hook.remove()
+    figures = (
+        result.token_lists, result.nfe.tolist(), result.forwards, result.verification_forwards,
+        result.verifications, result.accepted_drafts, result.model_calls, result.layout_exact,
+    )
+    return figures, calls
+
+
+def shapes_per_batch(calls) -> dict[int, set]:
+    by_batch: dict[int, set] = {}
+    for rows, shape in calls:
+        by_batch.setdefault(rows, set()).add(shape)
+    return by_batch
+
+
+SPIFFY_CASES = [(strategy, "rows") for strategy in SPIFFY] + [("spiffy+frechet", "packed")]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(("strategy", "layout"), SPIFFY_CASES)
+def test_static_verification_decodes_the_default_tokens_nfe_drafts_and_calls(toy, prompts, strategy, layout, mode, monkeypatch):
+    """Spiffy on eight zoo prompts in one batch (rows leaving, rows in different blocks):
+    with static shapes the same tokens, NFE, steps, verifications, accepted drafts, model
+    calls and layout exactness as the default path, and every verification model call of a
+    batch of ``B`` rows has one shape (packed: at most two, the packed layout's and the one
+    of a verification that evaluates roots alone, which is no packed layout), where the
+    default path's vary."""
+    default, default_calls = verification_figures(toy, spiffy_decoder(toy, strategy, mode, False, layout), prompts, monkeypatch)
+    static, static_calls = verification_figures(toy, spiffy_decoder(toy, strategy, mode, True, layout), prompts, monkeypatch)
+    assert static == default, (strategy, layout, mode)
+    assert default[5] > 0 and static_calls  # drafts were accepted; verifications ran
+    most = 1 if layout == "rows" else 2
+    assert all(len(shapes) <= most for shapes in shapes_per_batch(static_calls).values())
+    if layout == "rows":  # the default path's layouts change their row count
+        assert any(len(shapes) > 1 for shapes in shapes_per_batch(default_calls).values())
+
+
+def pad_in_front(layout, rows):
+    """Broken :func:`dloom.speculation.pad_layout`: the padding rows first, so that a call's
+    first outputs (read as the real rows') are the padding's."""
+    extra = rows - layout.input_ids.shape[0]
+    if extra <= 0:
+        return layout
+
+    def padded(field):
+        return torch.cat([field[:1].expand(extra, *field.shape[1:]), field])
+
+    return dataclasses.replace(
+        layout, input_ids=padded(layout.input_ids), source=padded(layout.source),
+        segment=padded(layout.segment), span_position=padded(layout.span_position),
+    )
+
+
+def unmasked_padding(packed_layout):
+    """Broken :func:`dloom.speculation.packed_layout`: with static slots, the padding spans
+    carry node 1's segment, so that node 1's span attends to them (and they to it)."""
+
+    def broken(spans, evaluated, slots=None):
+        layout = packed_layout(spans, evaluated, slots)
+        if slots is None:
+            return layout
+        return dataclasses.replace(layout, segment=torch.where(layout.segment < 0, 1, layout.segment))
+
+    return broken
+
+
+@pytest.mark.parametrize(
+    ("strategy", "layout", "mode", "target", "broken"),
+    [
+        ("spiffy+quota", "rows", "dual", "pad_layout", lambda original: pad_in_front),
+        ("spiffy+frechet", "packed", "dual", "packed_layout", unmasked_padding),
+    ],
+    ids=["padding-rows-read", "padding-spans-unmasked"],
+)
+def test_broken_static_padding_is_caught(toy, prompts, strategy, layout, mode, target, broken, monkeypatch):
+    """Negative controls of the identity test above: padding rows whose outputs are read as
+    real rows', and padding spans that a real span attends to, both change the decode."""
+    default, _ = verification_figures(toy, spiffy_decoder(toy, strategy, mode, False, layout), prompts, monkeypatch)
+    monkeypatch.setattr(dloom.speculation, target, broken(getattr(dloom.speculation, target)))
+    static, _ = verification_figures(toy, spiffy_decoder(toy, strategy, mode, True, layout), prompts, monkeypatch)
+    assert static != default
 
 
 def step_logits(toy, prompts, mode: str, static: bool) -> list[torch.Tensor]:
