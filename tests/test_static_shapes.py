@@ -264,7 +264,7 @@ def test_the_record_is_allocated_once_and_written_in_place(toy):
     assert len(pointers) == len(toy.model.model.layers)  # one buffer per layer, never moved
 
 
-def compiled_graphs(toy, prompts, mode: str, static: bool) -> int:
+def compiled_graphs(toy, prompts, mode: str, static: bool, strategy: str = "quota") -> int:
     """Graphs ``torch.compile`` builds for the model's forward over one decode (a backend
     that counts and runs each graph as traced: no C compiler needed)."""
     import torch._dynamo
@@ -280,10 +280,14 @@ def compiled_graphs(toy, prompts, mode: str, static: bool) -> int:
     toy.model.forward = functools.wraps(inner)(torch.compile(inner, backend=counting_backend, dynamic=False))
     try:
         with torch._dynamo.config.patch(recompile_limit=64):
-            DiffusionDecoder(toy, "quota", cache=mode, block_length=4, static_shapes=static).generate(prompts)
+            with warnings.catch_warnings():  # Spiffy: no built-in graph for blocks of 4
+                warnings.simplefilter("ignore")
+                decoder = DiffusionDecoder(toy, strategy, cache=mode, block_length=4, static_shapes=static)
+            result = decoder.generate(prompts)
     finally:
         del toy.model.forward
         torch._dynamo.reset()
+    assert result.verification_forwards > 1 or not strategy.startswith("spiffy")
     return len(graphs)
 
 
@@ -300,6 +304,27 @@ def test_torch_compile_captures_each_static_shape_once_and_the_default_path_does
     has static shapes at batch 1 already (one window shape), but not its record."""
     assert compiled_graphs(toy, LONG[:1], mode, True) == 2
     assert compiled_graphs(toy, LONG[:1], mode, False) == (1 + 7 if mode == "prefix" else 2)
+
+
+def test_torch_compile_captures_a_spiffy_decode_in_two_graphs_and_the_default_path_in_more(toy):
+    """Spiffy over quota, one prompt over seven blocks, no cache: 12 verifications of 3, 5
+    or 7 layout rows (when measured), with static shapes all padded to 8 (the default
+    graph's 7 drafts and the root), so one graph for the plain step at each block start and
+    one for every verification call; the default path compiles one per verification row
+    count it meets (4 graphs when measured: the negative control)."""
+    assert compiled_graphs(toy, LONG[:1], "none", True, "spiffy+quota") == 2
+    assert compiled_graphs(toy, LONG[:1], "none", False, "spiffy+quota") > 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["prefix", "dual"])
+def test_torch_compile_captures_a_cached_spiffy_decode_in_two_graphs(toy, mode):
+    """With a cache: the full forward and the verification window on the static record
+    (two graphs); the default path compiles far more (38 with the dual cache and 134 with
+    the prefix one when measured: each verification's row count and each block's record
+    and window)."""
+    assert compiled_graphs(toy, LONG[:1], mode, True, "spiffy+quota") == 2
+    assert compiled_graphs(toy, LONG[:1], mode, False, "spiffy+quota") > 8
 
 
 def test_bad_static_shapes_value_is_refused(toy):
