@@ -142,6 +142,53 @@ def test_static_verification_decodes_the_default_tokens_nfe_drafts_and_calls(toy
         assert any(len(shapes) > 1 for shapes in shapes_per_batch(default_calls).values())
 
 
+def test_static_parts_have_one_row_count_and_put_every_rows_outputs_in_its_place():
+    """``static_rows``: every call holds exactly that many rows (the last one, or a layout
+    smaller than one call, padded), as many calls as without it, and row ``r`` of the result
+    is layout row ``r``'s (a forward that writes each row's own ids and source)."""
+    from dloom.errors import HookContractError
+    from dloom.speculation import evaluate_in_parts, rows_layout, static_call_rows
+
+    spans = torch.arange(3 * 4 * 2).reshape(3, 4, 2)
+    evaluated = torch.tensor([[1, 1, 1, 0], [1, 0, 1, 1], [1, 1, 0, 0]], dtype=torch.bool)
+    layout = dataclasses.replace(rows_layout(spans, evaluated), row_bound=3)  # 8 rows, at most 3 x 3
+    calls = []
+
+    def forward(tokens, part, first_window):
+        calls.append(part.input_ids.shape[0])
+        real = part.segment[:, :1] >= 0  # padding rows write -1: a result holding one is caught
+        return torch.where(real[..., None], torch.stack([part.input_ids, part.source[:, None].expand_as(part.input_ids)], -1), -1)
+
+    whole = forward(None, layout, 0)
+    for max_rows, rows, expected in [(3, 3, [3, 3, 3]), (8, 8, [8]), (20, 9, [9])]:
+        assert static_call_rows(layout, max_rows) == rows
+        calls.clear()
+        assert torch.equal(evaluate_in_parts(forward, None, layout, 0, max_rows, rows), whole)
+        assert calls == expected
+    with pytest.raises(HookContractError, match="has 8 rows for 3 batch rows, more than its row_bound of 2"):
+        static_call_rows(dataclasses.replace(layout, row_bound=2), 20)
+
+
+def test_a_static_packed_layout_has_its_slots_and_the_default_packed_flag():
+    """``slots``: every row ``slots`` spans wide, the extra spans segment ``-1``, the nodes
+    where they are without it; ``packed`` says whether a row holds two real spans (as
+    without slots); fewer slots than a row's nodes are refused."""
+    from dloom.errors import HookContractError
+    from dloom.speculation import packed_layout
+
+    spans = torch.arange(2 * 4 * 3).reshape(2, 4, 3)
+    evaluated = torch.tensor([[1, 0, 1, 0], [1, 0, 0, 0]], dtype=torch.bool)
+    default, static = packed_layout(spans, evaluated), packed_layout(spans, evaluated, 4)
+    assert static.input_ids.shape == (2, 12) and default.input_ids.shape == (2, 6)
+    assert torch.equal(static.input_ids[:, :6], default.input_ids)
+    assert torch.equal(static.segment[:, :6], default.segment) and (static.segment[:, 6:] == -1).all()
+    assert torch.equal(static.node_offsets, default.node_offsets) and static.packed == default.packed is True
+    roots = torch.tensor([[1, 0, 0, 0], [1, 0, 0, 0]], dtype=torch.bool)
+    assert packed_layout(spans, roots, 4).packed is False and packed_layout(spans, roots).packed is False
+    with pytest.raises(HookContractError, match="a row evaluates 2 nodes, more than the layout's 1 slots"):
+        packed_layout(spans, evaluated, 1)
+
+
 def pad_in_front(layout, rows):
     """Broken :func:`dloom.speculation.pad_layout`: the padding rows first, so that a call's
     first outputs (read as the real rows') are the padding's."""
