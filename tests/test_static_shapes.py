@@ -82,8 +82,8 @@ def spiffy_decoder(toy, strategy: str, mode: str, static: bool, layout: str = "r
 
 def verification_figures(toy, decoder: DiffusionDecoder, prompts, monkeypatch):
     """What a decode must keep under static shapes (tokens, NFE, steps, verifications,
-    accepted drafts, model calls, layout exactness), and the ``(B, input shape)`` of every
-    verification model call (``B`` the batch's rows at the time)."""
+    accepted drafts, model calls, layout exactness), and the ``(B, input shape, cache
+    layer class)`` of every verification model call (``B`` the batch's rows at the time)."""
     calls: list[tuple[int, tuple[int, ...]]] = []
     batch: list[int] = []
     evaluate = BlockForward.evaluate
@@ -97,7 +97,9 @@ def verification_figures(toy, decoder: DiffusionDecoder, prompts, monkeypatch):
 
     def record(_, args, kwargs):
         if batch:
-            calls.append((batch[-1], tuple(kwargs["input_ids"].shape)))
+            cache = kwargs.get("cache", kwargs.get("past_key_values"))
+            layer = None if cache is None else type(cache.layers[0]).__name__
+            calls.append((batch[-1], tuple(kwargs["input_ids"].shape), layer))
 
     with monkeypatch.context() as patch:
         patch.setattr(BlockForward, "evaluate", watched)
@@ -115,7 +117,7 @@ def verification_figures(toy, decoder: DiffusionDecoder, prompts, monkeypatch):
 
 def shapes_per_batch(calls) -> dict[int, set]:
     by_batch: dict[int, set] = {}
-    for rows, shape in calls:
+    for rows, shape, _ in calls:
         by_batch.setdefault(rows, set()).add(shape)
     return by_batch
 
@@ -140,6 +142,13 @@ def test_static_verification_decodes_the_default_tokens_nfe_drafts_and_calls(toy
     assert all(len(shapes) <= most for shapes in shapes_per_batch(static_calls).values())
     if layout == "rows":  # the default path's layouts change their row count
         assert any(len(shapes) > 1 for shapes in shapes_per_batch(default_calls).values())
+    # cached verification on the static record: rows write their windows into a copy of it,
+    # packed spans read it (they have no record column to write at)
+    expected = {"none": {None}, "prefix": {"StaticRecordLayer"}, "dual": {"StaticRecordLayer"}}[mode]
+    if layout == "packed" and mode != "none":
+        expected = {"RecordLayer", "StaticRecordLayer"}  # packed, and roots alone (rows)
+    assert {layer for _, _, layer in static_calls} <= expected
+    assert {layer for _, _, layer in default_calls} <= {None, "RecordLayer"}
 
 
 def test_static_parts_have_one_row_count_and_put_every_rows_outputs_in_its_place():
