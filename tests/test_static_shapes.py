@@ -151,6 +151,18 @@ def test_static_verification_decodes_the_default_tokens_nfe_drafts_and_calls(toy
     assert {layer for _, _, layer in default_calls} <= {None, "RecordLayer"}
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(("strategy", "layout"), SPIFFY_CASES)
+def test_static_verification_decodes_the_default_figures_one_prompt_at_a_time(toy, prompts, strategy, layout, mode, monkeypatch):
+    """As above, each prompt alone (a batch of one: one verification shape per decode)."""
+    for prompt in prompts:
+        default, _ = verification_figures(toy, spiffy_decoder(toy, strategy, mode, False, layout), [prompt], monkeypatch)
+        static, calls = verification_figures(toy, spiffy_decoder(toy, strategy, mode, True, layout), [prompt], monkeypatch)
+        assert static == default, (strategy, layout, mode, prompt)
+        assert len({shape for _, shape, _ in calls}) <= (1 if layout == "rows" else 2)
+
+
 def test_static_parts_have_one_row_count_and_put_every_rows_outputs_in_its_place():
     """``static_rows``: every call holds exactly that many rows (the last one, or a layout
     smaller than one call, padded), as many calls as without it, and row ``r`` of the result
