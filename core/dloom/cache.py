@@ -116,6 +116,19 @@ class BlockForward:
     cost: a prefix window stays ``S`` wide (it does not shrink as blocks advance), and full
     forwards compute ``S`` columns of logits instead of the active blocks'.
 
+    Verification forwards (:meth:`evaluate`) with static shapes: the decoder pads every
+    model call of a verification to one row count per batch
+    (:func:`dloom.speculation.static_call_rows`: copies of a real row, outputs dropped), and
+    a packed layout has one span count. A rows layout's cached windows run on the static
+    record as a cached step of some rows does: each layout row writes its window into its
+    own copy of its source row's record (:func:`static_view` with ``rows``; the record
+    itself is never written by a verification). A packed layout reads the record through
+    :func:`record_view` instead: its appended spans sit at the block's positions, which
+    the window already occupies, so they have no record column to be written at; the
+    record is still the preallocated buffer (its first ``L`` columns, as views), and the
+    keys a packed call attends to, the rows' record then the window and the spans, have
+    one shape for a fixed set of rows.
+
     :ivar start: ``(B,)`` long, each row's active block; :meth:`advance` moves rows on.
     :ivar window_start: ``(B,)`` long, first recomputed column of a cached forward (one
         before the block for a shifted model).
@@ -525,6 +538,10 @@ class BlockForward:
         :param first_window: the second entry of :meth:`plan`.
         :return: ``(R, S, V)``, the outputs at every layout column: the first ``K`` columns
             of a span are its block's logits.
+
+        With static shapes (``static_width``) a rows layout's windows read and write a copy
+        of the static record (:func:`static_view`) and a packed layout reads the record
+        (:func:`record_view`); see "Verification forwards" in the class docstring.
         """
         width = self.block_length + self.shift
         source = layout.source

@@ -27,6 +27,7 @@ each row's block columns and, with ``cache="prefix"`` or ``"dual"``, its keys an
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from typing import Any, Callable, Mapping, Sequence
@@ -47,7 +48,7 @@ from dloom.registry import Registry
 from dloom.running_batch import (  # noqa: F401 - re-exported: dloom.engine is where users find them
     BlockRecord, DecodeSession, FinishedRows, StepRecord, finished_rows, generated_lengths,
 )
-from dloom.speculation import KernelStep, NodeLogits, evaluate_in_parts, layout_is_exact
+from dloom.speculation import KernelStep, NodeLogits, evaluate_in_parts, layout_is_exact, static_call_rows
 from dloom.types import DecodeState
 
 Prompts = Sequence[str] | Sequence[Sequence[int]] | torch.Tensor
@@ -84,7 +85,9 @@ class DiffusionDecoder:
         graph) reuses one graph per shape. The same tokens and NFE as ``False`` on the toy
         zoo; logits agree up to floating-point rounding. Costs some compute (a prefix window
         stays as wide as the generated region; full forwards compute the whole region's
-        logits). Verification forwards of speculative strategies keep their own shapes.
+        logits). A speculative strategy's verification forwards are padded to one row count
+        per batch (:func:`dloom.speculation.static_call_rows`; padding rows whose outputs
+        are dropped) and, packed, to one span count per row, in the same model calls.
     :param draft_budget: the most drafts per row one verification forward may evaluate
         (speculative strategies; ``None``: the strategy's own budget).
     :param params: strategy parameters by name (``"tau"``) or by component (``"spiffy.budget"``).
@@ -290,7 +293,10 @@ class DiffusionDecoder:
         layout = hooks.build_mask(self.pm, state, graph)
         query = forward.query_width(first_window)
         call_rows = max(state.tokens.shape[0], layout.call_tokens // query)  # a rows layout has a row per draft
-        outputs = self._timed(evaluate_in_parts, forward.evaluate, state.tokens, layout, first_window, call_rows)
+        run = evaluate_in_parts
+        if self.static_shapes:  # every model call of the verification one shape
+            run = functools.partial(evaluate_in_parts, static_rows=static_call_rows(layout, call_rows))
+        outputs = self._timed(run, forward.evaluate, state.tokens, layout, first_window, call_rows)
         verdict = hooks.verify(self.pm, state, graph, NodeLogits(outputs, layout, self.block_length), kernel)
         return verdict, layout_is_exact(layout, self.cache, self.model.attention)
 

@@ -17,6 +17,7 @@ from typing import Callable
 import torch
 
 from dloom import hooks
+from dloom.errors import HookContractError
 from dloom.kernel import RowStreams, apply_commit, propose
 from dloom.types import BlockSchedule, DecodeState, DraftGraph, Verdict, VerificationLayout
 
@@ -218,6 +219,7 @@ class NodeLogits:
 def evaluate_in_parts(
     evaluate: Callable[[torch.Tensor, VerificationLayout, int], torch.Tensor],
     tokens: torch.Tensor, layout: VerificationLayout, first_window: int, max_rows: int,
+    static_rows: int | None = None,
 ) -> torch.Tensor:
     """One verification forward's outputs, evaluated in model calls of at most ``max_rows``
     layout rows each.
@@ -232,27 +234,85 @@ def evaluate_in_parts(
     step, one NFE for each decoding row, as in one call); ``result.model_calls`` counts the
     calls.
 
+    Static shapes (``static_rows``, :func:`static_call_rows`): every call holds exactly
+    ``static_rows`` layout rows, the last (or only) one filled up with padding rows
+    (:func:`pad_layout`) whose outputs are dropped. ``static_rows`` is ``max_rows`` or, when
+    every layout of the batch fits in fewer, that bound, so the calls are the same as
+    without it (as many, over the same real rows), each of one shape.
+
     :param evaluate: the forward over a layout (``BlockForward.evaluate``): ``(tokens,
         layout, first_window)`` to ``(R', S, V)``.
     :param tokens: ``(B, L)`` long, the batch's current state.
     :param layout: the verification layout, ``R`` rows.
     :param first_window: passed on to ``evaluate``.
     :param max_rows: the most layout rows of one model call (``>= 1``).
+    :param static_rows: ``None``, or the rows of every call (``R <= static_rows`` or
+        ``static_rows == max_rows``).
     :return: ``(R, S, V)``, row ``r`` the outputs of layout row ``r``.
     """
     count = layout.input_ids.shape[0]
-    if count <= max_rows:
-        return evaluate(tokens, layout, first_window)
+    size = max_rows if static_rows is None else static_rows
+    if count <= size:
+        if static_rows is None or count == size:
+            return evaluate(tokens, layout, first_window)
+        return evaluate(tokens, pad_layout(layout, size), first_window)[:count]
     out: torch.Tensor | None = None
-    for first in range(0, count, max_rows):
-        part = layout_part(layout, first, min(first + max_rows, count))
+    for first in range(0, count, size):
+        stop = min(first + size, count)
+        part = layout_part(layout, first, stop)
+        if static_rows is not None and stop - first < size:
+            part = pad_layout(part, size)
         outputs = evaluate(tokens, part, first_window)
+        if static_rows is not None:
+            outputs = outputs[: stop - first]  # the padding rows' outputs dropped
         if out is None:  # written in place: no second (R, S, V) copy from a concatenation
             out = outputs.new_empty(count, *outputs.shape[1:])
         out[first : first + outputs.shape[0]] = outputs
         del outputs
     assert out is not None
     return out
+
+
+def static_call_rows(layout: VerificationLayout, max_rows: int) -> int:
+    """The rows of every model call of a verification under static shapes: ``max_rows``, or
+    ``B * row_bound`` when that is fewer (``row_bound``: the layout's
+    :attr:`~dloom.types.VerificationLayout.row_bound`, else ``N + 1``). Every layout of a
+    batch of ``B`` rows fits in that bound, so a verification of that batch is evaluated in
+    calls of this one row count (:func:`evaluate_in_parts`), and in exactly the calls it
+    takes without static shapes.
+
+    :raises HookContractError: for a layout of more rows than its bound (a prune or layout
+        hook that evaluates more nodes per row than the layout states).
+    """
+    batch, nodes = layout.node_rows.shape
+    bound = batch * (layout.row_bound or nodes)
+    count = layout.input_ids.shape[0]
+    if count > bound:
+        raise HookContractError(
+            f"verification layout has {count} rows for {batch} batch rows, more than its "
+            f"row_bound of {layout.row_bound or nodes} per row; a layout must hold at most "
+            "row_bound rows per batch row"
+        )
+    return min(max_rows, bound)
+
+
+def pad_layout(layout: VerificationLayout, rows: int) -> VerificationLayout:
+    """``layout`` (``R`` rows, ``R <= rows``) followed by ``rows - R`` padding rows: copies of
+    its first row as a standalone sequence (layout rows never attend to one another, so a
+    padding row changes no real row's outputs), ``segment`` ``-1``. ``node_rows`` and
+    ``node_offsets`` are unchanged: no node is read from a padding row."""
+    extra = rows - layout.input_ids.shape[0]
+    if extra <= 0:
+        return layout
+
+    def padded(field: torch.Tensor) -> torch.Tensor:
+        return torch.cat([field, field[:1].expand(extra, *field.shape[1:])])
+
+    return dataclasses.replace(
+        layout, input_ids=padded(layout.input_ids), source=padded(layout.source),
+        segment=torch.cat([layout.segment, layout.segment.new_full((extra, layout.segment.shape[1]), -1)]),
+        span_position=padded(layout.span_position),
+    )
 
 
 def layout_part(layout: VerificationLayout, first: int, stop: int) -> VerificationLayout:
@@ -274,13 +334,20 @@ def layout_is_exact(layout: VerificationLayout, cache: str, attention: str) -> b
     return not layout.packed or cache == "dual" or attention == "block-causal"
 
 
-def layout_drafts(state: DecodeState, graph: DraftGraph, packed: bool = False) -> VerificationLayout:
+def layout_drafts(
+    state: DecodeState, graph: DraftGraph, packed: bool = False, nodes: int | None = None
+) -> VerificationLayout:
     """The layout of the root and every valid draft: one batch row each
     (:func:`rows_layout`, exact everywhere) or packed per row (:func:`packed_layout`).
 
     A span covers ``[state.span_start, block_end)``: for a shifted model the column before
     the block leads every node's tokens. The root is always evaluated (it carries the
     row's context), even for a finished row.
+
+    :param nodes: ``None``, or for static shapes the most nodes one row evaluates (the root
+        included; the strategy's budget + 1): a packed layout then always has ``nodes``
+        spans per row, and either layout states its
+        :attr:`~dloom.types.VerificationLayout.row_bound` (``nodes`` rows, or 1 packed).
     """
     lead = state.span[:, : state.span.shape[1] - graph.tokens.shape[2]]  # (B, shift)
     spans = torch.cat(
@@ -288,7 +355,11 @@ def layout_drafts(state: DecodeState, graph: DraftGraph, packed: bool = False) -
     )  # (B, N + 1, W)
     evaluated = graph.valid.clone()
     evaluated[:, 0] = True
-    return packed_layout(spans, evaluated) if packed else rows_layout(spans, evaluated)
+    if nodes is None:
+        return packed_layout(spans, evaluated) if packed else rows_layout(spans, evaluated)
+    if packed:
+        return dataclasses.replace(packed_layout(spans, evaluated, nodes), row_bound=1)
+    return dataclasses.replace(rows_layout(spans, evaluated), row_bound=nodes)
 
 
 def rows_layout(spans: torch.Tensor, evaluated: torch.Tensor) -> VerificationLayout:
@@ -308,12 +379,20 @@ def rows_layout(spans: torch.Tensor, evaluated: torch.Tensor) -> VerificationLay
     )
 
 
-def packed_layout(spans: torch.Tensor, evaluated: torch.Tensor) -> VerificationLayout:
+def packed_layout(spans: torch.Tensor, evaluated: torch.Tensor, slots: int | None = None) -> VerificationLayout:
     """One layout row per batch row: the root's span, then the row's evaluated drafts, then
-    padding up to the longest row: ``R = B``, ``S = W * max evaluated``."""
+    padding up to the longest row: ``R = B``, ``S = W * max evaluated``; or with ``slots``
+    (static shapes, ``>=`` every row's evaluated nodes) up to ``slots`` spans,
+    ``S = W * slots``. Padding spans have segment ``-1``: no real column attends to them."""
     batch, nodes, width = spans.shape
     device = spans.device
-    slots = int(evaluated.sum(-1).max())
+    most = int(evaluated.sum(-1).max())
+    if slots is None:
+        slots = most
+    elif most > slots:
+        raise HookContractError(
+            f"a row evaluates {most} nodes, more than the layout's {slots} slots per row"
+        )
     order = torch.argsort((~evaluated).long(), dim=-1, stable=True)[:, :slots]  # node per slot
     filled = torch.gather(evaluated, 1, order)  # (B, slots)
     slot_of = torch.zeros(batch, nodes, dtype=torch.long, device=device)
@@ -328,5 +407,5 @@ def packed_layout(spans: torch.Tensor, evaluated: torch.Tensor) -> VerificationL
         span_position=torch.arange(width, device=device).repeat(slots).expand(batch, -1),
         node_rows=torch.where(evaluated, rows[:, None], -1),
         node_offsets=torch.where(evaluated, slot_of * width, 0),
-        packed=slots > 1,
+        packed=most > 1,
     )

@@ -178,6 +178,12 @@ class VerificationLayout:
         sequence without a cache, the window with one); ``0``: ``B`` rows, so that a
         verification holds no more rows at once than a plain step
         (:func:`dloom.speculation.evaluate_in_parts`).
+    :ivar row_bound: the most layout rows per batch row that any layout of this verification
+        kind holds, stated for static shapes (:func:`dloom.speculation.layout_drafts` with
+        ``nodes``: the nodes one row may evaluate for a rows layout, 1 for a packed one);
+        ``0``: not stated, then ``N + 1``. With ``static_shapes`` the decoder pads every model
+        call of a verification to the same row count, at most ``B * row_bound``
+        (:func:`dloom.speculation.static_call_rows`).
     """
 
     input_ids: torch.Tensor
@@ -188,6 +194,7 @@ class VerificationLayout:
     node_offsets: torch.Tensor
     packed: bool
     call_tokens: int = 0
+    row_bound: int = 0
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,10 @@
   exact for every model and cache mode; the decoder evaluates them in model calls of the
   batch's row count, or of ``call_tokens`` query tokens if more) or packed into one sequence per row behind a block
   attention mask (``"packed"``: exact with the dual cache or a block-causal model,
-  near-lossless elsewhere; the decoder reports which in ``result.speculation``).
+  near-lossless elsewhere; the decoder reports which in ``result.speculation``). With the
+  decoder's ``static_shapes`` every layout states the most rows it may hold per batch row
+  (``budget + 1`` nodes, or one packed row of ``budget + 1`` spans), so that every
+  verification model call of a batch has one shape.
 * ``dloom_verify`` follows the graph with the decoder's kernel
   (:func:`dloom.speculation.follow_graph`): lossless whenever the layout is exact.
 """
@@ -70,6 +73,7 @@ class Spiffy:
         self._templates: dict[torch.device, GraphTemplate] = {}
         self._longest = 0  # the graph's longest path from the root
         self._order: list[int] = []  # nodes deepest first (children before parents)
+        self._static_nodes: int | None = None  # with static shapes, the root and the kept drafts
 
     # --- setup -------------------------------------------------------------------------
 
@@ -112,6 +116,10 @@ class Spiffy:
             )
         self.graph = graph
         self._templates.clear()
+        # static shapes: every verification is laid out for the most nodes a row may evaluate
+        budget = config.get("draft_budget")
+        keep = self.budget if budget is None else min(self.budget, budget)
+        self._static_nodes = min(keep, len(graph.nodes)) + 1 if config.get("static_shapes") else None
 
     def _template(self, device: torch.device) -> GraphTemplate:
         if self.graph is None:
@@ -187,7 +195,7 @@ class Spiffy:
 
     @hookimpl
     def dloom_build_mask(self, state: DecodeState, graph: DraftGraph) -> VerificationLayout:
-        layout = layout_drafts(state, graph, packed=self.layout == "packed")
+        layout = layout_drafts(state, graph, packed=self.layout == "packed", nodes=self._static_nodes)
         return dataclasses.replace(layout, call_tokens=self.call_tokens)
 
     @hookimpl
