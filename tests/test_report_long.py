@@ -380,9 +380,6 @@ def test_a_stopped_report_resumes_with_what_it_had_measured(report_module, tmp_p
     changed = sum(path.read_bytes() != before[path] for path in graphs)
     assert calls.count("calibration") == 1 and calls.count("row") == changed
 
-    patch()
-    report_module.main(args)  # without --resume the store starts afresh
-    assert calls.count("row") == rows and json.loads(out.read_text())["reused"] == []
 
 
 def test_a_stored_measurement_is_keyed_by_its_run_its_settings_and_the_files_they_name(report_module, tmp_path):
