@@ -334,6 +334,7 @@ def options(args: argparse.Namespace, defaults: Settings) -> list[str]:
         ("--calibration-paths", args.calibration_paths, defaults.calibration_paths),
         ("--calibration-sizes", args.calibration_sizes, ",".join(map(str, defaults.calibration_sizes))),
         ("--calibration-min-prompts", args.calibration_min_prompts, defaults.calibration_min_prompts),
+        ("--spiffy-budget", args.spiffy_budget, defaults.spiffy_budget),
         ("--target", args.target, None), ("--assistant", args.assistant, None),
         ("--device", args.device, defaults.device), ("--workers", args.workers, defaults.workers),
     ):
@@ -364,6 +365,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="full matrix: smaller calibration sizes (paths) Spiffy is also measured at")
     parser.add_argument("--calibration-min-prompts", type=int, default=defaults.calibration_min_prompts,
                         help="full matrix: fewest training prompts of each main draft graph")
+    parser.add_argument("--spiffy-budget", type=int, default=defaults.spiffy_budget,
+                        help="full matrix: nodes of each calibrated draft graph (Spiffy's drafts per verification)")
     parser.add_argument("--graphs", type=Path, default=defaults.graphs, help="where calibrated graphs are written")
     parser.add_argument("--target", default=None, help="AR target for FailFast (this dLLM drafts)")
     parser.add_argument("--assistant", default=None, help="small AR assistant for assisted generation")
@@ -421,6 +424,8 @@ def parse_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
     if any(not 1 <= size <= args.calibration_paths for size in sizes):
         parser.error(f"--calibration-sizes {args.calibration_sizes!r}: each in 1 .. --calibration-paths "
                      f"({args.calibration_paths})")
+    if args.spiffy_budget < 1:
+        parser.error(f"--spiffy-budget {args.spiffy_budget}: allowed: 1 or more nodes")
     if args.workers < 1:
         parser.error(f"--workers {args.workers}: allowed: 1 or more processes")
     if args.assistant is not None and args.target is None:
@@ -428,6 +433,7 @@ def parse_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
     return Settings(
         tasks=args.tasks, matrix=args.matrix, deltas=deltas, caches=caches, calibration_paths=args.calibration_paths,
         calibration_sizes=sizes, calibration_min_prompts=args.calibration_min_prompts, graphs=args.graphs,
+        spiffy_budget=args.spiffy_budget,
         target=args.target, assistant=args.assistant, device=args.device,
         store=args.out.with_suffix(STORE_SUFFIX), resume=args.resume, workers=args.workers,
     )

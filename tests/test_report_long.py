@@ -179,6 +179,8 @@ def test_calibration_sees_training_prompts_only(report_module, tiny, monkeypatch
     (["--caches", "dual,none"], "'none' first"),
     (["--calibration-paths", "100", "--calibration-sizes", "25,250"], "each in 1 .. --calibration-paths"),
     (["--assistant", "toy-ar-small"], "--assistant needs --target"),
+    (["--spiffy-budget", "0"], "--spiffy-budget 0: allowed: 1 or more"),
+    (["--workers", "0"], "--workers 0: allowed: 1 or more"),
     (["--matrix", "full", "--configs", "threshold"], "headline matrix"),
 ])
 def test_bad_options_are_refused_before_any_work(report_module, capsys, argv, message):
@@ -301,6 +303,7 @@ def test_the_full_matrix_and_failfast_on_the_toy_zoo(report_module, targets, tmp
         "--calibration-sizes", "5", "--calibration-min-prompts", "1", "--target", "toy-ar",
         "--assistant", "toy-ar-small", "--out", str(tmp_path / "report.json"), "--docs", str(tmp_path / "docs"),
         "--readme", str(tmp_path / "README.md"), "--graphs", str(tmp_path / "graphs"), "--workers", "2",
+        "--spiffy-budget", "4",
     ])
     report = json.loads((tmp_path / "report.json").read_text())
     measure = importlib.import_module("report_measure")  # a worker's row is the one made here
@@ -311,7 +314,8 @@ def test_the_full_matrix_and_failfast_on_the_toy_zoo(report_module, targets, tmp
     assert (report["tasks"], report["matrix"]) == ("all", "full")
     assert [r["name"] for r in report["rows"]] == ["quota", "threshold", "factor", "frechet-0", *SPIFFY]
     assert all(r["identical_to_commit_rule"] == 1.0 for r in report["rows"] if r["speculation"])
-    assert all(g["paths"] >= 20 for g in report["calibration"]["graphs"].values())
+    assert all(g["paths"] >= 20 and g["nodes"] == 4 for g in report["calibration"]["graphs"].values())
+    assert report["calibration"]["budget"] == 4 and "--spiffy-budget 4" in report["command"]
     ar, failfast = report["failfast"]["methods"]["ar"], report["failfast"]["methods"]["failfast"]
     assert ar["target_forwards"] == ar["generated_tokens"] + 2 and failfast["identical_to_ar"] == 1.0
     assert report["targets"] == targets.checklist(report)
