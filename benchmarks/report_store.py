@@ -138,11 +138,3 @@ class MeasurementStore:
                 handle.flush()
                 os.fsync(handle.fileno())
         return value
-
-    def get(self, kind: str, name: str, settings: dict[str, Any], compute: Callable[[], Any],
-            valid: Callable[[Any], bool] | None = None) -> Any:
-        """The stored value of ``(kind, settings)`` if this run resumes one that measured it
-        (and ``valid(value)``), else ``compute()``, stored before it is returned."""
-        key = self.key(kind, settings)
-        found, value = self.lookup(key, name, valid)
-        return value if found else self.put(key, name, compute())

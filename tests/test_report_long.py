@@ -388,19 +388,25 @@ def test_a_stopped_report_resumes_with_what_it_had_measured(report_module, tmp_p
 
 def test_a_stored_measurement_is_keyed_by_its_run_its_settings_and_the_files_they_name(report_module, tmp_path):
     store_module = importlib.import_module("report_store")
+
+    def get(store, kind, name, settings, compute, valid=None):  # as report_jobs.Runner reads and keeps
+        key = store.key(kind, settings)
+        found, value = store.lookup(key, name, valid)
+        return value if found else store.put(key, name, compute())
+
     path, graph = tmp_path / "m.jsonl", tmp_path / "graph.json"
     graph.write_text("one")
     reopen = lambda identity={"weights": "w"}: store_module.MeasurementStore(path, identity, resume=True)
     first = store_module.MeasurementStore(path, {"weights": "w"})
-    assert first.get("row", "r", {"graph": str(graph)}, lambda: 1) == 1
-    assert reopen().get("row", "r", {"graph": str(graph)}, lambda: 2) == 1  # reused
-    assert reopen({"weights": "other"}).get("row", "r", {"graph": str(graph)}, lambda: 3) == 3
-    assert reopen().get("row", "r", {"graph": str(graph), "tau": 0.5}, lambda: 4) == 4
+    assert get(first, "row", "r", {"graph": str(graph)}, lambda: 1) == 1
+    assert get(reopen(), "row", "r", {"graph": str(graph)}, lambda: 2) == 1  # reused
+    assert get(reopen({"weights": "other"}), "row", "r", {"graph": str(graph)}, lambda: 3) == 3
+    assert get(reopen(), "row", "r", {"graph": str(graph), "tau": 0.5}, lambda: 4) == 4
     graph.write_text("two")  # the same name, other contents
-    assert reopen().get("row", "r", {"graph": str(graph)}, lambda: 5) == 5
+    assert get(reopen(), "row", "r", {"graph": str(graph)}, lambda: 5) == 5
     with path.open("a") as handle:
         handle.write('{"key": "cut sh')  # a line the interrupt cut short
-    assert reopen().get("row", "r", {"graph": str(graph)}, lambda: 6) == 5
-    assert reopen().get("row", "r", {"graph": str(graph)}, lambda: 7, valid=lambda value: value != 5) == 7
-    assert reopen().get("row", "r", {"graph": str(graph)}, lambda: 9) == 7  # kept after the cut line
-    assert store_module.MeasurementStore(path, {"weights": "w"}).get("row", "r", {"graph": str(graph)}, lambda: 8) == 8
+    assert get(reopen(), "row", "r", {"graph": str(graph)}, lambda: 6) == 5
+    assert get(reopen(), "row", "r", {"graph": str(graph)}, lambda: 7, valid=lambda value: value != 5) == 7
+    assert get(reopen(), "row", "r", {"graph": str(graph)}, lambda: 9) == 7  # kept after the cut line
+    assert get(store_module.MeasurementStore(path, {"weights": "w"}), "row", "r", {"graph": str(graph)}, lambda: 8) == 8

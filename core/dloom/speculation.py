@@ -252,19 +252,18 @@ def evaluate_in_parts(
     """
     count = layout.input_ids.shape[0]
     size = max_rows if static_rows is None else static_rows
+
+    def call(part: VerificationLayout, rows: int) -> torch.Tensor:
+        if static_rows is None or rows == size:
+            return evaluate(tokens, part, first_window)
+        return evaluate(tokens, pad_layout(part, size), first_window)[:rows]  # padding rows' outputs dropped
+
     if count <= size:
-        if static_rows is None or count == size:
-            return evaluate(tokens, layout, first_window)
-        return evaluate(tokens, pad_layout(layout, size), first_window)[:count]
+        return call(layout, count)
     out: torch.Tensor | None = None
     for first in range(0, count, size):
         stop = min(first + size, count)
-        part = layout_part(layout, first, stop)
-        if static_rows is not None and stop - first < size:
-            part = pad_layout(part, size)
-        outputs = evaluate(tokens, part, first_window)
-        if static_rows is not None:
-            outputs = outputs[: stop - first]  # the padding rows' outputs dropped
+        outputs = call(layout_part(layout, first, stop), stop - first)
         if out is None:  # written in place: no second (R, S, V) copy from a concatenation
             out = outputs.new_empty(count, *outputs.shape[1:])
         out[first : first + outputs.shape[0]] = outputs
