@@ -77,6 +77,35 @@ def test_t_max_caps_the_mask_ratio():
     assert _masked_fraction(0.3) == pytest.approx(0.16, abs=0.03)
 
 
+def test_block_masks_keep_earlier_blocks_clean_mask_later_ones_and_score_one_block(monkeypatch):
+    from dloom.zoo import train
+
+    scored = []
+    cross_entropy = torch.nn.functional.cross_entropy
+    monkeypatch.setattr(train.F, "cross_entropy", lambda *a, **k: scored.append(len(a[1])) or cross_entropy(*a, **k))
+    model = _Recording()
+    batch = [Example("copy", f"copy {i:02d}", "abcdefgh" * 3) for i in range(64)]
+    dllm_loss(model, batch, 0, torch.Generator().manual_seed(0), 1.0, 1.0, GEN_LENGTH, 8)
+    masked = (model.input_ids[:, -GEN_LENGTH:] == tok.MASK_ID).view(64, 4, 8)
+    per_block = masked.sum(-1)
+    current = (per_block > 0).int().argmax(-1)  # the drawn block: the first with a mask (it has one)
+    blocks = torch.arange(4)[None, :]
+    assert (per_block[blocks < current[:, None]] == 0).all()  # earlier blocks: clean
+    assert (per_block[blocks > current[:, None]] == 8).all()  # later blocks: all masked
+    assert scored == [int(per_block.gather(1, current[:, None]).sum())]  # the loss: the drawn block only
+    assert set(current.tolist()) == {0, 1, 2, 3}  # every block is drawn
+    partly = per_block.gather(1, current[:, None])[:, 0]
+    assert 1 < partly.float().mean() < 7  # masked with probability t over [0.02, 1]
+
+
+def test_masks_are_refused_for_a_causal_model(capsys):
+    from dloom.zoo.train import main
+
+    with pytest.raises(SystemExit):
+        main(["--model", "toy-ar", "--masks", "block", "--steps", "1"])
+    assert "--masks orders a dLLM's training masks: use it with --model toy-dllm or long-dllm" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("bad", ["0", "0.01", "1.5"])
 def test_t_max_outside_its_range_is_refused(bad, capsys):
     from dloom.zoo.train import main
@@ -341,8 +370,13 @@ def test_the_long_dllm_stage_starts_from_its_causal_stage(monkeypatch, tmp_path)
     monkeypatch.setitem(train.SPECS, "long-dllm", dataclasses.replace(tiny_ar, kind="dllm"))
     common = ["--out", str(tmp_path), "--threads", "1", "--eval-n", "4", "--steps", "2"]
     train.main(["--model", "long-dllm-ar", *common])
-    train.main(["--model", "long-dllm", "--init-from", str(tmp_path / "long-dllm-ar"), "--seed", "1", *common])
+    blocks = []
+    loss = train.dllm_loss
+    monkeypatch.setattr(train, "dllm_loss", lambda *args: blocks.append(args[-1]) or loss(*args))
+    train.main(["--model", "long-dllm", "--init-from", str(tmp_path / "long-dllm-ar"), "--seed", "1",
+                "--masks", "block", *common])
     record = json.loads((tmp_path / "long-dllm" / "eval.json").read_text())
+    assert record["masks"] == "block" and blocks == [32, 32]  # block-order masks, blocks of the workload's 32
     assert [run["model"] for run in record["history"]] == ["long-dllm-ar"]
     assert set(record["per_family"]) == {"chain", "word", "tale", "prog"} and record["n"] == 4
     config = json.loads((tmp_path / "long-dllm" / "config.json").read_text())

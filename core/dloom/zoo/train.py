@@ -240,6 +240,8 @@ LONG_BATCH = 32  # 4x the positions per example: 32 rows of ~184 positions, ~1.5
 WARMUP = 100
 MIN_LR_FRACTION = 0.05
 T_MIN = 0.02
+MASK_ORDERS = ("uniform", "block")
+"""The training mask orders of a dLLM (:func:`dllm_loss`'s ``block_length`` None or set)."""
 MAX_EXTRA_PAD = 4
 
 
@@ -416,12 +418,21 @@ def dllm_loss(
     pad_weight: float = 1.0,
     t_max: float = 1.0,
     gen_length: int = GEN_LENGTH,
+    block_length: int | None = None,
 ) -> torch.Tensor:
     """Masked-diffusion cross-entropy over the masked positions of a ``gen_length`` region.
 
     The mask ratio ``t`` of each row is stratified over ``[T_MIN, t_max]``.  ``t_max < 1``
     trains on lightly masked answers only, where most of an answer's context is visible
     (for ``lookup``: a value's key is usually already written next to it).
+
+    ``block_length`` ``None`` (LLaDA's masks): every position of the region is masked with
+    probability ``t``, and the loss covers all masked positions.  ``block_length`` ``K``
+    (block-order masks, the states a semi-autoregressive decoder meets): each row draws one
+    of the region's ``gen_length // K`` blocks uniformly; the blocks before it are clean, its
+    positions are masked with probability ``t``, every position after it is masked, and the
+    loss covers the drawn block's masked positions only (a decoder never reads its
+    predictions for a later block).
 
     ``pad_weight`` scales the loss of the ``<eos>`` padding after each answer's first
     ``<eos>`` (1.0: LLaDA's plain mean over every masked position).  A lower weight leaves
@@ -432,10 +443,19 @@ def dllm_loss(
     target = answer_region([e.answer for e in batch], gen_length)
     b = len(batch)
     t = T_MIN + (t_max - T_MIN) * (torch.arange(b) + torch.rand(b, generator=gen)) / b
-    masked = torch.rand(b, gen_length, generator=gen) < t[:, None]
-    none = ~masked.any(-1)
-    masked[none, torch.randint(gen_length, (int(none.sum()),), generator=gen)] = True
-    noisy = torch.where(masked, torch.full_like(target, tok.MASK_ID), target)
+    drawn = torch.rand(b, gen_length, generator=gen) < t[:, None]
+    if block_length is None:
+        masked, later = drawn, torch.zeros(b, gen_length, dtype=torch.bool)
+        none = ~masked.any(-1)
+        masked[none, torch.randint(gen_length, (int(none.sum()),), generator=gen)] = True
+    else:
+        block_of = torch.arange(gen_length) // block_length
+        current = torch.randint(gen_length // block_length, (b, 1), generator=gen)
+        masked, later = drawn & (block_of[None, :] == current), block_of[None, :] > current
+        none = ~masked.any(-1)  # at least one scored position: one of the drawn block's
+        offset = torch.randint(block_length, (int(none.sum()),), generator=gen)
+        masked[none, current[none, 0] * block_length + offset] = True
+    noisy = torch.where(masked | later, torch.full_like(target, tok.MASK_ID), target)
     input_ids = torch.cat([prompt_ids, noisy], dim=1)
     attention_mask = torch.cat([prompt_mask, torch.ones_like(noisy)], dim=1)
     output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask))
@@ -618,7 +638,7 @@ def unfinished_run(directory: Path) -> dict | None:
 
 
 _HISTORY_KEYS = (
-    "seed", "peak_lr", "steps", "batch", "train_weights", "pad_weight", "t_max", "init_from", "train_seconds",
+    "seed", "peak_lr", "steps", "batch", "train_weights", "pad_weight", "t_max", "masks", "init_from", "train_seconds",
     "final_loss_avg", "overall", "per_family",
 )
 
@@ -637,6 +657,7 @@ def train_one(
     t_max: float = 1.0,
     init_from: Path | None = None,
     checkpoint_minutes: float = CHECKPOINT_MINUTES,
+    masks: str | None = None,
 ) -> dict:
     """Train (or, with ``resume``, continue training) one model, save it, evaluate it.
 
@@ -653,7 +674,10 @@ def train_one(
     weights with a fresh optimizer and schedule (warm-up and cosine again, peak ``lr``); use
     another ``seed`` so it sees new data.  ``eval.json`` lists the earlier runs under
     ``history``.  ``weights`` overrides the training mix (the workload's ``mix``) family by
-    family; ``pad_weight`` and ``t_max`` are :func:`dllm_loss`'s.  ``init_from`` (a dLLM
+    family; ``pad_weight`` and ``t_max`` are :func:`dllm_loss`'s.  ``masks`` is its mask
+    order: ``"uniform"`` (the default of a new run) or ``"block"`` (blocks of the workload's
+    ``block_length``); given on resuming an unfinished run, it replaces the run's from the
+    current step on (the record keeps the last one).  ``init_from`` (a dLLM
     only) starts instead from a causal checkpoint of the same architecture made
     bidirectional (:func:`dllm_from_ar`); its runs head the history.
     """
@@ -665,6 +689,7 @@ def train_one(
         seed, pad_weight, t_max = run["seed"], run["pad_weight"], run["t_max"]
         init_from = None if run["init_from"] is None else Path(run["init_from"])
         mix = {**run["train_weights"], **(weights or {})}
+        masks = masks or run.get("masks", "uniform")
         peak = lr if lr is not None else run["peak_lr"]
         if minutes is None and steps is None:
             minutes = None if run["budget_seconds"] is None else run["budget_seconds"] / 60
@@ -673,6 +698,7 @@ def train_one(
         curves = {"loss_curve": run["loss_curve"], "monitor_curve": run["monitor_curve"]}
     else:
         mix = {**workload.mix, **(weights or {})}
+        masks = masks or "uniform"
         from_checkpoint = resume or init_from is not None
         peak = lr if lr is not None else spec.lr / 2 if from_checkpoint else spec.lr
         start_step, elapsed_before, history = 0, 0.0, []
@@ -703,7 +729,7 @@ def train_one(
         return {
             "model": name, "kind": spec.kind, "workload": workload.name, "params": n_params(model), "seed": seed,
             "peak_lr": peak, "steps": step, "batch": workload.batch, "train_weights": mix,
-            "pad_weight": pad_weight, "t_max": t_max, "init_from": None if init_from is None else str(init_from),
+            "pad_weight": pad_weight, "t_max": t_max, "masks": masks, "init_from": None if init_from is None else str(init_from),
             "train_seconds": round(elapsed, 1), "budget_seconds": budget, "total_steps": total,
             "final_loss_avg": running, "finished": finished, **curves, "history": history,
         }
@@ -722,7 +748,8 @@ def train_one(
             group["lr"] = _lr(step, progress, peak, start_step)
         batch, extra_pad = next(batches)
         if spec.kind == "dllm":
-            loss = dllm_loss(model, batch, extra_pad, gen, pad_weight, t_max, workload.gen_length)
+            blocks = workload.block_length if masks == "block" else None
+            loss = dllm_loss(model, batch, extra_pad, gen, pad_weight, t_max, workload.gen_length, blocks)
         else:
             loss = ar_loss(model, batch, extra_pad)
         opt.zero_grad(set_to_none=True)
@@ -874,6 +901,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="toy-dllm: loss weight of the <eos> padding after an answer's first <eos>")
     parser.add_argument("--t-max", type=float, default=1.0,
                         help="toy-dllm: highest mask ratio t drawn in training (t is stratified over [0.02, T_MAX])")
+    parser.add_argument("--masks", choices=MASK_ORDERS, default=None,
+                        help="dLLMs: 'uniform' masks every answer position with probability t (the default "
+                        "of a new run); 'block' trains on the states of block-by-block decoding (earlier blocks "
+                        "clean, one block masked with probability t, later ones masked; loss on that block). "
+                        "On --resume of an unfinished run it replaces the run's masks from then on")
     parser.add_argument("--init-from", type=Path, default=None, metavar="DIR",
                         help="a new dLLM (toy-dllm, long-dllm): start from this causal checkpoint of its "
                         "architecture (made by --model toy-dllm-ar / long-dllm-ar), turned bidirectional "
@@ -902,6 +934,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     dllms = [name for name, spec in SPECS.items() if spec.kind == "dllm"]
     if args.init_from is not None and (args.model not in dllms or args.resume):
         parser.error(f"--init-from starts a new dLLM: use it with --model {' or '.join(dllms)} and without --resume")
+    if args.masks is not None and args.model not in dllms:
+        parser.error(f"--masks orders a dLLM's training masks: use it with --model {' or '.join(dllms)}")
     if args.init_from is not None and not args.init_from.is_dir():
         parser.error(f"--init-from {args.init_from}: no such checkpoint directory")
     torch.set_num_threads(args.threads)
@@ -929,7 +963,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(f"[{name}] note: trained from scratch (no --init-from); such runs never learnt "
                   "'lookup' here (see this module's docstring)", flush=True)
         train_one(name, minutes, args.steps, seed, out, args.eval_n, args.resume, args.lr, args.weights,
-                  args.pad_weight, args.t_max, init_from, args.checkpoint_minutes)
+                  args.pad_weight, args.t_max, init_from, args.checkpoint_minutes, args.masks)
 
 
 if __name__ == "__main__":
