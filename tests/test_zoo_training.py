@@ -98,12 +98,36 @@ def test_block_masks_keep_earlier_blocks_clean_mask_later_ones_and_score_one_blo
     assert 1 < partly.float().mean() < 7  # masked with probability t over [0.02, 1]
 
 
-def test_masks_are_refused_for_a_causal_model(capsys):
+def test_prefix_rows_mask_their_block_from_a_cut_to_its_end():
+    model = _Recording()
+    batch = [Example("copy", f"copy {i:02d}", "abcdefgh" * 3) for i in range(64)]
+    dllm_loss(model, batch, 0, torch.Generator().manual_seed(0), 1.0, 1.0, GEN_LENGTH, 8, 1.0)
+    masked = (model.input_ids[:, -GEN_LENGTH:] == tok.MASK_ID).view(64, 4, 8)
+    current = (masked.sum(-1) > 0).int().argmax(-1)
+    block = masked[torch.arange(64), current].int()  # (64, 8): the drawn block of each row
+    cut = 8 - block.sum(-1)
+    assert torch.equal(block, (torch.arange(8)[None, :] >= cut[:, None]).int())  # a suffix, from the cut on
+    assert len(set(cut.tolist())) > 4  # the cut varies
+
+
+def test_prefix_share_without_block_masks_is_refused(tmp_path):
+    from dloom.zoo.train import train_one
+
+    with pytest.raises(ValueError, match="prefix_share 0.5 needs block masks, the run's are 'uniform'"):
+        train_one("toy-dllm", None, 1, 0, tmp_path, 4, masks="uniform", prefix_share=0.5)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--model", "toy-ar", "--masks", "block"], "--masks orders a dLLM's training masks"),
+    (["--model", "toy-ar", "--prefix-share", "0.5"], "--prefix-share orders a dLLM's training masks"),
+    (["--model", "toy-dllm", "--prefix-share", "1.5"], "--prefix-share must be in [0, 1], got 1.5"),
+])
+def test_bad_mask_options_are_refused_before_training(argv, message, capsys):
     from dloom.zoo.train import main
 
     with pytest.raises(SystemExit):
-        main(["--model", "toy-ar", "--masks", "block", "--steps", "1"])
-    assert "--masks orders a dLLM's training masks: use it with --model toy-dllm or long-dllm" in capsys.readouterr().err
+        main([*argv, "--steps", "1"])
+    assert message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("bad", ["0", "0.01", "1.5"])
@@ -372,11 +396,12 @@ def test_the_long_dllm_stage_starts_from_its_causal_stage(monkeypatch, tmp_path)
     train.main(["--model", "long-dllm-ar", *common])
     blocks = []
     loss = train.dllm_loss
-    monkeypatch.setattr(train, "dllm_loss", lambda *args: blocks.append(args[-1]) or loss(*args))
+    monkeypatch.setattr(train, "dllm_loss", lambda *args: blocks.append(args[-2:]) or loss(*args))
     train.main(["--model", "long-dllm", "--init-from", str(tmp_path / "long-dllm-ar"), "--seed", "1",
-                "--masks", "block", *common])
+                "--masks", "block", "--prefix-share", "0.5", *common])
     record = json.loads((tmp_path / "long-dllm" / "eval.json").read_text())
-    assert record["masks"] == "block" and blocks == [32, 32]  # block-order masks, blocks of the workload's 32
+    assert (record["masks"], record["prefix_share"]) == ("block", 0.5)
+    assert blocks == [(32, 0.5), (32, 0.5)]  # block-order masks over the workload's blocks of 32
     assert [run["model"] for run in record["history"]] == ["long-dllm-ar"]
     assert set(record["per_family"]) == {"chain", "word", "tale", "prog"} and record["n"] == 4
     config = json.loads((tmp_path / "long-dllm" / "config.json").read_text())

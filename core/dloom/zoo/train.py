@@ -419,6 +419,7 @@ def dllm_loss(
     t_max: float = 1.0,
     gen_length: int = GEN_LENGTH,
     block_length: int | None = None,
+    prefix_share: float = 0.0,
 ) -> torch.Tensor:
     """Masked-diffusion cross-entropy over the masked positions of a ``gen_length`` region.
 
@@ -432,7 +433,11 @@ def dllm_loss(
     of the region's ``gen_length // K`` blocks uniformly; the blocks before it are clean, its
     positions are masked with probability ``t``, every position after it is masked, and the
     loss covers the drawn block's masked positions only (a decoder never reads its
-    predictions for a later block).
+    predictions for a later block).  A ``prefix_share`` of the rows (drawn per row) masks
+    their block from a uniform cut to its end instead: the state a decoder meets when it has
+    committed the block's start, where a result must be computed from the visible operands
+    (random masks mostly leave one copy of a repeated number visible, so a model can learn
+    to copy it instead).
 
     ``pad_weight`` scales the loss of the ``<eos>`` padding after each answer's first
     ``<eos>`` (1.0: LLaDA's plain mean over every masked position).  A lower weight leaves
@@ -451,6 +456,10 @@ def dllm_loss(
     else:
         block_of = torch.arange(gen_length) // block_length
         current = torch.randint(gen_length // block_length, (b, 1), generator=gen)
+        in_block = torch.arange(gen_length) % block_length
+        cut = torch.randint(block_length, (b, 1), generator=gen)
+        prefix_rows = torch.rand(b, 1, generator=gen) < prefix_share
+        drawn = torch.where(prefix_rows, in_block[None, :] >= cut, drawn)
         masked, later = drawn & (block_of[None, :] == current), block_of[None, :] > current
         none = ~masked.any(-1)  # at least one scored position: one of the drawn block's
         offset = torch.randint(block_length, (int(none.sum()),), generator=gen)
@@ -638,7 +647,8 @@ def unfinished_run(directory: Path) -> dict | None:
 
 
 _HISTORY_KEYS = (
-    "seed", "peak_lr", "steps", "batch", "train_weights", "pad_weight", "t_max", "masks", "init_from", "train_seconds",
+    "seed", "peak_lr", "steps", "batch", "train_weights", "pad_weight", "t_max", "masks", "prefix_share",
+    "init_from", "train_seconds",
     "final_loss_avg", "overall", "per_family",
 )
 
@@ -658,6 +668,7 @@ def train_one(
     init_from: Path | None = None,
     checkpoint_minutes: float = CHECKPOINT_MINUTES,
     masks: str | None = None,
+    prefix_share: float | None = None,
 ) -> dict:
     """Train (or, with ``resume``, continue training) one model, save it, evaluate it.
 
@@ -676,8 +687,9 @@ def train_one(
     ``history``.  ``weights`` overrides the training mix (the workload's ``mix``) family by
     family; ``pad_weight`` and ``t_max`` are :func:`dllm_loss`'s.  ``masks`` is its mask
     order: ``"uniform"`` (the default of a new run) or ``"block"`` (blocks of the workload's
-    ``block_length``); given on resuming an unfinished run, it replaces the run's from the
-    current step on (the record keeps the last one).  ``init_from`` (a dLLM
+    ``block_length``), with ``prefix_share`` (default 0) of the rows masked from a cut on;
+    given on resuming an unfinished run, they replace the run's from the current step on (the
+    record keeps the last ones).  ``init_from`` (a dLLM
     only) starts instead from a causal checkpoint of the same architecture made
     bidirectional (:func:`dllm_from_ar`); its runs head the history.
     """
@@ -690,6 +702,7 @@ def train_one(
         init_from = None if run["init_from"] is None else Path(run["init_from"])
         mix = {**run["train_weights"], **(weights or {})}
         masks = masks or run.get("masks", "uniform")
+        prefix_share = run.get("prefix_share", 0.0) if prefix_share is None else prefix_share
         peak = lr if lr is not None else run["peak_lr"]
         if minutes is None and steps is None:
             minutes = None if run["budget_seconds"] is None else run["budget_seconds"] / 60
@@ -699,12 +712,15 @@ def train_one(
     else:
         mix = {**workload.mix, **(weights or {})}
         masks = masks or "uniform"
+        prefix_share = prefix_share or 0.0
         from_checkpoint = resume or init_from is not None
         peak = lr if lr is not None else spec.lr / 2 if from_checkpoint else spec.lr
         start_step, elapsed_before, history = 0, 0.0, []
         curves = {"loss_curve": [], "monitor_curve": []}
     if minutes is None and steps is None:
         raise ValueError(f"{name}: no budget (give minutes or steps)")
+    if prefix_share and masks != "block":
+        raise ValueError(f"{name}: prefix_share {prefix_share} needs block masks, the run's are {masks!r}")
     torch.manual_seed(_part_seed(seed, start_step))
     if resume:
         model = LlamaForCausalLM.from_pretrained(directory, local_files_only=True, dtype=torch.float32)
@@ -729,7 +745,8 @@ def train_one(
         return {
             "model": name, "kind": spec.kind, "workload": workload.name, "params": n_params(model), "seed": seed,
             "peak_lr": peak, "steps": step, "batch": workload.batch, "train_weights": mix,
-            "pad_weight": pad_weight, "t_max": t_max, "masks": masks, "init_from": None if init_from is None else str(init_from),
+            "pad_weight": pad_weight, "t_max": t_max, "masks": masks,
+            "prefix_share": prefix_share, "init_from": None if init_from is None else str(init_from),
             "train_seconds": round(elapsed, 1), "budget_seconds": budget, "total_steps": total,
             "final_loss_avg": running, "finished": finished, **curves, "history": history,
         }
@@ -749,7 +766,8 @@ def train_one(
         batch, extra_pad = next(batches)
         if spec.kind == "dllm":
             blocks = workload.block_length if masks == "block" else None
-            loss = dllm_loss(model, batch, extra_pad, gen, pad_weight, t_max, workload.gen_length, blocks)
+            loss = dllm_loss(model, batch, extra_pad, gen, pad_weight, t_max, workload.gen_length, blocks,
+                             prefix_share)
         else:
             loss = ar_loss(model, batch, extra_pad)
         opt.zero_grad(set_to_none=True)
@@ -906,6 +924,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                         "of a new run); 'block' trains on the states of block-by-block decoding (earlier blocks "
                         "clean, one block masked with probability t, later ones masked; loss on that block). "
                         "On --resume of an unfinished run it replaces the run's masks from then on")
+    parser.add_argument("--prefix-share", type=float, default=None, metavar="P",
+                        help="with --masks block: the share of rows whose block is masked from a random cut "
+                        "to its end (the block's start committed), default 0")
     parser.add_argument("--init-from", type=Path, default=None, metavar="DIR",
                         help="a new dLLM (toy-dllm, long-dllm): start from this causal checkpoint of its "
                         "architecture (made by --model toy-dllm-ar / long-dllm-ar), turned bidirectional "
@@ -934,8 +955,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     dllms = [name for name, spec in SPECS.items() if spec.kind == "dllm"]
     if args.init_from is not None and (args.model not in dllms or args.resume):
         parser.error(f"--init-from starts a new dLLM: use it with --model {' or '.join(dllms)} and without --resume")
-    if args.masks is not None and args.model not in dllms:
-        parser.error(f"--masks orders a dLLM's training masks: use it with --model {' or '.join(dllms)}")
+    for option, value in (("--masks", args.masks), ("--prefix-share", args.prefix_share)):
+        if value is not None and args.model not in dllms:
+            parser.error(f"{option} orders a dLLM's training masks: use it with --model {' or '.join(dllms)}")
+    if args.prefix_share is not None and not 0 <= args.prefix_share <= 1:
+        parser.error(f"--prefix-share must be in [0, 1], got {args.prefix_share}")
     if args.init_from is not None and not args.init_from.is_dir():
         parser.error(f"--init-from {args.init_from}: no such checkpoint directory")
     torch.set_num_threads(args.threads)
@@ -963,7 +987,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(f"[{name}] note: trained from scratch (no --init-from); such runs never learnt "
                   "'lookup' here (see this module's docstring)", flush=True)
         train_one(name, minutes, args.steps, seed, out, args.eval_n, args.resume, args.lr, args.weights,
-                  args.pad_weight, args.t_max, init_from, args.checkpoint_minutes, args.masks)
+                  args.pad_weight, args.t_max, init_from, args.checkpoint_minutes, args.masks, args.prefix_share)
 
 
 if __name__ == "__main__":
