@@ -373,6 +373,8 @@ class BlockForward:
         place by the later ones."""
         from transformers import DynamicCache
 
+        if every and self.static_width is None:
+            self._store = None  # replaced whole: the old record need not live through this forward
         cache = DynamicCache()
         raw = self._run(tokens, attention_mask, position_ids, cache, keep)
         layers: list[tuple[torch.Tensor, torch.Tensor]] = [
