@@ -110,6 +110,23 @@ def test_prefix_rows_mask_their_block_from_a_cut_to_its_end():
     assert len(set(cut.tolist())) > 4  # the cut varies
 
 
+def test_causal_rows_are_the_causal_stage_s_loss(tmp_path):
+    """Rows trained causally see only the tokens before each position: on a dLLM made from a
+    causal model, an all-causal batch has that model's own loss (a bidirectional mask on
+    those rows would let every position see its answer)."""
+    from dloom.zoo.train import ar_loss, dllm_from_ar, save_model
+
+    torch.manual_seed(0)
+    causal_model = build_model("toy-dllm-ar")
+    save_model(causal_model, tmp_path / "stage")
+    dllm = dllm_from_ar(tmp_path / "stage", "toy-dllm")
+    expected = ar_loss(causal_model, BATCH, 0)
+    loss = dllm_loss(dllm, BATCH, 0, torch.Generator().manual_seed(0), 1.0, 1.0, GEN_LENGTH, 8, 0.0, 1.0)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-3)
+    mixed = dllm_loss(dllm, BATCH * 8, 0, torch.Generator().manual_seed(0), 1.0, 1.0, GEN_LENGTH, 8, 0.0, 0.5)
+    assert mixed.item() > loss.item()  # plus the masked rows' mean
+
+
 def test_prefix_share_without_block_masks_is_refused(tmp_path):
     from dloom.zoo.train import train_one
 
@@ -121,6 +138,8 @@ def test_prefix_share_without_block_masks_is_refused(tmp_path):
     (["--model", "toy-ar", "--masks", "block"], "--masks orders a dLLM's training masks"),
     (["--model", "toy-ar", "--prefix-share", "0.5"], "--prefix-share orders a dLLM's training masks"),
     (["--model", "toy-dllm", "--prefix-share", "1.5"], "--prefix-share must be in [0, 1], got 1.5"),
+    (["--model", "toy-dllm", "--causal-share", "-0.1"], "--causal-share must be in [0, 1], got -0.1"),
+    (["--model", "toy-ar", "--causal-share", "0.5"], "--causal-share orders a dLLM's training masks"),
 ])
 def test_bad_mask_options_are_refused_before_training(argv, message, capsys):
     from dloom.zoo.train import main
@@ -396,12 +415,12 @@ def test_the_long_dllm_stage_starts_from_its_causal_stage(monkeypatch, tmp_path)
     train.main(["--model", "long-dllm-ar", *common])
     blocks = []
     loss = train.dllm_loss
-    monkeypatch.setattr(train, "dllm_loss", lambda *args: blocks.append(args[-2:]) or loss(*args))
+    monkeypatch.setattr(train, "dllm_loss", lambda *args: blocks.append(args[-3:]) or loss(*args))
     train.main(["--model", "long-dllm", "--init-from", str(tmp_path / "long-dllm-ar"), "--seed", "1",
-                "--masks", "block", "--prefix-share", "0.5", *common])
+                "--masks", "block", "--prefix-share", "0.5", "--causal-share", "0.25", *common])
     record = json.loads((tmp_path / "long-dllm" / "eval.json").read_text())
-    assert (record["masks"], record["prefix_share"]) == ("block", 0.5)
-    assert blocks == [(32, 0.5), (32, 0.5)]  # block-order masks over the workload's blocks of 32
+    assert (record["masks"], record["prefix_share"], record["causal_share"]) == ("block", 0.5, 0.25)
+    assert blocks == [(32, 0.5, 0.25)] * 2  # block-order masks over the workload's blocks of 32
     assert [run["model"] for run in record["history"]] == ["long-dllm-ar"]
     assert set(record["per_family"]) == {"chain", "word", "tale", "prog"} and record["n"] == 4
     config = json.loads((tmp_path / "long-dllm" / "config.json").read_text())

@@ -216,6 +216,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
+from ..attention import model_mask
 from . import long_tasks
 from . import tokenizer as tok
 from .corpus import TEXT
@@ -420,6 +421,7 @@ def dllm_loss(
     gen_length: int = GEN_LENGTH,
     block_length: int | None = None,
     prefix_share: float = 0.0,
+    causal_share: float = 0.0,
 ) -> torch.Tensor:
     """Masked-diffusion cross-entropy over the masked positions of a ``gen_length`` region.
 
@@ -438,6 +440,13 @@ def dllm_loss(
     committed the block's start, where a result must be computed from the visible operands
     (random masks mostly leave one copy of a repeated number visible, so a model can learn
     to copy it instead).
+
+    A ``causal_share`` of the rows (drawn per row) is trained as the causal stage was: the
+    clean answer behind a causal attention mask, each position of the answer and its first
+    ``<eos>`` predicted from the ones before it (:func:`ar_loss`'s positions).
+    One such row teaches every step of a running sum, where a masked row teaches about one,
+    so a bidirectional model learns the arithmetic from them and the masked rows teach it to
+    use it among masks.  The loss is then the masked rows' mean plus the causal rows' mean.
 
     ``pad_weight`` scales the loss of the ``<eos>`` padding after each answer's first
     ``<eos>`` (1.0: LLaDA's plain mean over every masked position).  A lower weight leaves
@@ -464,16 +473,39 @@ def dllm_loss(
         none = ~masked.any(-1)  # at least one scored position: one of the drawn block's
         offset = torch.randint(block_length, (int(none.sum()),), generator=gen)
         masked[none, current[none, 0] * block_length + offset] = True
-    noisy = torch.where(masked | later, torch.full_like(target, tok.MASK_ID), target)
+    causal = torch.rand(b, generator=gen) < causal_share if causal_share > 0 else torch.zeros(b, dtype=torch.bool)
+    masked &= ~causal[:, None]
+    noisy = torch.where((masked | later) & ~causal[:, None], torch.full_like(target, tok.MASK_ID), target)
     input_ids = torch.cat([prompt_ids, noisy], dim=1)
     attention_mask = torch.cat([prompt_mask, torch.ones_like(noisy)], dim=1)
-    output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask))
+    positions = position_ids(attention_mask)
+    if causal_share > 0:
+        attention_mask = model_mask(row_attention(attention_mask, causal), model)
+    output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions)
     logits = region_logits(model, output.logits, prompt_ids.shape[1])
     weight = torch.ones(b, gen_length)
     lengths = torch.tensor([len(e.answer) for e in batch])
     weight[torch.arange(gen_length)[None, :] > lengths[:, None]] = pad_weight
-    loss = F.cross_entropy(logits[masked], target[masked], reduction="none")
-    return (loss * weight[masked]).sum() / weight[masked].sum()
+    through_eos = torch.arange(gen_length)[None, :] <= lengths[:, None]  # the causal stage's positions
+    scored = [masked, causal[:, None] & through_eos]
+    return sum(_weighted_mean(logits, target, weight, part) for part in scored if part.any())  # type: ignore[return-value]
+
+
+def _weighted_mean(logits: torch.Tensor, target: torch.Tensor, weight: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
+    """The ``weight``-weighted mean cross-entropy over the ``scored`` ``(B, G)`` positions."""
+    loss = F.cross_entropy(logits[scored], target[scored], reduction="none")
+    return (loss * weight[scored]).sum() / weight[scored].sum()
+
+
+def row_attention(attention_mask: torch.Tensor, causal: torch.Tensor) -> torch.Tensor:
+    """``(B, 1, L, L)`` bool attention (``True`` = attend) for ``(B, L)`` key padding: every
+    valid key for a row of ``causal`` ``False``, the keys up to the query's own for a row of
+    ``causal`` ``True``; each query also attends to itself, so a padding query has a key."""
+    length = attention_mask.shape[1]
+    keys = attention_mask.bool()[:, None, None, :]
+    lower = torch.ones(length, length, dtype=torch.bool).tril()
+    allowed = keys & (lower | ~causal[:, None, None, None])
+    return allowed | torch.eye(length, dtype=torch.bool)
 
 
 def ar_loss(model: LlamaForCausalLM, batch: Sequence[Example], extra_pad: int) -> torch.Tensor:
@@ -648,7 +680,7 @@ def unfinished_run(directory: Path) -> dict | None:
 
 _HISTORY_KEYS = (
     "seed", "peak_lr", "steps", "batch", "train_weights", "pad_weight", "t_max", "masks", "prefix_share",
-    "init_from", "train_seconds",
+    "causal_share", "init_from", "train_seconds",
     "final_loss_avg", "overall", "per_family",
 )
 
@@ -669,6 +701,7 @@ def train_one(
     checkpoint_minutes: float = CHECKPOINT_MINUTES,
     masks: str | None = None,
     prefix_share: float | None = None,
+    causal_share: float | None = None,
 ) -> dict:
     """Train (or, with ``resume``, continue training) one model, save it, evaluate it.
 
@@ -687,8 +720,9 @@ def train_one(
     ``history``.  ``weights`` overrides the training mix (the workload's ``mix``) family by
     family; ``pad_weight`` and ``t_max`` are :func:`dllm_loss`'s.  ``masks`` is its mask
     order: ``"uniform"`` (the default of a new run) or ``"block"`` (blocks of the workload's
-    ``block_length``), with ``prefix_share`` (default 0) of the rows masked from a cut on;
-    given on resuming an unfinished run, they replace the run's from the current step on (the
+    ``block_length``), with ``prefix_share`` (default 0) of the rows masked from a cut on, and
+    ``causal_share`` (default 0) trained causally (:func:`dllm_loss`); given on resuming an
+    unfinished run, they replace the run's from the current step on (the
     record keeps the last ones).  ``init_from`` (a dLLM
     only) starts instead from a causal checkpoint of the same architecture made
     bidirectional (:func:`dllm_from_ar`); its runs head the history.
@@ -703,6 +737,7 @@ def train_one(
         mix = {**run["train_weights"], **(weights or {})}
         masks = masks or run.get("masks", "uniform")
         prefix_share = run.get("prefix_share", 0.0) if prefix_share is None else prefix_share
+        causal_share = run.get("causal_share", 0.0) if causal_share is None else causal_share
         peak = lr if lr is not None else run["peak_lr"]
         if minutes is None and steps is None:
             minutes = None if run["budget_seconds"] is None else run["budget_seconds"] / 60
@@ -713,6 +748,7 @@ def train_one(
         mix = {**workload.mix, **(weights or {})}
         masks = masks or "uniform"
         prefix_share = prefix_share or 0.0
+        causal_share = causal_share or 0.0
         from_checkpoint = resume or init_from is not None
         peak = lr if lr is not None else spec.lr / 2 if from_checkpoint else spec.lr
         start_step, elapsed_before, history = 0, 0.0, []
@@ -746,7 +782,7 @@ def train_one(
             "model": name, "kind": spec.kind, "workload": workload.name, "params": n_params(model), "seed": seed,
             "peak_lr": peak, "steps": step, "batch": workload.batch, "train_weights": mix,
             "pad_weight": pad_weight, "t_max": t_max, "masks": masks,
-            "prefix_share": prefix_share, "init_from": None if init_from is None else str(init_from),
+            "prefix_share": prefix_share, "causal_share": causal_share, "init_from": None if init_from is None else str(init_from),
             "train_seconds": round(elapsed, 1), "budget_seconds": budget, "total_steps": total,
             "final_loss_avg": running, "finished": finished, **curves, "history": history,
         }
@@ -767,7 +803,7 @@ def train_one(
         if spec.kind == "dllm":
             blocks = workload.block_length if masks == "block" else None
             loss = dllm_loss(model, batch, extra_pad, gen, pad_weight, t_max, workload.gen_length, blocks,
-                             prefix_share)
+                             prefix_share, causal_share)
         else:
             loss = ar_loss(model, batch, extra_pad)
         opt.zero_grad(set_to_none=True)
@@ -927,6 +963,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--prefix-share", type=float, default=None, metavar="P",
                         help="with --masks block: the share of rows whose block is masked from a random cut "
                         "to its end (the block's start committed), default 0")
+    parser.add_argument("--causal-share", type=float, default=None, metavar="P",
+                        help="dLLMs: the share of rows trained as the causal stage was (clean answer, causal "
+                        "attention, next-token loss), default 0")
     parser.add_argument("--init-from", type=Path, default=None, metavar="DIR",
                         help="a new dLLM (toy-dllm, long-dllm): start from this causal checkpoint of its "
                         "architecture (made by --model toy-dllm-ar / long-dllm-ar), turned bidirectional "
@@ -955,11 +994,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     dllms = [name for name, spec in SPECS.items() if spec.kind == "dllm"]
     if args.init_from is not None and (args.model not in dllms or args.resume):
         parser.error(f"--init-from starts a new dLLM: use it with --model {' or '.join(dllms)} and without --resume")
-    for option, value in (("--masks", args.masks), ("--prefix-share", args.prefix_share)):
+    shares = (("--prefix-share", args.prefix_share), ("--causal-share", args.causal_share))
+    for option, value in (("--masks", args.masks), *shares):
         if value is not None and args.model not in dllms:
             parser.error(f"{option} orders a dLLM's training masks: use it with --model {' or '.join(dllms)}")
-    if args.prefix_share is not None and not 0 <= args.prefix_share <= 1:
-        parser.error(f"--prefix-share must be in [0, 1], got {args.prefix_share}")
+    for option, value in shares:
+        if value is not None and not 0 <= value <= 1:
+            parser.error(f"{option} must be in [0, 1], got {value}")
     if args.init_from is not None and not args.init_from.is_dir():
         parser.error(f"--init-from {args.init_from}: no such checkpoint directory")
     torch.set_num_threads(args.threads)
@@ -987,7 +1028,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(f"[{name}] note: trained from scratch (no --init-from); such runs never learnt "
                   "'lookup' here (see this module's docstring)", flush=True)
         train_one(name, minutes, args.steps, seed, out, args.eval_n, args.resume, args.lr, args.weights,
-                  args.pad_weight, args.t_max, init_from, args.checkpoint_minutes, args.masks, args.prefix_share)
+                  args.pad_weight, args.t_max, init_from, args.checkpoint_minutes, args.masks, args.prefix_share,
+                  args.causal_share)
 
 
 if __name__ == "__main__":
