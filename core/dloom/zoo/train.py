@@ -488,7 +488,7 @@ def dllm_loss(
     weight[torch.arange(gen_length)[None, :] > lengths[:, None]] = pad_weight
     through_eos = torch.arange(gen_length)[None, :] <= lengths[:, None]  # the causal stage's positions
     scored = [masked, causal[:, None] & through_eos]
-    return sum(_weighted_mean(logits, target, weight, part) for part in scored if part.any())  # type: ignore[return-value]
+    return torch.stack([_weighted_mean(logits, target, weight, part) for part in scored if part.any()]).sum()
 
 
 def _weighted_mean(logits: torch.Tensor, target: torch.Tensor, weight: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
