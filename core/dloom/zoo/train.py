@@ -474,8 +474,8 @@ def dllm_loss(
         offset = torch.randint(block_length, (int(none.sum()),), generator=gen)
         masked[none, current[none, 0] * block_length + offset] = True
     causal = torch.rand(b, generator=gen) < causal_share if causal_share > 0 else torch.zeros(b, dtype=torch.bool)
-    masked &= ~causal[:, None]
-    noisy = torch.where((masked | later) & ~causal[:, None], torch.full_like(target, tok.MASK_ID), target)
+    masked, later = masked & ~causal[:, None], later & ~causal[:, None]  # causal rows: the clean answer
+    noisy = torch.where(masked | later, torch.full_like(target, tok.MASK_ID), target)
     input_ids = torch.cat([prompt_ids, noisy], dim=1)
     attention_mask = torch.cat([prompt_mask, torch.ones_like(noisy)], dim=1)
     positions = position_ids(attention_mask)
@@ -483,11 +483,10 @@ def dllm_loss(
         attention_mask = model_mask(row_attention(attention_mask, causal), model)
     output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions)
     logits = region_logits(model, output.logits, prompt_ids.shape[1])
-    weight = torch.ones(b, gen_length)
     lengths = torch.tensor([len(e.answer) for e in batch])
-    weight[torch.arange(gen_length)[None, :] > lengths[:, None]] = pad_weight
-    through_eos = torch.arange(gen_length)[None, :] <= lengths[:, None]  # the causal stage's positions
-    scored = [masked, causal[:, None] & through_eos]
+    through_eos = torch.arange(gen_length)[None, :] <= lengths[:, None]  # the answer and its first <eos>
+    weight = torch.where(through_eos, 1.0, pad_weight)
+    scored = [masked, causal[:, None] & through_eos]  # causal rows: the causal stage's positions
     return torch.stack([_weighted_mean(logits, target, weight, part) for part in scored if part.any()]).sum()
 
 
