@@ -339,6 +339,19 @@ def test_block_decoding_finishes_each_block_before_the_next():
     assert committed == [[3], [2], [1], [0], [7], [6], [5], [4]]
 
 
+def test_trace_reports_each_commit_step_in_either_order():
+    from dloom.zoo.train import trace_dllm
+
+    _, by_confidence = trace_dllm(_Ramp(), ["copy ab", "copy b"])
+    assert by_confidence.tolist() == [[3, 2, 1, 0, 7, 6, 5, 4]] * 2  # the surest (rightmost) first
+    model = _Ramp()
+    region, left_to_right = trace_dllm(model, ["copy ab"], order="left-to-right")
+    assert left_to_right.tolist() == [list(range(8))]  # the leftmost masked position, whatever its confidence
+    assert region.tolist() == [[5] * 8]  # each position committed to its argmax
+    with pytest.raises(ValueError, match="order is 'random'; allowed: confidence, left-to-right"):
+        trace_dllm(model, ["copy ab"], order="random")
+
+
 def _tiny_long_spec(monkeypatch):
     """long-dllm-ar made tiny (one layer of 16, batches of 4) so a run takes seconds."""
     import dataclasses

@@ -224,7 +224,7 @@ from .tasks import ALPHABET, FAMILIES, GEN_LENGTH, Example, TaskFamily, held_out
 
 __all__ = [
     "LONG", "SHORT", "SPECS", "ModelSpec", "Workload", "build_config", "build_model", "decode_ar", "decode_dllm",
-    "dllm_from_ar", "evaluate", "main", "reevaluate", "save_checkpoint", "unfinished_run",
+    "dllm_from_ar", "trace_dllm", "evaluate", "main", "reevaluate", "save_checkpoint", "unfinished_run",
 ]
 
 
@@ -530,15 +530,37 @@ def ar_loss(model: LlamaForCausalLM, batch: Sequence[Example], extra_pad: int) -
 _CHECKABLE = {**FAMILIES, **long_tasks.FAMILIES}
 """Every checkable family by name (the two suites' names are disjoint)."""
 
+DECODING_ORDERS = ("confidence", "left-to-right")
+"""Which masked position of the current block :func:`trace_dllm` commits at each step."""
+
+
 @torch.no_grad()
-def decode_dllm(model: LlamaForCausalLM, prompts: Sequence[str]) -> list[str]:
-    """Greedy low-confidence decoding, one token per step, blocks left to right.
+def decode_dllm(model: LlamaForCausalLM, prompts: Sequence[str], order: str = "confidence") -> list[str]:
+    """Greedy one-token-per-step answers of a dLLM (:func:`trace_dllm`), as text."""
+    region, _ = trace_dllm(model, prompts, order)
+    return [_text(row) for row in region.tolist()]
+
+
+@torch.no_grad()
+def trace_dllm(
+    model: LlamaForCausalLM, prompts: Sequence[str], order: str = "confidence"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy decoding, one token per step, blocks left to right, with each commit's step.
 
     The region has the model's ``dloom.gen_length`` positions (``GEN_LENGTH`` if it names
     none), decoded in blocks of ``dloom.block_length`` (default: one block): each step
-    commits, in the leftmost block that still has masks, its masked position of highest
-    max-probability to its argmax (LLaDA's semi-autoregressive low-confidence remasking).
+    commits one masked position of the leftmost block that still has masks to its argmax.
+    ``order`` ``"confidence"`` picks the position of highest max-probability (LLaDA's
+    semi-autoregressive low-confidence remasking, the zoo's evaluation); ``"left-to-right"``
+    the leftmost one (a diagnostic: what the model knows when no later position is ever
+    committed first).
+
+    :return: the region's tokens ``(B, G)`` long, and ``(B, G)`` long, the step at which
+        each position was committed (``0 .. G - 1``; a permutation per row).
+    :raises ValueError: for an ``order`` outside :data:`DECODING_ORDERS`.
     """
+    if order not in DECODING_ORDERS:
+        raise ValueError(f"order is {order!r}; allowed: {', '.join(DECODING_ORDERS)}")
     dloom = getattr(model.config, "dloom", {})
     gen_length = dloom.get("gen_length", GEN_LENGTH)
     block_length = dloom.get("block_length", gen_length)
@@ -549,16 +571,21 @@ def decode_dllm(model: LlamaForCausalLM, prompts: Sequence[str]) -> list[str]:
     pos = position_ids(attention_mask)
     rows = torch.arange(b)
     block = torch.arange(gen_length) // block_length
+    leftmost_first = -torch.arange(gen_length, dtype=torch.float)[None, :].expand(b, -1)
+    committed_at = torch.zeros((b, gen_length), dtype=torch.long)
     for step in range(gen_length):
         output = model(input_ids=x, attention_mask=attention_mask, position_ids=pos)
         logits = region_logits(model, output.logits, p).float()
         logits[..., [tok.PAD_ID, tok.MASK_ID]] = -math.inf
         confidence, candidate = logits.softmax(-1).max(-1)
+        if order == "left-to-right":
+            confidence = leftmost_first
         still = (x[:, p:] == tok.MASK_ID) & (block == step // block_length)[None, :]
         confidence = torch.where(still, confidence, -math.inf)
         choice = confidence.argmax(-1)
         x[rows, p + choice] = torch.where(still[rows, choice], candidate[rows, choice], x[rows, p + choice])
-    return [_text(row) for row in x[:, p:].tolist()]
+        committed_at[rows, choice] = step
+    return x[:, p:], committed_at
 
 
 @torch.no_grad()

@@ -1,0 +1,141 @@
+"""Probes of a long-answer dLLM checkpoint while it trains (the figures in ``training/README.md``).
+
+Each probe decodes held-out prompts (``held_out(400, seed=0)`` of the long-answer suite, the
+first ``-n`` of each family) greedily at one token per step, as the zoo's evaluation does::
+
+    python training/probe.py families training/checkpoints/long-dllm -n 10
+    python training/probe.py families training/checkpoints/long-dllm -n 10 --order left-to-right
+    python training/probe.py chain training/checkpoints/long-dllm -n 16
+    python training/probe.py prefix training/checkpoints/long-dllm -n 16
+
+* ``families``: exact answers per family, and the share of the answer's commits that were
+  *out of order* (a position committed while a position to its left in the same block was
+  still masked). ``--order left-to-right`` decodes strictly left to right instead: what the
+  model knows when it never has to fill a gap before its right-hand context.
+* ``chain``: ``chain`` answers exact, and arithmetic steps right (``a+b=c`` with ``c`` the
+  true sum, read from the model's own answer).
+* ``prefix``: the prefix state of every ``=`` of the ``chain`` answers (the true answer up
+  to the ``=``, every later position masked): is the result's first character right?
+
+The checkpoint's files are copied first, so a save in progress is never read half-written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from transformers import LlamaForCausalLM
+
+from dloom.zoo import long_tasks
+from dloom.zoo import tokenizer as tok
+from dloom.zoo.tasks import Example, held_out
+from dloom.zoo.train import (
+    DECODING_ORDERS, _text, answer_region, encode_prompts, position_ids, region_logits, trace_dllm,
+)
+
+_EQUATION = re.compile(r"(\d+)([+-])(\d+)=(\d+)")
+
+
+def load(checkpoint: Path) -> LlamaForCausalLM:
+    """The checkpoint's model in float32, from a copy of its files."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for f in checkpoint.iterdir():
+            if f.is_file():
+                shutil.copy(f, tmp)
+        return LlamaForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
+
+
+def examples(family: str, n: int) -> list[Example]:
+    """The first ``n`` held-out prompts of ``family``."""
+    return [e for e in held_out(400, seed=0, suite=long_tasks.FAMILIES) if e.family == family][:n]
+
+
+def out_of_order(region: torch.Tensor, committed_at: torch.Tensor, block_length: int) -> tuple[int, int]:
+    """Commits of answer positions (through the first ``<eos>``) made while a position to
+    their left in the same block was still masked, and all such commits, over the rows."""
+    g = region.shape[1]
+    start = torch.arange(g) // block_length * block_length
+    left_later = torch.stack([
+        (committed_at[:, start[j]:j] > committed_at[:, j : j + 1]).any(-1) for j in range(g)
+    ], dim=1)
+    eos = (region == tok.EOS_ID).long()
+    first_eos = torch.where(eos.any(-1), eos.argmax(-1), g)
+    answer = torch.arange(g)[None, :] <= first_eos[:, None]
+    return int((left_later & answer).sum()), int(answer.sum())
+
+
+def probe_families(model: LlamaForCausalLM, n: int, order: str) -> None:
+    block_length = getattr(model.config, "dloom", {}).get("block_length", 32)
+    for family, task in long_tasks.FAMILIES.items():
+        batch = examples(family, n)
+        region, committed_at = trace_dllm(model, [e.prompt for e in batch], order)
+        texts = [_text(row) for row in region.tolist()]
+        exact = sum(task.check(e.prompt, t) for e, t in zip(batch, texts))
+        late, total = out_of_order(region, committed_at, block_length)
+        print(f"{family}: {exact}/{len(batch)} exact, {late / total:.0%} of commits out of order;"
+              f" e.g. {texts[0][:100]!r}", flush=True)
+
+
+def probe_chain(model: LlamaForCausalLM, n: int) -> None:
+    batch = examples("chain", n)
+    region, _ = trace_dllm(model, [e.prompt for e in batch])
+    texts = [_text(row) for row in region.tolist()]
+    steps = [(int(a) + int(b) if op == "+" else int(a) - int(b)) == int(c)
+             for t in texts for a, op, b, c in _EQUATION.findall(t)]
+    exact = sum(long_tasks.FAMILIES["chain"].check(e.prompt, t) for e, t in zip(batch, texts))
+    print(f"chain: {exact}/{n} exact, arithmetic steps right {sum(steps)}/{len(steps)}")
+
+
+@torch.no_grad()
+def probe_prefix(model: LlamaForCausalLM, n: int) -> None:
+    rows, cuts = [], []
+    for e in examples("chain", n):
+        for i, c in enumerate(e.answer):
+            if c == "=":
+                rows.append(e)
+                cuts.append(i + 1)
+    prompt_ids, prompt_mask = encode_prompts([e.prompt for e in rows])
+    target = answer_region([e.answer for e in rows], model.config.dloom["gen_length"])
+    cut = torch.tensor(cuts)[:, None]
+    x = torch.where(torch.arange(target.shape[1])[None, :] < cut, target, tok.MASK_ID)
+    attention_mask = torch.cat([prompt_mask, torch.ones_like(x)], dim=1)
+    logits = region_logits(model, model(
+        input_ids=torch.cat([prompt_ids, x], dim=1), attention_mask=attention_mask,
+        position_ids=position_ids(attention_mask),
+    ).logits, prompt_ids.shape[1])
+    r = torch.arange(len(rows))
+    right = logits[r, cut[:, 0]].argmax(-1) == target[r, cut[:, 0]]
+    print(f"prefix states: first result character right in {int(right.sum())}/{len(rows)} "
+          f"({float(right.float().mean()):.0%})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python training/probe.py", description=__doc__.splitlines()[0])
+    parser.add_argument("probe", choices=("families", "chain", "prefix"))
+    parser.add_argument("checkpoint", type=Path)
+    parser.add_argument("-n", type=int, default=10, help="held-out prompts per family (default 10)")
+    parser.add_argument("--order", choices=DECODING_ORDERS, default="confidence",
+                        help="families: the commit order (default: confidence, the zoo's evaluation)")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    if not args.checkpoint.is_dir():
+        parser.error(f"checkpoint {str(args.checkpoint)!r} is not a directory")
+    if not 1 <= args.n <= 90:
+        parser.error(f"-n is {args.n}; allowed: 1 to 90 (held-out prompts per family)")
+    torch.set_num_threads(args.threads)
+    model = load(args.checkpoint)
+    if args.probe == "families":
+        probe_families(model, args.n, args.order)
+    elif args.probe == "chain":
+        probe_chain(model, args.n)
+    else:
+        probe_prefix(model, args.n)
+
+
+if __name__ == "__main__":
+    main()
