@@ -127,6 +127,24 @@ def test_causal_rows_are_the_causal_stage_s_loss(tmp_path):
     assert mixed.item() > loss.item()  # plus the masked rows' mean
 
 
+def test_the_row_mean_weighs_every_row_the_same():
+    import torch.nn.functional as F
+
+    from dloom.zoo.train import _weighted_mean
+
+    target = torch.zeros(2, 4, dtype=torch.long)
+    logits = torch.zeros(2, 4, 3)
+    logits[0, :, 0] = 4.0  # row 0 sure and right, row 1 unsure: their losses differ
+    scored = torch.tensor([[True, False, False, False], [True, True, True, True]])  # 1 and 4 masked
+    weight = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 0.5, 0.5]])
+    ce = F.cross_entropy(logits.reshape(-1, 3), target.reshape(-1), reduction="none").reshape(2, 4)
+    by_token = (ce[0, 0] + (ce[1] * weight[1]).sum()) / 4.0  # every scored position by its weight
+    by_row = (ce[0, 0] + (ce[1] * weight[1]).sum() / 3.0) / 2  # each row's weighted mean, then rows
+    assert _weighted_mean(logits, target, weight, scored).item() == pytest.approx(by_token.item())
+    assert _weighted_mean(logits, target, weight, scored, by_row=True).item() == pytest.approx(by_row.item())
+    assert by_row.item() != pytest.approx(by_token.item())
+
+
 def test_prefix_share_without_block_masks_is_refused(tmp_path):
     from dloom.zoo.train import train_one
 
@@ -135,11 +153,12 @@ def test_prefix_share_without_block_masks_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--model", "toy-ar", "--masks", "block"], "--masks orders a dLLM's training masks"),
-    (["--model", "toy-ar", "--prefix-share", "0.5"], "--prefix-share orders a dLLM's training masks"),
+    (["--model", "toy-ar", "--masks", "block"], "--masks is a dLLM's training option"),
+    (["--model", "toy-ar", "--prefix-share", "0.5"], "--prefix-share is a dLLM's training option"),
     (["--model", "toy-dllm", "--prefix-share", "1.5"], "--prefix-share must be in [0, 1], got 1.5"),
     (["--model", "toy-dllm", "--causal-share", "-0.1"], "--causal-share must be in [0, 1], got -0.1"),
-    (["--model", "toy-ar", "--causal-share", "0.5"], "--causal-share orders a dLLM's training masks"),
+    (["--model", "toy-ar", "--causal-share", "0.5"], "--causal-share is a dLLM's training option"),
+    (["--model", "toy-ar", "--loss-mean", "row"], "--loss-mean is a dLLM's training option"),
 ])
 def test_bad_mask_options_are_refused_before_training(argv, message, capsys):
     from dloom.zoo.train import main
@@ -428,12 +447,14 @@ def test_the_long_dllm_stage_starts_from_its_causal_stage(monkeypatch, tmp_path)
     train.main(["--model", "long-dllm-ar", *common])
     blocks = []
     loss = train.dllm_loss
-    monkeypatch.setattr(train, "dllm_loss", lambda *args: blocks.append(args[-3:]) or loss(*args))
+    monkeypatch.setattr(train, "dllm_loss", lambda *args: blocks.append(args[-4:]) or loss(*args))
     train.main(["--model", "long-dllm", "--init-from", str(tmp_path / "long-dllm-ar"), "--seed", "1",
-                "--masks", "block", "--prefix-share", "0.5", "--causal-share", "0.25", *common])
+                "--masks", "block", "--prefix-share", "0.5", "--causal-share", "0.25", "--loss-mean", "row",
+                *common])
     record = json.loads((tmp_path / "long-dllm" / "eval.json").read_text())
-    assert (record["masks"], record["prefix_share"], record["causal_share"]) == ("block", 0.5, 0.25)
-    assert blocks == [(32, 0.5, 0.25)] * 2  # block-order masks over the workload's blocks of 32
+    assert (record["masks"], record["prefix_share"], record["causal_share"], record["loss_mean"]) == (
+        "block", 0.5, 0.25, "row")
+    assert blocks == [(32, 0.5, 0.25, "row")] * 2  # block-order masks over the workload's blocks of 32
     assert [run["model"] for run in record["history"]] == ["long-dllm-ar"]
     assert set(record["per_family"]) == {"chain", "word", "tale", "prog"} and record["n"] == 4
     config = json.loads((tmp_path / "long-dllm" / "config.json").read_text())

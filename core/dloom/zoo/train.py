@@ -422,6 +422,7 @@ def dllm_loss(
     block_length: int | None = None,
     prefix_share: float = 0.0,
     causal_share: float = 0.0,
+    loss_mean: str = "token",
 ) -> torch.Tensor:
     """Masked-diffusion cross-entropy over the masked positions of a ``gen_length`` region.
 
@@ -447,6 +448,13 @@ def dllm_loss(
     One such row teaches every step of a running sum, where a masked row teaches about one,
     so a bidirectional model learns the arithmetic from them and the masked rows teach it to
     use it among masks.  The loss is then the masked rows' mean plus the causal rows' mean.
+
+    ``loss_mean`` is how the masked rows' mean is taken: ``"token"``, over their masked
+    positions (each position weighs the same, so a row masked at ``t`` weighs in proportion
+    to ``t``); ``"row"``, each row's own mean, then the mean over rows (each row weighs the
+    same: LLaDA's ``1/t``-weighted objective in expectation, and the weighting of a
+    block-by-block decoder's states, which meets each mask ratio of a block once, the
+    lightly masked end of a block as often as its fully masked start).
 
     ``pad_weight`` scales the loss of the ``<eos>`` padding after each answer's first
     ``<eos>`` (1.0: LLaDA's plain mean over every masked position).  A lower weight leaves
@@ -486,14 +494,32 @@ def dllm_loss(
     lengths = torch.tensor([len(e.answer) for e in batch])
     through_eos = torch.arange(gen_length)[None, :] <= lengths[:, None]  # the answer and its first <eos>
     weight = torch.where(through_eos, 1.0, pad_weight)
-    scored = [masked, causal[:, None] & through_eos]  # causal rows: the causal stage's positions
-    return torch.stack([_weighted_mean(logits, target, weight, part) for part in scored if part.any()]).sum()
+    parts = []
+    if masked.any():
+        parts.append(_weighted_mean(logits, target, weight, masked, by_row=loss_mean == "row"))
+    through = causal[:, None] & through_eos  # causal rows: the causal stage's positions
+    if through.any():
+        parts.append(_weighted_mean(logits, target, weight, through))
+    return torch.stack(parts).sum()
 
 
-def _weighted_mean(logits: torch.Tensor, target: torch.Tensor, weight: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
-    """The ``weight``-weighted mean cross-entropy over the ``scored`` ``(B, G)`` positions."""
-    loss = F.cross_entropy(logits[scored], target[scored], reduction="none")
-    return (loss * weight[scored]).sum() / weight[scored].sum()
+LOSS_MEANS = ("token", "row")
+"""How :func:`dllm_loss` averages its masked rows' cross-entropy."""
+
+
+def _weighted_mean(
+    logits: torch.Tensor, target: torch.Tensor, weight: torch.Tensor, scored: torch.Tensor, by_row: bool = False
+) -> torch.Tensor:
+    """The ``weight``-weighted mean cross-entropy over the ``scored`` ``(B, G)`` positions;
+    ``by_row``: the mean over the rows with a scored position of each row's weighted mean."""
+    loss = F.cross_entropy(logits[scored], target[scored], reduction="none") * weight[scored]
+    if not by_row:
+        return loss.sum() / weight[scored].sum()
+    row = scored.nonzero()[:, 0]
+    sums = torch.zeros(len(scored), dtype=loss.dtype).index_add(0, row, loss)
+    weights = torch.zeros(len(scored), dtype=loss.dtype).index_add(0, row, weight[scored])
+    has = scored.any(-1)
+    return (sums[has] / weights[has]).mean()
 
 
 def row_attention(attention_mask: torch.Tensor, causal: torch.Tensor) -> torch.Tensor:
@@ -706,7 +732,7 @@ def unfinished_run(directory: Path) -> dict | None:
 
 _HISTORY_KEYS = (
     "seed", "peak_lr", "steps", "batch", "train_weights", "pad_weight", "t_max", "masks", "prefix_share",
-    "causal_share", "init_from", "train_seconds",
+    "causal_share", "loss_mean", "init_from", "train_seconds",
     "final_loss_avg", "overall", "per_family",
 )
 
@@ -728,6 +754,7 @@ def train_one(
     masks: str | None = None,
     prefix_share: float | None = None,
     causal_share: float | None = None,
+    loss_mean: str | None = None,
 ) -> dict:
     """Train (or, with ``resume``, continue training) one model, save it, evaluate it.
 
@@ -747,9 +774,9 @@ def train_one(
     family; ``pad_weight`` and ``t_max`` are :func:`dllm_loss`'s.  ``masks`` is its mask
     order: ``"uniform"`` (the default of a new run) or ``"block"`` (blocks of the workload's
     ``block_length``), with ``prefix_share`` (default 0) of the rows masked from a cut on, and
-    ``causal_share`` (default 0) trained causally (:func:`dllm_loss`); given on resuming an
-    unfinished run, they replace the run's from the current step on (the
-    record keeps the last ones).  ``init_from`` (a dLLM
+    ``causal_share`` (default 0) trained causally, and ``loss_mean`` (default ``"token"``)
+    how the masked rows are averaged (:func:`dllm_loss`); given on resuming an unfinished
+    run, they replace the run's from the current step on (the record keeps the last ones).  ``init_from`` (a dLLM
     only) starts instead from a causal checkpoint of the same architecture made
     bidirectional (:func:`dllm_from_ar`); its runs head the history.
     """
@@ -764,6 +791,7 @@ def train_one(
         masks = masks or run.get("masks", "uniform")
         prefix_share = run.get("prefix_share", 0.0) if prefix_share is None else prefix_share
         causal_share = run.get("causal_share", 0.0) if causal_share is None else causal_share
+        loss_mean = loss_mean or run.get("loss_mean", "token")
         peak = lr if lr is not None else run["peak_lr"]
         if minutes is None and steps is None:
             minutes = None if run["budget_seconds"] is None else run["budget_seconds"] / 60
@@ -775,6 +803,7 @@ def train_one(
         masks = masks or "uniform"
         prefix_share = prefix_share or 0.0
         causal_share = causal_share or 0.0
+        loss_mean = loss_mean or "token"
         from_checkpoint = resume or init_from is not None
         peak = lr if lr is not None else spec.lr / 2 if from_checkpoint else spec.lr
         start_step, elapsed_before, history = 0, 0.0, []
@@ -808,7 +837,7 @@ def train_one(
             "model": name, "kind": spec.kind, "workload": workload.name, "params": n_params(model), "seed": seed,
             "peak_lr": peak, "steps": step, "batch": workload.batch, "train_weights": mix,
             "pad_weight": pad_weight, "t_max": t_max, "masks": masks,
-            "prefix_share": prefix_share, "causal_share": causal_share, "init_from": None if init_from is None else str(init_from),
+            "prefix_share": prefix_share, "causal_share": causal_share, "loss_mean": loss_mean, "init_from": None if init_from is None else str(init_from),
             "train_seconds": round(elapsed, 1), "budget_seconds": budget, "total_steps": total,
             "final_loss_avg": running, "finished": finished, **curves, "history": history,
         }
@@ -829,7 +858,7 @@ def train_one(
         if spec.kind == "dllm":
             blocks = workload.block_length if masks == "block" else None
             loss = dllm_loss(model, batch, extra_pad, gen, pad_weight, t_max, workload.gen_length, blocks,
-                             prefix_share, causal_share)
+                             prefix_share, causal_share, loss_mean)
         else:
             loss = ar_loss(model, batch, extra_pad)
         opt.zero_grad(set_to_none=True)
@@ -992,6 +1021,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--causal-share", type=float, default=None, metavar="P",
                         help="dLLMs: the share of rows trained as the causal stage was (clean answer, causal "
                         "attention, next-token loss), default 0")
+    parser.add_argument("--loss-mean", choices=LOSS_MEANS, default=None,
+                        help="dLLMs: 'token' averages the masked rows' loss over their masked positions (the "
+                        "default of a new run), 'row' over rows (each row's mean: every mask ratio, so every "
+                        "state of a block-by-block decoder, weighs the same). On --resume of an unfinished run "
+                        "it replaces the run's from then on")
     parser.add_argument("--init-from", type=Path, default=None, metavar="DIR",
                         help="a new dLLM (toy-dllm, long-dllm): start from this causal checkpoint of its "
                         "architecture (made by --model toy-dllm-ar / long-dllm-ar), turned bidirectional "
@@ -1021,9 +1055,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.init_from is not None and (args.model not in dllms or args.resume):
         parser.error(f"--init-from starts a new dLLM: use it with --model {' or '.join(dllms)} and without --resume")
     shares = (("--prefix-share", args.prefix_share), ("--causal-share", args.causal_share))
-    for option, value in (("--masks", args.masks), *shares):
+    for option, value in (("--masks", args.masks), ("--loss-mean", args.loss_mean), *shares):
         if value is not None and args.model not in dllms:
-            parser.error(f"{option} orders a dLLM's training masks: use it with --model {' or '.join(dllms)}")
+            parser.error(f"{option} is a dLLM's training option: use it with --model {' or '.join(dllms)}")
     for option, value in shares:
         if value is not None and not 0 <= value <= 1:
             parser.error(f"{option} must be in [0, 1], got {value}")
@@ -1055,7 +1089,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                   "'lookup' here (see this module's docstring)", flush=True)
         train_one(name, minutes, args.steps, seed, out, args.eval_n, args.resume, args.lr, args.weights,
                   args.pad_weight, args.t_max, init_from, args.checkpoint_minutes, args.masks, args.prefix_share,
-                  args.causal_share)
+                  args.causal_share, args.loss_mean)
 
 
 if __name__ == "__main__":
