@@ -359,14 +359,20 @@ def test_block_decoding_finishes_each_block_before_the_next():
 
 
 def test_trace_reports_each_commit_step_in_either_order():
-    from dloom.zoo.train import trace_dllm
+    from dloom.zoo.train import encode_prompts, trace_dllm
 
-    _, by_confidence = trace_dllm(_Ramp(), ["copy ab", "copy b"])
-    assert by_confidence.tolist() == [[3, 2, 1, 0, 7, 6, 5, 4]] * 2  # the surest (rightmost) first
+    by_confidence = trace_dllm(_Ramp(), ["copy ab", "copy b"])
+    assert by_confidence.step.tolist() == [[3, 2, 1, 0, 7, 6, 5, 4]] * 2  # the surest (rightmost) first
     model = _Ramp()
-    region, left_to_right = trace_dllm(model, ["copy ab"], order="left-to-right")
-    assert left_to_right.tolist() == [list(range(8))]  # the leftmost masked position, whatever its confidence
-    assert region.tolist() == [[5] * 8]  # each position committed to its argmax
+    left_to_right = trace_dllm(model, ["copy ab"], order="left-to-right")
+    assert left_to_right.step.tolist() == [list(range(8))]  # the leftmost masked position, whatever its confidence
+    assert left_to_right.region.tolist() == [[5] * 8]  # each position committed to its argmax
+    # each commit's max-probability: the ramp's logit c at its column against the logits 0 of
+    # the other tokens (<pad> and the mask excluded), 1 / (1 + (V - 3) e^-c)
+    width = encode_prompts(["copy ab"])[0].shape[1] + 8
+    columns = torch.arange(width - 8, width, dtype=torch.float)
+    expected = 1 / (1 + (len(tok.vocab()) - 3) * torch.exp(-columns))
+    assert torch.allclose(left_to_right.confidence[0], expected)
     with pytest.raises(ValueError, match="order is 'random'; allowed: confidence, left-to-right"):
         trace_dllm(model, ["copy ab"], order="random")
 

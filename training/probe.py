@@ -7,6 +7,7 @@ first ``-n`` of each family) greedily at one token per step, as the zoo's evalua
     python training/probe.py families training/checkpoints/long-dllm -n 10 --order left-to-right
     python training/probe.py chain training/checkpoints/long-dllm -n 16
     python training/probe.py prefix training/checkpoints/long-dllm -n 16
+    python training/probe.py tales training/checkpoints/long-dllm -n 10
 
 * ``families``: exact answers per family, and the share of the answer's commits that were
   *out of order* (a position committed while a position to its left in the same block was
@@ -16,6 +17,9 @@ first ``-n`` of each family) greedily at one token per step, as the zoo's evalua
   true sum, read from the model's own answer).
 * ``prefix``: the prefix state of every ``=`` of the ``chain`` answers (the true answer up
   to the ``=``, every later position masked): is the result's first character right?
+* ``tales``: for each failing ``tale``, the commit that broke it: the first after which no
+  tale of the grammar (its 360 answers for the prompt) fits the committed positions, with
+  its confidence and the positions to its left still masked in its block.
 
 The checkpoint's files are copied first, so a save in progress is never read half-written.
 """
@@ -23,6 +27,7 @@ The checkpoint's files are copied first, so a save in progress is never read hal
 from __future__ import annotations
 
 import argparse
+import itertools
 import re
 import shutil
 import tempfile
@@ -35,7 +40,7 @@ from dloom.zoo import long_tasks
 from dloom.zoo import tokenizer as tok
 from dloom.zoo.tasks import Example, held_out
 from dloom.zoo.train import (
-    DECODING_ORDERS, _text, answer_region, encode_prompts, position_ids, region_logits, trace_dllm,
+    DECODING_ORDERS, _ids, _text, answer_region, encode_prompts, position_ids, region_logits, trace_dllm,
 )
 
 _EQUATION = re.compile(r"(\d+)([+-])(\d+)=(\d+)")
@@ -73,18 +78,17 @@ def probe_families(model: LlamaForCausalLM, n: int, order: str) -> None:
     block_length = getattr(model.config, "dloom", {}).get("block_length", 32)
     for family, task in long_tasks.FAMILIES.items():
         batch = examples(family, n)
-        region, committed_at = trace_dllm(model, [e.prompt for e in batch], order)
-        texts = [_text(row) for row in region.tolist()]
+        trace = trace_dllm(model, [e.prompt for e in batch], order)
+        texts = [_text(row) for row in trace.region.tolist()]
         exact = sum(task.check(e.prompt, t) for e, t in zip(batch, texts))
-        late, total = out_of_order(region, committed_at, block_length)
+        late, total = out_of_order(trace.region, trace.step, block_length)
         print(f"{family}: {exact}/{len(batch)} exact, {late / total:.0%} of commits out of order;"
               f" e.g. {texts[0][:100]!r}", flush=True)
 
 
 def probe_chain(model: LlamaForCausalLM, n: int) -> None:
     batch = examples("chain", n)
-    region, _ = trace_dllm(model, [e.prompt for e in batch])
-    texts = [_text(row) for row in region.tolist()]
+    texts = [_text(row) for row in trace_dllm(model, [e.prompt for e in batch]).region.tolist()]
     steps = [(int(a) + int(b) if op == "+" else int(a) - int(b)) == int(c)
              for t in texts for a, op, b, c in _EQUATION.findall(t)]
     exact = sum(long_tasks.FAMILIES["chain"].check(e.prompt, t) for e, t in zip(batch, texts))
@@ -114,9 +118,46 @@ def probe_prefix(model: LlamaForCausalLM, n: int) -> None:
           f"({float(right.float().mean()):.0%})")
 
 
+def tale_answers(prompt: str, gen_length: int) -> torch.Tensor:
+    """``(360, G)`` long: every answer the tale grammar allows for ``prompt``, padded with ``<eos>``."""
+    name, animal, place = long_tasks._TALE_PROMPT.match(prompt).groups()
+    pro = long_tasks._TALE_NAMES[name]
+    obj = long_tasks._OBJECT[pro]
+    answers = []
+    for go, adj, act, end in itertools.product(
+        long_tasks._TALE_GOES, long_tasks._TALE_ADJS, long_tasks._TALE_ACTS, long_tasks._TALE_ENDS
+    ):
+        text = (f"{name} {go} to the {place}. there {pro} saw a {adj} {animal}. the {animal} "
+                f"{act.format(obj=obj)}. {end.format(pro=pro, obj=obj)}.")
+        assert long_tasks.FAMILIES["tale"].check(prompt, text)
+        answers.append(_ids(text) + [tok.EOS_ID] * (gen_length - len(text)))
+    return torch.tensor(answers)
+
+
+def probe_tales(model: LlamaForCausalLM, n: int) -> None:
+    block_length = getattr(model.config, "dloom", {}).get("block_length", 32)
+    batch = examples("tale", n)
+    trace = trace_dllm(model, [e.prompt for e in batch])
+    for e, region, step, confidence in zip(batch, trace.region, trace.step, trace.confidence):
+        text = _text(region.tolist())
+        if long_tasks.FAMILIES["tale"].check(e.prompt, text):
+            print(f"right: {text!r}")
+            continue
+        valid = tale_answers(e.prompt, len(region))
+        for s in range(len(region)):
+            known = step <= s
+            if not ((valid == region) | ~known).all(-1).any():
+                j = int((step == s).nonzero())
+                start = j - j % block_length
+                left_masked = int((step[start:j] > s).sum())
+                print(f"wrong: {text!r}\n  broke at step {s}: position {j} {_text([int(region[j])])!r}, "
+                      f"confidence {float(confidence[j]):.2f}, {left_masked} masked to its left in the block")
+                break
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python training/probe.py", description=__doc__.splitlines()[0])
-    parser.add_argument("probe", choices=("families", "chain", "prefix"))
+    parser.add_argument("probe", choices=("families", "chain", "prefix", "tales"))
     parser.add_argument("checkpoint", type=Path)
     parser.add_argument("-n", type=int, default=10, help="held-out prompts per family (default 10)")
     parser.add_argument("--order", choices=DECODING_ORDERS, default="confidence",
@@ -133,8 +174,10 @@ def main() -> None:
         probe_families(model, args.n, args.order)
     elif args.probe == "chain":
         probe_chain(model, args.n)
-    else:
+    elif args.probe == "prefix":
         probe_prefix(model, args.n)
+    else:
+        probe_tales(model, args.n)
 
 
 if __name__ == "__main__":

@@ -211,6 +211,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -224,7 +225,7 @@ from .tasks import ALPHABET, FAMILIES, GEN_LENGTH, Example, TaskFamily, held_out
 
 __all__ = [
     "LONG", "SHORT", "SPECS", "ModelSpec", "Workload", "build_config", "build_model", "decode_ar", "decode_dllm",
-    "dllm_from_ar", "trace_dllm", "evaluate", "main", "reevaluate", "save_checkpoint", "unfinished_run",
+    "Trace", "dllm_from_ar", "trace_dllm", "evaluate", "main", "reevaluate", "save_checkpoint", "unfinished_run",
 ]
 
 
@@ -560,17 +561,27 @@ DECODING_ORDERS = ("confidence", "left-to-right")
 """Which masked position of the current block :func:`trace_dllm` commits at each step."""
 
 
+class Trace(NamedTuple):
+    """One-token-per-step decoding of ``B`` prompts over a ``G``-position region."""
+
+    region: torch.Tensor
+    """``(B, G)`` long: the decoded tokens."""
+    step: torch.Tensor
+    """``(B, G)`` long: the step that committed each position (a permutation of ``0 .. G - 1``)."""
+    confidence: torch.Tensor
+    """``(B, G)`` float: the max-probability each position had when it was committed."""
+
+
 @torch.no_grad()
 def decode_dllm(model: LlamaForCausalLM, prompts: Sequence[str], order: str = "confidence") -> list[str]:
     """Greedy one-token-per-step answers of a dLLM (:func:`trace_dllm`), as text."""
-    region, _ = trace_dllm(model, prompts, order)
-    return [_text(row) for row in region.tolist()]
+    return [_text(row) for row in trace_dllm(model, prompts, order).region.tolist()]
 
 
 @torch.no_grad()
 def trace_dllm(
     model: LlamaForCausalLM, prompts: Sequence[str], order: str = "confidence"
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> Trace:
     """Greedy decoding, one token per step, blocks left to right, with each commit's step.
 
     The region has the model's ``dloom.gen_length`` positions (``GEN_LENGTH`` if it names
@@ -581,8 +592,7 @@ def trace_dllm(
     the leftmost one (a diagnostic: what the model knows when no later position is ever
     committed first).
 
-    :return: the region's tokens ``(B, G)`` long, and ``(B, G)`` long, the step at which
-        each position was committed (``0 .. G - 1``; a permutation per row).
+    :return: the tokens, and each position's commit step and confidence.
     :raises ValueError: for an ``order`` outside :data:`DECODING_ORDERS`.
     """
     if order not in DECODING_ORDERS:
@@ -599,19 +609,19 @@ def trace_dllm(
     block = torch.arange(gen_length) // block_length
     leftmost_first = -torch.arange(gen_length, dtype=torch.float)[None, :].expand(b, -1)
     committed_at = torch.zeros((b, gen_length), dtype=torch.long)
+    committed_confidence = torch.zeros((b, gen_length))
     for step in range(gen_length):
         output = model(input_ids=x, attention_mask=attention_mask, position_ids=pos)
         logits = region_logits(model, output.logits, p).float()
         logits[..., [tok.PAD_ID, tok.MASK_ID]] = -math.inf
-        confidence, candidate = logits.softmax(-1).max(-1)
-        if order == "left-to-right":
-            confidence = leftmost_first
+        probability, candidate = logits.softmax(-1).max(-1)
+        priority = leftmost_first if order == "left-to-right" else probability
         still = (x[:, p:] == tok.MASK_ID) & (block == step // block_length)[None, :]
-        confidence = torch.where(still, confidence, -math.inf)
-        choice = confidence.argmax(-1)
+        choice = torch.where(still, priority, -math.inf).argmax(-1)
         x[rows, p + choice] = torch.where(still[rows, choice], candidate[rows, choice], x[rows, p + choice])
         committed_at[rows, choice] = step
-    return x[:, p:], committed_at
+        committed_confidence[rows, choice] = probability[rows, choice]
+    return Trace(x[:, p:], committed_at, committed_confidence)
 
 
 @torch.no_grad()
