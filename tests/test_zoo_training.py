@@ -110,6 +110,70 @@ def test_prefix_rows_mask_their_block_from_a_cut_to_its_end():
     assert len(set(cut.tolist())) > 4  # the cut varies
 
 
+class _Calls(torch.nn.Module):
+    """Wraps a model and keeps the ``input_ids`` of every call."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.config, self.calls = model, model.config, []
+
+    def forward(self, input_ids, attention_mask, position_ids):
+        self.calls.append(input_ids.clone())
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+
+
+def test_decoder_rows_leave_masked_the_block_positions_the_model_is_least_sure_of():
+    """A decoder row reveals, with their answer, the drawn block's positions the model
+    itself ranks surest with the block masked, and masks the rest: every revealed position's
+    confidence is at least every masked one's (a variant revealing at random, or the least
+    sure first, breaks it)."""
+    from dloom.zoo.train import encode_prompts, position_ids, region_logits
+
+    torch.manual_seed(0)
+    model = _Calls(build_model("toy-dllm"))
+    rng = torch.Generator().manual_seed(1)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    answers = ["".join(letters[i] for i in torch.randint(26, (24,), generator=rng)) for _ in range(32)]
+    batch = [Example("copy", f"copy {a}", a) for a in answers]
+    dllm_loss(model, batch, 0, torch.Generator().manual_seed(0), 1.0, 1.0, GEN_LENGTH, 8, 0.0, 0.0, "token", 1.0)
+    probe, scored = model.calls  # one forward without gradient, then the loss's
+    assert len(probe) == 32  # every row is a decoder row
+    region = scored[:, -GEN_LENGTH:]
+    masked = (region == tok.MASK_ID).view(32, 4, 8)
+    current = (masked.sum(-1) > 0).int().argmax(-1)
+    assert torch.equal(probe[:, -GEN_LENGTH:] == tok.MASK_ID,  # the probe: the drawn block on, all masked
+                       (torch.arange(GEN_LENGTH)[None, :] // 8 >= current[:, None]))
+    prompt_ids, prompt_mask = encode_prompts([e.prompt for e in batch])
+    attention = torch.cat([prompt_mask, torch.ones(32, GEN_LENGTH, dtype=prompt_mask.dtype)], 1)
+    with torch.no_grad():
+        logits = region_logits(model, model.model(input_ids=probe, attention_mask=attention,
+                                                  position_ids=position_ids(attention)).logits, prompt_ids.shape[1])
+    logits[..., [tok.PAD_ID, tok.MASK_ID]] = -float("inf")
+    confidence = logits.softmax(-1).amax(-1).view(32, 4, 8)[torch.arange(32), current]  # (32, 8)
+    block_masked = masked[torch.arange(32), current]
+    for row in range(32):
+        kept, hidden = confidence[row][~block_masked[row]], confidence[row][block_masked[row]]
+        assert len(hidden) >= 1
+        if len(kept):
+            assert kept.min() >= hidden.max()
+    assert len(set(block_masked.sum(-1).tolist())) > 4  # how many are revealed varies over 0 .. 7
+    clean = probe[:, -GEN_LENGTH:] != tok.MASK_ID
+    assert torch.equal(region[clean], probe[:, -GEN_LENGTH:][clean])  # earlier blocks as before: clean
+
+
+def test_decoder_share_zero_draws_nothing_more():
+    """Without decoder rows the masks and the loss are exactly those of before (no extra draw)."""
+    torch.manual_seed(0)
+    model = build_model("toy-dllm")
+    batch = [Example("copy", f"copy {i:02d} ab", "abcdefgh" * 3) for i in range(16)]
+    args = (model, batch, 1)
+    settings = (1.0, 1.0, GEN_LENGTH, 8, 0.3, 0.3, "row")
+    without = dllm_loss(*args, torch.Generator().manual_seed(3), *settings)
+    zero = dllm_loss(*args, torch.Generator().manual_seed(3), *settings, 0.0)
+    some = dllm_loss(*args, torch.Generator().manual_seed(3), *settings, 0.5)
+    assert zero.item() == without.item() and some.item() != without.item()
+
+
 def test_causal_rows_are_the_causal_stage_s_loss(tmp_path):
     """Rows trained causally see only the tokens before each position: on a dLLM made from a
     causal model, an all-causal batch has that model's own loss (a bidirectional mask on
@@ -145,11 +209,12 @@ def test_the_row_mean_weighs_every_row_the_same():
     assert by_row.item() != pytest.approx(by_token.item())
 
 
-def test_prefix_share_without_block_masks_is_refused(tmp_path):
+@pytest.mark.parametrize("share", ["prefix_share", "decoder_share"])
+def test_a_block_share_without_block_masks_is_refused(share, tmp_path):
     from dloom.zoo.train import train_one
 
-    with pytest.raises(ValueError, match="prefix_share 0.5 needs block masks, the run's are 'uniform'"):
-        train_one("toy-dllm", None, 1, 0, tmp_path, 4, masks="uniform", prefix_share=0.5)
+    with pytest.raises(ValueError, match=f"{share} 0.5 needs block masks, the run's are 'uniform'"):
+        train_one("toy-dllm", None, 1, 0, tmp_path, 4, masks="uniform", **{share: 0.5})
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -159,6 +224,10 @@ def test_prefix_share_without_block_masks_is_refused(tmp_path):
     (["--model", "toy-dllm", "--causal-share", "-0.1"], "--causal-share must be in [0, 1], got -0.1"),
     (["--model", "toy-ar", "--causal-share", "0.5"], "--causal-share is a dLLM's training option"),
     (["--model", "toy-ar", "--loss-mean", "row"], "--loss-mean is a dLLM's training option"),
+    (["--model", "toy-ar", "--decoder-share", "0.5"], "--decoder-share is a dLLM's training option"),
+    (["--model", "toy-dllm", "--decoder-share", "2"], "--decoder-share must be in [0, 1], got 2.0"),
+    (["--model", "toy-dllm", "--prefix-share", "0.6", "--decoder-share", "0.5"],
+     "--prefix-share 0.6 and --decoder-share 0.5 are shares of the same rows: their sum must be at most 1"),
 ])
 def test_bad_mask_options_are_refused_before_training(argv, message, capsys):
     from dloom.zoo.train import main
@@ -453,14 +522,14 @@ def test_the_long_dllm_stage_starts_from_its_causal_stage(monkeypatch, tmp_path)
     train.main(["--model", "long-dllm-ar", *common])
     blocks = []
     loss = train.dllm_loss
-    monkeypatch.setattr(train, "dllm_loss", lambda *args: blocks.append(args[-4:]) or loss(*args))
+    monkeypatch.setattr(train, "dllm_loss", lambda *args: blocks.append(args[-5:]) or loss(*args))
     train.main(["--model", "long-dllm", "--init-from", str(tmp_path / "long-dllm-ar"), "--seed", "1",
                 "--masks", "block", "--prefix-share", "0.5", "--causal-share", "0.25", "--loss-mean", "row",
-                *common])
+                "--decoder-share", "0.25", *common])
     record = json.loads((tmp_path / "long-dllm" / "eval.json").read_text())
-    assert (record["masks"], record["prefix_share"], record["causal_share"], record["loss_mean"]) == (
-        "block", 0.5, 0.25, "row")
-    assert blocks == [(32, 0.5, 0.25, "row")] * 2  # block-order masks over the workload's blocks of 32
+    assert (record["masks"], record["prefix_share"], record["causal_share"], record["loss_mean"],
+            record["decoder_share"]) == ("block", 0.5, 0.25, "row", 0.25)
+    assert blocks == [(32, 0.5, 0.25, "row", 0.25)] * 2  # block-order masks over the workload's blocks of 32
     assert [run["model"] for run in record["history"]] == ["long-dllm-ar"]
     assert set(record["per_family"]) == {"chain", "word", "tale", "prog"} and record["n"] == 4
     config = json.loads((tmp_path / "long-dllm" / "config.json").read_text())

@@ -424,6 +424,7 @@ def dllm_loss(
     prefix_share: float = 0.0,
     causal_share: float = 0.0,
     loss_mean: str = "token",
+    decoder_share: float = 0.0,
 ) -> torch.Tensor:
     """Masked-diffusion cross-entropy over the masked positions of a ``gen_length`` region.
 
@@ -441,7 +442,13 @@ def dllm_loss(
     their block from a uniform cut to its end instead: the state a decoder meets when it has
     committed the block's start, where a result must be computed from the visible operands
     (random masks mostly leave one copy of a repeated number visible, so a model can learn
-    to copy it instead).
+    to copy it instead).  A ``decoder_share`` of the rows (drawn per row, apart from the
+    prefix rows) holds the state a confidence-order decoder meets: of the drawn block, the
+    ``m`` positions (``m`` uniform over ``0 .. K - 1``) the model itself is surest of with the
+    block fully masked hold their answer, the rest are masked (:func:`_least_confident`; one
+    more forward, without gradient, on those rows).  A decoder commits the easy positions
+    first and leaves the hard ones, those the left context leaves open, to be read from
+    what it committed on both sides; random masks rarely leave exactly those masked.
 
     A ``causal_share`` of the rows (drawn per row) is trained as the causal stage was: the
     clean answer behind a causal attention mask, each position of the answer and its first
@@ -476,13 +483,23 @@ def dllm_loss(
         current = torch.randint(gen_length // block_length, (b, 1), generator=gen)
         in_block = torch.arange(gen_length) % block_length
         cut = torch.randint(block_length, (b, 1), generator=gen)
-        prefix_rows = torch.rand(b, 1, generator=gen) < prefix_share
+        row_kind = torch.rand(b, 1, generator=gen)
+        prefix_rows = row_kind < prefix_share
         drawn = torch.where(prefix_rows, in_block[None, :] >= cut, drawn)
+        if decoder_share > 0:
+            decoder_rows = ~prefix_rows & (row_kind < prefix_share + decoder_share)
+            revealed = torch.randint(block_length, (b, 1), generator=gen)
         masked, later = drawn & (block_of[None, :] == current), block_of[None, :] > current
         none = ~masked.any(-1)  # at least one scored position: one of the drawn block's
         offset = torch.randint(block_length, (int(none.sum()),), generator=gen)
         masked[none, current[none, 0] * block_length + offset] = True
     causal = torch.rand(b, generator=gen) < causal_share if causal_share > 0 else torch.zeros(b, dtype=torch.bool)
+    if decoder_share > 0 and block_length is not None:
+        rows = (decoder_rows[:, 0] & ~causal).nonzero()[:, 0]  # a causal row's masks are cleared anyway
+        if len(rows):
+            drawn_block = (block_of[None, :] == current)[rows]
+            masked[rows] = _least_confident(model, prompt_ids[rows], prompt_mask[rows], target[rows],
+                                            drawn_block, revealed[rows])
     masked, later = masked & ~causal[:, None], later & ~causal[:, None]  # causal rows: the clean answer
     noisy = torch.where(masked | later, torch.full_like(target, tok.MASK_ID), target)
     input_ids = torch.cat([prompt_ids, noisy], dim=1)
@@ -502,6 +519,39 @@ def dllm_loss(
     if through.any():
         parts.append(_weighted_mean(logits, target, weight, through))
     return torch.stack(parts).sum()
+
+
+def _least_confident(
+    model: LlamaForCausalLM,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    target: torch.Tensor,
+    block: torch.Tensor,
+    revealed: torch.Tensor,
+) -> torch.Tensor:
+    """The masks of a confidence-order decoder's state inside one block, for ``R`` rows.
+
+    :param prompt_ids: ``(R, P)`` long, left-padded prompts; ``prompt_mask`` their ``(R, P)``
+        key padding.
+    :param target: ``(R, G)`` long, the answer regions.
+    :param block: ``(R, G)`` bool, each row's drawn block (one run of positions).
+    :param revealed: ``(R, 1)`` long, how many of the block's positions to reveal, below the
+        block's length (so at least one stays masked).
+    :return: ``(R, G)`` bool, the block's positions other than the ``revealed`` ones the model
+        is surest of (largest max-probability over the tokens a decoder may commit) when the
+        region from the block on is masked; reads the model without gradient.
+    """
+    ahead = block.int().cummax(-1).values.bool()  # the block and every position after it
+    noisy = torch.where(ahead, torch.full_like(target, tok.MASK_ID), target)
+    attention_mask = torch.cat([prompt_mask, torch.ones_like(noisy)], dim=1)
+    with torch.no_grad():
+        output = model(input_ids=torch.cat([prompt_ids, noisy], dim=1), attention_mask=attention_mask,
+                       position_ids=position_ids(attention_mask))
+        logits = region_logits(model, output.logits, prompt_ids.shape[1])
+        logits[..., [tok.PAD_ID, tok.MASK_ID]] = -math.inf
+        confidence = torch.where(block, logits.softmax(-1).amax(-1), -math.inf)
+    rank = confidence.argsort(-1, descending=True).argsort(-1)  # 0: the surest position
+    return block & (rank >= revealed)
 
 
 LOSS_MEANS = ("token", "row")
@@ -742,7 +792,7 @@ def unfinished_run(directory: Path) -> dict | None:
 
 _HISTORY_KEYS = (
     "seed", "peak_lr", "steps", "batch", "train_weights", "pad_weight", "t_max", "masks", "prefix_share",
-    "causal_share", "loss_mean", "init_from", "train_seconds",
+    "causal_share", "loss_mean", "decoder_share", "init_from", "train_seconds",
     "final_loss_avg", "overall", "per_family",
 )
 
@@ -765,6 +815,7 @@ def train_one(
     prefix_share: float | None = None,
     causal_share: float | None = None,
     loss_mean: str | None = None,
+    decoder_share: float | None = None,
 ) -> dict:
     """Train (or, with ``resume``, continue training) one model, save it, evaluate it.
 
@@ -784,8 +835,9 @@ def train_one(
     family; ``pad_weight`` and ``t_max`` are :func:`dllm_loss`'s.  ``masks`` is its mask
     order: ``"uniform"`` (the default of a new run) or ``"block"`` (blocks of the workload's
     ``block_length``), with ``prefix_share`` (default 0) of the rows masked from a cut on, and
-    ``causal_share`` (default 0) trained causally, and ``loss_mean`` (default ``"token"``)
-    how the masked rows are averaged (:func:`dllm_loss`); given on resuming an unfinished
+    ``causal_share`` (default 0) trained causally, ``decoder_share`` (default 0) in a
+    confidence-order decoder's states, and ``loss_mean`` (default ``"token"``) how the masked
+    rows are averaged (:func:`dllm_loss`); given on resuming an unfinished
     run, they replace the run's from the current step on (the record keeps the last ones).  ``init_from`` (a dLLM
     only) starts instead from a causal checkpoint of the same architecture made
     bidirectional (:func:`dllm_from_ar`); its runs head the history.
@@ -802,6 +854,7 @@ def train_one(
         prefix_share = run.get("prefix_share", 0.0) if prefix_share is None else prefix_share
         causal_share = run.get("causal_share", 0.0) if causal_share is None else causal_share
         loss_mean = loss_mean or run.get("loss_mean", "token")
+        decoder_share = run.get("decoder_share", 0.0) if decoder_share is None else decoder_share
         peak = lr if lr is not None else run["peak_lr"]
         if minutes is None and steps is None:
             minutes = None if run["budget_seconds"] is None else run["budget_seconds"] / 60
@@ -814,14 +867,19 @@ def train_one(
         prefix_share = prefix_share or 0.0
         causal_share = causal_share or 0.0
         loss_mean = loss_mean or "token"
+        decoder_share = decoder_share or 0.0
         from_checkpoint = resume or init_from is not None
         peak = lr if lr is not None else spec.lr / 2 if from_checkpoint else spec.lr
         start_step, elapsed_before, history = 0, 0.0, []
         curves = {"loss_curve": [], "monitor_curve": []}
     if minutes is None and steps is None:
         raise ValueError(f"{name}: no budget (give minutes or steps)")
-    if prefix_share and masks != "block":
-        raise ValueError(f"{name}: prefix_share {prefix_share} needs block masks, the run's are {masks!r}")
+    for option, share in (("prefix_share", prefix_share), ("decoder_share", decoder_share)):
+        if share and masks != "block":
+            raise ValueError(f"{name}: {option} {share} needs block masks, the run's are {masks!r}")
+    if prefix_share + decoder_share > 1:
+        raise ValueError(f"{name}: prefix_share {prefix_share} and decoder_share {decoder_share} are shares "
+                         "of the same rows: their sum must be at most 1")
     torch.manual_seed(_part_seed(seed, start_step))
     if resume:
         model = LlamaForCausalLM.from_pretrained(directory, local_files_only=True, dtype=torch.float32)
@@ -847,7 +905,8 @@ def train_one(
             "model": name, "kind": spec.kind, "workload": workload.name, "params": n_params(model), "seed": seed,
             "peak_lr": peak, "steps": step, "batch": workload.batch, "train_weights": mix,
             "pad_weight": pad_weight, "t_max": t_max, "masks": masks,
-            "prefix_share": prefix_share, "causal_share": causal_share, "loss_mean": loss_mean, "init_from": None if init_from is None else str(init_from),
+            "prefix_share": prefix_share, "causal_share": causal_share, "loss_mean": loss_mean,
+            "decoder_share": decoder_share, "init_from": None if init_from is None else str(init_from),
             "train_seconds": round(elapsed, 1), "budget_seconds": budget, "total_steps": total,
             "final_loss_avg": running, "finished": finished, **curves, "history": history,
         }
@@ -868,7 +927,7 @@ def train_one(
         if spec.kind == "dllm":
             blocks = workload.block_length if masks == "block" else None
             loss = dllm_loss(model, batch, extra_pad, gen, pad_weight, t_max, workload.gen_length, blocks,
-                             prefix_share, causal_share, loss_mean)
+                             prefix_share, causal_share, loss_mean, decoder_share)
         else:
             loss = ar_loss(model, batch, extra_pad)
         opt.zero_grad(set_to_none=True)
@@ -1028,6 +1087,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--prefix-share", type=float, default=None, metavar="P",
                         help="with --masks block: the share of rows whose block is masked from a random cut "
                         "to its end (the block's start committed), default 0")
+    parser.add_argument("--decoder-share", type=float, default=None, metavar="P",
+                        help="with --masks block: the share of rows (apart from --prefix-share's) in the state "
+                        "a confidence-order decoder meets: the block's positions the model is surest of hold "
+                        "their answer, the rest are masked (one more forward on those rows), default 0")
     parser.add_argument("--causal-share", type=float, default=None, metavar="P",
                         help="dLLMs: the share of rows trained as the causal stage was (clean answer, causal "
                         "attention, next-token loss), default 0")
@@ -1064,13 +1127,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     dllms = [name for name, spec in SPECS.items() if spec.kind == "dllm"]
     if args.init_from is not None and (args.model not in dllms or args.resume):
         parser.error(f"--init-from starts a new dLLM: use it with --model {' or '.join(dllms)} and without --resume")
-    shares = (("--prefix-share", args.prefix_share), ("--causal-share", args.causal_share))
+    shares = (("--prefix-share", args.prefix_share), ("--causal-share", args.causal_share),
+              ("--decoder-share", args.decoder_share))
     for option, value in (("--masks", args.masks), ("--loss-mean", args.loss_mean), *shares):
         if value is not None and args.model not in dllms:
             parser.error(f"{option} is a dLLM's training option: use it with --model {' or '.join(dllms)}")
     for option, value in shares:
         if value is not None and not 0 <= value <= 1:
             parser.error(f"{option} must be in [0, 1], got {value}")
+    if (args.prefix_share or 0) + (args.decoder_share or 0) > 1:
+        parser.error(f"--prefix-share {args.prefix_share} and --decoder-share {args.decoder_share} are shares of "
+                     "the same rows: their sum must be at most 1")
     if args.init_from is not None and not args.init_from.is_dir():
         parser.error(f"--init-from {args.init_from}: no such checkpoint directory")
     torch.set_num_threads(args.threads)
@@ -1099,7 +1166,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                   "'lookup' here (see this module's docstring)", flush=True)
         train_one(name, minutes, args.steps, seed, out, args.eval_n, args.resume, args.lr, args.weights,
                   args.pad_weight, args.t_max, init_from, args.checkpoint_minutes, args.masks, args.prefix_share,
-                  args.causal_share, args.loss_mean)
+                  args.causal_share, args.loss_mean, args.decoder_share)
 
 
 if __name__ == "__main__":
