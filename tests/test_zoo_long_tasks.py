@@ -19,6 +19,9 @@ from dloom.zoo.long_tasks import (
     MAX_ANSWER_CHARS,
     MAX_PROMPT_CHARS,
     MIN_ANSWER_CHARS,
+    SUMS,
+    SUMS_MAX_VALUE,
+    SUMS_STEPS,
 )
 from dloom.zoo.tasks import ALPHABET as SHORT_ALPHABET
 from dloom.zoo.tasks import FAMILIES as SHORT_FAMILIES
@@ -205,12 +208,38 @@ def test_train_and_held_out_splits_are_disjoint():
     assert len({(e.family, e.prompt) for e in held}) == len(held)  # distinct prompts
 
 
-def test_train_stream_can_mix_in_the_text_corpus():
-    stream = train_stream(0, families=["chain", corpus.TEXT], weights=[1, 1], suite=FAMILIES)
+def test_train_stream_can_mix_in_the_training_only_sources():
+    stream = train_stream(0, families=["chain", corpus.TEXT, SUMS], weights=[1, 1, 1], suite=FAMILIES)
     families = {e.family for e in itertools.islice(stream, 100)}
-    assert families == {"chain", "text"}
+    assert families == {"chain", "text", "sums"}
     with pytest.raises(ValueError, match="unknown task families"):
         next(train_stream(0, families=["add"], suite=FAMILIES))
+
+
+def test_sums_drills_words_arithmetic_including_one_and_three_digit_results():
+    rng = random.Random(0)
+    examples = [SUMS.generate(rng) for _ in range(N)]
+    results = []
+    for e in examples:
+        assert SUMS.check(e.prompt, e.answer), e
+        assert len(e.prompt) <= MAX_PROMPT_CHARS and len(e.answer) <= MAX_ANSWER_CHARS, e
+        steps = e.answer.split(";")
+        assert SUMS_STEPS[0] <= len(steps) <= SUMS_STEPS[1], e
+        for step in steps:
+            count, sign, amount, result = re.fullmatch(r"(\d+)([+-])(\d+)=(\d+)", step).groups()
+            assert 2 <= int(count) <= SUMS_MAX_VALUE and 2 <= int(amount), step
+            assert int(amount) <= (40 if sign == "+" else int(count) - 1), step
+            results.append(int(result))
+    assert {len(str(r)) for r in results} == {1, 2, 3}  # what chain's two-digit values never train
+    assert "sums" not in FAMILIES  # training-only: never evaluated
+
+
+def test_sums_checker_rejects_each_wrong_result_and_a_foreign_prompt():
+    prompt, answer = "sums 13-8,77+29", "13-8=5;77+29=106"
+    assert SUMS.check(prompt, answer)
+    for wrong in ("13-8=6;77+29=106", "13-8=5;77+29=96", "13-8=5", "13-8=5;77+29=106;", "77+29=106;13-8=5"):
+        assert not SUMS.check(prompt, wrong), wrong
+    assert not SUMS.check("chain 13-8+29", "13-8=5;5+29=34")
 
 
 # --------------------------------------------------------------------------- corpus

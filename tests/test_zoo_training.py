@@ -508,7 +508,7 @@ def test_weights_outside_the_model_s_workload_are_refused(capsys):
 
     with pytest.raises(SystemExit):
         main(["--model", "long-dllm-ar", "--weights", "add=2", "--steps", "1"])
-    assert "--weights: add not in long-dllm-ar's workload (chain, word, tale, prog, text)" in capsys.readouterr().err
+    assert "--weights: add not in long-dllm-ar's workload (chain, word, tale, prog, text, sums)" in capsys.readouterr().err
 
 
 def test_the_long_dllm_stage_starts_from_its_causal_stage(monkeypatch, tmp_path):

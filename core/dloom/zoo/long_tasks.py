@@ -35,6 +35,9 @@ Characters: prompts and answers use :data:`ALPHABET` (the shipped suite's charac
 upper case, newline and the rest of printable ASCII, the vocabulary of the long-answer zoo
 models, which the natural-text component :mod:`dloom.zoo.corpus` needs too).
 
+:data:`SUMS` is a training-only source (``word``'s arithmetic as a drill), drawn when a
+training mix gives it a weight and never evaluated.
+
 Splits follow :mod:`dloom.zoo.tasks`: a prompt is held out iff
 ``blake2b(family + "\\0" + prompt) % 10 == 0``; ``tasks.train_stream(seed, suite=FAMILIES)``
 never yields a held-out prompt and ``tasks.held_out(n, suite=FAMILIES)`` yields only them.
@@ -57,6 +60,9 @@ __all__ = [
     "MAX_ANSWER_CHARS",
     "MAX_PROMPT_CHARS",
     "MIN_ANSWER_CHARS",
+    "SUMS",
+    "SUMS_MAX_VALUE",
+    "SUMS_STEPS",
     "TALE_RE",
 ]
 
@@ -185,6 +191,51 @@ def _check_word(prompt: str, answer: str) -> bool:
             return False
         count = result
     return sentences[-1] in {_word_end(name, count, item, form) for form in range(3)}
+
+
+# ----------------------------------------------------------------------------- sums
+SUMS_STEPS = (5, 7)
+"""Inclusive range of the steps of a ``sums`` drill."""
+SUMS_MAX_VALUE = 180
+"""The largest left operand of a ``sums`` step: a ``word`` count reaches at most 60 + 3 * 40."""
+_SUMS_PROMPT = re.compile(r"^sums (\d+[+-]\d+(?:,\d+[+-]\d+)*)$")
+
+
+def _gen_sums(rng: random.Random) -> tuple[str, str]:
+    """Independent steps of ``word``'s arithmetic (a count gains 2..40 or loses 2..count-1).
+
+    A training-only drill: ``chain`` keeps every value in two digits, so the one- and
+    three-digit results of ``word`` (``13-8=5``, ``77+29=106``) are trained only by ``word``'s
+    two or three steps per example; a drill has five to seven, left operands 2..180.
+    """
+    while True:
+        steps = []
+        for _ in range(rng.randint(*SUMS_STEPS)):
+            count = rng.randint(2, SUMS_MAX_VALUE)
+            if count < 12 or rng.random() < 0.5:
+                steps.append((count, "+", rng.randint(2, 40)))
+            else:
+                steps.append((count, "-", rng.randint(2, count - 1)))
+        prompt = "sums " + ",".join(f"{count}{sign}{amount}" for count, sign, amount in steps)
+        if len(prompt) <= MAX_PROMPT_CHARS:
+            return prompt, ";".join(_sums_step(*step) for step in steps)
+
+
+def _sums_step(count: int, sign: str, amount: int) -> str:
+    return f"{count}{sign}{amount}={count + amount if sign == '+' else count - amount}"
+
+
+def _check_sums(prompt: str, answer: str) -> bool:
+    match = _SUMS_PROMPT.match(prompt)
+    if match is None:
+        return False
+    steps = re.findall(r"(\d+)([+-])(\d+)", match.group(1))
+    return answer == ";".join(_sums_step(int(count), sign, int(amount)) for count, sign, amount in steps)
+
+
+SUMS = TaskFamily("sums", _gen_sums, _check_sums)
+"""A training-only source (not in :data:`FAMILIES`, never evaluated): ``word``'s arithmetic
+as independent steps, ``sums 13-8,77+29`` -> ``13-8=5;77+29=106``."""
 
 
 # ----------------------------------------------------------------------------- tale

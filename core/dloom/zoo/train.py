@@ -271,7 +271,8 @@ class Workload:
 
 SHORT = Workload("short", GEN_LENGTH, GEN_LENGTH, ALPHABET, FAMILIES, CURRICULUM, TRAIN_WEIGHTS, BATCH, 128, 10)
 """The toy zoo's: answers of 8..31 characters in one block of 32, the 54-character alphabet."""
-LONG = Workload("long", long_tasks.GEN_LENGTH, 32, long_tasks.ALPHABET, long_tasks.FAMILIES, {"text": TEXT},
+LONG = Workload("long", long_tasks.GEN_LENGTH, 32, long_tasks.ALPHABET, long_tasks.FAMILIES,
+                {"text": TEXT, "sums": long_tasks.SUMS},
                 LONG_WEIGHTS, LONG_BATCH, 256, 6)
 """The long-answer zoo's: 128 positions in four blocks of 32, printable ASCII and newline."""
 
