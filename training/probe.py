@@ -5,7 +5,8 @@ first ``-n`` of each family) greedily at one token per step, as the zoo's evalua
 
     python training/probe.py families training/checkpoints/long-dllm -n 10
     python training/probe.py families training/checkpoints/long-dllm -n 10 --order left-to-right
-    python training/probe.py chain training/checkpoints/long-dllm -n 16
+    python training/probe.py steps training/checkpoints/long-dllm -n 16
+    python training/probe.py steps training/checkpoints/long-dllm -n 25 --family word
     python training/probe.py prefix training/checkpoints/long-dllm -n 16
     python training/probe.py tales training/checkpoints/long-dllm -n 10
 
@@ -13,8 +14,9 @@ first ``-n`` of each family) greedily at one token per step, as the zoo's evalua
   *out of order* (a position committed while a position to its left in the same block was
   still masked). ``--order left-to-right`` decodes strictly left to right instead: what the
   model knows when it never has to fill a gap before its right-hand context.
-* ``chain``: ``chain`` answers exact, and arithmetic steps right (``a+b=c`` with ``c`` the
-  true sum, read from the model's own answer).
+* ``steps``: ``--family`` answers (``chain`` or ``word``) exact, and their arithmetic steps
+  right (``a+b=c`` with ``c`` the true sum, read from the model's own answer), by the number
+  of digits of the true result.
 * ``prefix``: the prefix state of every ``=`` of the ``chain`` answers (the true answer up
   to the ``=``, every later position masked): is the result's first character right?
 * ``tales``: for each failing ``tale``, the commit that broke it: the first after which no
@@ -86,13 +88,18 @@ def probe_families(model: LlamaForCausalLM, n: int, order: str) -> None:
               f" e.g. {texts[0][:100]!r}", flush=True)
 
 
-def probe_chain(model: LlamaForCausalLM, n: int) -> None:
-    batch = examples("chain", n)
-    texts = [_text(row) for row in trace_dllm(model, [e.prompt for e in batch]).region.tolist()]
-    steps = [(int(a) + int(b) if op == "+" else int(a) - int(b)) == int(c)
-             for t in texts for a, op, b, c in _EQUATION.findall(t)]
-    exact = sum(long_tasks.FAMILIES["chain"].check(e.prompt, t) for e, t in zip(batch, texts))
-    print(f"chain: {exact}/{n} exact, arithmetic steps right {sum(steps)}/{len(steps)}")
+def probe_steps(model: LlamaForCausalLM, n: int, family: str, order: str) -> None:
+    batch = examples(family, n)
+    texts = [_text(row) for row in trace_dllm(model, [e.prompt for e in batch], order).region.tolist()]
+    by_digits: dict[int, list[bool]] = {}
+    for t in texts:
+        for a, op, b, c in _EQUATION.findall(t):
+            true = int(a) + int(b) if op == "+" else int(a) - int(b)
+            by_digits.setdefault(len(str(true)), []).append(true == int(c))
+    exact = sum(long_tasks.FAMILIES[family].check(e.prompt, t) for e, t in zip(batch, texts))
+    steps = [right for rights in by_digits.values() for right in rights]
+    split = ", ".join(f"{d}-digit {sum(r)}/{len(r)}" for d, r in sorted(by_digits.items()))
+    print(f"{family}: {exact}/{n} exact, arithmetic steps right {sum(steps)}/{len(steps)} ({split})")
 
 
 @torch.no_grad()
@@ -157,11 +164,12 @@ def probe_tales(model: LlamaForCausalLM, n: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python training/probe.py", description=__doc__.splitlines()[0])
-    parser.add_argument("probe", choices=("families", "chain", "prefix", "tales"))
+    parser.add_argument("probe", choices=("families", "steps", "prefix", "tales"))
     parser.add_argument("checkpoint", type=Path)
     parser.add_argument("-n", type=int, default=10, help="held-out prompts per family (default 10)")
     parser.add_argument("--order", choices=DECODING_ORDERS, default="confidence",
-                        help="families: the commit order (default: confidence, the zoo's evaluation)")
+                        help="families, steps: the commit order (default: confidence, the zoo's evaluation)")
+    parser.add_argument("--family", choices=("chain", "word"), default="chain", help="steps: the family")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     if not args.checkpoint.is_dir():
@@ -172,8 +180,8 @@ def main() -> None:
     model = load(args.checkpoint)
     if args.probe == "families":
         probe_families(model, args.n, args.order)
-    elif args.probe == "chain":
-        probe_chain(model, args.n)
+    elif args.probe == "steps":
+        probe_steps(model, args.n, args.family, args.order)
     elif args.probe == "prefix":
         probe_prefix(model, args.n)
     else:
