@@ -52,7 +52,7 @@ def test_checker_accepts_generated_answers_and_lengths_fit(family):
 
 def test_answers_fill_the_region_padding_at_most_35_percent():
     # The bar: on the held-out prompts a benchmark decodes, <eos> padding is at most
-    # 35 % of the 128-position region on average (measured: about 29 %).
+    # 35 % of the 128-position region on average (measured: about 31 %).
     examples = held_out(500, suite=FAMILIES)
     padding = statistics.mean(1 - len(e.answer) / GEN_LENGTH for e in examples)
     assert padding <= 0.35
@@ -107,6 +107,23 @@ def test_word_accepts_every_connective_and_closing_and_checks_each_step():
                   good.replace("so 15+12", "thus 15+12"),  # connective outside the grammar
                   good.replace(" now ann has 24 pears.", "")):  # no closing sentence
         assert not check(prompt, wrong), wrong
+
+
+def test_every_right_word_solution_fits_the_region():
+    # A model that picks any connective and closing the grammar allows must fit the region:
+    # before this held, 18 of 125 held-out prompts had right solutions of 128+ characters.
+    check, links = FAMILIES["word"].check, r"(so|now|giving)"
+    for e in _examples("word", seed=5, n=120):
+        head, closing = e.answer[:-1].rsplit(". ", 1)
+        name, count, item = re.search(r"(\w+) has (\d+) (\w+)", closing).groups()
+        closings = (f"now {name} has {count} {item}", f"{name} has {count} {item} now",
+                    f"so {name} has {count} {item}")
+        parts = re.split(f", {links} ", head)
+        for fill in itertools.product(("so", "now", "giving"), repeat=(len(parts) - 1) // 2):
+            body = parts[0] + "".join(f", {w} {rest}" for w, rest in zip(fill, parts[2::2]))
+            for end in closings:
+                answer = f"{body}. {end}."
+                assert check(e.prompt, answer) and len(answer) <= MAX_ANSWER_CHARS, (e.prompt, answer)
 
 
 def test_tale_accepts_every_grammatical_story_and_rejects_inconsistent_ones():

@@ -2,8 +2,8 @@
 
 The shipped suite (:mod:`dloom.zoo.tasks`) has answers of 8..31 characters in 32 positions;
 most of its output is ``<eos>`` padding and most answers are committed in one forward.  These
-families have the shape of real dLLM decoding: answers of 45..127 characters (76..106 on
-average, by family; about 30 % padding over the suite) decoded in
+families have the shape of real dLLM decoding: answers of 45..127 characters (76..104 on
+average, by family; about 31 % padding over the suite) decoded in
 ``GEN_LENGTH`` = 128 positions (four blocks of 32), where later parts of an answer depend on
 earlier ones and several slots inside an answer have more than one right filler.
 
@@ -22,7 +22,8 @@ family      prompt                                      answer (one of the right
   step's result, so the answer's end depends on all of its beginning.  One right answer.
 * ``word``: a worked solution of a two- or three-step word problem ending in the number asked
   for; each step's connective (``so``/``now``/``giving``) and the closing sentence's
-  form are free, every arithmetic step and the final count are checked.
+  form are free, every arithmetic step and the final count are checked; a prompt is drawn
+  only if its longest right solution fits the region, so every right solution does.
 * ``tale``: four sentences from a grammar (``TALE_RE``) with several right fillers per slot
   (verb, adjective, what the animal did, the ending); the prompt fixes the name, animal and
   place, the name fixes the pronoun.
@@ -144,18 +145,26 @@ def _word_end(name: str, count: int, item: str, form: int) -> str:
 
 
 def _gen_word(rng: random.Random) -> tuple[str, str]:
-    """A word problem and a worked solution; redrawn until both fit their limits."""
+    """A word problem and a worked solution, redrawn until the prompt fits and so does the
+    *longest* solution the checker accepts for it (``giving`` for every step, the longest
+    closing form): every right answer, whichever fillers a model picks, fits the region."""
     while True:
-        prompt, answer = _draw_word(rng)
-        if len(prompt) <= MAX_PROMPT_CHARS and len(answer) <= MAX_ANSWER_CHARS:
+        prompt, answer, longest = _draw_word(rng)
+        if len(prompt) <= MAX_PROMPT_CHARS and len(longest) <= MAX_ANSWER_CHARS:
             return prompt, answer
 
 
-def _draw_word(rng: random.Random) -> tuple[str, str]:
+def _word_solution(opening: str, steps: list[tuple[str, str]], links: list[str], closing: str) -> str:
+    """``<opening>. <head><link> <equation>. ... <closing>.``, a ``(head, equation)`` step each."""
+    return ". ".join([opening, *(f"{head}{link} {eq}" for (head, eq), link in zip(steps, links)), closing]) + "."
+
+
+def _draw_word(rng: random.Random) -> tuple[str, str, str]:
+    """A word problem, a solution with random fillers, and its longest right solution."""
     name = rng.choice(sorted(_WORD_NAMES))
     pronoun, item = _WORD_NAMES[name], rng.choice(_WORD_ITEMS)
     count = rng.randint(10, 60)
-    start, events, sentences = count, [], [f"{name} had {count} {item}"]
+    opening, events, steps, links = f"{name} had {count} {item}", [], [], []
     for _ in range(rng.randint(*_WORD_STEPS)):
         if count < 12 or rng.random() < 0.5:
             verb, amount = rng.choice(_WORD_GAINS), rng.randint(2, 40)
@@ -164,10 +173,13 @@ def _draw_word(rng: random.Random) -> tuple[str, str]:
             verb, amount = rng.choice(_WORD_LOSSES), rng.randint(2, count - 1)
             result, sign = count - amount, "-"
         events.append(f"{verb} {amount}")
-        sentences.append(f"{pronoun} {verb} {amount}, {rng.choice(_WORD_LINKS)} {count}{sign}{amount}={result}")
+        steps.append((f"{pronoun} {verb} {amount}, ", f"{count}{sign}{amount}={result}"))
+        links.append(rng.choice(_WORD_LINKS))
         count = result
-    sentences.append(_word_end(name, count, item, rng.randrange(3)))
-    return f"{name} had {start} {item}, {', '.join(events)}. how many?", ". ".join(sentences) + "."
+    answer = _word_solution(opening, steps, links, _word_end(name, count, item, rng.randrange(3)))
+    longest = _word_solution(opening, steps, [max(_WORD_LINKS, key=len)] * len(steps),
+                             max((_word_end(name, count, item, form) for form in range(3)), key=len))
+    return f"{opening}, {', '.join(events)}. how many?", answer, longest
 
 
 def _check_word(prompt: str, answer: str) -> bool:
