@@ -30,7 +30,8 @@ Matrices (``--matrix``; ``auto``: ``full`` on the long suite, ``headline`` on th
   (:mod:`report_calibration`); and Spiffy under the last cache of ``--caches`` (default
   dual) with graphs of each ``--calibration-sizes`` against its rule alone.
 
-With ``--target`` (and ``--assistant``), FailFast with this dLLM as drafter against AR
+With ``--target`` (and ``--assistant``), FailFast with this dLLM as drafter (at each of
+``--drafter-taus``, the drafter's commit thresholds) against AR
 decoding and assisted generation (:mod:`report_failfast`). Every run ends with issue 19's
 targets as a checklist computed from its rows (:func:`report_targets.checklist`).
 
@@ -83,6 +84,7 @@ from report_jobs import Context, Job, Runner, calibration_job, row_job  # noqa: 
 from report_measure import (  # noqa: E402
     BASELINE, CACHES, CONFIGS, DELTAS, Config, base_rules, cached, compare, drop_texts, frechet, same_outputs, spiffy_over,
 )
+from report_failfast import DRAFTER_TAUS  # noqa: E402
 from report_plots import plot_acceptance, plot_accuracy_nfe, plot_calibration, plot_speedup  # noqa: E402
 from report_tables import (  # noqa: E402,F401  (headline_table, oracle_table, micro_table: the tests' API)
     CALIBRATION_PLOT, PLOTS, headline_table, micro_table, oracle_table, replace_marked, report_page,
@@ -114,6 +116,7 @@ class Settings:
     graphs: Path = field(default_factory=lambda: ROOT / "benchmarks" / "results" / "graphs")
     target: str | None = None
     assistant: str | None = None
+    drafter_taus: tuple[float, ...] = DRAFTER_TAUS
     device: str = "cpu"
     store: Path | None = None
     resume: bool = False
@@ -238,7 +241,8 @@ def run(
                       settings.calibration_seed)
     common = [Job("oracle", "oracle")]
     if settings.target is not None:
-        common.append(Job("failfast", "failfast", {"target": settings.target, "assistant": settings.assistant}))
+        common.append(Job("failfast", "failfast", {"target": settings.target, "assistant": settings.assistant,
+                                                   "drafter_taus": list(settings.drafter_taus)}))
     runner = Runner(store, context, settings.workers, model_name, settings.device)
     try:
         if matrix == "full":
@@ -336,6 +340,7 @@ def options(args: argparse.Namespace, defaults: Settings) -> list[str]:
         ("--calibration-min-prompts", args.calibration_min_prompts, defaults.calibration_min_prompts),
         ("--spiffy-budget", args.spiffy_budget, defaults.spiffy_budget),
         ("--target", args.target, None), ("--assistant", args.assistant, None),
+        ("--drafter-taus", args.drafter_taus, ",".join(f"{t:g}" for t in defaults.drafter_taus)),
         ("--device", args.device, defaults.device), ("--workers", args.workers, defaults.workers),
     ):
         if value != default:
@@ -370,6 +375,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--graphs", type=Path, default=defaults.graphs, help="where calibrated graphs are written")
     parser.add_argument("--target", default=None, help="AR target for FailFast (this dLLM drafts)")
     parser.add_argument("--assistant", default=None, help="small AR assistant for assisted generation")
+    parser.add_argument("--drafter-taus", default=",".join(f"{t:g}" for t in defaults.drafter_taus),
+                        help="FailFast: the drafter commit thresholds it is measured at, each in (0, 1]")
     parser.add_argument("--device", default="cpu", help="where every model runs (e.g. cuda)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "report.json")
     parser.add_argument("--workers", type=int, default=1,
@@ -411,8 +418,11 @@ def parse_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
     try:
         deltas = numbers(float, args.deltas)
         sizes = numbers(int, args.calibration_sizes)
+        drafter_taus = numbers(float, args.drafter_taus)
     except ValueError as error:
-        parser.error(f"--deltas and --calibration-sizes take comma-separated numbers: {error}")
+        parser.error(f"--deltas, --calibration-sizes and --drafter-taus take comma-separated numbers: {error}")
+    if not drafter_taus or any(not 0 < t <= 1 for t in drafter_taus) or len(set(drafter_taus)) < len(drafter_taus):
+        parser.error(f"--drafter-taus {args.drafter_taus!r}: distinct thresholds, each in (0, 1]")
     caches = tuple(c.strip() for c in args.caches.split(",") if c.strip())
     bad_delta = [d for d in deltas if not 0 <= d < 1]
     if not deltas or bad_delta:
@@ -434,7 +444,7 @@ def parse_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         tasks=args.tasks, matrix=args.matrix, deltas=deltas, caches=caches, calibration_paths=args.calibration_paths,
         calibration_sizes=sizes, calibration_min_prompts=args.calibration_min_prompts, graphs=args.graphs,
         spiffy_budget=args.spiffy_budget,
-        target=args.target, assistant=args.assistant, device=args.device,
+        target=args.target, assistant=args.assistant, drafter_taus=drafter_taus, device=args.device,
         store=args.out.with_suffix(STORE_SUFFIX), resume=args.resume, workers=args.workers,
     )
 

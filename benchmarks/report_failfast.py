@@ -5,8 +5,12 @@ Greedy, one prompt at a time (the latency setting of speculative decoding), on t
 held-out prompts, ``max_new_tokens`` the dLLM's generation length. Target forwards are counted
 by a forward pre-hook on each model (:class:`bench_failfast.ForwardCounter`), prefill included,
 for every method alike; AR decoding is :func:`bench_failfast.ar_decode` (one cached forward
-per token). FailFast runs with its defaults and the drafter's prefix cache, as
-``benchmarks/bench_failfast.py``'s ``failfast`` method does.
+per token). FailFast runs with the drafter's prefix cache, as
+``benchmarks/bench_failfast.py``'s ``failfast`` method does, and its defaults but one: it is
+measured once per drafter commit threshold of ``drafter_taus`` (method ``failfast@<tau>``).
+The paper's 0.05 commits a small block in about one forward, which suits a drafter that gets
+it right that way; a small drafter may draft longer accepted runs when it commits only what
+it is sure of.
 """
 
 from __future__ import annotations
@@ -25,10 +29,19 @@ from bench_failfast import ForwardCounter, ar_decode, cut
 
 Method = Callable[[list[int]], list[int]]
 
+DRAFTER_TAUS = (0.05, 0.9)
+"""The drafter commit thresholds FailFast is measured at by default: the paper's, and
+Fast-dLLM's threshold 0.9."""
 
-def methods(target, failfast: FailFastDecoder, assistant, max_new_tokens: int) -> dict[str, Method]:
-    """``name -> (prompt ids -> generated ids)``: ``ar``, ``failfast`` and, with an
-    ``assistant``, ``assisted``."""
+
+def failfast_method(drafter_tau: float) -> str:
+    """The method name of FailFast with the drafter commit threshold ``drafter_tau``."""
+    return f"failfast@{drafter_tau:g}"
+
+
+def methods(target, failfasts: Mapping[str, FailFastDecoder], assistant, max_new_tokens: int) -> dict[str, Method]:
+    """``name -> (prompt ids -> generated ids)``: ``ar``, each of ``failfasts`` (by method
+    name) and, with an ``assistant``, ``assisted``."""
     ar_target = ARTarget(target)
     eos = list(target.eos_token_ids)
 
@@ -40,9 +53,12 @@ def methods(target, failfast: FailFastDecoder, assistant, max_new_tokens: int) -
         )
         return out[0, len(prompt):].tolist()
 
+    def drafted(failfast: FailFastDecoder) -> Method:
+        return lambda prompt: failfast.generate([prompt]).token_lists[0]
+
     found: dict[str, Method] = {
         "ar": lambda prompt: ar_decode(ar_target, prompt, max_new_tokens),
-        "failfast": lambda prompt: failfast.generate([prompt]).token_lists[0],
+        **{name: drafted(failfast) for name, failfast in failfasts.items()},
     }
     if assistant is not None:
         found["assisted"] = assisted
@@ -63,13 +79,15 @@ def run_method(
 
 def measure_failfast(
     drafter, target_name: str, assistant_name: str | None, examples: Sequence[Example],
-    families: Mapping[str, TaskFamily], dtype: str = "float32",
+    families: Mapping[str, TaskFamily], dtype: str = "float32", drafter_taus: Sequence[float] = DRAFTER_TAUS,
 ) -> dict[str, Any]:
-    """FailFast with ``drafter`` (the report's dLLM adapter) for ``target_name``, against AR
-    decoding and assisted generation with ``assistant_name`` (``None``: skipped), graded
-    with ``families``' checkers. Per method: accuracy, target forwards (per prompt, per
-    generated token), helper forwards, tokens per target forward, TPS and the share of
-    outputs identical to AR decoding's."""
+    """FailFast with ``drafter`` (the report's dLLM adapter) for ``target_name`` at each of
+    ``drafter_taus``, against AR decoding and assisted generation with ``assistant_name``
+    (``None``: skipped), graded with ``families``' checkers. Per method: accuracy, target
+    forwards (per prompt, per generated token), helper forwards, tokens per target forward,
+    TPS and the share of outputs identical to AR decoding's; ``best`` names the FailFast
+    method with the fewest target forwards among those identical to AR decoding on every
+    prompt (the first measured when none is)."""
     device = drafter.device
     target = load_model(target_name, dtype=dtype, device=device, require_mask=False)
     assistant = None if assistant_name is None else load_model(
@@ -82,13 +100,17 @@ def measure_failfast(
     eos = target.eos_token_ids
     results: dict[str, dict[str, Any]] = {}
     reference: list[list[int]] = []
-    failfast = FailFastDecoder(target, drafter, max_new_tokens=max_new_tokens, drafter_cache="prefix")
-    for name, method in methods(target, failfast, assistant, max_new_tokens).items():
+    failfasts = {
+        failfast_method(tau): FailFastDecoder(target, drafter, max_new_tokens=max_new_tokens, drafter_cache="prefix",
+                                              drafter_tau=tau)
+        for tau in drafter_taus
+    }
+    for name, method in methods(target, failfasts, assistant, max_new_tokens).items():
         outputs, forwards, seconds = run_method(method, prompts, counters, eos)
         reference = reference or outputs
         generated = sum(len(o) for o in outputs)
         answers = [target.decode([t for t in o if t not in eos]) for o in outputs]
-        helper = {"ar": None, "failfast": "drafter", "assisted": "assistant"}[name]
+        helper = {"ar": None, "assisted": "assistant"}.get(name, "drafter")
         results[name] = {
             "accuracy": sum(families[e.family].check(e.prompt, a) for e, a in zip(examples, answers)) / len(examples),
             "generated_tokens": generated,
@@ -101,9 +123,13 @@ def measure_failfast(
             "tps": generated / seconds,
             "identical_to_ar": sum(a == b for a, b in zip(outputs, reference)) / len(examples),
         }
-    totals = failfast.totals()
-    results["failfast"].update(accepted_per_round=totals["accepted_per_round"], rounds=totals["rounds"])
+    for name, failfast in failfasts.items():
+        totals = failfast.totals()
+        results[name].update(drafter_tau=failfast.settings.drafter_tau, rounds=totals["rounds"],
+                             accepted_per_round=totals["accepted_per_round"])
+    lossless = [name for name in failfasts if results[name]["identical_to_ar"] == 1.0]
+    best = min(lossless, key=lambda name: results[name]["target_forwards"]) if lossless else next(iter(failfasts))
     return {
         "target": target_name, "drafter": drafter.name, "assistant": assistant_name,
-        "max_new_tokens": max_new_tokens, "batch_size": 1, "n": len(examples), "methods": results,
+        "max_new_tokens": max_new_tokens, "batch_size": 1, "n": len(examples), "methods": results, "best": best,
     }

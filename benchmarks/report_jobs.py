@@ -102,10 +102,11 @@ def run_oracle(context: Context) -> dict[str, Any]:
     return measure_oracle(context.model, context.examples)
 
 
-def run_failfast(context: Context, target: str, assistant: str | None) -> dict[str, Any]:
+def run_failfast(context: Context, target: str, assistant: str | None, drafter_taus: list[float]) -> dict[str, Any]:
     from report_failfast import measure_failfast
 
-    return measure_failfast(context.model, target, assistant, context.examples, SUITES[context.tasks])
+    return measure_failfast(context.model, target, assistant, context.examples, SUITES[context.tasks],
+                            drafter_taus=drafter_taus)
 
 
 RUN: dict[str, Callable[..., Any]] = {

@@ -195,7 +195,9 @@ def failfast_table(report: dict[str, Any]) -> str:
     out = [
         "## FailFast", "",
         f"`{ff['drafter']}` drafts for the AR target `{ff['target']}` (FailFast's defaults, the "
-        f"drafter's prefix cache), against the target alone (one cached forward per token) and "
+        f"drafter's prefix cache; `failfast@τ` commits the drafter's tokens at threshold τ, the "
+        f"paper's being 0.05; the targets use `{ff['best']}`, the fewest target forwards with "
+        f"outputs identical to AR decoding), against the target alone (one cached forward per token) and "
         f"`transformers`' assisted generation with `{ff['assistant']}`; greedy, one prompt at a "
         f"time, at most {ff['max_new_tokens']} new tokens, forwards counted by forward hooks on "
         "each model (prefill included). An AR target stops at its EOS, so it has no padding and "

@@ -118,12 +118,14 @@ def failfast_items(report: Mapping[str, Any]) -> list[dict[str, Any]]:
         why = "no FailFast run (--target and --assistant)"
         return [_not_measured(ar_target, why), _not_measured(assisted_target, why)]
     methods = failfast["methods"]
-    ff, ar = methods["failfast"], methods["ar"]
+    ff, ar = methods[failfast["best"]], methods["ar"]
+    measured_at = [m["drafter_tau"] for m in methods.values() if "drafter_tau" in m]
     ratio = ar["target_forwards"] / ff["target_forwards"]
     items = [_item(
         ar_target, f"{ratio:.2f}×, {ff['identical_to_ar']:.0%} identical", ratio >= 4 and ff["identical_to_ar"] == 1.0,
         f"{ar['target_forwards_per_prompt']:.1f} → {ff['target_forwards_per_prompt']:.1f} target forwards per prompt; "
-        f"{ff['accepted_per_round']:.2f} draft tokens accepted per round"
+        f"{ff['accepted_per_round']:.2f} draft tokens accepted per round; drafter τ {ff['drafter_tau']:g}, the "
+        f"fewest target forwards of {', '.join(f'{t:g}' for t in measured_at)}"
         + ("" if ratio >= 4 else f"; {4 / ratio:.2f}× short"),
     )]
     assisted = methods.get("assisted")

@@ -84,7 +84,7 @@ def test_fréchet_delta_is_the_largest_saving_within_one_point_of_threshold(targ
     assert targets.frechet_item({"frechet_choice": none})["met"] is False
 
 
-def synthetic_report(**failfast):
+def synthetic_report(failfast_forwards=None, assisted_forwards=None):
     rows = [
         {"name": "quota", "label": "quota", "nfe_mean": 100.0, "speculation": None},
         {"name": "threshold", "label": "threshold", "nfe_mean": 30.0, "speculation": None},
@@ -95,16 +95,20 @@ def synthetic_report(**failfast):
     ]
     methods = {
         "ar": {"target_forwards": 1000, "target_forwards_per_prompt": 100.0},
-        "failfast": {"target_forwards": 240, "target_forwards_per_prompt": 24.0, "identical_to_ar": 1.0,
-                     "accepted_per_round": 3.2},
+        "failfast@0.05": {"target_forwards": 500, "target_forwards_per_prompt": 50.0, "identical_to_ar": 1.0,
+                          "accepted_per_round": 1.1, "drafter_tau": 0.05},
+        "failfast@0.9": {"target_forwards": 240, "target_forwards_per_prompt": 24.0, "identical_to_ar": 1.0,
+                         "accepted_per_round": 3.2, "drafter_tau": 0.9},
         "assisted": {"target_forwards": 300, "target_forwards_per_prompt": 30.0},
     }
-    for name, forwards in failfast.items():
-        methods[name]["target_forwards"] = forwards
+    if failfast_forwards is not None:
+        methods["failfast@0.9"]["target_forwards"] = failfast_forwards
+    if assisted_forwards is not None:
+        methods["assisted"]["target_forwards"] = assisted_forwards
     choice = {"delta": 0.25, "saving": 0.3, "accuracy": 0.9, "nfe_mean": 21.0, "reference_accuracy": 0.9,
               "reference_nfe_mean": 30.0, "candidates": []}
     return {"rows": rows, "oracle": {"nfe_mean": 16.0, "reached_share": 1.0}, "frechet_choice": choice,
-            "failfast": {"assistant": "small", "methods": methods}}
+            "failfast": {"assistant": "small", "methods": methods, "best": "failfast@0.9"}}
 
 
 def test_the_checklist_is_computed_from_the_report(targets):
@@ -114,9 +118,11 @@ def test_the_checklist_is_computed_from_the_report(targets):
     assert items[1]["measured"] == "1.50×, 100% identical"
     assert items[2]["measured"] == "2.78×, 100% identical" and "short" not in items[2]["detail"]
     assert items[3]["measured"] == "1.25× (Spiffy over threshold)"
-    assert items[4]["measured"] == "4.17×, 100% identical"
+    assert items[4]["measured"] == "4.17×, 100% identical" and "drafter τ 0.9, the fewest target forwards of 0.05, 0.9" in items[4]["detail"]
+    assert items[5]["measured"] == "1.25× fewer"
     # change one input, the figure and the verdict follow
-    slower = synthetic_report(failfast=400)
+    assert targets.checklist(synthetic_report(assisted_forwards=200))[5]["met"] is False
+    slower = synthetic_report(failfast_forwards=400)
     assert [item["met"] for item in targets.checklist(slower)][4:] == [False, False]
     report = synthetic_report()
     report["rows"][3]["identical_to_commit_rule"] = 0.95  # a lossy Spiffy misses its target
@@ -181,6 +187,9 @@ def test_calibration_sees_training_prompts_only(report_module, tiny, monkeypatch
     (["--assistant", "toy-ar-small"], "--assistant needs --target"),
     (["--spiffy-budget", "0"], "--spiffy-budget 0: allowed: 1 or more"),
     (["--workers", "0"], "--workers 0: allowed: 1 or more"),
+    (["--drafter-taus", "0.05,0"], "--drafter-taus '0.05,0': distinct thresholds, each in (0, 1]"),
+    (["--drafter-taus", "0.9,0.9"], "distinct thresholds"),
+    (["--drafter-taus", "high"], "take comma-separated numbers"),
     (["--matrix", "full", "--configs", "threshold"], "headline matrix"),
 ])
 def test_bad_options_are_refused_before_any_work(report_module, capsys, argv, message):
@@ -261,11 +270,13 @@ def test_delta_choice_calibration_and_failfast_come_from_the_run(long_report, ta
         assert points[-1]["nfe_ratio"] == pytest.approx(dual[f"{rule}/dual"]["nfe_mean"] / spiffy["nfe_mean"])
         assert all(p["identical_to_commit_rule"] == 1.0 for p in points)
     methods = report["failfast"]["methods"]
-    assert set(methods) == {"ar", "failfast", "assisted"}
+    assert set(methods) == {"ar", "failfast@0.05", "failfast@0.9", "assisted"}
     ar = methods["ar"]
     assert ar["target_forwards"] == ar["generated_tokens"] + report["n"]  # a prefill, then one per token
-    assert methods["failfast"]["identical_to_ar"] == methods["assisted"]["identical_to_ar"] == 1.0
-    assert methods["failfast"]["helper_forwards"] > 0 and methods["assisted"]["helper_forwards"] > 0
+    for name in ("failfast@0.05", "failfast@0.9", "assisted"):
+        assert methods[name]["identical_to_ar"] == 1.0 and methods[name]["helper_forwards"] > 0
+    best = report["failfast"]["best"]
+    assert methods[best]["target_forwards"] == min(methods[n]["target_forwards"] for n in ("failfast@0.05", "failfast@0.9"))
     assert report["targets"] == targets.checklist(report)
     assert all(item["met"] in (True, False) for item in report["targets"])
 
@@ -301,7 +312,8 @@ def test_the_full_matrix_and_failfast_on_the_toy_zoo(report_module, targets, tmp
     report_module.main([
         "--matrix", "full", "-n", "2", "--deltas", "0", "--caches", "none", "--calibration-paths", "20",
         "--calibration-sizes", "5", "--calibration-min-prompts", "1", "--target", "toy-ar",
-        "--assistant", "toy-ar-small", "--out", str(tmp_path / "report.json"), "--docs", str(tmp_path / "docs"),
+        "--assistant", "toy-ar-small", "--drafter-taus", "0.5",
+        "--out", str(tmp_path / "report.json"), "--docs", str(tmp_path / "docs"),
         "--readme", str(tmp_path / "README.md"), "--graphs", str(tmp_path / "graphs"), "--workers", "2",
         "--spiffy-budget", "4",
     ])
@@ -316,7 +328,10 @@ def test_the_full_matrix_and_failfast_on_the_toy_zoo(report_module, targets, tmp
     assert all(r["identical_to_commit_rule"] == 1.0 for r in report["rows"] if r["speculation"])
     assert all(g["paths"] >= 20 and g["nodes"] == 4 for g in report["calibration"]["graphs"].values())
     assert report["calibration"]["budget"] == 4 and "--spiffy-budget 4" in report["command"]
-    ar, failfast = report["failfast"]["methods"]["ar"], report["failfast"]["methods"]["failfast"]
+    methods = report["failfast"]["methods"]
+    assert [name for name in methods if name.startswith("failfast")] == ["failfast@0.5"]
+    assert "--drafter-taus 0.5" in report["command"] and report["failfast"]["best"] == "failfast@0.5"
+    ar, failfast = methods["ar"], methods["failfast@0.5"]
     assert ar["target_forwards"] == ar["generated_tokens"] + 2 and failfast["identical_to_ar"] == 1.0
     assert report["targets"] == targets.checklist(report)
     page = (tmp_path / "docs" / "benchmarks" / "report.md").read_text()
