@@ -84,7 +84,6 @@ from report_jobs import Context, Job, Runner, calibration_job, row_job  # noqa: 
 from report_measure import (  # noqa: E402
     BASELINE, CACHES, CONFIGS, DELTAS, Config, base_rules, cached, compare, drop_texts, frechet, same_outputs, spiffy_over,
 )
-from report_failfast import DRAFTER_TAUS  # noqa: E402
 from report_plots import plot_acceptance, plot_accuracy_nfe, plot_calibration, plot_speedup  # noqa: E402
 from report_tables import (  # noqa: E402,F401  (headline_table, oracle_table, micro_table: the tests' API)
     CALIBRATION_PLOT, PLOTS, headline_table, micro_table, oracle_table, replace_marked, report_page,
@@ -98,6 +97,11 @@ STORE_SUFFIX = ".measurements.jsonl"
 """The suffix (on ``--out``) of the file of finished measurements (:mod:`report_store`)."""
 CALIBRATION_SIZES = (25, 100, 250)
 """Calibration sizes (paths) Spiffy is measured at next to its main graph's."""
+
+
+DRAFTER_TAUS = (0.05, 0.9)
+"""The drafter commit thresholds FailFast is measured at by default: the paper's 0.05, and
+Fast-dLLM's threshold 0.9."""
 
 
 @dataclass
@@ -340,7 +344,7 @@ def options(args: argparse.Namespace, defaults: Settings) -> list[str]:
         ("--calibration-min-prompts", args.calibration_min_prompts, defaults.calibration_min_prompts),
         ("--spiffy-budget", args.spiffy_budget, defaults.spiffy_budget),
         ("--target", args.target, None), ("--assistant", args.assistant, None),
-        ("--drafter-taus", args.drafter_taus, ",".join(f"{t:g}" for t in defaults.drafter_taus)),
+        ("--drafter-taus", args.drafter_taus, ",".join(map(repr, defaults.drafter_taus))),
         ("--device", args.device, defaults.device), ("--workers", args.workers, defaults.workers),
     ):
         if value != default:
@@ -375,8 +379,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--graphs", type=Path, default=defaults.graphs, help="where calibrated graphs are written")
     parser.add_argument("--target", default=None, help="AR target for FailFast (this dLLM drafts)")
     parser.add_argument("--assistant", default=None, help="small AR assistant for assisted generation")
-    parser.add_argument("--drafter-taus", default=",".join(f"{t:g}" for t in defaults.drafter_taus),
-                        help="FailFast: the drafter commit thresholds it is measured at, each in (0, 1]")
+    parser.add_argument("--drafter-taus", default=",".join(map(repr, defaults.drafter_taus)),
+                        help="FailFast (with --target): the drafter commit thresholds it is measured at, "
+                        "each in (0, 1)")
     parser.add_argument("--device", default="cpu", help="where every model runs (e.g. cuda)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "report.json")
     parser.add_argument("--workers", type=int, default=1,
@@ -421,8 +426,12 @@ def parse_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         drafter_taus = numbers(float, args.drafter_taus)
     except ValueError as error:
         parser.error(f"--deltas, --calibration-sizes and --drafter-taus take comma-separated numbers: {error}")
-    if not drafter_taus or any(not 0 < t <= 1 for t in drafter_taus) or len(set(drafter_taus)) < len(drafter_taus):
-        parser.error(f"--drafter-taus {args.drafter_taus!r}: distinct thresholds, each in (0, 1]")
+    if not drafter_taus or any(not 0 < t < 1 for t in drafter_taus) or len(set(drafter_taus)) < len(drafter_taus):
+        parser.error(f"--drafter-taus {args.drafter_taus!r}: distinct thresholds, each in (0, 1) "
+                     "(FailFast's drafter_tau)")
+    args.drafter_taus = ",".join(map(repr, drafter_taus))  # the recorded command, as parsed
+    if args.target is None and drafter_taus != DRAFTER_TAUS:
+        parser.error("--drafter-taus needs --target (they are FailFast's)")
     caches = tuple(c.strip() for c in args.caches.split(",") if c.strip())
     bad_delta = [d for d in deltas if not 0 <= d < 1]
     if not deltas or bad_delta:

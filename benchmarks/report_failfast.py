@@ -29,14 +29,19 @@ from bench_failfast import ForwardCounter, ar_decode, cut
 
 Method = Callable[[list[int]], list[int]]
 
-DRAFTER_TAUS = (0.05, 0.9)
-"""The drafter commit thresholds FailFast is measured at by default: the paper's, and
-Fast-dLLM's threshold 0.9."""
-
 
 def failfast_method(drafter_tau: float) -> str:
-    """The method name of FailFast with the drafter commit threshold ``drafter_tau``."""
-    return f"failfast@{drafter_tau:g}"
+    """The method name of FailFast with the drafter commit threshold ``drafter_tau`` (its
+    shortest exact spelling, so distinct thresholds have distinct names)."""
+    return f"failfast@{drafter_tau!r}"
+
+
+def choose_best(results: Mapping[str, Mapping[str, Any]], names: Sequence[str]) -> str:
+    """Of the FailFast methods ``names`` (measured in ``results``), the one with the fewest
+    target forwards among those whose outputs all equal AR decoding's; the first of ``names``
+    when none does (a lossy FailFast is never the one the targets use when a lossless one ran)."""
+    lossless = [name for name in names if results[name]["identical_to_ar"] == 1.0]
+    return min(lossless, key=lambda name: results[name]["target_forwards"]) if lossless else names[0]
 
 
 def methods(target, failfasts: Mapping[str, FailFastDecoder], assistant, max_new_tokens: int) -> dict[str, Method]:
@@ -79,15 +84,14 @@ def run_method(
 
 def measure_failfast(
     drafter, target_name: str, assistant_name: str | None, examples: Sequence[Example],
-    families: Mapping[str, TaskFamily], dtype: str = "float32", drafter_taus: Sequence[float] = DRAFTER_TAUS,
+    families: Mapping[str, TaskFamily], drafter_taus: Sequence[float], dtype: str = "float32",
 ) -> dict[str, Any]:
     """FailFast with ``drafter`` (the report's dLLM adapter) for ``target_name`` at each of
     ``drafter_taus``, against AR decoding and assisted generation with ``assistant_name``
     (``None``: skipped), graded with ``families``' checkers. Per method: accuracy, target
     forwards (per prompt, per generated token), helper forwards, tokens per target forward,
     TPS and the share of outputs identical to AR decoding's; ``best`` names the FailFast
-    method with the fewest target forwards among those identical to AR decoding on every
-    prompt (the first measured when none is)."""
+    method the targets use (:func:`choose_best`)."""
     device = drafter.device
     target = load_model(target_name, dtype=dtype, device=device, require_mask=False)
     assistant = None if assistant_name is None else load_model(
@@ -127,8 +131,7 @@ def measure_failfast(
         totals = failfast.totals()
         results[name].update(drafter_tau=failfast.settings.drafter_tau, rounds=totals["rounds"],
                              accepted_per_round=totals["accepted_per_round"])
-    lossless = [name for name in failfasts if results[name]["identical_to_ar"] == 1.0]
-    best = min(lossless, key=lambda name: results[name]["target_forwards"]) if lossless else next(iter(failfasts))
+    best = choose_best(results, list(failfasts))
     return {
         "target": target_name, "drafter": drafter.name, "assistant": assistant_name,
         "max_new_tokens": max_new_tokens, "batch_size": 1, "n": len(examples), "methods": results, "best": best,

@@ -194,10 +194,12 @@ def failfast_table(report: dict[str, Any]) -> str:
     ff = report["failfast"]
     out = [
         "## FailFast", "",
-        f"`{ff['drafter']}` drafts for the AR target `{ff['target']}` (FailFast's defaults, the "
-        f"drafter's prefix cache; `failfast@τ` commits the drafter's tokens at threshold τ, the "
-        f"paper's being 0.05; the targets use `{ff['best']}`, the fewest target forwards with "
-        f"outputs identical to AR decoding), against the target alone (one cached forward per token) and "
+        f"`{ff['drafter']}` drafts for the AR target `{ff['target']}` (FailFast's defaults but the "
+        f"drafter's commit threshold: `failfast@τ` commits the drafter's tokens at τ, where the paper's "
+        f"FailFast uses 0.05; the drafter's prefix cache). The targets use `{ff['best']}`: of the "
+        f"thresholds whose outputs all equal AR decoding's, the one with the fewest target forwards "
+        f"on these same prompts (the first measured when none does). FailFast runs against the "
+        f"target alone (one cached forward per token) and "
         f"`transformers`' assisted generation with `{ff['assistant']}`; greedy, one prompt at a "
         f"time, at most {ff['max_new_tokens']} new tokens, forwards counted by forward hooks on "
         "each model (prefill included). An AR target stops at its EOS, so it has no padding and "

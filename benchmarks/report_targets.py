@@ -119,13 +119,15 @@ def failfast_items(report: Mapping[str, Any]) -> list[dict[str, Any]]:
         return [_not_measured(ar_target, why), _not_measured(assisted_target, why)]
     methods = failfast["methods"]
     ff, ar = methods[failfast["best"]], methods["ar"]
-    measured_at = [m["drafter_tau"] for m in methods.values() if "drafter_tau" in m]
+    measured_at = ", ".join(f"{m['drafter_tau']!r}" for m in methods.values() if "drafter_tau" in m)
+    chosen = (f"drafter τ {ff['drafter_tau']!r}, the fewest target forwards of the lossless ones (τ measured: "
+              f"{measured_at})" if ff["identical_to_ar"] == 1.0 else
+              f"drafter τ {ff['drafter_tau']!r}: no drafter τ measured ({measured_at}) was lossless")
     ratio = ar["target_forwards"] / ff["target_forwards"]
     items = [_item(
         ar_target, f"{ratio:.2f}×, {ff['identical_to_ar']:.0%} identical", ratio >= 4 and ff["identical_to_ar"] == 1.0,
         f"{ar['target_forwards_per_prompt']:.1f} → {ff['target_forwards_per_prompt']:.1f} target forwards per prompt; "
-        f"{ff['accepted_per_round']:.2f} draft tokens accepted per round; drafter τ {ff['drafter_tau']:g}, the "
-        f"fewest target forwards of {', '.join(f'{t:g}' for t in measured_at)}"
+        f"{ff['accepted_per_round']:.2f} draft tokens accepted per round; {chosen}"
         + ("" if ratio >= 4 else f"; {4 / ratio:.2f}× short"),
     )]
     assisted = methods.get("assisted")

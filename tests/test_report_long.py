@@ -95,8 +95,8 @@ def synthetic_report(failfast_forwards=None, assisted_forwards=None):
     ]
     methods = {
         "ar": {"target_forwards": 1000, "target_forwards_per_prompt": 100.0},
-        "failfast@0.05": {"target_forwards": 500, "target_forwards_per_prompt": 50.0, "identical_to_ar": 1.0,
-                          "accepted_per_round": 1.1, "drafter_tau": 0.05},
+        "failfast@0.05": {"target_forwards": 100, "target_forwards_per_prompt": 10.0, "identical_to_ar": 0.9,
+                          "accepted_per_round": 9.1, "drafter_tau": 0.05},  # fewer forwards, but lossy
         "failfast@0.9": {"target_forwards": 240, "target_forwards_per_prompt": 24.0, "identical_to_ar": 1.0,
                          "accepted_per_round": 3.2, "drafter_tau": 0.9},
         "assisted": {"target_forwards": 300, "target_forwards_per_prompt": 30.0},
@@ -111,6 +111,30 @@ def synthetic_report(failfast_forwards=None, assisted_forwards=None):
             "failfast": {"assistant": "small", "methods": methods, "best": "failfast@0.9"}}
 
 
+def test_failfast_targets_use_the_lossless_drafter_tau_with_the_fewest_target_forwards(targets):
+    failfast = importlib.import_module("report_failfast")
+    results = {"failfast@0.05": {"target_forwards": 100, "identical_to_ar": 0.95},
+               "failfast@0.5": {"target_forwards": 300, "identical_to_ar": 1.0},
+               "failfast@0.9": {"target_forwards": 240, "identical_to_ar": 1.0}}
+    assert failfast.choose_best(results, list(results)) == "failfast@0.9"
+    assert failfast.choose_best(results, ["failfast@0.05", "failfast@0.5"]) == "failfast@0.5"
+    assert failfast.choose_best(results, ["failfast@0.05"]) == "failfast@0.05"  # none lossless: the first
+    assert failfast.failfast_method(0.1234567) != failfast.failfast_method(0.1234568)
+    lossy = synthetic_report()
+    lossy["failfast"]["methods"]["failfast@0.9"]["identical_to_ar"] = 0.9
+    item = targets.checklist(lossy)[4]
+    assert item["met"] is False and "no drafter τ measured (0.05, 0.9) was lossless" in item["detail"]
+
+
+def test_the_failfast_job_is_stored_under_its_drafter_taus(report_module, tmp_path):
+    jobs = importlib.import_module("report_jobs")
+    store = importlib.import_module("report_store").MeasurementStore(None, {"run": 1}, resume=False)
+    keys = {store.key("failfast", jobs.Job("failfast", "failfast", {"target": None, "assistant": None,
+                                                                   "drafter_taus": taus}).key_settings())
+            for taus in ([0.05, 0.9], [0.05], [0.05, 0.9])}
+    assert len(keys) == 2
+
+
 def test_the_checklist_is_computed_from_the_report(targets):
     items = targets.checklist(synthetic_report())
     assert [item["met"] for item in items] == [True] * 6
@@ -118,7 +142,8 @@ def test_the_checklist_is_computed_from_the_report(targets):
     assert items[1]["measured"] == "1.50×, 100% identical"
     assert items[2]["measured"] == "2.78×, 100% identical" and "short" not in items[2]["detail"]
     assert items[3]["measured"] == "1.25× (Spiffy over threshold)"
-    assert items[4]["measured"] == "4.17×, 100% identical" and "drafter τ 0.9, the fewest target forwards of 0.05, 0.9" in items[4]["detail"]
+    assert items[4]["measured"] == "4.17×, 100% identical"
+    assert "drafter τ 0.9, the fewest target forwards of the lossless ones (τ measured: 0.05, 0.9)" in items[4]["detail"]
     assert items[5]["measured"] == "1.25× fewer"
     # change one input, the figure and the verdict follow
     assert targets.checklist(synthetic_report(assisted_forwards=200))[5]["met"] is False
@@ -187,7 +212,9 @@ def test_calibration_sees_training_prompts_only(report_module, tiny, monkeypatch
     (["--assistant", "toy-ar-small"], "--assistant needs --target"),
     (["--spiffy-budget", "0"], "--spiffy-budget 0: allowed: 1 or more"),
     (["--workers", "0"], "--workers 0: allowed: 1 or more"),
-    (["--drafter-taus", "0.05,0"], "--drafter-taus '0.05,0': distinct thresholds, each in (0, 1]"),
+    (["--drafter-taus", "0.05,0"], "--drafter-taus '0.05,0': distinct thresholds, each in (0, 1)"),
+    (["--target", "toy-ar", "--drafter-taus", "0.05,1"], "each in (0, 1) (FailFast's drafter_tau)"),
+    (["--drafter-taus", "0.5"], "--drafter-taus needs --target"),
     (["--drafter-taus", "0.9,0.9"], "distinct thresholds"),
     (["--drafter-taus", "high"], "take comma-separated numbers"),
     (["--matrix", "full", "--configs", "threshold"], "headline matrix"),
