@@ -77,8 +77,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the report's sibling
 
 from dloom import DiffusionDecoder, load_model  # noqa: E402
 from dloom.errors import ConfigurationError  # noqa: E402
-from dloom.evaluation import SUITES, select_examples  # noqa: E402
-from dloom.zoo import long_tasks, tasks as toy_tasks  # noqa: E402
+from dloom.evaluation import SUITES, select_examples, workload_suite  # noqa: E402
 
 from report_jobs import Context, Job, Runner, calibration_job, row_job  # noqa: E402
 from report_measure import (  # noqa: E402
@@ -128,19 +127,17 @@ class Settings:
 
 
 def workload_tasks(model) -> str:
-    """The suite ``model`` is benchmarked on: ``"long"`` when its tokenizer writes every
-    character of the long-answer suite, ``"all"`` (the toy suite) when it writes the toy one's.
+    """The suite ``model`` is benchmarked on (:func:`dloom.evaluation.workload_suite`).
 
     :raises ConfigurationError: for a model without a tokenizer or one that writes neither.
     """
-    vocabulary = model.tokenizer.get_vocab() if model.tokenizer is not None else {}
-    for suite, alphabet in (("long", long_tasks.ALPHABET), ("all", toy_tasks.ALPHABET)):
-        if all(character in vocabulary for character in alphabet):
-            return suite
-    raise ConfigurationError(
-        f"model {model.name!r}'s tokenizer writes neither the toy suite's nor the long suite's "
-        "characters; allowed: a zoo-style character tokenizer, or --tasks all|long"
-    )
+    suite = workload_suite(model.tokenizer)
+    if suite is None:
+        raise ConfigurationError(
+            f"model {model.name!r}'s tokenizer writes neither the toy suite's nor the long suite's "
+            "characters; allowed: a zoo-style character tokenizer, or --tasks all|long"
+        )
+    return suite
 
 
 def run_full(runner: Runner, settings: Settings, model_name: str, common: Sequence[Job]) -> dict[str, Any]:

@@ -15,7 +15,9 @@ from dloom.decoding import Decoder
 from dloom.errors import ConfigurationError
 from dloom.evaluation import evaluate, select_examples
 from dloom.metrics import GenerationResult
+from dloom.zoo import long_tasks
 from dloom.zoo import tokenizer as zoo_tokenizer
+from dloom.zoo.tasks import FAMILIES
 
 runner = CliRunner()
 
@@ -106,6 +108,27 @@ def test_eval_static_shapes_grades_the_same_outputs(char_model_dir):
     assert second["config"]["static_shapes"] is True and first["config"]["static_shapes"] is False
     refused = runner.invoke(app, ["eval", "--strategy", "failfast", "-n", "2", "--static-shapes"])
     assert refused.exit_code == 2 and "--static-shapes applies to diffusion decoding" in refused.output
+
+
+def test_eval_decodes_the_suite_the_model_s_tokenizer_writes(char_model_dir, tmp_path):
+    """``--tasks auto`` (the default): the toy suite for the toy tokenizer, the long-answer
+    suite for the long zoo's wider one; ``--tasks`` still picks the suite itself."""
+    path = tmp_path / "long-char-dllm"
+    vocab = zoo_tokenizer.vocab(long_tasks.ALPHABET)
+    model = tiny_model(vocab_size=len(vocab), mask_token_id=zoo_tokenizer.MASK_ID,
+                       eos_token_id=zoo_tokenizer.EOS_ID, pad_token_id=zoo_tokenizer.PAD_ID)
+    model.config.dloom = {"attention": "bidirectional", "gen_length": 8}
+    model.to(torch.float32).save_pretrained(path)
+    zoo_tokenizer.save(path, long_tasks.ALPHABET)
+
+    def families(*args):
+        result = runner.invoke(app, ["eval", "--strategy", "threshold", "-n", "4", "--json", *args])
+        assert result.exit_code == 0, result.output
+        return set(json.loads(result.stdout.splitlines()[-1])["per_task"])
+
+    assert families("--model", str(path)) == set(long_tasks.FAMILIES)
+    assert families("--model", str(char_model_dir)) <= set(FAMILIES)
+    assert families("--model", str(path), "--tasks", "word") == {"word"}
 
 
 def test_eval_unknown_task_exits_2(char_model_dir):

@@ -307,6 +307,25 @@ def _load_network(
     return config, model
 
 
+def _tokenizer_at(path: Path, trust_remote_code: bool = False) -> Any:
+    """The tokenizer of checkpoint directory ``path``; ``None`` when it has no tokenizer files."""
+    import transformers
+
+    if not any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
+        return None
+    return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
+
+
+def load_tokenizer(name_or_path: str | os.PathLike) -> Any:
+    """The tokenizer of a local checkpoint directory or toy-zoo name, without loading its
+    weights (never its own code); ``None`` when the checkpoint has no tokenizer files.
+
+    :raises ModelError: for a missing directory that is not a toy-zoo name.
+    """
+    path, _ = _resolve_path(name_or_path)
+    return _tokenizer_at(path)
+
+
 def load_model(
     name_or_path: str | os.PathLike,
     *,
@@ -378,11 +397,7 @@ def load_model(
     if device_map is None:
         model = model.to(device)
     model = model.eval()
-    tokenizer = None
-    if any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
-        tokenizer = transformers.AutoTokenizer.from_pretrained(
-            path, local_files_only=True, trust_remote_code=remote
-        )
+    tokenizer = _tokenizer_at(path, remote)
     section = dict(raw.get("dloom") or {})
 
     if mask_token_id is None:

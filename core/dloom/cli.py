@@ -386,7 +386,10 @@ def eval_command(
     model: str = ModelOption,
     strategy: str = StrategyOption,
     param: List[str] = ParamOption,
-    tasks: str = typer.Option("all", help="'all' or comma-separated task families."),
+    tasks: str = typer.Option(
+        "auto", help="'auto' (the suite the model's tokenizer writes: 'long' for the long-answer zoo, "
+        "else 'all'), 'all' (the toy suite), 'long', or comma-separated task families of one suite.",
+    ),
     n: int = typer.Option(100, "-n", help="Held-out examples (balanced over families)."),
     seed: int = typer.Option(0, help="Seeds the example selection and the sampler."),
     gen_length: Optional[int] = GenLengthOption,
@@ -420,13 +423,18 @@ def eval_command(
     the examples that finished, and after an error in a later batch, which is reported after
     the summary of the batches before it, with status 2).
     """
-    from dloom.evaluation import EvaluationFailed, EvaluationInterrupted, add_oracle, evaluate, evaluate_on_ray, select_examples
+    from dloom.adapter import load_tokenizer
+    from dloom.evaluation import (
+        EvaluationFailed, EvaluationInterrupted, add_oracle, evaluate, evaluate_on_ray, select_examples, workload_suite,
+    )
     from dloom.oracle import check_decoder
 
     examples: list[Any] = []
     stream = JsonlStream()
     decoder = None
     try:
+        if tasks == "auto":  # the tokenizer that writes the prompts: the diffusion model's, or the AR target's
+            tasks = workload_suite(load_tokenizer(model or target or DEFAULT_MODEL)) or "all"
         examples = select_examples(tasks, n, seed)
         params = list(param)
         settings: dict[str, Any] = dict(

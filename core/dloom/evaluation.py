@@ -19,11 +19,23 @@ from dloom.decoding import Decoder
 from dloom.errors import ConfigurationError, DloomError
 from dloom.metrics import speculation_summary
 from dloom.zoo import long_tasks
-from dloom.zoo.tasks import FAMILIES, Example, TaskFamily, held_out, train_stream
+from dloom.zoo.tasks import ALPHABET, FAMILIES, Example, TaskFamily, held_out, train_stream
 
 SUITES: dict[str, dict[str, TaskFamily]] = {"all": FAMILIES, "long": long_tasks.FAMILIES}
 """Task suites by the name ``--tasks`` selects them with: the toy suite and the long-answer one."""
 _CHECKERS = {**FAMILIES, **long_tasks.FAMILIES}
+_ALPHABETS = {"long": long_tasks.ALPHABET, "all": ALPHABET}
+
+
+def workload_suite(tokenizer: Any) -> str | None:
+    """The suite of :data:`SUITES` a model with ``tokenizer`` is evaluated on: ``"long"``
+    when it writes every character of the long-answer suite (the long zoo's tokenizer),
+    ``"all"`` when it writes the toy suite's, ``None`` when it writes neither (or is ``None``)."""
+    vocabulary = tokenizer.get_vocab() if tokenizer is not None else {}
+    for suite, alphabet in _ALPHABETS.items():
+        if all(character in vocabulary for character in alphabet):
+            return suite
+    return None
 
 
 @dataclass
