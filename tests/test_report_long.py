@@ -126,7 +126,7 @@ def test_failfast_targets_use_the_lossless_drafter_tau_with_the_fewest_target_fo
     assert item["met"] is False and "no drafter τ measured (0.05, 0.9) was lossless" in item["detail"]
 
 
-def test_the_failfast_job_is_stored_under_its_drafter_taus(report_module, tmp_path):
+def test_the_failfast_job_is_stored_under_its_drafter_taus(report_module):
     jobs = importlib.import_module("report_jobs")
     store = importlib.import_module("report_store").MeasurementStore(None, {"run": 1}, resume=False)
     keys = {store.key("failfast", jobs.Job("failfast", "failfast", {"target": None, "assistant": None,
