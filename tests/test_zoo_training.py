@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 import torch
@@ -226,6 +227,7 @@ def test_a_block_share_without_block_masks_is_refused(share, tmp_path):
     (["--model", "toy-ar", "--loss-mean", "row"], "--loss-mean is a dLLM's training option"),
     (["--model", "toy-ar", "--decoder-share", "0.5"], "--decoder-share is a dLLM's training option"),
     (["--model", "toy-dllm", "--decoder-share", "2"], "--decoder-share must be in [0, 1], got 2.0"),
+    (["--model", "toy-ar", "--decoder-fill", "model"], "--decoder-fill is a dLLM's training option"),
     (["--model", "toy-dllm", "--prefix-share", "0.6", "--decoder-share", "0.5"],
      "--prefix-share 0.6 and --decoder-share 0.5 are shares of the same rows: their sum must be at most 1"),
 ])
@@ -458,20 +460,22 @@ def _tiny_long_spec(monkeypatch):
     return train
 
 
+def _killed_after(batches, n):
+    """A batch stream that stops the process (``KeyboardInterrupt``) after ``n`` batches."""
+
+    def stream(*args):
+        yield from itertools.islice(batches(*args), n)
+        raise KeyboardInterrupt  # the process is stopped mid-run
+
+    return stream
+
+
 def test_an_interrupted_run_saves_checkpoints_and_resume_continues_it(monkeypatch, tmp_path):
     import json
 
     train = _tiny_long_spec(monkeypatch)
     batches = train._batches
-
-    def killed_after(n):
-        def stream(*args):
-            yield from itertools.islice(batches(*args), n)
-            raise KeyboardInterrupt  # the process is stopped mid-run
-
-        return stream
-
-    monkeypatch.setattr(train, "_batches", killed_after(5))
+    monkeypatch.setattr(train, "_batches", _killed_after(batches, 5))
     argv = ["--model", "long-dllm-ar", "--out", str(tmp_path), "--threads", "1", "--eval-n", "4", "--seed", "3"]
     with pytest.raises(KeyboardInterrupt):
         train.main([*argv, "--steps", "12", "--checkpoint-minutes", "1e-9"])  # a checkpoint every step
@@ -522,17 +526,156 @@ def test_the_long_dllm_stage_starts_from_its_causal_stage(monkeypatch, tmp_path)
     train.main(["--model", "long-dllm-ar", *common])
     blocks = []
     loss = train.dllm_loss
-    monkeypatch.setattr(train, "dllm_loss", lambda *args: blocks.append(args[-5:]) or loss(*args))
+    monkeypatch.setattr(train, "dllm_loss", lambda *args: blocks.append(args[-6:]) or loss(*args))
     train.main(["--model", "long-dllm", "--init-from", str(tmp_path / "long-dllm-ar"), "--seed", "1",
                 "--masks", "block", "--prefix-share", "0.5", "--causal-share", "0.25", "--loss-mean", "row",
-                "--decoder-share", "0.25", *common])
+                "--decoder-share", "0.25", "--decoder-fill", "model", *common])
     record = json.loads((tmp_path / "long-dllm" / "eval.json").read_text())
     assert (record["masks"], record["prefix_share"], record["causal_share"], record["loss_mean"],
-            record["decoder_share"]) == ("block", 0.5, 0.25, "row", 0.25)
-    assert blocks == [(32, 0.5, 0.25, "row", 0.25)] * 2  # block-order masks over the workload's blocks of 32
+            record["decoder_share"], record["decoder_fill"]) == ("block", 0.5, 0.25, "row", 0.25, "model")
+    # block-order masks over the workload's blocks of 32
+    assert blocks == [(32, 0.5, 0.25, "row", 0.25, "model")] * 2
     assert [run["model"] for run in record["history"]] == ["long-dllm-ar"]
     assert set(record["per_family"]) == {"chain", "word", "tale", "prog"} and record["n"] == 4
     config = json.loads((tmp_path / "long-dllm" / "config.json").read_text())
     assert config["dloom"] == {"kind": "dllm", "attention": "bidirectional", "shift": True,
                                "gen_length": 128, "block_length": 32}
     assert config["vocab_size"] == 99 and config["is_causal"] is False
+
+
+def test_an_averaged_run_checkpoints_the_average_and_resume_continues_both(monkeypatch, tmp_path):
+    import json
+
+    train = _tiny_long_spec(monkeypatch)
+    batches, load = train._batches, train.LlamaForCausalLM.from_pretrained
+    monkeypatch.setattr(train, "_batches", _killed_after(batches, 2))
+    argv = ["--model", "long-dllm-ar", "--out", str(tmp_path), "--threads", "1", "--checkpoint-minutes", "1e-9"]
+    with pytest.raises(KeyboardInterrupt):  # lr 5: warm-up steps of about 0.05, far above float16's rounding
+        train.main([*argv, "--steps", "12", "--ema", "0.5", "--lr", "5"])
+    directory = tmp_path / "long-dllm-ar"
+    trained, averaged = (load(d).state_dict() for d in (directory / train.TRAINING_WEIGHTS, directory))
+    assert any(not torch.equal(v, averaged[k]) for k, v in trained.items())  # two steps: an average
+
+    loaded = []
+    monkeypatch.setattr(train.LlamaForCausalLM, "from_pretrained",
+                        lambda path, **kw: loaded.append(Path(path)) or load(path, **kw))
+    monkeypatch.setattr(train, "_batches", _killed_after(batches, 1))
+    with pytest.raises(KeyboardInterrupt):
+        train.main([*argv, "--resume"])  # the run's own ema
+    assert loaded == [directory / train.TRAINING_WEIGHTS, directory]  # the optimizer's weights, the average
+    assert json.loads((directory / "progress.json").read_text())["ema"] == 0.5
+    next_trained, next_averaged = (load(d).state_dict() for d in (directory / train.TRAINING_WEIGHTS, directory))
+    for k, v in next_averaged.items():  # decay 0.5: halfway from the saved average to the new weights
+        torch.testing.assert_close(v.float(), (averaged[k].float() + next_trained[k].float()) / 2,
+                                   atol=2e-4, rtol=2e-3)
+    assert max((next_averaged[k].float() - v.float()).abs().max() for k, v in next_trained.items()) > 0.01
+
+
+@pytest.mark.parametrize("decay", ["1", "-0.1"])
+def test_an_ema_decay_outside_its_range_is_refused(decay, capsys):
+    from dloom.zoo.train import main
+
+    with pytest.raises(SystemExit):
+        main(["--model", "long-dllm", "--steps", "1", "--ema", decay])
+    assert f"--ema is a decay per step: it must be in [0, 1), got {float(decay)}" in capsys.readouterr().err
+
+
+def _tale(go: str) -> Example:
+    return Example("tale", "tale sue cat park",
+                   f"sue {go} to the park. there she saw a red cat. the cat sat down. she smiled and went home.")
+
+
+def test_own_commits_target_a_right_answer_that_agrees_with_the_model_s_guesses():
+    """A decoder row whose revealed positions hold the model's guesses is trained towards a
+    right answer that agrees with them: the row's own answer (``went``) is replaced by one with
+    the guessed filler (``ran``), drawn uniformly among those that fit; guesses no right answer
+    fits, and families without a listing, keep the row's answer."""
+    from dloom.zoo.train import _own_commits, answer_region
+
+    went, ran = _tale("went"), _tale("ran")
+    target = answer_region([went.answer, went.answer, "12-3=9"], 128)
+    guess = answer_region([ran.answer, "sue xx" + ran.answer[6:], "12-3=8"], 128)
+    revealed = torch.zeros(3, 128, dtype=torch.bool)
+    revealed[:, :7] = True  # 'sue ran', 'sue xx ', '12-3=8'
+    settled = torch.zeros(3, 128, dtype=torch.bool)
+    rows = [went, went, Example("chain", "chain 12-3", "12-3=9")]
+    lengths = torch.tensor([len(e.answer) for e in rows])
+    chosen, chosen_lengths = _own_commits(rows, target, revealed, guess, settled, lengths,
+                                          torch.Generator().manual_seed(0))
+    text = _decoded(chosen[0])
+    assert text.startswith("sue ran to the park. ") and text in long_tasks_answers(went.prompt)
+    assert chosen_lengths[0] == len(text)
+    assert torch.equal(chosen[1:], target[1:]) and torch.equal(chosen_lengths[1:], lengths[1:])
+
+    draws = [_decoded(_own_commits(rows[:1], target[:1], revealed[:1] & False, guess[:1], settled[:1],
+                                   lengths[:1], torch.Generator().manual_seed(seed))[0][0])
+             for seed in range(600)]
+    goes = [d.split(" ")[1] for d in draws]  # nothing revealed: every tale fits, so each filler is drawn
+    from scipy.stats import chisquare
+
+    assert chisquare([goes.count(g) for g in ("went", "walked", "ran")]).pvalue > 1e-3
+    assert len(set(draws)) > 200
+
+
+def _decoded(region: torch.Tensor) -> str:
+    from dloom.zoo.train import _text
+
+    return _text(region.tolist())
+
+
+def long_tasks_answers(prompt: str) -> list[str]:
+    from dloom.zoo import long_tasks
+
+    return long_tasks.FAMILIES["tale"].answers(prompt)
+
+
+def test_decoder_rows_filled_by_the_model_hold_its_guesses(monkeypatch):
+    """With ``decoder_fill="model"`` the state a decoder row is trained in holds the model's
+    guesses at the revealed positions where a right answer fits them (``sue ran`` in the first
+    block), and the row's answer with ``"answer"`` (``sue wen``)."""
+    from dloom.zoo import train
+
+    went, ran = _tale("went"), _tale("ran")
+
+    def surest(model, prompt_ids, prompt_mask, target, block, count):
+        first_seven = block & (torch.arange(128) % 32 < 7)  # reveal the drawn block's first 7
+        return block & ~first_seven, train.answer_region([ran.answer] * len(block), 128)
+
+    monkeypatch.setattr(train, "_least_confident", surest)
+    model = _Calls(build_model("long-dllm"))
+    states = {}
+    for fill in train.DECODER_FILLS:
+        model.calls.clear()
+        dllm_loss(model, [went] * 16, 0, torch.Generator().manual_seed(5), 1.0, 1.0, 128, 32, 0.0, 0.0, "row",
+                  1.0, fill)
+        states[fill] = model.calls[-1][:, -128:]
+    first_block = states["answer"][:, 7] == tok.MASK_ID  # rows that drew block 0
+    assert 0 < int(first_block.sum()) < 16
+    for row in first_block.nonzero()[:, 0].tolist():
+        assert train._text(states["model"][row, :7].tolist()) == "sue ran"
+        assert train._text(states["answer"][row, :7].tolist()) == "sue wen"
+    later = ~first_block  # block 0 settled with 'went': no tale with 'ran' fits, the answer stays
+    assert torch.equal(states["model"][later], states["answer"][later])
+
+
+@pytest.mark.parametrize("family", ["word", "tale"])
+def test_families_list_every_right_answer_and_only_right_ones(family):
+    from dloom.zoo import long_tasks
+    from dloom.zoo.tasks import held_out
+
+    examples = [e for e in held_out(200, seed=0, suite=long_tasks.FAMILIES) if e.family == family][:20]
+    for e in examples:
+        listed = long_tasks.FAMILIES[family].answers(e.prompt)
+        assert e.answer in listed and len(set(listed)) == len(listed)
+        assert all(long_tasks.FAMILIES[family].check(e.prompt, a) for a in listed)
+        steps = e.prompt.count(",")  # word: the events after the opening
+        assert len(listed) == (360 if family == "tale" else 3 ** steps * 3)
+    assert long_tasks.FAMILIES["chain"].answers(examples[0].prompt) is None
+
+
+def test_a_model_fill_without_decoder_rows_is_refused(tmp_path):
+    from dloom.zoo.train import train_one
+
+    with pytest.raises(ValueError, match="decoder_fill 'model' fills the decoder rows: it needs a decoder_share"):
+        train_one("toy-dllm", None, 1, 0, tmp_path, 4, masks="block", decoder_fill="model")
+    assert not (tmp_path / "toy-dllm").exists()

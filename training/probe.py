@@ -29,7 +29,6 @@ The checkpoint's files are copied first, so a save in progress is never read hal
 from __future__ import annotations
 
 import argparse
-import itertools
 import re
 import shutil
 import tempfile
@@ -127,18 +126,8 @@ def probe_prefix(model: LlamaForCausalLM, n: int) -> None:
 
 def tale_answers(prompt: str, gen_length: int) -> torch.Tensor:
     """``(360, G)`` long: every answer the tale grammar allows for ``prompt``, padded with ``<eos>``."""
-    name, animal, place = long_tasks._TALE_PROMPT.match(prompt).groups()
-    pro = long_tasks._TALE_NAMES[name]
-    obj = long_tasks._OBJECT[pro]
-    answers = []
-    for go, adj, act, end in itertools.product(
-        long_tasks._TALE_GOES, long_tasks._TALE_ADJS, long_tasks._TALE_ACTS, long_tasks._TALE_ENDS
-    ):
-        text = (f"{name} {go} to the {place}. there {pro} saw a {adj} {animal}. the {animal} "
-                f"{act.format(obj=obj)}. {end.format(pro=pro, obj=obj)}.")
-        assert long_tasks.FAMILIES["tale"].check(prompt, text)
-        answers.append(_ids(text) + [tok.EOS_ID] * (gen_length - len(text)))
-    return torch.tensor(answers)
+    return torch.tensor([_ids(text) + [tok.EOS_ID] * (gen_length - len(text))
+                         for text in long_tasks.FAMILIES["tale"].answers(prompt)])
 
 
 def probe_tales(model: LlamaForCausalLM, n: int) -> None:

@@ -47,6 +47,7 @@ never yields a held-out prompt and ``tasks.held_out(n, suite=FAMILIES)`` yields 
 from __future__ import annotations
 
 import ast
+import itertools
 import random
 import re
 import string
@@ -205,6 +206,23 @@ def _check_word(prompt: str, answer: str) -> bool:
     return sentences[-1] in {_word_end(name, count, item, form) for form in range(3)}
 
 
+def _word_answers(prompt: str) -> list[str]:
+    """Every right solution of a ``word`` prompt: each step's link and the closing form free
+    (``3 ** steps * 3`` solutions, the ones :func:`_draw_word` draws, equally likely)."""
+    match = _WORD_PROMPT.match(prompt)
+    if match is None:
+        raise ValueError(f"not a word prompt: {prompt!r}")
+    name, count, item = match.group(1), int(match.group(2)), match.group(3)
+    opening, steps = f"{name} had {count} {item}", []
+    for verb, amount in (event.split(" ") for event in match.group(4).split(", ")):
+        sign = "+" if verb in _WORD_GAINS else "-"
+        result = count + int(amount) if sign == "+" else count - int(amount)
+        steps.append((f"{_WORD_NAMES[name]} {verb} {amount}, ", f"{count}{sign}{amount}={result}"))
+        count = result
+    return [_word_solution(opening, steps, list(links), _word_end(name, count, item, form))
+            for links in itertools.product(_WORD_LINKS, repeat=len(steps)) for form in range(3)]
+
+
 # ----------------------------------------------------------------------------- sums
 SUMS_STEPS = (5, 7)
 """Inclusive range of the steps of a ``sums`` drill."""
@@ -292,6 +310,20 @@ def _gen_tale(rng: random.Random) -> tuple[str, str]:
     answer = (f"{name} {rng.choice(_TALE_GOES)} to the {place}. there {pro} saw a "
               f"{rng.choice(_TALE_ADJS)} {animal}. the {animal} {act}. {end}.")
     return f"tale {name} {animal} {place}", answer
+
+
+def _tale_answers(prompt: str) -> list[str]:
+    """Every right tale of a ``tale`` prompt: ``GO``, ``ADJ``, ``ACT`` and ``END`` free (360 tales,
+    the ones :func:`_gen_tale` draws, equally likely)."""
+    match = _TALE_PROMPT.match(prompt)
+    if match is None:
+        raise ValueError(f"not a tale prompt: {prompt!r}")
+    name, animal, place = match.groups()
+    pro = _TALE_NAMES[name]
+    obj = _OBJECT[pro]
+    return [f"{name} {go} to the {place}. there {pro} saw a {adj} {animal}. the {animal} "
+            f"{act.format(obj=obj)}. {end.format(pro=pro, obj=obj)}."
+            for go, adj, act, end in itertools.product(_TALE_GOES, _TALE_ADJS, _TALE_ACTS, _TALE_ENDS)]
 
 
 def _check_tale(prompt: str, answer: str) -> bool:
@@ -415,8 +447,8 @@ FAMILIES: dict[str, TaskFamily] = {
     family.name: family
     for family in (
         TaskFamily("chain", _gen_chain, _check_chain),
-        TaskFamily("word", _gen_word, _check_word),
-        TaskFamily("tale", _gen_tale, _check_tale),
+        TaskFamily("word", _gen_word, _check_word, _word_answers),
+        TaskFamily("tale", _gen_tale, _check_tale, _tale_answers),
         TaskFamily("prog", _gen_prog, _check_prog_safely),
     )
 }

@@ -85,16 +85,23 @@ class TaskFamily:
     """A named task: ``generate(rng)`` draws an example, ``check(prompt, answer)`` grades one.
 
     ``generate`` draws from the whole prompt space (train and held-out alike); use
-    ``train_stream`` / ``held_out`` for the splits.
+    ``train_stream`` / ``held_out`` for the splits.  ``answers(prompt)`` lists every right
+    answer of a family whose right answers are few and all drawn, equally likely, by its
+    generator (``None`` for the others).
     """
 
     name: str
     _generate: Callable[[random.Random], tuple[str, str]]
     _check: Callable[[str, str], bool]
+    _answers: Callable[[str], list[str]] | None = None
 
     def generate(self, rng: random.Random) -> Example:
         prompt, answer = self._generate(rng)
         return Example(self.name, prompt, answer)
+
+    def answers(self, prompt: str) -> list[str] | None:
+        """Every right answer of ``prompt``, or ``None`` if the family does not list them."""
+        return None if self._answers is None else self._answers(prompt)
 
     def check(self, prompt: str, answer: str) -> bool:
         try:

@@ -52,6 +52,9 @@ follows them, with its seed, peak lr and mix, new data (the stream of seed ``see
 record only); ``--minutes``/``--steps`` then replace its total budget.  ``--resume`` on a
 finished run starts a new run from its weights with a fresh optimizer and schedule (use a
 new ``--seed`` for new data); ``eval.json`` keeps the earlier runs under ``history``.
+``--ema DECAY`` keeps an exponential moving average of the weights: the checkpoint's weights,
+the monitor and the evaluation are the average's, and the optimizer's weights, which
+``--resume`` continues, are saved under ``training-weights/`` next to them.
 
 At the end of its budget each model is saved (float16 safetensors plus tokenizer files),
 then reloaded from disk in float32 and evaluated on 350 held-out prompts (balanced over its
@@ -211,10 +214,11 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from ..attention import model_mask
@@ -426,6 +430,7 @@ def dllm_loss(
     causal_share: float = 0.0,
     loss_mean: str = "token",
     decoder_share: float = 0.0,
+    decoder_fill: str = "answer",
 ) -> torch.Tensor:
     """Masked-diffusion cross-entropy over the masked positions of a ``gen_length`` region.
 
@@ -450,6 +455,12 @@ def dllm_loss(
     more forward, without gradient, on those rows).  A decoder commits the easy positions
     first and leaves the hard ones, those the left context leaves open, to be read from
     what it committed on both sides; random masks rarely leave exactly those masked.
+    ``decoder_fill`` is what those revealed positions hold: ``"answer"``, the row's answer;
+    ``"model"``, the model's own argmax there, the state its decoder reaches, with the row's
+    target one of the family's right answers that agrees with it (:func:`_own_commits`).
+    A decoder that picked another filler than the row's answer for a slot (``went`` for
+    ``walked``) never meets the answer-filled state, and in its own state the right
+    continuation is that filler's answer.
 
     A ``causal_share`` of the rows (drawn per row) is trained as the causal stage was: the
     clean answer behind a causal attention mask, each position of the answer and its first
@@ -495,12 +506,18 @@ def dllm_loss(
         offset = torch.randint(block_length, (int(none.sum()),), generator=gen)
         masked[none, current[none, 0] * block_length + offset] = True
     causal = torch.rand(b, generator=gen) < causal_share if causal_share > 0 else torch.zeros(b, dtype=torch.bool)
+    lengths = torch.tensor([len(e.answer) for e in batch])
     if decoder_share > 0 and block_length is not None:
         rows = (decoder_rows[:, 0] & ~causal).nonzero()[:, 0]  # a causal row's masks are cleared anyway
         if len(rows):
             drawn_block = (block_of[None, :] == current)[rows]
-            masked[rows] = _least_confident(model, prompt_ids[rows], prompt_mask[rows], target[rows],
-                                            drawn_block, revealed[rows])
+            masked[rows], guess = _least_confident(model, prompt_ids[rows], prompt_mask[rows], target[rows],
+                                                   drawn_block, revealed[rows])
+            if decoder_fill == "model":
+                settled = block_of[None, :] < current[rows]
+                target[rows], lengths[rows] = _own_commits(
+                    [batch[i] for i in rows.tolist()], target[rows], drawn_block & ~masked[rows], guess,
+                    settled, lengths[rows], gen)
     masked, later = masked & ~causal[:, None], later & ~causal[:, None]  # causal rows: the clean answer
     noisy = torch.where(masked | later, torch.full_like(target, tok.MASK_ID), target)
     input_ids = torch.cat([prompt_ids, noisy], dim=1)
@@ -510,7 +527,6 @@ def dllm_loss(
         attention_mask = model_mask(row_attention(attention_mask, causal), model)
     output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions)
     logits = region_logits(model, output.logits, prompt_ids.shape[1])
-    lengths = torch.tensor([len(e.answer) for e in batch])
     through_eos = torch.arange(gen_length)[None, :] <= lengths[:, None]  # the answer and its first <eos>
     weight = torch.where(through_eos, 1.0, pad_weight)
     parts = []
@@ -529,7 +545,7 @@ def _least_confident(
     target: torch.Tensor,
     block: torch.Tensor,
     revealed: torch.Tensor,
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The masks of a confidence-order decoder's state inside one block, for ``R`` rows.
 
     :param prompt_ids: ``(R, P)`` long, left-padded prompts; ``prompt_mask`` their ``(R, P)``
@@ -540,7 +556,8 @@ def _least_confident(
         block's length (so at least one stays masked).
     :return: ``(R, G)`` bool, the block's positions other than the ``revealed`` ones the model
         is surest of (largest max-probability over the tokens a decoder may commit) when the
-        region from the block on is masked; reads the model without gradient.
+        region from the block on is masked, and ``(R, G)`` long, the model's argmax (over those
+        tokens) at every position; reads the model without gradient.
     """
     ahead = block.int().cummax(-1).values.bool()  # the block and every position after it
     noisy = torch.where(ahead, torch.full_like(target, tok.MASK_ID), target)
@@ -550,9 +567,50 @@ def _least_confident(
                        position_ids=position_ids(attention_mask))
         logits = region_logits(model, output.logits, prompt_ids.shape[1])
         logits[..., [tok.PAD_ID, tok.MASK_ID]] = -math.inf
-        confidence = torch.where(block, logits.softmax(-1).amax(-1), -math.inf)
+        probability, guess = logits.softmax(-1).max(-1)
+        confidence = torch.where(block, probability, -math.inf)
     rank = confidence.argsort(-1, descending=True).argsort(-1)  # 0: the surest position
-    return block & (rank >= revealed)
+    return block & (rank >= revealed), guess
+
+
+DECODER_FILLS = ("answer", "model")
+"""What a decoder row's revealed positions hold (:func:`dllm_loss`'s ``decoder_fill``)."""
+
+
+def _own_commits(
+    examples: Sequence[Example],
+    target: torch.Tensor,
+    revealed: torch.Tensor,
+    guess: torch.Tensor,
+    settled: torch.Tensor,
+    lengths: torch.Tensor,
+    gen: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The targets of ``R`` decoder rows whose revealed positions hold the model's guesses.
+
+    :param examples: the rows' examples.
+    :param target: ``(R, G)`` long, their answer regions; ``lengths`` ``(R,)`` their answers' lengths.
+    :param revealed: ``(R, G)`` bool, the drawn block's positions the state reveals.
+    :param guess: ``(R, G)`` long, the model's argmax at every position.
+    :param settled: ``(R, G)`` bool, the positions before the drawn block (the answer's, clean).
+    :return: ``(R, G)`` targets and ``(R,)`` lengths: a row whose family lists its right answers
+        (``TaskFamily.answers``) and has some that agree with ``guess`` at ``revealed`` and
+        with the row's answer at ``settled`` gets one of those, drawn uniformly (the revealed
+        positions then hold the guesses); any other row keeps its answer.
+    """
+    target, lengths = target.clone(), lengths.clone()
+    for i, example in enumerate(examples):
+        family = _CHECKABLE.get(example.family)
+        answers = None if family is None else family.answers(example.prompt)
+        if not answers:
+            continue
+        regions = answer_region(answers, target.shape[1])
+        fits = (torch.where(settled[i], regions == target[i], True)
+                & torch.where(revealed[i], regions == guess[i], True)).all(-1).nonzero()[:, 0]
+        if len(fits):
+            chosen = int(fits[torch.randint(len(fits), (1,), generator=gen)])
+            target[i], lengths[i] = regions[chosen], len(answers[chosen])
+    return target, lengths
 
 
 LOSS_MEANS = ("token", "row")
@@ -767,15 +825,33 @@ PROGRESS = "progress.json"
 the run's budget is spent; ``--resume`` continues an unfinished one."""
 
 
-def save_checkpoint(model: LlamaForCausalLM, directory: Path, workload: Workload, record: dict) -> None:
-    """Save the weights, tokenizer and ``record`` (as ``progress.json``) into ``directory``.
+TRAINING_WEIGHTS = "training-weights"
+"""The sub-directory of a checkpoint with an averaged model (``--ema``) that holds the
+weights the optimizer steps, which ``--resume`` continues; the checkpoint's own weights are
+the average, the model that is evaluated, probed and shipped."""
+
+
+def save_checkpoint(
+    model: LlamaForCausalLM, directory: Path, workload: Workload, record: dict,
+    training: LlamaForCausalLM | None = None,
+) -> None:
+    """Save the weights, tokenizer and ``record`` (as ``progress.json``) into ``directory``;
+    ``training`` (with an averaged ``model``): the optimizer's weights, into
+    ``directory/training-weights``.
 
     The files are written into ``directory/.partial`` and then moved in one by one
-    (``os.replace``), ``progress.json`` last: a run killed while saving leaves the previous
-    checkpoint, or the new weights with the previous record, never a half-written file.
+    (``os.replace``), the training weights first and ``progress.json`` last: a run killed
+    while saving leaves the previous checkpoint, or new weights with the previous record,
+    never a half-written file.
     """
     partial = directory / ".partial"
     save_model(model, partial, workload)
+    if training is not None:
+        save_model(training, partial / TRAINING_WEIGHTS, workload)
+        (directory / TRAINING_WEIGHTS).mkdir(parents=True, exist_ok=True)
+        for path in sorted((partial / TRAINING_WEIGHTS).iterdir()):
+            os.replace(path, directory / TRAINING_WEIGHTS / path.name)
+        (partial / TRAINING_WEIGHTS).rmdir()
     (partial / PROGRESS).write_text(json.dumps(record, indent=2) + "\n")
     for path in sorted(partial.iterdir(), key=lambda p: p.name == PROGRESS):
         os.replace(path, directory / path.name)
@@ -793,7 +869,7 @@ def unfinished_run(directory: Path) -> dict | None:
 
 _HISTORY_KEYS = (
     "seed", "peak_lr", "steps", "batch", "train_weights", "pad_weight", "t_max", "masks", "prefix_share",
-    "causal_share", "loss_mean", "decoder_share", "init_from", "train_seconds",
+    "causal_share", "loss_mean", "decoder_share", "decoder_fill", "ema", "init_from", "train_seconds",
     "final_loss_avg", "overall", "per_family",
 )
 
@@ -817,6 +893,8 @@ def train_one(
     causal_share: float | None = None,
     loss_mean: str | None = None,
     decoder_share: float | None = None,
+    ema: float | None = None,
+    decoder_fill: str | None = None,
 ) -> dict:
     """Train (or, with ``resume``, continue training) one model, save it, evaluate it.
 
@@ -837,11 +915,20 @@ def train_one(
     order: ``"uniform"`` (the default of a new run) or ``"block"`` (blocks of the workload's
     ``block_length``), with ``prefix_share`` (default 0) of the rows masked from a cut on, and
     ``causal_share`` (default 0) trained causally, ``decoder_share`` (default 0) in a
-    confidence-order decoder's states, and ``loss_mean`` (default ``"token"``) how the masked
-    rows are averaged (:func:`dllm_loss`); given on resuming an unfinished
+    confidence-order decoder's states, filled per ``decoder_fill`` (default ``"answer"``),
+    and ``loss_mean`` (default ``"token"``) how the masked rows are averaged
+    (:func:`dllm_loss`); given on resuming an unfinished
     run, they replace the run's from the current step on (the record keeps the last ones).  ``init_from`` (a dLLM
     only) starts instead from a causal checkpoint of the same architecture made
     bidirectional (:func:`dllm_from_ar`); its runs head the history.
+
+    ``ema`` (default 0: none; given on resuming, it replaces the run's) keeps an exponential
+    moving average of the weights, updated after every optimizer step with decay ``ema``
+    (``torch.optim.swa_utils``; 0.9995 averages about the last 2,000 steps).  The monitor,
+    the checkpoint's weights and the final evaluation are the average's; the optimizer's own
+    weights go to ``training-weights/`` (:data:`TRAINING_WEIGHTS`), where ``--resume``
+    continues them, the average continuing from the checkpoint's weights.  An average
+    started on resuming a run without one starts from its weights.
     """
     spec = SPECS[name]
     workload = spec.workload
@@ -856,6 +943,9 @@ def train_one(
         causal_share = run.get("causal_share", 0.0) if causal_share is None else causal_share
         loss_mean = loss_mean or run.get("loss_mean", "token")
         decoder_share = run.get("decoder_share", 0.0) if decoder_share is None else decoder_share
+        decoder_fill = decoder_fill or run.get("decoder_fill", "answer")
+        ema_before = run.get("ema", 0.0)
+        ema = ema_before if ema is None else ema
         peak = lr if lr is not None else run["peak_lr"]
         if minutes is None and steps is None:
             minutes = None if run["budget_seconds"] is None else run["budget_seconds"] / 60
@@ -869,6 +959,8 @@ def train_one(
         causal_share = causal_share or 0.0
         loss_mean = loss_mean or "token"
         decoder_share = decoder_share or 0.0
+        decoder_fill = decoder_fill or "answer"
+        ema_before, ema = 0.0, ema or 0.0
         from_checkpoint = resume or init_from is not None
         peak = lr if lr is not None else spec.lr / 2 if from_checkpoint else spec.lr
         start_step, elapsed_before, history = 0, 0.0, []
@@ -881,9 +973,19 @@ def train_one(
     if prefix_share + decoder_share > 1:
         raise ValueError(f"{name}: prefix_share {prefix_share} and decoder_share {decoder_share} are shares "
                          "of the same rows: their sum must be at most 1")
+    if decoder_fill != "answer" and not decoder_share:
+        raise ValueError(f"{name}: decoder_fill {decoder_fill!r} fills the decoder rows: it needs a decoder_share")
+    if not 0 <= ema < 1:
+        raise ValueError(f"{name}: ema {ema} is a decay per step: it must be in [0, 1)")
     torch.manual_seed(_part_seed(seed, start_step))
+    averaged = None
     if resume:
-        model = LlamaForCausalLM.from_pretrained(directory, local_files_only=True, dtype=torch.float32)
+        trained = directory / TRAINING_WEIGHTS if run is not None and ema_before > 0 else directory
+        model = LlamaForCausalLM.from_pretrained(trained, local_files_only=True, dtype=torch.float32)
+        if ema > 0:
+            average_from = LlamaForCausalLM.from_pretrained(directory, local_files_only=True, dtype=torch.float32)
+            averaged = AveragedModel(average_from, multi_avg_fn=get_ema_multi_avg_fn(ema), use_buffers=True)
+            averaged.n_averaged.fill_(1)  # it holds an average already: the next update blends into it
         if run is None:
             history = _history(directory)
     elif init_from is not None:
@@ -891,9 +993,14 @@ def train_one(
         history = _history(init_from)
     else:
         model = build_model(name)
+    if ema > 0 and averaged is None:
+        averaged = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(ema), use_buffers=True)
+    # what the monitor reads and the checkpoints hold
+    evaluated = model if averaged is None else cast(LlamaForCausalLM, averaged.module)
     model.train()
     print(f"[{name}] {n_params(model):,} parameters, kind={spec.kind}, workload={workload.name}, "
-          f"resume={resume}" + (f" (continuing at step {start_step})" if run is not None else ""), flush=True)
+          f"resume={resume}" + (f" (continuing at step {start_step})" if run is not None else "")
+          + (f", weights averaged (ema {ema})" if averaged is not None else ""), flush=True)
     opt = torch.optim.AdamW(model.parameters(), lr=peak, betas=(0.9, 0.98), weight_decay=0.01)
     gen = torch.Generator().manual_seed(_part_seed(seed, start_step))
     batches = _batches(seed, mix, workload, start_step)
@@ -907,7 +1014,8 @@ def train_one(
             "peak_lr": peak, "steps": step, "batch": workload.batch, "train_weights": mix,
             "pad_weight": pad_weight, "t_max": t_max, "masks": masks,
             "prefix_share": prefix_share, "causal_share": causal_share, "loss_mean": loss_mean,
-            "decoder_share": decoder_share, "init_from": None if init_from is None else str(init_from),
+            "decoder_share": decoder_share, "decoder_fill": decoder_fill, "ema": ema,
+            "init_from": None if init_from is None else str(init_from),
             "train_seconds": round(elapsed, 1), "budget_seconds": budget, "total_steps": total,
             "final_loss_avg": running, "finished": finished, **curves, "history": history,
         }
@@ -928,13 +1036,15 @@ def train_one(
         if spec.kind == "dllm":
             blocks = workload.block_length if masks == "block" else None
             loss = dllm_loss(model, batch, extra_pad, gen, pad_weight, t_max, workload.gen_length, blocks,
-                             prefix_share, causal_share, loss_mean, decoder_share)
+                             prefix_share, causal_share, loss_mean, decoder_share, decoder_fill)
         else:
             loss = ar_loss(model, batch, extra_pad)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        if averaged is not None:
+            averaged.update_parameters(model)
         step += 1
         running = loss.item() if running is None else 0.98 * running + 0.02 * loss.item()
         if step % 50 == 0 or step == start_step + 1:
@@ -943,16 +1053,18 @@ def train_one(
             print(f"[{name}] step {step} progress {progress:.3f} loss {loss.item():.4f} avg {running:.4f} "
                   f"lr {opt.param_groups[0]['lr']:.2e} elapsed {elapsed:.0f}s", flush=True)
         if step % 300 == 0:
-            acc = evaluate(model, spec.kind, monitor)
+            acc = evaluate(evaluated, spec.kind, monitor)
             model.train()
             curves["monitor_curve"].append([step, round(acc["overall"], 3), acc["per_family"]])
             print(f"[{name}] step {step} monitor {_accuracy_line(acc)}", flush=True)
         if time.time() - last_save >= checkpoint_minutes * 60:
-            save_checkpoint(model, directory, workload, record(step, time.time() - start, running, False))
+            save_checkpoint(evaluated, directory, workload, record(step, time.time() - start, running, False),
+                            None if averaged is None else model)
             last_save = time.time()
             print(f"[{name}] checkpoint saved to {directory} at step {step}", flush=True)
     train_seconds = time.time() - start
-    save_checkpoint(model, directory, workload, record(step, train_seconds, running, True))
+    save_checkpoint(evaluated, directory, workload, record(step, train_seconds, running, True),
+                    None if averaged is None else model)
     print(f"[{name}] saved to {directory} after {step} steps, {train_seconds:.0f}s", flush=True)
 
     reloaded, result, eval_seconds = _evaluate_saved(directory, spec.kind, eval_n, workload)
@@ -1092,6 +1204,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="with --masks block: the share of rows (apart from --prefix-share's) in the state "
                         "a confidence-order decoder meets: the block's positions the model is surest of hold "
                         "their answer, the rest are masked (one more forward on those rows), default 0")
+    parser.add_argument("--decoder-fill", choices=DECODER_FILLS, default=None,
+                        help="with --decoder-share: what the decoder rows' revealed positions hold: 'answer' "
+                        "(the row's answer, the default of a new run) or 'model' (the model's own argmax, with a "
+                        "right answer that agrees with it as the target, for families that list their right "
+                        "answers: word, tale). On --resume of an unfinished run it replaces the run's"),
     parser.add_argument("--causal-share", type=float, default=None, metavar="P",
                         help="dLLMs: the share of rows trained as the causal stage was (clean answer, causal "
                         "attention, next-token loss), default 0")
@@ -1100,6 +1217,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                         "default of a new run), 'row' over rows (each row's mean: every mask ratio, so every "
                         "state of a block-by-block decoder, weighs the same). On --resume of an unfinished run "
                         "it replaces the run's from then on")
+    parser.add_argument("--ema", type=float, default=None, metavar="DECAY",
+                        help="keep an exponential moving average of the weights with this decay per step "
+                        "(e.g. 0.9995); checkpoints, the monitor and the evaluation use it, the optimizer's "
+                        "weights are saved in training-weights/ for --resume; default 0 (none). On --resume "
+                        "of an unfinished run it replaces the run's from then on")
     parser.add_argument("--init-from", type=Path, default=None, metavar="DIR",
                         help="a new dLLM (toy-dllm, long-dllm): start from this causal checkpoint of its "
                         "architecture (made by --model toy-dllm-ar / long-dllm-ar), turned bidirectional "
@@ -1130,7 +1252,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(f"--init-from starts a new dLLM: use it with --model {' or '.join(dllms)} and without --resume")
     shares = (("--prefix-share", args.prefix_share), ("--causal-share", args.causal_share),
               ("--decoder-share", args.decoder_share))
-    for option, value in (("--masks", args.masks), ("--loss-mean", args.loss_mean), *shares):
+    for option, value in (("--masks", args.masks), ("--loss-mean", args.loss_mean),
+                          ("--decoder-fill", args.decoder_fill), *shares):
         if value is not None and args.model not in dllms:
             parser.error(f"{option} is a dLLM's training option: use it with --model {' or '.join(dllms)}")
     for option, value in shares:
@@ -1139,6 +1262,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if (args.prefix_share or 0) + (args.decoder_share or 0) > 1:
         parser.error(f"--prefix-share {args.prefix_share} and --decoder-share {args.decoder_share} are shares of "
                      "the same rows: their sum must be at most 1")
+    if args.ema is not None and not 0 <= args.ema < 1:
+        parser.error(f"--ema is a decay per step: it must be in [0, 1), got {args.ema}")
     if args.init_from is not None and not args.init_from.is_dir():
         parser.error(f"--init-from {args.init_from}: no such checkpoint directory")
     torch.set_num_threads(args.threads)
@@ -1167,7 +1292,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                   "'lookup' here (see this module's docstring)", flush=True)
         train_one(name, minutes, args.steps, seed, out, args.eval_n, args.resume, args.lr, args.weights,
                   args.pad_weight, args.t_max, init_from, args.checkpoint_minutes, args.masks, args.prefix_share,
-                  args.causal_share, args.loss_mean, args.decoder_share)
+                  args.causal_share, args.loss_mean, args.decoder_share, args.ema, args.decoder_fill)
 
 
 if __name__ == "__main__":
