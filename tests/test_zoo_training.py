@@ -585,27 +585,32 @@ def _tale(go: str) -> Example:
                    f"sue {go} to the park. there she saw a red cat. the cat sat down. she smiled and went home.")
 
 
-def test_own_commits_target_a_right_answer_that_agrees_with_the_model_s_guesses():
-    """A decoder row whose revealed positions hold the model's guesses is trained towards a
-    right answer that agrees with them: the row's own answer (``went``) is replaced by one with
-    the guessed filler (``ran``), drawn uniformly among those that fit; guesses no right answer
-    fits, and families without a listing, keep the row's answer."""
+def test_own_commits_target_the_right_answer_closest_to_the_model_s_guesses():
+    """A decoder row whose revealed positions hold the model's guesses is trained towards the
+    right answer that agrees with most of them, drawn uniformly among the closest: the row's
+    own answer (``went``) is replaced by one with the guessed filler (``ran``); guesses no right
+    answer fits all of (``sue xxn``) get the closest and are mistakes where they differ from
+    it; a family without a listing keeps its answer, its wrong guesses mistakes too."""
     from dloom.zoo.train import _own_commits, answer_region
 
     went, ran = _tale("went"), _tale("ran")
     target = answer_region([went.answer, went.answer, "12-3=9"], 128)
     guess = answer_region([ran.answer, "sue xx" + ran.answer[6:], "12-3=8"], 128)
     revealed = torch.zeros(3, 128, dtype=torch.bool)
-    revealed[:, :7] = True  # 'sue ran', 'sue xx ', '12-3=8'
+    revealed[:, :7] = True  # 'sue ran', 'sue xxn', '12-3=8'
     settled = torch.zeros(3, 128, dtype=torch.bool)
     rows = [went, went, Example("chain", "chain 12-3", "12-3=9")]
     lengths = torch.tensor([len(e.answer) for e in rows])
-    chosen, chosen_lengths = _own_commits(rows, target, revealed, guess, settled, lengths,
-                                          torch.Generator().manual_seed(0))
+    chosen, chosen_lengths, mistaken = _own_commits(rows, target, revealed, guess, settled, lengths,
+                                                    torch.Generator().manual_seed(0))
+    listed = long_tasks_answers(went.prompt)
     text = _decoded(chosen[0])
-    assert text.startswith("sue ran to the park. ") and text in long_tasks_answers(went.prompt)
-    assert chosen_lengths[0] == len(text)
-    assert torch.equal(chosen[1:], target[1:]) and torch.equal(chosen_lengths[1:], lengths[1:])
+    assert text.startswith("sue ran to the park. ") and text in listed and chosen_lengths[0] == len(text)
+    assert _decoded(chosen[1])[:7] in ("sue wen", "sue ran") and _decoded(chosen[1]) in listed
+    assert torch.equal(chosen[2], target[2]) and chosen_lengths[2] == lengths[2]
+    assert mistaken[0].nonzero()[:, 0].tolist() == []
+    assert mistaken[1].nonzero()[:, 0].tolist() == [4, 5]
+    assert mistaken[2].nonzero()[:, 0].tolist() == [5]  # '8' for '9'
 
     draws = [_decoded(_own_commits(rows[:1], target[:1], revealed[:1] & False, guess[:1], settled[:1],
                                    lengths[:1], torch.Generator().manual_seed(seed))[0][0])
@@ -654,8 +659,13 @@ def test_decoder_rows_filled_by_the_model_hold_its_guesses(monkeypatch):
     for row in first_block.nonzero()[:, 0].tolist():
         assert train._text(states["model"][row, :7].tolist()) == "sue ran"
         assert train._text(states["answer"][row, :7].tolist()) == "sue wen"
-    later = ~first_block  # block 0 settled with 'went': no tale with 'ran' fits, the answer stays
-    assert torch.equal(states["model"][later], states["answer"][later])
+    # block 0 settled with 'went': the guesses of a later block are mostly mistakes, left masked
+    later = ~first_block
+    model_state, answer_state = states["model"][later], states["answer"][later]
+    guessed = train.answer_region([ran.answer], 128).expand_as(model_state)
+    kept = model_state != tok.MASK_ID  # the settled blocks' answer, or a guess a right answer agrees with
+    assert ((model_state == answer_state) | (model_state == guessed))[kept].all()
+    assert int((states["model"][later] == tok.MASK_ID).sum()) > int((states["answer"][later] == tok.MASK_ID).sum())
 
 
 @pytest.mark.parametrize("family", ["word", "tale"])

@@ -457,10 +457,13 @@ def dllm_loss(
     what it committed on both sides; random masks rarely leave exactly those masked.
     ``decoder_fill`` is what those revealed positions hold: ``"answer"``, the row's answer;
     ``"model"``, the model's own argmax there, the state its decoder reaches, with the row's
-    target one of the family's right answers that agrees with it (:func:`_own_commits`).
-    A decoder that picked another filler than the row's answer for a slot (``went`` for
-    ``walked``) never meets the answer-filled state, and in its own state the right
-    continuation is that filler's answer.
+    target the right answer closest to it (for families that list their right answers; the
+    row's answer otherwise), and every revealed position where the argmax is not that answer's
+    token masked and scored (:func:`_own_commits`).  A decoder that picked another filler than
+    the row's answer for a slot (``went`` for ``walked``) never meets the answer-filled state,
+    and in its own state the right continuation is that filler's answer; and a position the
+    model is sure of but wrong at, which the decoder would commit first, is revealed with the
+    answer's token (so never scored) in ``"answer"`` rows.
 
     A ``causal_share`` of the rows (drawn per row) is trained as the causal stage was: the
     clean answer behind a causal attention mask, each position of the answer and its first
@@ -515,9 +518,10 @@ def dllm_loss(
                                                    drawn_block, revealed[rows])
             if decoder_fill == "model":
                 settled = block_of[None, :] < current[rows]
-                target[rows], lengths[rows] = _own_commits(
+                target[rows], lengths[rows], mistaken = _own_commits(
                     [batch[i] for i in rows.tolist()], target[rows], drawn_block & ~masked[rows], guess,
                     settled, lengths[rows], gen)
+                masked[rows] |= mistaken
     masked, later = masked & ~causal[:, None], later & ~causal[:, None]  # causal rows: the clean answer
     noisy = torch.where(masked | later, torch.full_like(target, tok.MASK_ID), target)
     input_ids = torch.cat([prompt_ids, noisy], dim=1)
@@ -585,7 +589,7 @@ def _own_commits(
     settled: torch.Tensor,
     lengths: torch.Tensor,
     gen: torch.Generator,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The targets of ``R`` decoder rows whose revealed positions hold the model's guesses.
 
     :param examples: the rows' examples.
@@ -593,10 +597,13 @@ def _own_commits(
     :param revealed: ``(R, G)`` bool, the drawn block's positions the state reveals.
     :param guess: ``(R, G)`` long, the model's argmax at every position.
     :param settled: ``(R, G)`` bool, the positions before the drawn block (the answer's, clean).
-    :return: ``(R, G)`` targets and ``(R,)`` lengths: a row whose family lists its right answers
-        (``TaskFamily.answers``) and has some that agree with ``guess`` at ``revealed`` and
-        with the row's answer at ``settled`` gets one of those, drawn uniformly (the revealed
-        positions then hold the guesses); any other row keeps its answer.
+    :return: ``(R, G)`` targets, ``(R,)`` lengths and ``(R, G)`` bool mistakes.  A row whose
+        family lists its right answers (``TaskFamily.answers``) gets, among those that agree
+        with its answer at ``settled``, one that agrees with ``guess`` at the most ``revealed``
+        positions, drawn uniformly; any other row keeps its answer.  The mistakes are the
+        ``revealed`` positions where ``guess`` differs from the new target: a decoder would
+        commit them first, so :func:`dllm_loss` leaves them masked and scores them, and the
+        state holds the guesses at the other revealed positions.
     """
     target, lengths = target.clone(), lengths.clone()
     for i, example in enumerate(examples):
@@ -605,12 +612,12 @@ def _own_commits(
         if not answers:
             continue
         regions = answer_region(answers, target.shape[1])
-        fits = (torch.where(settled[i], regions == target[i], True)
-                & torch.where(revealed[i], regions == guess[i], True)).all(-1).nonzero()[:, 0]
-        if len(fits):
-            chosen = int(fits[torch.randint(len(fits), (1,), generator=gen)])
-            target[i], lengths[i] = regions[chosen], len(answers[chosen])
-    return target, lengths
+        agreeing = torch.where(revealed[i], regions == guess[i], False).sum(-1)
+        agreeing[~torch.where(settled[i], regions == target[i], True).all(-1)] = -1  # the answer holds them
+        best = (agreeing == agreeing.max()).nonzero()[:, 0]
+        chosen = int(best[torch.randint(len(best), (1,), generator=gen)])
+        target[i], lengths[i] = regions[chosen], len(answers[chosen])
+    return target, lengths, revealed & (guess != target)
 
 
 LOSS_MEANS = ("token", "row")
