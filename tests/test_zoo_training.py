@@ -526,15 +526,16 @@ def test_the_long_dllm_stage_starts_from_its_causal_stage(monkeypatch, tmp_path)
     train.main(["--model", "long-dllm-ar", *common])
     blocks = []
     loss = train.dllm_loss
-    monkeypatch.setattr(train, "dllm_loss", lambda *args: blocks.append(args[-6:]) or loss(*args))
+    monkeypatch.setattr(train, "dllm_loss", lambda *args: blocks.append(args[-7:]) or loss(*args))
     train.main(["--model", "long-dllm", "--init-from", str(tmp_path / "long-dllm-ar"), "--seed", "1",
                 "--masks", "block", "--prefix-share", "0.5", "--causal-share", "0.25", "--loss-mean", "row",
-                "--decoder-share", "0.25", "--decoder-fill", "model", *common])
+                "--decoder-share", "0.25", "--decoder-fill", "model", "--decoder-rounds", "3", *common])
     record = json.loads((tmp_path / "long-dllm" / "eval.json").read_text())
     assert (record["masks"], record["prefix_share"], record["causal_share"], record["loss_mean"],
-            record["decoder_share"], record["decoder_fill"]) == ("block", 0.5, 0.25, "row", 0.25, "model")
+            record["decoder_share"], record["decoder_fill"], record["decoder_rounds"]) == (
+        "block", 0.5, 0.25, "row", 0.25, "model", 3)
     # block-order masks over the workload's blocks of 32
-    assert blocks == [(32, 0.5, 0.25, "row", 0.25, "model")] * 2
+    assert blocks == [(32, 0.5, 0.25, "row", 0.25, "model", 3)] * 2
     assert [run["model"] for run in record["history"]] == ["long-dllm-ar"]
     assert set(record["per_family"]) == {"chain", "word", "tale", "prog"} and record["n"] == 4
     config = json.loads((tmp_path / "long-dllm" / "config.json").read_text())
@@ -642,7 +643,8 @@ def test_decoder_rows_filled_by_the_model_hold_its_guesses(monkeypatch):
 
     went, ran = _tale("went"), _tale("ran")
 
-    def surest(model, prompt_ids, prompt_mask, target, block, count):
+    def surest(model, prompt_ids, prompt_mask, target, block, count, rounds, hold_guesses):
+        assert (rounds, hold_guesses) == (1, fill == "model")
         first_seven = block & (torch.arange(128) % 32 < 7)  # reveal the drawn block's first 7
         return block & ~first_seven, train.answer_region([ran.answer] * len(block), 128)
 
@@ -689,3 +691,50 @@ def test_a_model_fill_without_decoder_rows_is_refused(tmp_path):
     with pytest.raises(ValueError, match="decoder_fill 'model' fills the decoder rows: it needs a decoder_share"):
         train_one("toy-dllm", None, 1, 0, tmp_path, 4, masks="block", decoder_fill="model")
     assert not (tmp_path / "toy-dllm").exists()
+
+
+@pytest.mark.parametrize("rounds", [32, 64])
+def test_decoder_rounds_of_a_block_s_length_reach_the_one_token_per_step_decoder_s_state(rounds):
+    """Revealed one position a forward (``rounds`` at least the block's length), each holding the
+    model's guess, a decoder row's state after ``m`` reveals is the state the one-token-per-step
+    confidence decoder (:func:`trace_dllm`) reaches after ``m`` steps: the same positions, the
+    same tokens.  Revealing them all from one forward (``rounds=1``), or holding the answer's
+    tokens instead of the guesses, reaches other states."""
+    from dloom.zoo import long_tasks
+    from dloom.zoo.tasks import held_out
+    from dloom.zoo.train import _least_confident, answer_region, encode_prompts, trace_dllm
+
+    torch.manual_seed(0)
+    model = build_model("long-dllm").eval()
+    batch = held_out(12, seed=0, suite=long_tasks.FAMILIES)
+    prompt_ids, prompt_mask = encode_prompts([e.prompt for e in batch])
+    target = answer_region([e.answer for e in batch], 128)
+    block = (torch.arange(128) < 32)[None, :].expand(len(batch), -1)
+    revealed = torch.tensor([[m] for m in (0, 1, 2, 5, 9, 13, 17, 21, 25, 28, 30, 31)])
+    trace = trace_dllm(model, [e.prompt for e in batch])
+    decoded = trace.step < revealed  # block 0 is decoded first: step k commits one of its positions
+
+    def state(rounds, hold_guesses):
+        masked, guess = _least_confident(model, prompt_ids, prompt_mask, target, block, revealed, rounds,
+                                         hold_guesses)
+        return block & ~masked, guess
+
+    shown, guess = state(rounds, True)
+    assert torch.equal(shown, decoded)
+    assert torch.equal(guess[shown], trace.region[decoded])
+    for other in (state(1, True), state(rounds, False)):
+        assert not torch.equal(other[0], decoded)
+
+
+def test_decoder_rounds_below_one_or_without_decoder_rows_are_refused(tmp_path, capsys):
+    from dloom.zoo.train import main, train_one
+
+    with pytest.raises(ValueError, match="decoder_rounds 2 is the number of forwards .* needs a decoder_share"):
+        train_one("toy-dllm", None, 1, 0, tmp_path, 4, masks="block", decoder_rounds=2)
+    assert not (tmp_path / "toy-dllm").exists()
+    with pytest.raises(SystemExit):
+        main(["--model", "long-dllm", "--steps", "1", "--decoder-rounds", "0"])
+    assert "--decoder-rounds is a number of forwards: it must be at least 1, got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--model", "long-ar", "--steps", "1", "--decoder-rounds", "4"])
+    assert "--decoder-rounds is a dLLM's training option" in capsys.readouterr().err

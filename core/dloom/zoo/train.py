@@ -431,6 +431,7 @@ def dllm_loss(
     loss_mean: str = "token",
     decoder_share: float = 0.0,
     decoder_fill: str = "answer",
+    decoder_rounds: int = 1,
 ) -> torch.Tensor:
     """Masked-diffusion cross-entropy over the masked positions of a ``gen_length`` region.
 
@@ -452,7 +453,10 @@ def dllm_loss(
     prefix rows) holds the state a confidence-order decoder meets: of the drawn block, the
     ``m`` positions (``m`` uniform over ``0 .. K - 1``) the model itself is surest of with the
     block fully masked hold their answer, the rest are masked (:func:`_least_confident`; one
-    more forward, without gradient, on those rows).  A decoder commits the easy positions
+    more forward, without gradient, on those rows).  ``decoder_rounds`` ``N`` reveals them over
+    ``N`` such forwards instead, each round's positions the surest given the earlier rounds'
+    (``N`` at least ``K``: one a forward, the very state a one-token-per-step decoder reaches,
+    at the cost of up to ``m`` forwards a row).  A decoder commits the easy positions
     first and leaves the hard ones, those the left context leaves open, to be read from
     what it committed on both sides; random masks rarely leave exactly those masked.
     ``decoder_fill`` is what those revealed positions hold: ``"answer"``, the row's answer;
@@ -515,7 +519,8 @@ def dllm_loss(
         if len(rows):
             drawn_block = (block_of[None, :] == current)[rows]
             masked[rows], guess = _least_confident(model, prompt_ids[rows], prompt_mask[rows], target[rows],
-                                                   drawn_block, revealed[rows])
+                                                   drawn_block, revealed[rows], decoder_rounds,
+                                                   hold_guesses=decoder_fill == "model")
             if decoder_fill == "model":
                 settled = block_of[None, :] < current[rows]
                 target[rows], lengths[rows], mistaken = _own_commits(
@@ -549,6 +554,8 @@ def _least_confident(
     target: torch.Tensor,
     block: torch.Tensor,
     revealed: torch.Tensor,
+    rounds: int = 1,
+    hold_guesses: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The masks of a confidence-order decoder's state inside one block, for ``R`` rows.
 
@@ -558,23 +565,44 @@ def _least_confident(
     :param block: ``(R, G)`` bool, each row's drawn block (one run of positions).
     :param revealed: ``(R, 1)`` long, how many of the block's positions to reveal, below the
         block's length (so at least one stays masked).
+    :param rounds: the reveals are spread over this many forwards (at most ``revealed``
+        forwards a row): each forward reveals the next share of a row's ``revealed`` positions,
+        those the model is surest of in the state the earlier rounds left.  ``1``: all of them
+        from the block fully masked; ``rounds`` at least the block's length: one a forward, the
+        state a one-token-per-step decoder reaches.
+    :param hold_guesses: what a revealed position holds for the later rounds: the model's argmax
+        there (``True``: the decoder's own commits) or the answer's token.
     :return: ``(R, G)`` bool, the block's positions other than the ``revealed`` ones the model
-        is surest of (largest max-probability over the tokens a decoder may commit) when the
-        region from the block on is masked, and ``(R, G)`` long, the model's argmax (over those
-        tokens) at every position; reads the model without gradient.
+        was surest of (largest max-probability over the tokens a decoder may commit) when they
+        were revealed (the region from the block on masked but for the earlier rounds' reveals),
+        and ``(R, G)`` long, the model's argmax (over those tokens) at each revealed position,
+        from the round that revealed it (the first forward's elsewhere); reads the model without
+        gradient.
     """
     ahead = block.int().cummax(-1).values.bool()  # the block and every position after it
-    noisy = torch.where(ahead, torch.full_like(target, tok.MASK_ID), target)
-    attention_mask = torch.cat([prompt_mask, torch.ones_like(noisy)], dim=1)
-    with torch.no_grad():
-        output = model(input_ids=torch.cat([prompt_ids, noisy], dim=1), attention_mask=attention_mask,
-                       position_ids=position_ids(attention_mask))
-        logits = region_logits(model, output.logits, prompt_ids.shape[1])
-        logits[..., [tok.PAD_ID, tok.MASK_ID]] = -math.inf
-        probability, guess = logits.softmax(-1).max(-1)
-        confidence = torch.where(block, probability, -math.inf)
-    rank = confidence.argsort(-1, descending=True).argsort(-1)  # 0: the surest position
-    return block & (rank >= revealed), guess
+    state = torch.where(ahead, torch.full_like(target, tok.MASK_ID), target)
+    shown = torch.zeros_like(block)
+    guess = torch.zeros_like(target)
+    for r in range(rounds):
+        goal = (revealed[:, 0] * (r + 1) + rounds - 1) // rounds  # reveals due by the end of round r
+        need = goal - shown.sum(-1)
+        rows = (need > 0).nonzero()[:, 0] if r else torch.arange(len(target))
+        if not len(rows):
+            continue
+        attention_mask = torch.cat([prompt_mask[rows], torch.ones_like(state[rows])], dim=1)
+        with torch.no_grad():
+            output = model(input_ids=torch.cat([prompt_ids[rows], state[rows]], dim=1),
+                           attention_mask=attention_mask, position_ids=position_ids(attention_mask))
+            logits = region_logits(model, output.logits, prompt_ids.shape[1])
+            logits[..., [tok.PAD_ID, tok.MASK_ID]] = -math.inf
+            probability, argmax = logits.softmax(-1).max(-1)
+        confidence = torch.where(block[rows] & ~shown[rows], probability, -math.inf)
+        rank = confidence.argsort(-1, descending=True).argsort(-1)  # 0: the surest open position
+        new = block[rows] & ~shown[rows] & (rank < need[rows, None])
+        guess[rows] = torch.where(new | (r == 0), argmax, guess[rows])
+        shown[rows] |= new
+        state[rows] = torch.where(new, argmax if hold_guesses else target[rows], state[rows])
+    return block & ~shown, guess
 
 
 DECODER_FILLS = ("answer", "model")
@@ -876,7 +904,7 @@ def unfinished_run(directory: Path) -> dict | None:
 
 _HISTORY_KEYS = (
     "seed", "peak_lr", "steps", "batch", "train_weights", "pad_weight", "t_max", "masks", "prefix_share",
-    "causal_share", "loss_mean", "decoder_share", "decoder_fill", "ema", "init_from", "train_seconds",
+    "causal_share", "loss_mean", "decoder_share", "decoder_fill", "decoder_rounds", "ema", "init_from", "train_seconds",
     "final_loss_avg", "overall", "per_family",
 )
 
@@ -902,6 +930,7 @@ def train_one(
     decoder_share: float | None = None,
     ema: float | None = None,
     decoder_fill: str | None = None,
+    decoder_rounds: int | None = None,
 ) -> dict:
     """Train (or, with ``resume``, continue training) one model, save it, evaluate it.
 
@@ -922,7 +951,8 @@ def train_one(
     order: ``"uniform"`` (the default of a new run) or ``"block"`` (blocks of the workload's
     ``block_length``), with ``prefix_share`` (default 0) of the rows masked from a cut on, and
     ``causal_share`` (default 0) trained causally, ``decoder_share`` (default 0) in a
-    confidence-order decoder's states, filled per ``decoder_fill`` (default ``"answer"``),
+    confidence-order decoder's states, filled per ``decoder_fill`` (default ``"answer"``) and
+    revealed over ``decoder_rounds`` forwards (default 1),
     and ``loss_mean`` (default ``"token"``) how the masked rows are averaged
     (:func:`dllm_loss`); given on resuming an unfinished
     run, they replace the run's from the current step on (the record keeps the last ones).  ``init_from`` (a dLLM
@@ -951,6 +981,7 @@ def train_one(
         loss_mean = loss_mean or run.get("loss_mean", "token")
         decoder_share = run.get("decoder_share", 0.0) if decoder_share is None else decoder_share
         decoder_fill = decoder_fill or run.get("decoder_fill", "answer")
+        decoder_rounds = decoder_rounds or run.get("decoder_rounds", 1)
         ema_before = run.get("ema", 0.0)
         ema = ema_before if ema is None else ema
         peak = lr if lr is not None else run["peak_lr"]
@@ -967,6 +998,7 @@ def train_one(
         loss_mean = loss_mean or "token"
         decoder_share = decoder_share or 0.0
         decoder_fill = decoder_fill or "answer"
+        decoder_rounds = decoder_rounds or 1
         ema_before, ema = 0.0, ema or 0.0
         from_checkpoint = resume or init_from is not None
         peak = lr if lr is not None else spec.lr / 2 if from_checkpoint else spec.lr
@@ -982,6 +1014,9 @@ def train_one(
                          "of the same rows: their sum must be at most 1")
     if decoder_fill != "answer" and not decoder_share:
         raise ValueError(f"{name}: decoder_fill {decoder_fill!r} fills the decoder rows: it needs a decoder_share")
+    if decoder_rounds < 1 or (decoder_rounds > 1 and not decoder_share):
+        raise ValueError(f"{name}: decoder_rounds {decoder_rounds} is the number of forwards that reveal a "
+                         "decoder row's positions: it must be at least 1, and above 1 it needs a decoder_share")
     if not 0 <= ema < 1:
         raise ValueError(f"{name}: ema {ema} is a decay per step: it must be in [0, 1)")
     torch.manual_seed(_part_seed(seed, start_step))
@@ -1021,7 +1056,8 @@ def train_one(
             "peak_lr": peak, "steps": step, "batch": workload.batch, "train_weights": mix,
             "pad_weight": pad_weight, "t_max": t_max, "masks": masks,
             "prefix_share": prefix_share, "causal_share": causal_share, "loss_mean": loss_mean,
-            "decoder_share": decoder_share, "decoder_fill": decoder_fill, "ema": ema,
+            "decoder_share": decoder_share, "decoder_fill": decoder_fill,
+            "decoder_rounds": decoder_rounds, "ema": ema,
             "init_from": None if init_from is None else str(init_from),
             "train_seconds": round(elapsed, 1), "budget_seconds": budget, "total_steps": total,
             "final_loss_avg": running, "finished": finished, **curves, "history": history,
@@ -1043,7 +1079,8 @@ def train_one(
         if spec.kind == "dllm":
             blocks = workload.block_length if masks == "block" else None
             loss = dllm_loss(model, batch, extra_pad, gen, pad_weight, t_max, workload.gen_length, blocks,
-                             prefix_share, causal_share, loss_mean, decoder_share, decoder_fill)
+                             prefix_share, causal_share, loss_mean, decoder_share, decoder_fill,
+                             decoder_rounds)
         else:
             loss = ar_loss(model, batch, extra_pad)
         opt.zero_grad(set_to_none=True)
@@ -1215,7 +1252,12 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="with --decoder-share: what the decoder rows' revealed positions hold: 'answer' "
                         "(the row's answer, the default of a new run) or 'model' (the model's own argmax, with a "
                         "right answer that agrees with it as the target, for families that list their right "
-                        "answers: word, tale). On --resume of an unfinished run it replaces the run's"),
+                        "answers: word, tale). On --resume of an unfinished run it replaces the run's")
+    parser.add_argument("--decoder-rounds", type=int, default=None, metavar="N",
+                        help="with --decoder-share: reveal a decoder row's positions over N forwards, each "
+                        "round's the surest given the earlier rounds' (N >= the block length: one a forward, the "
+                        "state a one-token-per-step decoder reaches; up to N forwards a row); default 1. On "
+                        "--resume of an unfinished run it replaces the run's")
     parser.add_argument("--causal-share", type=float, default=None, metavar="P",
                         help="dLLMs: the share of rows trained as the causal stage was (clean answer, causal "
                         "attention, next-token loss), default 0")
@@ -1260,7 +1302,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     shares = (("--prefix-share", args.prefix_share), ("--causal-share", args.causal_share),
               ("--decoder-share", args.decoder_share))
     for option, value in (("--masks", args.masks), ("--loss-mean", args.loss_mean),
-                          ("--decoder-fill", args.decoder_fill), *shares):
+                          ("--decoder-fill", args.decoder_fill), ("--decoder-rounds", args.decoder_rounds),
+                          *shares):
         if value is not None and args.model not in dllms:
             parser.error(f"{option} is a dLLM's training option: use it with --model {' or '.join(dllms)}")
     for option, value in shares:
@@ -1269,6 +1312,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if (args.prefix_share or 0) + (args.decoder_share or 0) > 1:
         parser.error(f"--prefix-share {args.prefix_share} and --decoder-share {args.decoder_share} are shares of "
                      "the same rows: their sum must be at most 1")
+    if args.decoder_rounds is not None and args.decoder_rounds < 1:
+        parser.error(f"--decoder-rounds is a number of forwards: it must be at least 1, got {args.decoder_rounds}")
     if args.ema is not None and not 0 <= args.ema < 1:
         parser.error(f"--ema is a decay per step: it must be in [0, 1), got {args.ema}")
     if args.init_from is not None and not args.init_from.is_dir():
@@ -1299,7 +1344,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                   "'lookup' here (see this module's docstring)", flush=True)
         train_one(name, minutes, args.steps, seed, out, args.eval_n, args.resume, args.lr, args.weights,
                   args.pad_weight, args.t_max, init_from, args.checkpoint_minutes, args.masks, args.prefix_share,
-                  args.causal_share, args.loss_mean, args.decoder_share, args.ema, args.decoder_fill)
+                  args.causal_share, args.loss_mean, args.decoder_share, args.ema, args.decoder_fill,
+                  args.decoder_rounds)
 
 
 if __name__ == "__main__":
