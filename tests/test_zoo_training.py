@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
 
 import pytest
@@ -738,3 +739,18 @@ def test_decoder_rounds_below_one_or_without_decoder_rows_are_refused(tmp_path, 
     with pytest.raises(SystemExit):
         main(["--model", "long-ar", "--steps", "1", "--decoder-rounds", "4"])
     assert "--decoder-rounds is a dLLM's training option" in capsys.readouterr().err
+
+
+def test_a_checkpoint_saved_without_an_average_drops_an_earlier_run_s_training_weights(tmp_path):
+    """A run resumed with ``--ema 0`` after an averaged one saves the optimizer's weights at
+    the top level; the averaged run's ``training-weights/`` would be stale, so it goes."""
+    from dloom.zoo import train
+
+    torch.manual_seed(0)
+    model, other = build_model("toy-ar-small"), build_model("toy-ar-small")
+    train.save_checkpoint(model, tmp_path, train.SHORT, {"ema": 0.5}, training=other)
+    assert (tmp_path / train.TRAINING_WEIGHTS / "model.safetensors").is_file()
+    train.save_checkpoint(other, tmp_path, train.SHORT, {"ema": 0.0})
+    assert not (tmp_path / train.TRAINING_WEIGHTS).exists()
+    assert (tmp_path / "model.safetensors").is_file()
+    assert json.loads((tmp_path / train.PROGRESS).read_text()) == {"ema": 0.0}

@@ -210,6 +210,7 @@ import json
 import math
 import os
 import random
+import shutil
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -872,7 +873,8 @@ def save_checkpoint(
 ) -> None:
     """Save the weights, tokenizer and ``record`` (as ``progress.json``) into ``directory``;
     ``training`` (with an averaged ``model``): the optimizer's weights, into
-    ``directory/training-weights``.
+    ``directory/training-weights``; without it, a ``training-weights`` an earlier averaged
+    run left there is removed once the record is in (the weights are the optimizer's again).
 
     The files are written into ``directory/.partial`` and then moved in one by one
     (``os.replace``), the training weights first and ``progress.json`` last: a run killed
@@ -891,6 +893,8 @@ def save_checkpoint(
     for path in sorted(partial.iterdir(), key=lambda p: p.name == PROGRESS):
         os.replace(path, directory / path.name)
     partial.rmdir()
+    if training is None and (directory / TRAINING_WEIGHTS).is_dir():
+        shutil.rmtree(directory / TRAINING_WEIGHTS)
 
 
 def unfinished_run(directory: Path) -> dict | None:
