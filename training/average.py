@@ -5,12 +5,13 @@ source's dtype) of the same tensor in every source; every other file (config, to
 ``progress.json``) is copied from the *last* source, whose ``progress.json`` gains an
 ``"averaged_from"`` list naming the sources and their steps. ``training-weights/`` of the last
 source (the optimizer's weights of an ``--ema`` run) is copied too, so ``--resume`` from the
-output continues that run exactly as it would have from the last source::
+output continues the last source's optimizer weights, its average going on from the output's::
 
     python training/average.py OUT SRC1 SRC2 ... [--weights 1,1,2]
 
-``--weights`` gives each source a relative weight (default: equal). The sources must share
-the config; a tensor missing from one of them, or of another shape, is an error.
+``--weights`` gives each source a relative weight (default: equal). The sources must hold the
+same tensors with the same shapes (a tensor missing from one of them, or of another shape, is an
+error); their configs are not compared.
 """
 
 from __future__ import annotations
