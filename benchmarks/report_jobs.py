@@ -56,10 +56,10 @@ class Job:
     def key_settings(self) -> dict[str, Any]:
         settings = {key: dataclasses.asdict(value) if isinstance(value, Config) else value
                     for key, value in self.inputs.items()}
-        if self.kind == "failfast":  # models by name: their files are what the result depends on
-            settings["files"] = {role: None if name is None else model_digest(name)
-                                 for role, name in (("target", self.inputs["target"]),
-                                                    ("assistant", self.inputs["assistant"]))}
+        if self.kind == "failfast":  # the models by their files, not the name they were given by
+            for role in ("target", "assistant"):
+                name = settings.pop(role)
+                settings[f"{role}_files"] = None if name is None else model_digest(name)
         return settings
 
 

@@ -66,13 +66,19 @@ def with_file_digests(settings: Any) -> Any:
     return settings
 
 
+RECORD_FILES = frozenset({"eval.json", "progress.json"})
+"""Files of a zoo-style checkpoint that record how it was made, not what it computes."""
+
+
 def model_digest(name_or_path: str) -> str:
-    """SHA-256 over the files of a model directory, or of the zoo model ``name_or_path``."""
+    """SHA-256 over the files of a model directory, or of the zoo model ``name_or_path``: the
+    ones it loads from (weights, configs, tokenizer), not its training records
+    (:data:`RECORD_FILES`), so a checkpoint copied into the zoo keeps its digest."""
     from dloom.zoo import MODEL_NAMES, model_path
 
     directory = model_path(name_or_path) if name_or_path in MODEL_NAMES else Path(name_or_path)
     digest = hashlib.sha256()
-    for path in sorted(p for p in directory.iterdir() if p.is_file()):
+    for path in sorted(p for p in directory.iterdir() if p.is_file() and p.name not in RECORD_FILES):
         digest.update(f"{path.name};".encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()

@@ -135,6 +135,22 @@ def test_the_failfast_job_is_stored_under_its_drafter_taus(report_module):
     assert len(keys) == 2
 
 
+def test_the_failfast_job_knows_its_models_by_their_files_not_their_names(report_module, tmp_path):
+    """A checkpoint copied elsewhere (say into the zoo) keeps the key of the measurements made
+    with it, whatever its training records say; other weights get another key."""
+    jobs = importlib.import_module("report_jobs")
+    store = importlib.import_module("report_store").MeasurementStore(None, {"run": 1}, resume=False)
+    for name, weights, record in (("trained", b"w1", "{}"), ("shipped", b"w1", '{"steps": 9}'), ("other", b"w2", "{}")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.safetensors").write_bytes(weights)
+        (tmp_path / name / "config.json").write_text("{}")
+        (tmp_path / name / "eval.json").write_text(record)
+    (tmp_path / "trained" / "progress.json").write_text('{"finished": false}')
+    key = lambda target: store.key("failfast", jobs.Job("failfast", "failfast", {
+        "target": str(tmp_path / target), "assistant": None, "drafter_taus": [0.9]}).key_settings())
+    assert key("trained") == key("shipped") != key("other")
+
+
 def test_the_checklist_is_computed_from_the_report(targets):
     items = targets.checklist(synthetic_report())
     assert [item["met"] for item in items] == [True] * 6
