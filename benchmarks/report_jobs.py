@@ -7,14 +7,19 @@ resumed run has it, stores each as soon as it finishes, and returns the results 
 order. With ``workers > 1`` the jobs of a stage run at once in that many spawned processes,
 each holding its own copy of the model (``report.py --workers``): on a machine with ``W``
 idle cores a stage takes about ``1 / W`` of the time; every process decodes with
-``--threads`` threads, and each row's TPS is measured in the process that decoded it.
+``--threads`` threads, and each row's TPS is measured in the process that decoded it. A
+worker ends itself once its parent is gone (a report killed by a signal cannot shut its pool
+down, and its workers would go on decoding for nobody).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import multiprocessing
+import os
 import sys
+import threading
+import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,9 +136,24 @@ def execute(context: Context, job: Job) -> Any:
 _WORKER: Context | None = None
 
 
+def exit_with_parent(interval: float = 0.5) -> None:
+    """End this process (``os._exit``) once its parent is gone, from a daemon thread that polls
+    every ``interval`` seconds (an orphan is re-parented, so ``os.getppid()`` changes)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
+
+
 def _start_worker(model_name: str, device: str, threads: int, context: Context) -> None:
-    """A worker's initialiser: its own model, the parent's prompts and settings."""
+    """A worker's initialiser: it ends with its parent (:func:`exit_with_parent`), and holds
+    its own model, the parent's prompts and settings."""
     global _WORKER
+    exit_with_parent()
     torch.set_num_threads(threads)
     _WORKER = dataclasses.replace(context, model=load_model(model_name, device=device))
 

@@ -135,6 +135,51 @@ def test_the_failfast_job_is_stored_under_its_drafter_taus(report_module):
     assert len(keys) == 2
 
 
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
+def test_a_worker_ends_when_its_report_is_killed(report_module):
+    """A report killed by a signal cannot shut its pool down; its workers end themselves."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = (
+        "import multiprocessing, sys, time\n"
+        f"sys.path.insert(0, {str(Path(report_module.__file__).parent)!r})\n"
+        "import report_jobs\n"
+        "def work():\n"
+        "    report_jobs.exit_with_parent(0.05)\n"
+        "    time.sleep(120)\n"
+        "if __name__ == '__main__':\n"
+        "    child = multiprocessing.get_context('fork').Process(target=work)\n"
+        "    child.start()\n"
+        "    print(child.pid, flush=True)\n"
+        "    time.sleep(120)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(parent.stdout.readline())
+        time.sleep(0.5)
+        assert _running(child)  # working, until its parent goes
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 20
+        while _running(child) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _running(child)
+    finally:
+        parent.kill()
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited (a zombie has)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
 def test_the_failfast_job_knows_its_models_by_their_files_not_their_names(report_module, tmp_path):
     """A checkpoint copied elsewhere (say into the zoo) keeps the key of the measurements made
     with it, whatever its training records say; other weights get another key."""
