@@ -499,6 +499,40 @@ def test_an_interrupted_run_saves_checkpoints_and_resume_continues_it(monkeypatc
     assert any(not torch.equal(v, weights_at_5[k]) for k, v in resumed.items())  # it trained on
 
 
+def test_finish_ends_an_unfinished_run_where_it_stopped_and_evaluates_its_weights(monkeypatch, tmp_path, capsys):
+    import json
+
+    train = _tiny_long_spec(monkeypatch)
+    monkeypatch.setattr(train, "_batches", _killed_after(train._batches, 3))
+    argv = ["--model", "long-dllm-ar", "--out", str(tmp_path), "--threads", "1", "--eval-n", "4"]
+    with pytest.raises(KeyboardInterrupt):
+        train.main([*argv, "--steps", "10", "--checkpoint-minutes", "1e-9"])
+    directory = tmp_path / "long-dllm-ar"
+    weights = (directory / "model.safetensors").read_bytes()
+    evaluated = []
+    evaluate = train.evaluate
+    monkeypatch.setattr(train, "evaluate", lambda *args: evaluated.append(args) or evaluate(*args))
+    train.main([*argv, "--finish"])
+    record = json.loads((directory / "eval.json").read_text())
+    assert (record["steps"], record["total_steps"], record["ended_early"]) == (3, 10, True)
+    assert set(record["per_family"]) == {"chain", "word", "tale", "prog"} and len(evaluated) == 1
+    assert len(evaluated[0][2]) == 4  # --eval-n held-out prompts
+    assert (directory / "model.safetensors").read_bytes() == weights  # the weights are not touched
+    assert train.unfinished_run(directory) is None  # --resume would start a new run from them
+    with pytest.raises(SystemExit):  # nothing left to end
+        train.main([*argv, "--finish"])
+    assert f"--finish: no unfinished run in {directory}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra", [["--resume"], ["--eval-only"]])
+def test_finish_takes_one_model_and_no_other_mode(extra, tmp_path, capsys):
+    from dloom.zoo.train import main
+
+    with pytest.raises(SystemExit):
+        main(["--model", "long-dllm", "--out", str(tmp_path), "--finish", *extra])
+    assert "--finish ends one model's unfinished run" in capsys.readouterr().err
+
+
 def test_a_continued_run_warms_up_to_its_scheduled_rate():
     from dloom.zoo.train import WARMUP, _lr
 

@@ -52,6 +52,8 @@ follows them, with its seed, peak lr and mix, new data (the stream of seed ``see
 record only); ``--minutes``/``--steps`` then replace its total budget.  ``--resume`` on a
 finished run starts a new run from its weights with a fresh optimizer and schedule (use a
 new ``--seed`` for new data); ``eval.json`` keeps the earlier runs under ``history``.
+``--finish`` ends an unfinished run where it stopped, its budget's rest unspent (its record
+says ``ended_early``): the saved weights are evaluated into ``eval.json`` as at a run's end.
 ``--ema DECAY`` keeps an exponential moving average of the weights: the checkpoint's weights,
 the monitor and the evaluation are the average's, and the optimizer's weights, which
 ``--resume`` continues, are saved under ``training-weights/`` next to them.
@@ -230,7 +232,7 @@ from .tasks import ALPHABET, FAMILIES, GEN_LENGTH, Example, TaskFamily, held_out
 
 __all__ = [
     "LONG", "SHORT", "SPECS", "ModelSpec", "Workload", "build_config", "build_model", "decode_ar", "decode_dllm",
-    "Trace", "dllm_from_ar", "trace_dllm", "evaluate", "main", "reevaluate", "save_checkpoint", "unfinished_run",
+    "Trace", "dllm_from_ar", "trace_dllm", "end_run", "evaluate", "main", "reevaluate", "save_checkpoint", "unfinished_run",
 ]
 
 
@@ -1115,17 +1117,43 @@ def train_one(
                     None if averaged is None else model)
     print(f"[{name}] saved to {directory} after {step} steps, {train_seconds:.0f}s", flush=True)
 
-    reloaded, result, eval_seconds = _evaluate_saved(directory, spec.kind, eval_n, workload)
+    return _write_evaluation(directory, spec.kind, record(step, train_seconds, running, True), eval_n, workload)
+
+
+def _write_evaluation(directory: Path, kind: str, record: dict, eval_n: int, workload: Workload) -> dict:
+    """Evaluate the weights saved in ``directory`` on ``eval_n`` held-out prompts and write
+    ``eval.json``: the finished run's ``record`` (without ``finished``), the parameter count,
+    the decoding and :func:`evaluate`'s result.  Returns what it wrote."""
+    reloaded, result, eval_seconds = _evaluate_saved(directory, kind, eval_n, workload)
     summary = {
-        **{k: v for k, v in record(step, train_seconds, running, True).items() if k != "finished"},
+        **{k: v for k, v in record.items() if k != "finished"},
         "params": n_params(reloaded),
         "eval_seconds": eval_seconds,
-        "decoding": "greedy, one token per step (low-confidence)" if spec.kind == "dllm" else "greedy AR",
+        "decoding": "greedy, one token per step (low-confidence)" if kind == "dllm" else "greedy AR",
         **result,
     }
     (directory / "eval.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"[{name}] eval {_accuracy_line(result)}", flush=True)
+    print(f"[{record['model']}] eval {_accuracy_line(result)}", flush=True)
     return summary
+
+
+def end_run(name: str, out: Path, eval_n: int) -> dict:
+    """End the unfinished run saved in ``out/name`` where it stopped, leaving the rest of its
+    budget unspent: its record (``progress.json``) is marked finished, with ``ended_early``
+    true, and its weights, untouched, are evaluated into ``eval.json`` as at the end of a run
+    (:func:`_write_evaluation`).  A later ``--resume`` starts a new run from them.
+
+    :raises ValueError: ``out/name`` holds no unfinished run.
+    """
+    directory = out / name
+    run = unfinished_run(directory)
+    if run is None:
+        raise ValueError(f"{directory}: no unfinished run to end (no {PROGRESS}, or its run finished)")
+    record = {**run, "finished": True, "ended_early": True}
+    (directory / PROGRESS).write_text(json.dumps(record, indent=2) + "\n")
+    print(f"[{name}] run ended at step {run['steps']} after {run['train_seconds']:.0f}s of its "
+          f"{run['budget_seconds'] or 0:.0f}s budget", flush=True)
+    return _write_evaluation(directory, SPECS[name].kind, record, eval_n, SPECS[name].workload)
 
 
 def _history(directory: Path) -> list[dict]:
@@ -1283,6 +1311,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="--model all: where the toy-dllm-ar stage is saved (not shipped, so not in OUT)")
     parser.add_argument("--eval-only", action="store_true",
                         help="train nothing: evaluate OUT/<model> on the current suite and update its eval.json")
+    parser.add_argument("--finish", action="store_true",
+                        help="train nothing: end OUT/<model>'s unfinished run where it stopped (the rest of its "
+                        "budget unspent), evaluate its weights and write eval.json as a finished run does")
     args = parser.parse_args(argv)
     if not 0 < args.pad_weight <= 1:
         parser.error(f"--pad-weight must be in (0, 1], got {args.pad_weight}")
@@ -1320,6 +1351,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(f"--decoder-rounds is a number of forwards: it must be at least 1, got {args.decoder_rounds}")
     if args.ema is not None and not 0 <= args.ema < 1:
         parser.error(f"--ema is a decay per step: it must be in [0, 1), got {args.ema}")
+    if args.finish and (args.model == "all" or args.resume or args.eval_only):
+        parser.error("--finish ends one model's unfinished run: use it with one --model, without --resume "
+                     "or --eval-only")
     if args.init_from is not None and not args.init_from.is_dir():
         parser.error(f"--init-from {args.init_from}: no such checkpoint directory")
     torch.set_num_threads(args.threads)
@@ -1328,6 +1362,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     missing = [str(args.out / n) for n in names if (args.resume or args.eval_only) and not (args.out / n).is_dir()]
     if missing:
         parser.error(f"no checkpoint to {'evaluate' if args.eval_only else 'resume'}: {', '.join(missing)}")
+    if args.finish:
+        if unfinished_run(args.out / args.model) is None:
+            parser.error(f"--finish: no unfinished run in {args.out / args.model}")
+        end_run(args.model, args.out, args.eval_n)
+        return
     if args.eval_only:
         for name in names:
             reevaluate(name, args.out, args.eval_n)
