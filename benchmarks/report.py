@@ -2,11 +2,10 @@
 
 ::
 
-    python benchmarks/report.py -n 140            # the published toy report
-    python benchmarks/report.py -n 140 --micro    # plus the pytest-benchmark suite
-    python benchmarks/report.py --model long-dllm -n 300 --target long-ar --assistant long-ar-small
+    python benchmarks/report.py --workers 2       # the published report: long-dllm, 300 prompts
     python benchmarks/report.py ... --resume      # the same report, stopped: measure what is left
-    python benchmarks/report.py ... --workers 2   # the measurements of a stage in two processes
+    python benchmarks/report.py --model toy-dllm -n 140 --target none   # the toy report
+    python benchmarks/report.py ... --micro       # plus the pytest-benchmark suite
 
 The workload comes from the model: a tokenizer that writes every character of
 :data:`dloom.zoo.long_tasks.ALPHABET` decodes the long-answer suite (``--tasks long``), any
@@ -32,7 +31,9 @@ Matrices (``--matrix``; ``auto``: ``full`` on the long suite, ``headline`` on th
 
 With ``--target`` (and ``--assistant``), FailFast with this dLLM as drafter (at each of
 ``--drafter-taus``, the drafter's commit thresholds) against AR
-decoding and assisted generation (:mod:`report_failfast`). Every run ends with issue 19's
+decoding and assisted generation (:mod:`report_failfast`); for a zoo dLLM they default to its
+zoo partners (:func:`zoo_partners`: ``long-dllm`` drafts for ``long-ar``, assisted generation
+drafts with ``long-ar-small``), and ``none`` leaves them out. Every run ends with issue 19's
 targets as a checklist computed from its rows (:func:`report_targets.checklist`).
 
 It writes (``DOCS`` is ``--docs``, default ``docs/``):
@@ -76,13 +77,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the report's sibling modules
 
 from dloom import DiffusionDecoder, load_model  # noqa: E402
-from dloom.errors import ConfigurationError  # noqa: E402
+from dloom.errors import ConfigurationError, ModelError  # noqa: E402
 from dloom.evaluation import SUITES, select_examples, workload_suite  # noqa: E402
 
 from report_jobs import Context, Job, Runner, calibration_job, row_job  # noqa: E402
 from report_measure import (  # noqa: E402
     BASELINE, CACHES, CONFIGS, DELTAS, Config, base_rules, cached, compare, drop_texts, frechet, same_outputs, spiffy_over,
 )
+from report_failfast import check_models  # noqa: E402
 from report_plots import plot_acceptance, plot_accuracy_nfe, plot_calibration, plot_speedup  # noqa: E402
 from report_tables import (  # noqa: E402,F401  (headline_table, oracle_table, micro_table: the tests' API)
     CALIBRATION_PLOT, PLOTS, headline_table, micro_table, oracle_table, replace_marked, report_page,
@@ -97,6 +99,11 @@ STORE_SUFFIX = ".measurements.jsonl"
 CALIBRATION_SIZES = (25, 100, 250)
 """Calibration sizes (paths) Spiffy is measured at next to its main graph's."""
 
+
+DEFAULT_MODEL = "long-dllm"
+"""The report's dLLM by default: the long-answer workload's (issue 19's headline)."""
+DEFAULT_N = 300
+"""Held-out prompts by default."""
 
 DRAFTER_TAUS = (0.05, 0.9)
 """The drafter commit thresholds FailFast is measured at by default: the paper's 0.05, and
@@ -138,6 +145,19 @@ def workload_tasks(model) -> str:
             "characters; allowed: a zoo-style character tokenizer, or --tasks all|long"
         )
     return suite
+
+
+def zoo_partners(model: str) -> tuple[str | None, str | None]:
+    """The zoo's AR target and small AR assistant for the zoo dLLM ``model`` (``long-dllm``:
+    ``long-ar`` and ``long-ar-small``); ``None`` for a role the zoo has no model for, and
+    both for any other model."""
+    from dloom.zoo import MODEL_NAMES
+
+    stem = model.removesuffix("-dllm")
+    if model not in MODEL_NAMES or stem == model:
+        return None, None
+    target, assistant = f"{stem}-ar", f"{stem}-ar-small"
+    return (target if target in MODEL_NAMES else None, assistant if assistant in MODEL_NAMES else None)
 
 
 def run_full(runner: Runner, settings: Settings, model_name: str, common: Sequence[Job]) -> dict[str, Any]:
@@ -234,6 +254,8 @@ def run(
     if matrix == "full" and len(configs) != len(CONFIGS):
         raise ConfigurationError("--configs picks configurations of the headline matrix; the full matrix "
                                  "takes --deltas, --caches and --calibration-* instead")
+    if settings.target is not None:
+        check_models(model, settings.target, settings.assistant)
     examples = select_examples(tasks, n)
     # Warm up (lazy initialisation, allocator) so that the first configuration's TPS is fair.
     DiffusionDecoder(model, BASELINE.strategy).generate([e.prompt for e in examples[:2]])
@@ -329,10 +351,12 @@ def numbers(kind: type, text: str) -> tuple[Any, ...]:
 
 
 def options(args: argparse.Namespace, defaults: Settings) -> list[str]:
-    """The options of ``args`` that differ from their defaults, as the recorded command writes them."""
+    """The options of ``args`` (as :func:`parse_settings` resolved them) that differ from their
+    defaults, as the recorded command writes them."""
+    partners = zoo_partners(args.model)
     shown = []
     for flag, value, default in (
-        ("--model", args.model, "toy-dllm"), ("--tasks", args.tasks, defaults.tasks),
+        ("--model", args.model, DEFAULT_MODEL), ("-n", args.n, None), ("--tasks", args.tasks, defaults.tasks),
         ("--matrix", args.matrix, defaults.matrix), ("--configs", args.configs, "all"),
         ("--deltas", args.deltas, ",".join(f"{d:g}" for d in defaults.deltas)),
         ("--caches", args.caches, ",".join(defaults.caches)),
@@ -340,7 +364,8 @@ def options(args: argparse.Namespace, defaults: Settings) -> list[str]:
         ("--calibration-sizes", args.calibration_sizes, ",".join(map(str, defaults.calibration_sizes))),
         ("--calibration-min-prompts", args.calibration_min_prompts, defaults.calibration_min_prompts),
         ("--spiffy-budget", args.spiffy_budget, defaults.spiffy_budget),
-        ("--target", args.target, None), ("--assistant", args.assistant, None),
+        ("--target", args.target, partners[0] or "none"),
+        ("--assistant", args.assistant, (partners[1] if args.target == partners[0] else None) or "none"),
         ("--drafter-taus", args.drafter_taus, ",".join(map(repr, defaults.drafter_taus))),
         ("--device", args.device, defaults.device), ("--workers", args.workers, defaults.workers),
     ):
@@ -352,8 +377,8 @@ def options(args: argparse.Namespace, defaults: Settings) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> None:
     defaults = Settings()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="toy-dllm", help="zoo name or checkpoint directory (with a tokenizer)")
-    parser.add_argument("-n", type=int, default=140, help="held-out prompts, balanced over the task families")
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="zoo name or checkpoint directory (with a tokenizer)")
+    parser.add_argument("-n", type=int, default=DEFAULT_N, help="held-out prompts, balanced over the task families")
     parser.add_argument("--tasks", default="auto", choices=("auto", *SUITES),
                         help="task suite (auto: the one the model's tokenizer writes)")
     parser.add_argument("--matrix", default="auto", choices=MATRICES,
@@ -374,8 +399,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--spiffy-budget", type=int, default=defaults.spiffy_budget,
                         help="full matrix: nodes of each calibrated draft graph (Spiffy's drafts per verification)")
     parser.add_argument("--graphs", type=Path, default=defaults.graphs, help="where calibrated graphs are written")
-    parser.add_argument("--target", default=None, help="AR target for FailFast (this dLLM drafts)")
-    parser.add_argument("--assistant", default=None, help="small AR assistant for assisted generation")
+    parser.add_argument("--target", default=None, help="AR target for FailFast (this dLLM drafts); 'none': no "
+                        "FailFast (default: the zoo's target for a zoo dLLM, none for other models)")
+    parser.add_argument("--assistant", default=None, help="small AR assistant for assisted generation; 'none': "
+                        "without it (default: the zoo's for a zoo dLLM with its --target, none otherwise)")
     parser.add_argument("--drafter-taus", default=",".join(map(repr, defaults.drafter_taus)),
                         help="FailFast (with --target): the drafter commit thresholds it is measured at, "
                         "each in (0, 1)")
@@ -403,9 +430,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error("--configs picks configurations of the headline matrix; the full matrix takes "
                      "--deltas, --caches and --calibration-* instead")
     configs = [c for c in CONFIGS if c is BASELINE or wanted is None or c.name in wanted]
-    command = " ".join(["python benchmarks/report.py", f"-n {args.n}", *options(args, defaults)]
+    command = " ".join(["python benchmarks/report.py", *options(args, defaults)]
                        + (["--micro"] if args.micro else []))
-    report = run(args.model, args.n, args.batch_size, configs, command, settings)
+    try:
+        report = run(args.model, args.n, args.batch_size, configs, command, settings)
+    except (ConfigurationError, ModelError) as error:  # bad models or suite: named, no traceback
+        parser.exit(2, f"report.py: error: {error}\n")
     if args.micro:
         run_micro(args.micro_json)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -416,7 +446,14 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def parse_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Settings:
-    """The :class:`Settings` of ``args``, refused (``parser.error``) before any work when bad."""
+    """The :class:`Settings` of ``args``, refused (``parser.error``) before any work when bad;
+    ``args.target`` and ``args.assistant`` are resolved (:func:`zoo_partners`, ``none``)."""
+    target, assistant = zoo_partners(args.model)
+    explicit_assistant = args.assistant is not None
+    args.target = args.target or target or "none"
+    args.assistant = args.assistant or (assistant if args.target == target else None) or "none"
+    target = None if args.target == "none" else args.target
+    assistant = None if args.assistant == "none" else args.assistant
     try:
         deltas = numbers(float, args.deltas)
         sizes = numbers(int, args.calibration_sizes)
@@ -427,7 +464,7 @@ def parse_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         parser.error(f"--drafter-taus {args.drafter_taus!r}: distinct thresholds, each in (0, 1) "
                      "(FailFast's drafter_tau)")
     args.drafter_taus = ",".join(map(repr, drafter_taus))  # the recorded command, as parsed
-    if args.target is None and drafter_taus != DRAFTER_TAUS:
+    if target is None and drafter_taus != DRAFTER_TAUS:
         parser.error("--drafter-taus needs --target (they are FailFast's)")
     caches = tuple(c.strip() for c in args.caches.split(",") if c.strip())
     bad_delta = [d for d in deltas if not 0 <= d < 1]
@@ -444,13 +481,13 @@ def parse_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         parser.error(f"--spiffy-budget {args.spiffy_budget}: allowed: 1 or more nodes")
     if args.workers < 1:
         parser.error(f"--workers {args.workers}: allowed: 1 or more processes")
-    if args.assistant is not None and args.target is None:
+    if explicit_assistant and assistant is not None and target is None:
         parser.error("--assistant needs --target (assisted generation is FailFast's comparison)")
     return Settings(
         tasks=args.tasks, matrix=args.matrix, deltas=deltas, caches=caches, calibration_paths=args.calibration_paths,
         calibration_sizes=sizes, calibration_min_prompts=args.calibration_min_prompts, graphs=args.graphs,
         spiffy_budget=args.spiffy_budget,
-        target=args.target, assistant=args.assistant, drafter_taus=drafter_taus, device=args.device,
+        target=target, assistant=assistant, drafter_taus=drafter_taus, device=args.device,
         store=args.out.with_suffix(STORE_SUFFIX), resume=args.resume, workers=args.workers,
     )
 

@@ -22,6 +22,7 @@ import torch
 
 from dloom import load_model
 from dloom.ar import ARTarget
+from dloom.errors import ModelError
 from dloom.zoo.tasks import Example, TaskFamily
 from dloom_plugins.failfast import FailFastDecoder
 
@@ -80,6 +81,23 @@ def run_method(
     outputs = [cut(method(list(prompt)), eos) for prompt in prompts]
     seconds = time.perf_counter() - started
     return outputs, {name: counter.count - before[name] for name, counter in counters.items()}, seconds
+
+
+def check_models(drafter, target_name: str, assistant_name: str | None, dtype: str = "float32") -> None:
+    """Refuse, before any measurement, the models :func:`measure_failfast` cannot compare: a
+    target or assistant that does not load, a target FailFast refuses ``drafter`` for (another
+    vocabulary), or an assistant whose tokenizer is not the target's (assisted generation
+    drafts the target's token ids).
+
+    :raises ModelError: naming the model and what is wrong with it.
+    """
+    target = load_model(target_name, dtype=dtype, device=drafter.device, require_mask=False)
+    FailFastDecoder(target, drafter, max_new_tokens=drafter.default_gen_length or 128)
+    if assistant_name is not None:
+        assistant = load_model(assistant_name, dtype=dtype, device=drafter.device, require_mask=False)
+        if assistant.tokenizer_sha256 != target.tokenizer_sha256:
+            raise ModelError(f"assistant {assistant_name!r} does not share target {target_name!r}'s tokenizer; "
+                             "assisted generation needs one vocabulary (e.g. the zoo's long-ar-small for long-ar)")
 
 
 def measure_failfast(

@@ -22,7 +22,8 @@ def generated(report_module, tmp_path_factory):
         head, tail = text.split(START)[0], text.split(END)[1]
         (root / name).write_text(f"{head}{START}\nstale table\n{END}{tail}")
     report_module.main([
-        "-n", "7", "--configs", "threshold,spiffy+threshold", "--out", str(root / "report.json"),
+        "--model", "toy-dllm", "-n", "7", "--configs", "threshold,spiffy+threshold", "--target", "none",
+        "--out", str(root / "report.json"),
         "--docs", str(root / "docs"), "--readme", str(root / "README.md"),
     ])
     return root, json.loads((root / "report.json").read_text())
@@ -31,7 +32,8 @@ def generated(report_module, tmp_path_factory):
 def test_one_run_measures_every_requested_configuration(generated):
     _, report = generated
     assert [row["name"] for row in report["rows"]] == ["quota", "threshold", "spiffy+threshold"]
-    assert report["command"] == "python benchmarks/report.py -n 7 --configs threshold,spiffy+threshold"
+    assert report["command"] == ("python benchmarks/report.py --model toy-dllm -n 7 --configs threshold,spiffy+threshold "
+                                 "--target none")
     base, threshold, spiffy = report["rows"]
     assert base["nfe_ratio"] == base["tps_ratio"] == base["identical_to_baseline"] == 1.0
     assert threshold["nfe_ratio"] == pytest.approx(base["nfe_mean"] / threshold["nfe_mean"])

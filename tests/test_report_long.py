@@ -266,19 +266,44 @@ def test_calibration_sees_training_prompts_only(report_module, tiny, monkeypatch
         calibration.calibration_examples("long", 4, 0)
 
 
+def test_a_zoo_dllm_is_measured_with_its_zoo_partners_by_default(report_module, monkeypatch):
+    assert report_module.zoo_partners("long-dllm") == ("long-ar", "long-ar-small")
+    assert report_module.zoo_partners("toy-dllm") == ("toy-ar", "toy-ar-small")
+    assert report_module.zoo_partners("long-ar") == report_module.zoo_partners("/a/long-dllm") == (None, None)
+    seen = {}
+
+    def stop(model, n, batch_size, configs, command, settings):
+        seen.update(model=model, n=n, command=command, target=settings.target, assistant=settings.assistant)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(report_module, "run", stop)
+    for argv, expected in (
+        ([], ("long-dllm", 300, "long-ar", "long-ar-small", "python benchmarks/report.py -n 300")),
+        (["--target", "none"], ("long-dllm", 300, None, None, "python benchmarks/report.py -n 300 --target none")),
+        (["--target", "toy-ar"], ("long-dllm", 300, "toy-ar", None, "python benchmarks/report.py -n 300 --target toy-ar")),
+        (["--model", "/a/dllm", "-n", "9"], ("/a/dllm", 9, None, None, "python benchmarks/report.py --model /a/dllm -n 9")),
+    ):
+        with pytest.raises(SystemExit):
+            report_module.main(argv)
+        assert (seen["model"], seen["n"], seen["target"], seen["assistant"], seen["command"]) == expected
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--deltas", "0,1.0"], "each δ must lie in"),
     (["--caches", "dual,none"], "'none' first"),
     (["--calibration-paths", "100", "--calibration-sizes", "25,250"], "each in 1 .. --calibration-paths"),
-    (["--assistant", "toy-ar-small"], "--assistant needs --target"),
+    (["--target", "none", "--assistant", "toy-ar-small"], "--assistant needs --target"),
+    (["--model", "training/none", "--assistant", "toy-ar-small"], "--assistant needs --target"),
     (["--spiffy-budget", "0"], "--spiffy-budget 0: allowed: 1 or more"),
     (["--workers", "0"], "--workers 0: allowed: 1 or more"),
     (["--drafter-taus", "0.05,0"], "--drafter-taus '0.05,0': distinct thresholds, each in (0, 1)"),
     (["--target", "toy-ar", "--drafter-taus", "0.05,1"], "each in (0, 1) (FailFast's drafter_tau)"),
-    (["--drafter-taus", "0.5"], "--drafter-taus needs --target"),
+    (["--target", "none", "--drafter-taus", "0.5"], "--drafter-taus needs --target"),
     (["--drafter-taus", "0.9,0.9"], "distinct thresholds"),
     (["--drafter-taus", "high"], "take comma-separated numbers"),
     (["--matrix", "full", "--configs", "threshold"], "headline matrix"),
+    (["--target", "toy-ar"], "drafter 'long-dllm' and target 'toy-ar' do not share a tokenizer"),
+    (["--model", "toy-dllm", "--assistant", "long-ar-small"], "assistant 'long-ar-small' does not share target 'toy-ar'"),
 ])
 def test_bad_options_are_refused_before_any_work(report_module, capsys, argv, message):
     with pytest.raises(SystemExit):
@@ -398,7 +423,7 @@ def test_the_full_matrix_and_failfast_on_the_toy_zoo(report_module, targets, tmp
     for name in ("README.md", "docs/index.md"):
         (tmp_path / name).write_text((ROOT / name).read_text())
     report_module.main([
-        "--matrix", "full", "-n", "2", "--deltas", "0", "--caches", "none", "--calibration-paths", "20",
+        "--model", "toy-dllm", "--matrix", "full", "-n", "2", "--deltas", "0", "--caches", "none", "--calibration-paths", "20",
         "--calibration-sizes", "5", "--calibration-min-prompts", "1", "--target", "toy-ar",
         "--assistant", "toy-ar-small", "--drafter-taus", "0.5",
         "--out", str(tmp_path / "report.json"), "--docs", str(tmp_path / "docs"),
@@ -433,7 +458,7 @@ def test_a_stopped_report_resumes_with_what_it_had_measured(report_module, tmp_p
     for name in ("README.md", "docs/index.md"):
         (tmp_path / name).write_text((ROOT / name).read_text())
     out = tmp_path / "report.json"
-    args = ["--matrix", "full", "-n", "2", "--deltas", "0", "--caches", "none", "--calibration-paths", "20",
+    args = ["--model", "toy-dllm", "--target", "none", "--matrix", "full", "-n", "2", "--deltas", "0", "--caches", "none", "--calibration-paths", "20",
             "--calibration-sizes", "5", "--calibration-min-prompts", "1", "--out", str(out),
             "--docs", str(tmp_path / "docs"), "--readme", str(tmp_path / "README.md"),
             "--graphs", str(tmp_path / "graphs")]

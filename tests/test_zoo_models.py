@@ -1,4 +1,4 @@
-"""The shipped toy zoo: offline loading, sizes, smoke decodes and the demo command."""
+"""The shipped zoo: offline loading, sizes, recorded accuracy, smoke decodes and the demo command."""
 
 from __future__ import annotations
 
@@ -14,7 +14,11 @@ from dloom import zoo
 from dloom.cli import app
 from dloom.zoo.tasks import FAMILIES, held_out
 
-MAX_ZOO_BYTES = 25 * 1024 * 1024
+MAX_ZOO_BYTES = 32 * 1024 * 1024
+"""The six models' files (about 28 MB of float16 weights and tokenizers) ride in the wheel."""
+LONG = ("long-dllm", "long-ar", "long-ar-small")
+BARS = {"long-dllm": (0.85, 0.70), "long-ar": (0.85, 0.0), "long-ar-small": (0.0, 0.0)}
+"""Issue 19's bars on 500 held-out prompts: (overall, each family's) greedy accuracy."""
 
 
 @pytest.fixture
@@ -110,3 +114,42 @@ def test_demo_command_runs():
     assert rows["spiffy+quota"]["identical_to_baseline"] == 1.0  # lossless
     assert rows["spiffy+threshold"]["identical_to_commit_rule"] == 1.0
     assert rows["spiffy+quota"]["nfe_mean"] < rows["quota"]["nfe_mean"]
+
+
+@pytest.mark.parametrize("name", LONG)
+def test_long_models_load_offline_with_one_tokenizer_and_the_long_layout(no_network, name):
+    adapter = dloom.load_model(name)
+    kind = "dllm" if name == "long-dllm" else "ar"
+    assert adapter.model.config.dloom["kind"] == kind
+    assert adapter.attention == ("bidirectional" if kind == "dllm" else "causal")
+    assert (adapter.default_gen_length, adapter.default_block_length) == (128, 32)
+    assert adapter.tokenizer_sha256 == dloom.load_model("long-dllm").tokenizer_sha256  # FailFast's shared vocabulary
+    toy_vocab, long_vocab = zoo.load("toy-dllm")[1].get_vocab(), zoo.load(name)[1].get_vocab()
+    assert all(long_vocab[token] == i for token, i in toy_vocab.items())  # the toy ids, kept
+
+
+def test_long_ar_sizes_bracket_the_long_dllm():
+    dllm, ar, small = (n_params(zoo.load(name)[0]) for name in LONG)
+    assert 2 * dllm <= ar <= 4 * dllm
+    assert small < dllm
+
+
+@pytest.mark.parametrize("name", LONG)
+def test_long_models_record_their_bar_on_500_held_out_prompts(name):
+    record = json.loads((zoo.model_path(name) / "eval.json").read_text())
+    overall, each = BARS[name]
+    assert record["n"] == 500 and set(record["per_family"]) == {"chain", "word", "tale", "prog"}
+    assert record["overall"] >= overall and min(record["per_family"].values()) >= each
+    assert record["model"] == name and record["workload"] == "long"
+
+
+def test_long_dllm_smoke_decode_answers_held_out_prompts_one_token_per_step():
+    from dloom.evaluation import select_examples
+    from dloom.zoo.long_tasks import FAMILIES as LONG_FAMILIES
+
+    decoder = dloom.DiffusionDecoder(dloom.load_model("long-dllm"), "quota")
+    examples = select_examples("long", 8)
+    result = decoder.generate([e.prompt for e in examples])
+    correct = [LONG_FAMILIES[e.family].check(e.prompt, t) for e, t in zip(examples, result.texts)]
+    assert sum(correct) >= 6
+    assert min(len(t) for t in result.texts) >= 40  # long answers, over several blocks

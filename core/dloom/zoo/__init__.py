@@ -6,7 +6,16 @@ safetensors) with the character tokenizer in ``models/<name>/``:
 * ``toy-dllm`` — bidirectional masked-diffusion model (``is_causal=False``), ~1.8M params,
   adapted from a causal model of the same shape (Dream-style: its logits stay shifted);
 * ``toy-ar`` — causal next-token model, ~3.8M params (the speculative-decoding target);
-* ``toy-ar-small`` — causal, ~0.5M params, clearly weaker.
+* ``toy-ar-small`` — causal, ~0.5M params, clearly weaker;
+* ``long-dllm`` — the long-answer workload's dLLM (:mod:`dloom.zoo.long_tasks`), ~2.2M
+  params, bidirectional with shifted logits, made from a causal model of its shape and trained
+  on (among others) the states a one-token-per-step block decoder reaches;
+* ``long-ar`` — the long workload's causal target, ~5.1M params;
+* ``long-ar-small`` — the long workload's small causal drafter, ~0.6M params.
+
+The ``toy-*`` models decode the toy suite (:mod:`dloom.zoo.tasks`), the ``long-*`` ones the
+long-answer suite; the three ``long-*`` share one tokenizer, which writes every character of
+the toy one with the same ids.
 
 Each ``config.json`` carries ``mask_token_id`` (1), ``pad_token_id`` (0), ``eos_token_id``
 (2) and a plain-JSON ``dloom`` entry: ``{"kind": "dllm" | "ar", "attention":
@@ -31,11 +40,12 @@ Encoding contract (how prompts and answers are laid out; training used exactly t
 * The answer text is everything before the first ``<eos>``; ``tasks.FAMILIES[f].check``
   grades it.
 
-The long-answer models in training (``long-*`` in ``dloom.zoo.train``, not shipped yet)
-follow the same contract with the 99-token tokenizer of ``long_tasks.ALPHABET`` (the same
-ids for the characters the two share), ``gen_length`` 128 decoded in blocks of
-``block_length`` 32 (both in their ``dloom`` config entry), answers of at most 127
-characters graded by ``long_tasks.FAMILIES[f].check``.
+The ``long-*`` models follow the same contract with the 99-token tokenizer of
+``long_tasks.ALPHABET`` (the same ids for the characters the two share), ``gen_length`` 128
+decoded in blocks of ``block_length`` 32 (both in their ``dloom`` config entry), answers of at
+most 127 characters graded by ``long_tasks.FAMILIES[f].check``.  They are trained by
+``python -m dloom.zoo.train --model long-…`` into ``training/checkpoints/`` of the source
+repository and copied here unchanged (``training/README.md`` has the commands).
 """
 
 from __future__ import annotations
@@ -52,7 +62,7 @@ __all__ = ["MODEL_NAMES", "ZOO_DIR", "load", "model_path"]
 ZOO_DIR = Path(__file__).resolve().parent / "models"
 """Directory holding one sub-directory of weights and tokenizer files per model."""
 
-MODEL_NAMES = ("toy-dllm", "toy-ar", "toy-ar-small")
+MODEL_NAMES = ("toy-dllm", "toy-ar", "toy-ar-small", "long-dllm", "long-ar", "long-ar-small")
 
 
 def model_path(name: str) -> Path:
