@@ -249,7 +249,8 @@ def test_readme_and_home_page_show_the_headline_of_the_latest_report():
     spec = importlib.util.spec_from_file_location("dloom_benchmark_report", ROOT / "benchmarks" / "report.py")
     report = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses need it
     spec.loader.exec_module(report)
-    latest = json.loads((ROOT / "benchmarks" / "results" / "report.json").read_text())
+    # The published report: the long-answer workload's (the README names its command).
+    latest = json.loads((ROOT / "benchmarks" / "results" / "report-long.json").read_text())
     assert marked(ROOT / "README.md") == report.headline_table(latest)
     assert marked(DOCS / "index.md") == report.headline_table(latest)
 
