@@ -73,8 +73,27 @@ def frechet_item(report: Mapping[str, Any]) -> dict[str, Any]:
         target, f"{saving:.1%} at δ = {choice['delta']:g}", saving >= 0.25,
         f"{choice['nfe_mean']:.2f} against {choice['reference_nfe_mean']:.2f} NFE; accuracy "
         f"{choice['accuracy']:.1%} against {choice['reference_accuracy']:.1%}"
-        + ("" if saving >= 0.25 else f"; {0.25 - saving:.1%} short"),
+        + ("" if saving >= 0.25 else f"; {0.25 - saving:.1%} short; {_frechet_why(report, choice)}"),
     )
+
+
+def _frechet_why(report: Mapping[str, Any], choice: Mapping[str, Any]) -> str:
+    """Why no matched δ saves a quarter: what the saving δ cost in accuracy, and what the
+    parallel rules cost against one token per step, from the run's rows."""
+    saving = [c for c in choice["candidates"] if c["saving"] >= 0.25]
+    why = []
+    if saving:
+        best = max(saving, key=lambda c: c["accuracy"])
+        why.append(f"the δ saving ≥ 25 % (δ ≤ {max(c['delta'] for c in saving):g}) reach at most "
+                   f"{best['accuracy']:.1%}, {100 * (choice['reference_accuracy'] - best['accuracy']):.1f} points "
+                   "below threshold 0.9")
+    baseline = _row(report, report.get("baseline", "quota"))
+    if baseline is not None and "accuracy" in baseline:
+        why.append(f"threshold 0.9 is itself {100 * (baseline['accuracy'] - choice['reference_accuracy']):.1f} "
+                   f"points below one token per step ({baseline['accuracy']:.1%})")
+    return ("; ".join(why) + "; " if why else "") + (
+        "closing it needs a model whose confidences hold when several positions commit in one "
+        "forward (trained in the states parallel rules reach)")
 
 
 def spiffy_item(report: Mapping[str, Any], rule: str, goal: float) -> dict[str, Any]:
@@ -90,9 +109,29 @@ def spiffy_item(report: Mapping[str, Any], rule: str, goal: float) -> dict[str, 
               f"at most {ceiling:.2f}× possible (a block's first forward is plain)" if ceiling else
               f"{alone['nfe_mean']:.2f} → {spiffy['nfe_mean']:.2f} NFE (no cache)")
     if ratio < goal:
-        detail += f"; {goal / ratio:.2f}× short"
+        detail += f"; {goal / ratio:.2f}× short; {_spiffy_why(report, rule, spiffy)}"
     shown = "" if identical is None else f", {identical:.0%} identical"
     return _item(target, f"{ratio:.2f}×{shown}", met, detail)
+
+
+def _spiffy_why(report: Mapping[str, Any], rule: str, spiffy: Mapping[str, Any]) -> str:
+    """Why Spiffy saved less: how often its verifications accepted nothing (its acceptance
+    histogram) and what more calibration did (the run's calibration curve)."""
+    why = []
+    histogram = spiffy.get("acceptance_histogram")
+    if histogram and sum(histogram):
+        accepted = sum(k * count for k, count in enumerate(histogram)) / sum(histogram)
+        why.append(f"{histogram[0] / sum(histogram):.0%} of its verifications accepted no draft "
+                   f"({accepted:.2f} drafts each)")
+    calibration = report.get("calibration") or {}
+    curve = sorted((p for p in calibration.get("curve", []) if p["rule"] == rule), key=lambda p: p["paths"])
+    if len(curve) >= 2:
+        first, last = curve[0], curve[-1]
+        why.append(f"calibrating on {last['paths']} paths instead of {first['paths']} moved its ratio from "
+                   f"{first['nfe_ratio']:.2f}× to {last['nfe_ratio']:.2f}× (cache {calibration.get('curve_cache', 'none')})")
+    return ("; ".join(why) + "; " if why else "") + (
+        "closing it needs drafts that match more often: a larger draft graph (--spiffy-budget; "
+        "its extra rows are cheap on a GPU) or a model whose next states are more predictable")
 
 
 def oracle_item(report: Mapping[str, Any]) -> dict[str, Any]:
@@ -106,8 +145,21 @@ def oracle_item(report: Mapping[str, Any]) -> dict[str, Any]:
     return _item(
         target, f"{best['nfe_over_oracle']:.2f}× ({best['label']})", met,
         f"oracle {oracle['nfe_mean']:.2f} NFE on {oracle['reached_share']:.0%} of the prompts"
-        + ("" if met else f"; {best['nfe_over_oracle'] / 1.3:.2f}× too many forwards"),
+        + ("" if met else f"; {best['nfe_over_oracle'] / 1.3:.2f}× too many forwards{_oracle_why(report, best)}"),
     )
+
+
+def _oracle_why(report: Mapping[str, Any], best: Mapping[str, Any]) -> str:
+    """Why the best stack stays far from the oracle: its rule alone's distance, which Spiffy
+    only divides (it reproduces the rule's commits)."""
+    alone = next((r for r in report["rows"] if not r["speculation"] and r.get("nfe_over_oracle") is not None
+                  and (r.get("commit_rule"), r.get("cache"), r.get("delta"))
+                  == (best.get("commit_rule"), best.get("cache"), best.get("delta"))), None)
+    if alone is None:
+        return ""
+    return (f"; its rule alone is {alone['nfe_over_oracle']:.2f}× the oracle, and Spiffy, which commits what "
+            "its rule commits, divides that; closing it needs a rule that commits more of the positions "
+            "already final at each forward without losing accuracy")
 
 
 def failfast_items(report: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -222,6 +222,37 @@ def test_the_checklist_is_computed_from_the_report(targets):
     assert [item["met"] for item in empty] == [None] * 6
 
 
+def test_a_missed_target_says_why_from_the_run(targets):
+    """Each missed target's detail gives the run's own figures behind the miss; change them and
+    the explanation follows."""
+    report = synthetic_report()
+    report["rows"][0]["accuracy"] = 0.95
+    report["frechet_choice"] = {
+        "delta": 0.5, "saving": 0.1, "accuracy": 0.9, "nfe_mean": 27.0, "reference_accuracy": 0.9,
+        "reference_nfe_mean": 30.0, "candidates": [
+            {"delta": 0.0, "accuracy": 0.6, "saving": 0.4}, {"delta": 0.25, "accuracy": 0.7, "saving": 0.3},
+            {"delta": 0.5, "accuracy": 0.9, "saving": 0.1}]}
+    spiffy = report["rows"][3]
+    spiffy["nfe_mean"], spiffy["acceptance_histogram"] = 25.0, [6, 3, 1]  # 1.2×: missed
+    report["calibration"] = {"curve_cache": "dual", "curve": [
+        {"rule": "threshold", "paths": 500, "nfe_ratio": 1.2}, {"rule": "threshold", "paths": 25, "nfe_ratio": 1.1},
+        {"rule": "quota", "paths": 25, "nfe_ratio": 9.0}]}
+    report["rows"][1].update(commit_rule="threshold", cache="none", delta=None, nfe_over_oracle=1.875)
+    spiffy.update(commit_rule="threshold", cache="none", delta=None, nfe_over_oracle=1.5625)
+    report["rows"][2]["nfe_over_oracle"] = 2.0  # the best stack is Spiffy over threshold
+    items = targets.checklist(report)
+    assert "the δ saving ≥ 25 % (δ ≤ 0.25) reach at most 70.0%, 20.0 points below threshold 0.9" in items[0]["detail"]
+    assert "threshold 0.9 is itself 5.0 points below one token per step (95.0%)" in items[0]["detail"]
+    assert "60% of its verifications accepted no draft (0.50 drafts each)" in items[1]["detail"]
+    assert "calibrating on 500 paths instead of 25 moved its ratio from 1.10× to 1.20× (cache dual)" in items[1]["detail"]
+    assert "its rule alone is 1.88× the oracle" in items[3]["detail"]
+    assert all("closing it needs" in items[i]["detail"] for i in (0, 1, 3))
+    spiffy["acceptance_histogram"] = [2, 3, 5]
+    assert "20% of its verifications accepted no draft (1.30 drafts each)" in targets.checklist(report)[1]["detail"]
+    met = targets.checklist(synthetic_report())
+    assert not any("closing it needs" in item["detail"] for item in met)  # a met target needs no excuse
+
+
 # --- workload and calibration -----------------------------------------------------------
 
 
