@@ -160,6 +160,15 @@ def zoo_partners(model: str) -> tuple[str | None, str | None]:
     return (target if target in MODEL_NAMES else None, assistant if assistant in MODEL_NAMES else None)
 
 
+def partner_defaults(model: str, target: str | None) -> tuple[str, str]:
+    """``(--target, --assistant's default)`` for ``model`` and the ``--target`` given (``None``:
+    not given): the given target or the zoo's (:func:`zoo_partners`), and the zoo's assistant
+    only with the zoo's target; ``"none"`` for a role without a model."""
+    zoo_target, zoo_assistant = zoo_partners(model)
+    target = target or zoo_target or "none"
+    return target, (zoo_assistant if target == zoo_target else None) or "none"
+
+
 def run_full(runner: Runner, settings: Settings, model_name: str, common: Sequence[Job]) -> dict[str, Any]:
     """The full matrix, in three stages of jobs whose inputs are known (each stage's jobs run
     at once with ``--workers``):
@@ -353,7 +362,6 @@ def numbers(kind: type, text: str) -> tuple[Any, ...]:
 def options(args: argparse.Namespace, defaults: Settings) -> list[str]:
     """The options of ``args`` (as :func:`parse_settings` resolved them) that differ from their
     defaults, as the recorded command writes them."""
-    partners = zoo_partners(args.model)
     shown = []
     for flag, value, default in (
         ("--model", args.model, DEFAULT_MODEL), ("-n", args.n, None), ("--tasks", args.tasks, defaults.tasks),
@@ -364,8 +372,8 @@ def options(args: argparse.Namespace, defaults: Settings) -> list[str]:
         ("--calibration-sizes", args.calibration_sizes, ",".join(map(str, defaults.calibration_sizes))),
         ("--calibration-min-prompts", args.calibration_min_prompts, defaults.calibration_min_prompts),
         ("--spiffy-budget", args.spiffy_budget, defaults.spiffy_budget),
-        ("--target", args.target, partners[0] or "none"),
-        ("--assistant", args.assistant, (partners[1] if args.target == partners[0] else None) or "none"),
+        ("--target", args.target, partner_defaults(args.model, None)[0]),
+        ("--assistant", args.assistant, partner_defaults(args.model, args.target)[1]),
         ("--drafter-taus", args.drafter_taus, ",".join(map(repr, defaults.drafter_taus))),
         ("--device", args.device, defaults.device), ("--workers", args.workers, defaults.workers),
     ):
@@ -447,11 +455,10 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def parse_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Settings:
     """The :class:`Settings` of ``args``, refused (``parser.error``) before any work when bad;
-    ``args.target`` and ``args.assistant`` are resolved (:func:`zoo_partners`, ``none``)."""
-    target, assistant = zoo_partners(args.model)
+    ``args.target`` and ``args.assistant`` are resolved (:func:`partner_defaults`)."""
     explicit_assistant = args.assistant is not None
-    args.target = args.target or target or "none"
-    args.assistant = args.assistant or (assistant if args.target == target else None) or "none"
+    args.target, default_assistant = partner_defaults(args.model, args.target)
+    args.assistant = args.assistant or default_assistant
     target = None if args.target == "none" else args.target
     assistant = None if args.assistant == "none" else args.assistant
     try:
