@@ -69,7 +69,7 @@ from dloom.zoo.tasks import held_out
 STRATEGIES = {
     "quota": ("quota", {}),
     "threshold": ("threshold", {"tau": 0.9}),
-    "frechet": ("frechet", {}),
+    "frechet": ("frechet", {"delta": 0.0}),
     "spiffy+threshold": ("spiffy+threshold", {"tau": 0.9}),
     # every verification in calls of the batch's rows, however small (the default keeps a
     # verification of fewer than spiffy.call_tokens query tokens in one call)

@@ -31,7 +31,7 @@ from dloom import DiffusionDecoder, load_model
 from dloom.evaluation import evaluate, select_examples
 from dloom_plugins.spiffy.calibrate import calibrate
 
-BASES = {"quota": {}, "threshold": {"tau": 0.9}, "frechet": {}}
+BASES = {"quota": {}, "threshold": {"tau": 0.9}, "frechet": {"delta": 0.0}}
 SHARES = ("forward", "select_commit", "draft", "prune", "build_mask", "verify")
 
 

@@ -104,6 +104,12 @@ DEFAULT_MODEL = "long-dllm"
 """The report's dLLM by default: the long-answer workload's (issue 19's headline)."""
 DEFAULT_N = 300
 """Held-out prompts by default."""
+DEFAULT_OUT = ROOT / "benchmarks" / "results" / "report.json"
+"""Where the report's figures are written by default (the long report's are published as
+``report-long.json``, so its command names ``--out``)."""
+DEFAULT_BATCH_SIZE = 32
+"""Prompts decoded together by default."""
+
 
 DRAFTER_TAUS = (0.05, 0.9)
 """The drafter commit thresholds FailFast is measured at by default: the paper's 0.05, and
@@ -359,6 +365,12 @@ def numbers(kind: type, text: str) -> tuple[Any, ...]:
     return tuple(kind(part) for part in text.split(",") if part.strip())
 
 
+def shown_path(path: Path) -> str:
+    """``path`` as the recorded command writes it: relative to the repository when inside it."""
+    resolved = Path(path).resolve()
+    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(path)
+
+
 def options(args: argparse.Namespace, defaults: Settings) -> list[str]:
     """The options of ``args`` (as :func:`parse_settings` resolved them) that differ from their
     defaults, as the recorded command writes them."""
@@ -376,6 +388,8 @@ def options(args: argparse.Namespace, defaults: Settings) -> list[str]:
         ("--assistant", args.assistant, partner_defaults(args.model, args.target)[1]),
         ("--drafter-taus", args.drafter_taus, ",".join(map(repr, defaults.drafter_taus))),
         ("--device", args.device, defaults.device), ("--workers", args.workers, defaults.workers),
+        ("--batch-size", args.batch_size, DEFAULT_BATCH_SIZE), ("--threads", args.threads, 1),
+        ("--out", shown_path(args.out), shown_path(DEFAULT_OUT)),
     ):
         if value != default:
             shown.append(f"{flag} {value}")
@@ -391,7 +405,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="task suite (auto: the one the model's tokenizer writes)")
     parser.add_argument("--matrix", default="auto", choices=MATRICES,
                         help="configurations: headline (the toy report's) or full (auto: full on the long suite)")
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: steady CPU timings)")
     parser.add_argument("--configs", default="all", help="headline matrix: comma-separated configuration names "
                         f"(the baseline always runs): {', '.join(c.name for c in CONFIGS)}")
@@ -415,7 +429,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="FailFast (with --target): the drafter commit thresholds it is measured at, "
                         "each in (0, 1)")
     parser.add_argument("--device", default="cpu", help="where every model runs (e.g. cuda)")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "report.json")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--workers", type=int, default=1,
                         help="processes the measurements of a stage run in at once, each with its own copy of "
                         "the model and --threads threads (1: one after another in this process)")

@@ -8,7 +8,8 @@
   except a block right after a ``<!-- no-run -->`` comment;
 * the plugin tutorial (``docs/plugins.md``) builds: its files make a package that pip
   installs, ``dloom plugins`` lists it as documented, and its own tests pass;
-* the README and the docs' home page show the headline table of the latest report.
+* the README and the docs' home page show the headline table of the latest report, and
+  Fréchet's default δ is the one that report chose at matched accuracy.
 """
 
 from __future__ import annotations
@@ -253,6 +254,17 @@ def test_readme_and_home_page_show_the_headline_of_the_latest_report():
     latest = json.loads((ROOT / "benchmarks" / "results" / "report-long.json").read_text())
     assert marked(ROOT / "README.md") == report.headline_table(latest)
     assert marked(DOCS / "index.md") == report.headline_table(latest)
+
+
+def test_frechet_default_delta_is_the_one_the_published_report_chose():
+    """Issue 19: the code's default δ comes from the long-answer sweep at matched accuracy."""
+    choice = json.loads((ROOT / "benchmarks" / "results" / "report-long.json").read_text())["frechet_choice"]
+    (delta,) = get_registry().get("frechet").parameters
+    assert choice["delta"] is not None, "the published report matched no δ"
+    assert delta.default == choice["delta"]
+    assert abs(choice["accuracy"] - choice["reference_accuracy"]) <= choice["tolerance"]
+    page = (DOCS / "benchmarks" / "report.md").read_text()
+    assert f"`frechet`'s default δ ({delta.default:g}) is this choice." in page
 
 
 # --- the draft-graph example -------------------------------------------------------------

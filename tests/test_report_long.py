@@ -313,6 +313,10 @@ def test_a_zoo_dllm_is_measured_with_its_zoo_partners_by_default(report_module, 
         (["--target", "none"], ("long-dllm", 300, None, None, "python benchmarks/report.py -n 300 --target none")),
         (["--target", "toy-ar"], ("long-dllm", 300, "toy-ar", None, "python benchmarks/report.py -n 300 --target toy-ar")),
         (["--model", "/a/dllm", "-n", "9"], ("/a/dllm", 9, None, None, "python benchmarks/report.py --model /a/dllm -n 9")),
+        # where it writes and how it batches are part of the command that reproduces it
+        (["--out", str(report_module.ROOT / "benchmarks/results/report-long.json"), "--batch-size", "8"],
+         ("long-dllm", 300, "long-ar", "long-ar-small",
+          "python benchmarks/report.py -n 300 --batch-size 8 --out benchmarks/results/report-long.json")),
     ):
         with pytest.raises(SystemExit):
             report_module.main(argv)

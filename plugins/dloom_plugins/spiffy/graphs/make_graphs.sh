@@ -13,6 +13,9 @@ for block in 32 8; do
         --budget "$budget" --score "$score" -n "$n" -o "$out/toy-dllm__threshold-0.9__b$block.json"
     dloom calibrate --model toy-dllm --strategy factor --param f=1.0 --block-length "$block" \
         --budget "$budget" --score "$score" -n "$n" -o "$out/toy-dllm__factor-1__b$block.json"
-    dloom calibrate --model toy-dllm --strategy frechet --block-length "$block" \
-        --budget "$budget" --score "$score" -n "$n" -o "$out/toy-dllm__frechet__b$block.json"
+    for delta in 0 0.75; do  # the Fréchet certificate and frechet's default δ
+        dloom calibrate --model toy-dllm --strategy frechet --param delta="$delta" \
+            --block-length "$block" --budget "$budget" --score "$score" -n "$n" \
+            -o "$out/toy-dllm__frechet-${delta}__b$block.json"
+    done
 done
