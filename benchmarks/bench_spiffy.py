@@ -1,4 +1,7 @@
-"""Spiffy on the toy zoo: NFE and TPS against the same base rule alone, in one run.
+"""Spiffy on a zoo model: NFE and TPS against the same base rule alone, in one run.
+
+On ``toy-dllm`` by default; ``--model long-dllm --block-length 32`` measures the long-answer
+workload (the task suite follows the model's tokenizer unless ``--tasks`` names one).
 
 For each base rule (quota one token per step, threshold 0.9, Fréchet), calibrate draft
 graphs of ``D`` nodes on training prompts, then decode held-out prompts with the base alone
@@ -23,12 +26,12 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
 from dloom import DiffusionDecoder, load_model
-from dloom.evaluation import evaluate, select_examples
+from dloom.evaluation import SUITES, evaluate, select_examples, workload_suite
 from dloom_plugins.spiffy.calibrate import calibrate
 
 BASES = {"quota": {}, "threshold": {"tau": 0.9}, "frechet": {"delta": 0.0}}
@@ -62,7 +65,7 @@ def compare(spiffy: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
     return spiffy
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="toy-dllm")
     parser.add_argument("-n", type=int, default=70, help="held-out prompts")
@@ -70,19 +73,22 @@ def main() -> None:
     parser.add_argument("--budgets", default="3,5,8,10", help="D values")
     parser.add_argument("--pruned", default="3,5", help="D* values for the largest D")
     parser.add_argument("--score", default="own", help="calibration score (own or own+parents)")
+    parser.add_argument("--tasks", default="auto", choices=("auto", *SUITES),
+                        help="task suite (auto: the one the model's tokenizer writes, else all)")
     parser.add_argument("--block-length", type=int, default=8)
     parser.add_argument("--bases", default=",".join(BASES))
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     model = load_model(args.model)
-    examples = select_examples("all", args.n)
-    calibration = [e.prompt for e in select_examples("all", args.calibration_n, split="train")]
+    tasks = (workload_suite(model.tokenizer) or "all") if args.tasks == "auto" else args.tasks
+    examples = select_examples(tasks, args.n)
+    calibration = [e.prompt for e in select_examples(tasks, args.calibration_n, split="train")]
     budgets = [int(b) for b in args.budgets.split(",")]
     pruned = [int(b) for b in args.pruned.split(",") if b]
     started = time.time()
-    report: dict[str, Any] = {"model": args.model, "n": args.n, "calibration_n": args.calibration_n,
+    report: dict[str, Any] = {"model": args.model, "tasks": tasks, "n": args.n, "calibration_n": args.calibration_n,
                               "block_length": args.block_length, "score": args.score,
                               "torch_threads": args.threads, "bases": {}}
     workdir = Path(tempfile.mkdtemp(prefix="dloom-spiffy-"))
