@@ -3,13 +3,12 @@ model's tokenizer writes, and every Spiffy output equals its base's."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
+from conftest import load_script
 from dloom.zoo import model_path
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_spiffy.py"
@@ -17,11 +16,7 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_spiffy.py"
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("dloom_bench_spiffy", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(BENCH, "dloom_bench_spiffy")
 
 
 @pytest.mark.parametrize("model, block, calibration, suite", [
