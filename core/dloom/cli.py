@@ -7,6 +7,7 @@ here (:func:`fail`, :func:`build_decoder`, :func:`read_prompts`, :func:`check_ou
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -23,8 +24,8 @@ from rich.progress import Progress
 from rich.table import Table
 
 from dloom.cli_plugins import DloomGroup, StrategyOptionsCommand
-from dloom.decoding import AR_TARGET, DIFFUSION, Decoder
 from dloom.errors import ConfigurationError, DloomError
+from dloom.factory import DECODER_BUILDERS, DEFAULT_MODEL, build_decoder, parse_params  # noqa: F401 - DECODER_BUILDERS: re-exported
 
 app = typer.Typer(
     cls=DloomGroup,
@@ -40,17 +41,6 @@ def fail(error: Exception) -> None:
     """Print a dloom error and exit with status 2."""
     err_console.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False)
     raise typer.Exit(code=2)
-
-
-def parse_params(pairs: List[str]) -> dict[str, str]:
-    """``["tau=0.8", "spiffy.budget=3"]`` -> ``{"tau": "0.8", "spiffy.budget": "3"}``."""
-    params = {}
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep or not name.strip():
-            raise ConfigurationError(f"--param takes NAME=VALUE, got {pair!r}")
-        params[name.strip()] = value.strip()
-    return params
 
 
 def read_prompt_records(path: Path) -> tuple[list[Any], list[str]]:
@@ -175,7 +165,6 @@ def interrupted(done: int, total: int, kept: str) -> None:
     raise typer.Exit(code=130)
 
 
-DEFAULT_MODEL = "toy-dllm"
 ModelOption = typer.Option(
     None, "--model", "-m", help=f"Toy-zoo name or local checkpoint directory (default {DEFAULT_MODEL})."
 )
@@ -205,84 +194,6 @@ DtypeOption = typer.Option("float32", help="float32, float64, bfloat16 or float1
 JsonOption = typer.Option(False, "--json", help="Machine-readable output.")
 TargetOption = typer.Option(None, "--target", help="AR target of an AR-target strategy, e.g. failfast (default toy-ar).")
 DrafterOption = typer.Option(None, "--drafter", help="dLLM drafter of an AR-target strategy, e.g. failfast (default toy-dllm).")
-
-
-def build_decoder(
-    model: Optional[str], strategy: str, param: List[str], *, mask_token_id: Optional[int] = None,
-    trust_remote_code: bool = False, device: str = "cpu", dtype: str = "float32",
-    device_map: Optional[str] = None, target: Optional[str] = None, drafter: Optional[str] = None,
-    **settings: Any,
-) -> Decoder:
-    """Load the models and build the decoder that ``strategy``'s registration names
-    (:func:`dloom.decoding.decoder_kind`; shared by the commands).
-
-    ``settings`` go to the decoder: lengths, ``steps``, ``temperature``, ``remasking``,
-    ``seed``, ``cache``, ``cache_refresh`` and ``static_shapes``. Options that would have no effect are
-    refused: ``--model`` with an AR-target strategy (it takes ``--target`` and
-    ``--drafter``), those two with a diffusion one, and ``--steps`` with a commit rule that
-    does not read the step budget.
-    """
-    from dloom.decoding import decoder_kind
-
-    build = DECODER_BUILDERS[decoder_kind(strategy)]
-    return build(
-        model, strategy, parse_params(param), mask_token_id=mask_token_id,
-        trust_remote_code=trust_remote_code, device=device, dtype=dtype, device_map=device_map,
-        target=target, drafter=drafter, **settings,
-    )
-
-
-def _ar_target_decoder(
-    model: Optional[str], strategy: str, params: dict[str, str], *, device_map: Optional[str],
-    target: Optional[str], drafter: Optional[str], **settings: Any,
-) -> Decoder:
-    """An ``"ar-target"`` strategy's decoder: ``--target`` (default ``toy-ar``) decodes,
-    ``--drafter`` (default ``toy-dllm``) drafts."""
-    from dloom.decoding import load_ar_target_decoder
-
-    if model is not None:
-        raise ConfigurationError(
-            f"--model {model} does not apply to --strategy {strategy}: give the AR model with "
-            "--target and the dLLM drafter with --drafter"
-        )
-    if settings.pop("cache_refresh", None) is not None:
-        raise ConfigurationError(f"--cache-refresh applies to diffusion decoding, not to {strategy}")
-    if settings.pop("static_shapes", False):
-        raise ConfigurationError(f"--static-shapes applies to diffusion decoding, not to {strategy}")
-    if device_map is not None:
-        raise ConfigurationError(f"--device-map does not apply to {strategy}; use --device")
-    return load_ar_target_decoder(target or "toy-ar", drafter or "toy-dllm", strategy, params, **settings)
-
-
-def _diffusion_decoder(
-    model: Optional[str], strategy: str, params: dict[str, str], *, mask_token_id: Optional[int],
-    trust_remote_code: bool, device: str, dtype: str, device_map: Optional[str],
-    target: Optional[str], drafter: Optional[str], **settings: Any,
-) -> Decoder:
-    """A ``"diffusion"`` strategy's :class:`~dloom.DiffusionDecoder` over ``--model``."""
-    from dloom import DiffusionDecoder, load_model
-    from dloom.decoding import strategies_for
-
-    if target is not None or drafter is not None:
-        raise ConfigurationError(
-            f"--target and --drafter apply to --strategy {' or '.join(strategies_for(AR_TARGET))} only"
-        )
-    adapter = load_model(
-        model or DEFAULT_MODEL, mask_token_id=mask_token_id, trust_remote_code=trust_remote_code,
-        device=device, dtype=dtype, device_map=device_map,
-    )
-    decoder = DiffusionDecoder(adapter, strategy, params=params, **settings)
-    if settings.get("steps") is not None and not decoder.composition.reads_step_budget():
-        rule = decoder.composition.provider("dloom_select_commit")
-        raise ConfigurationError(
-            f"--steps {settings['steps']} has no effect: commit rule {rule!r} does not read the "
-            "step budget (a quota rule does); drop --steps"
-        )
-    return decoder
-
-
-DECODER_BUILDERS = {DIFFUSION: _diffusion_decoder, AR_TARGET: _ar_target_decoder}
-"""How the command line builds each decoder of :data:`dloom.decoding.DECODERS`."""
 
 
 @app.command(cls=StrategyOptionsCommand)
@@ -425,7 +336,7 @@ def eval_command(
     """
     from dloom.adapter import load_tokenizer
     from dloom.evaluation import (
-        EvaluationFailed, EvaluationInterrupted, add_oracle, evaluate, evaluate_on_ray, select_examples, workload_suite,
+        EvaluationFailed, EvaluationInterrupted, add_oracle, evaluate, select_examples, workload_suite,
     )
     from dloom.oracle import check_decoder
 
@@ -445,7 +356,7 @@ def eval_command(
         if ray_actors is not None:  # each actor builds the decoder; its errors come back as dloom's
             if oracle:
                 raise ConfigurationError("--oracle decodes in this process; it does not combine with --ray")
-            from dloom.ray import DecodeSpec
+            from dloom.ray import DecodeSpec, evaluate_on_ray
 
             spec = DecodeSpec(model, strategy, tuple(params), settings, device, dtype, target, drafter)
             report = evaluate_on_ray(spec, examples, ray_actors, batch_size, on_batch=stream if as_json else None)
@@ -744,5 +655,14 @@ def check(
     raise typer.Exit(code=report.exit_code)
 
 
-from dloom.serve.command import serve  # noqa: E402 - `dloom serve` lives with its server
-app.command()(serve)
+from dloom.serve.command import serve as serve_command  # noqa: E402 - `dloom serve` lives with its server
+
+
+@app.command(name="serve")
+@functools.wraps(serve_command)
+def serve(**options: Any) -> None:
+    """``dloom serve`` (:func:`dloom.serve.command.serve`, its options and help), its errors printed."""
+    try:
+        serve_command(**options)
+    except DloomError as error:
+        fail(error)

@@ -23,10 +23,10 @@ if TYPE_CHECKING:
     from dloom.metrics import GenerationResult
     from dloom.registry import Registry
 
-DIFFUSION = "diffusion"
-AR_TARGET = "ar-target"
-DECODERS = (DIFFUSION, AR_TARGET)
-"""The decoders a strategy registration may name."""
+from dloom.types import AR_TARGET, DECODERS, DIFFUSION
+
+__all__ = ["AR_TARGET", "DECODERS", "DIFFUSION", "Decoder", "ar_target_decoder", "decoder_kind",
+           "load_ar_target_decoder", "strategies_for"]
 
 
 @runtime_checkable

@@ -42,11 +42,11 @@ from dloom.decoding import DIFFUSION
 from dloom.errors import ConfigurationError, HookContractError, ModelError, NonFiniteLogitsError
 from dloom.kernel import REMASKING
 from dloom.generation import prepare_prompts, token_lists_and_texts
-from dloom.metrics import GenerationResult, HookTimer
+from dloom.metrics import ForwardClock, GenerationResult, HookTimer
 from dloom.prompt_validation import check_lengths, check_special_ids, vocabulary_size
 from dloom.registry import Registry
 from dloom.running_batch import (  # noqa: F401 - re-exported: dloom.engine is where users find them
-    BlockRecord, DecodeSession, FinishedRows, StepRecord, finished_rows, generated_lengths,
+    BlockRecord, DecodeSession, FinishedRows, SessionCalls, StepRecord, finished_rows, generated_lengths,
 )
 from dloom.speculation import KernelStep, NodeLogits, evaluate_in_parts, layout_is_exact, static_call_rows
 from dloom.types import DecodeState
@@ -95,7 +95,7 @@ class DiffusionDecoder:
         on a GPU at some cost).
     :param on_proposal: an observer of every kernel step's proposal, called before the commit
         rule with the candidates and confidences, both ``(B, K)``
-        (:class:`~dloom.speculation.KernelStep`; :mod:`dloom.oracle` reads the candidates).
+        (:class:`~dloom.kernel.KernelStep`; :mod:`dloom.oracle` reads the candidates).
     :param strategy_params: more strategy parameters as keyword arguments.
     :raises ConfigurationError: for inconsistent lengths, steps or parameters, or an unknown
         cache mode.
@@ -169,7 +169,7 @@ class DiffusionDecoder:
             torch.cuda.synchronize if sync_timing and model.device.type == "cuda" else None
         )
         self.timer = HookTimer(self._sync)
-        self._forward_seconds = 0.0  # the model forwards of the last generate (DecodeSession resets it)
+        self.forward_clock = ForwardClock(self._sync)  # the model forwards of the last session (it resets the clock)
         self.pm = build_plugin_manager(self.composition, self.timer)
         self._speculates = self.composition.provider("dloom_draft") is not None
         if self._speculates and self.cache_refresh is not None:
@@ -263,23 +263,21 @@ class DiffusionDecoder:
     def forward_seconds(self) -> float:
         """Seconds spent in model forwards since the last session started (what
         :meth:`generate` reports as ``hook_seconds["forward"]``)."""
-        return self._forward_seconds
+        return self.forward_clock.seconds
 
     def totals(self) -> None:
         """``None``: every figure of this decoder is in each result
         (:class:`dloom.decoding.Decoder`)."""
         return None
 
-    def _timed(self, call, *args):
-        """Run ``call(*args)`` (model forwards), adding its time to the ``forward`` share."""
-        if self._sync:
-            self._sync()
-        start = time.perf_counter()
-        out = call(*args)
-        if self._sync:
-            self._sync()
-        self._forward_seconds += time.perf_counter() - start
-        return out
+    def session_calls(self) -> SessionCalls:
+        """What a :class:`~dloom.running_batch.DecodeSession` of this decoder calls on it: its
+        sequence layout, forward clock, hook timer, step check and, for a strategy that
+        drafts, its speculative step."""
+        return SessionCalls(
+            layout=self._layout, check=self._check, clock=self.forward_clock, timer=self.timer,
+            speculative_step=self.speculative_step if self._speculates else None,
+        )
 
     def _verification_step(
         self, state: DecodeState, graph, forward: BlockForward, kernel: KernelStep, first_window: int
@@ -296,7 +294,7 @@ class DiffusionDecoder:
         run = evaluate_in_parts
         if self.static_shapes:  # every model call of the verification one shape
             run = functools.partial(evaluate_in_parts, static_rows=static_call_rows(layout, call_rows))
-        outputs = self._timed(run, forward.evaluate, state.tokens, layout, first_window, call_rows)
+        outputs = self.forward_clock.timed(run, forward.evaluate, state.tokens, layout, first_window, call_rows)
         verdict = hooks.verify(self.pm, state, graph, NodeLogits(outputs, layout, self.block_length), kernel)
         return verdict, layout_is_exact(layout, self.cache, self.model.attention)
 
@@ -408,7 +406,7 @@ class DiffusionDecoder:
         model = self.model
         generated = sequences[:, width:]
         token_lists, texts = token_lists_and_texts(model, generated, lengths)
-        hook_seconds = {"forward": self._forward_seconds, **self.timer.seconds}
+        hook_seconds = {"forward": self.forward_clock.seconds, **self.timer.seconds}
         tallies = session.tallies
         return GenerationResult(
             sequences=sequences,
@@ -439,7 +437,7 @@ class DiffusionDecoder:
         The one speculative dLLM step: :class:`~dloom.running_batch.DecodeSession` runs it,
         and so does FailFast's drafter over each row's small block (its ``forward`` has the
         :class:`~dloom.cache.BlockForward` interface: ``run``, ``evaluate``, ``start``,
-        ``window_start``, ``shift``; ``kernel`` is a :class:`~dloom.speculation.KernelStep`;
+        ``window_start``, ``shift``; ``kernel`` is a :class:`~dloom.kernel.KernelStep`;
         ``counters`` has ``verification_forwards`` and ``record_layout(exact)``).
 
         :return: the new ``(B, K)`` blocks, each row's last distribution ``(B, K, V)`` and the
@@ -448,7 +446,7 @@ class DiffusionDecoder:
         n_full, first_window, last_window = plan
         full_logits, full_rows = None, torch.zeros_like(decoding)
         if self.cache != "none" and n_full:
-            full_logits, full_rows = self._timed(forward.run, x, n_full, first_window, last_window, False)
+            full_logits, full_rows = self.forward_clock.timed(forward.run, x, n_full, first_window, last_window, False)
         state = DecodeState(
             tokens=x, attention_mask=attention_mask, block_start=forward.start,
             block_end=forward.start + self.block_length, mask_token_id=self.model.mask_token_id,
@@ -457,7 +455,7 @@ class DiffusionDecoder:
         )
         graph = hooks.draft(self.pm, state)
         if graph is None:
-            rest, _ = self._timed(forward.run, x, 0, first_window, last_window)
+            rest, _ = self.forward_clock.timed(forward.run, x, 0, first_window, last_window)
             logits = rest if full_logits is None else torch.where(full_rows[:, None, None], full_logits, rest)
             return kernel(block, logits, decoding), logits, None
         verdict, exact = self._verification_step(state, graph, forward, kernel, first_window)

@@ -7,9 +7,10 @@ decoded text up to the first EOS.
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable, NoReturn, Sequence
+from typing import Any, Callable, Iterable, Mapping, NoReturn, Sequence
 
 import torch
 from rich.console import Console
@@ -269,31 +270,29 @@ def evaluate(
     return tally.report(config, complete=True)
 
 
-def evaluate_on_ray(
-    spec: Any,
+def evaluate_rows(
+    rows: Iterable[dict[str, Any]],
     examples: Sequence[Example],
-    actors: int,
-    batch_size: int = 32,
+    settings: Mapping[str, Any],
     on_batch: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> EvalReport:
-    """:func:`evaluate` with the decoding spread over a pool of Ray actors (``dloom eval
-    --ray N``), each holding one model replica; the grades, NFE and outputs are those of
-    :func:`evaluate` (decoding is batch-invariant). TPS and hook shares are over the actors'
-    decoding time, summed.
+    """:func:`evaluate` over result rows decoded elsewhere (by a pool of workers: the Ray
+    front-end's :func:`dloom.ray.evaluate_on_ray`), graded as they arrive, in any order.
 
-    :param spec: a :class:`dloom.ray.DecodeSpec`.
-    :param actors: model replicas.
+    :param rows: ``GenerationResult.row`` records (the first of each decoded batch carrying
+        its ``batch`` summary), each with ``"index"`` (its example's position in ``examples``) and ``"config"``
+        (the decoder's settings).
+    :param settings: how the rows were decoded, added to the report's config
+        (``{"batch_size": 32, "ray_actors": 2}``).
     :param on_batch: called with the output records of each row as it arrives.
     :raises EvaluationInterrupted: on Ctrl-C, carrying the report of the rows that arrived.
-    :raises EvaluationFailed: when decoding raises after some rows arrived, carrying their report.
+    :raises EvaluationFailed: when ``rows`` raises after some rows arrived, carrying their report.
     """
-    from dloom.ray import iter_decoded
-
     tally = _Tally()
     config: dict[str, Any] = {}
     try:
-        for row in iter_decoded([e.prompt for e in examples], spec, actors=actors, batch_size=batch_size):
-            config = config or {**row["config"], "batch_size": batch_size, "ray_actors": actors}
+        for row in rows:
+            config = config or {**row["config"], **settings}
             records = tally.add_rows([examples[row["index"]]], [row])
             if on_batch is not None:
                 on_batch(records)
@@ -302,6 +301,19 @@ def evaluate_on_ray(
     except Exception as error:
         tally.fail(error, config)
     return tally.report(config, complete=True)
+
+
+def __getattr__(name: str) -> Any:
+    """``dloom.evaluation.evaluate_on_ray``, deprecated: it moved to the Ray front-end
+    (:func:`dloom.ray.evaluate_on_ray`); the library imports no front-end."""
+    if name == "evaluate_on_ray":
+        warnings.warn(
+            "dloom.evaluation.evaluate_on_ray moved to dloom.ray.evaluate_on_ray", DeprecationWarning, stacklevel=2
+        )
+        from dloom.ray import evaluate_on_ray
+
+        return evaluate_on_ray
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _add_speculation(total: dict[str, Any] | None, batch: dict[str, Any] | None) -> dict[str, Any] | None:

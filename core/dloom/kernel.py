@@ -2,14 +2,19 @@
 
 One step on the active block: candidates and confidences from the block's logits
 (:func:`propose`), a commit rule picks positions (the ``dloom_select_commit`` hook), and
-those positions take their candidates (:func:`apply_commit`).
+those positions take their candidates (:func:`apply_commit`); :class:`KernelStep` takes that
+step for every row of a batch.
 """
 
 from __future__ import annotations
 
 import secrets
+from typing import Callable
 
 import torch
+
+from dloom import hooks
+from dloom.types import BlockSchedule
 
 REMASKING = ("low_confidence", "random", "margin", "entropy")
 
@@ -232,3 +237,124 @@ def apply_commit(
     :return: ``(B, K)`` long, a new tensor.
     """
     return torch.where(commit, candidates, block)
+
+
+def eos_clear(
+    block: torch.Tensor, mask_token_id: int, eos_ids: torch.Tensor, generated: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``(B,)`` bool, blocks holding a generated EOS with nothing masked before it.
+
+    For a row still decoding at the start of its block (earlier blocks are complete and hold
+    no EOS), this is exactly "the row has finished" while that block is active.
+
+    :param generated: ``(B, K)`` bool, the block's generated positions; ``None``: all of them.
+        A block-causal model whose blocks are aligned at position 0 decodes the prompt's last
+        partial block with its first generated positions, and an EOS id among those prompt
+        positions (a chat template's end-of-turn) does not end the row.
+    """
+    clear_before = (block == mask_token_id).long().cumsum(-1) == 0
+    eos = torch.isin(block, eos_ids)
+    if generated is not None:
+        eos = eos & generated
+    return (eos & clear_before).any(-1)
+
+
+def selectable_positions(
+    block: torch.Tensor, mask_token_id: int, eos_ids: torch.Tensor, generated: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``(B, K)`` bool, the positions a kernel step may commit: masked, generated
+    (``generated``: as in :func:`eos_clear`; a prompt or an already accepted token that
+    happens to be the mask id is never committed over), in unfinished rows."""
+    finished = eos_clear(block, mask_token_id, eos_ids, generated)
+    selectable = (block == mask_token_id) & ~finished.unsqueeze(1)
+    return selectable if generated is None else selectable & generated
+
+
+class KernelStep:
+    """One step of the transition kernel ``K`` on the active block, for every row of a batch.
+
+    Propose candidates and confidences (:func:`dloom.kernel.propose`), ask the commit rule
+    (``dloom_select_commit``) and commit. Counts each row's steps in its current block (the
+    quota schedule's ``step_in_block``) and records contract violations on the device, for
+    the decoder to check at its next host synchronisation. Rows are in different blocks:
+    :meth:`start_block` resets the rows that moved on.
+
+    :param pm: the decoder's plugin manager.
+    :param temperature: / :param remasking: as in :func:`propose`.
+    :param generator: the random source (:class:`dloom.kernel.RowStreams`, one stream per
+        prompt, advanced for the rows that step; or a ``torch.Generator`` or ``None``).
+    :param mask_token_id: the mask id.
+    :param eos_ids: ``(E,)`` long.
+    :param steps_per_block: the block's step budget.
+    :param masked_at_start: ``(B,)`` long, masked positions per row at its block's start.
+    :param on_proposal: an observer called at every step, before the commit rule, with the
+        step's candidates ``(B, K)`` long and confidences ``(B, K)``; it must not modify them
+        (the commit hook is given the confidences only). ``None``: nothing is called.
+
+    :ivar steps: ``(B,)`` long, kernel steps each row has taken in its current block.
+    :ivar generated: ``(B, K)`` bool, the generated positions of each row's active block
+        (:func:`eos_clear`), or ``None`` when every position of every block is generated.
+    :ivar idle: ``()`` bool, some row with a selectable position committed nothing.
+    :ivar non_finite: ``()`` bool, some stepping row's logits held NaN or inf.
+    """
+
+    def __init__(
+        self, pm, temperature, remasking, generator, mask_token_id, eos_ids, steps_per_block,
+        masked_at_start, on_proposal: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
+    ) -> None:
+        self.pm = pm
+        self.on_proposal = on_proposal
+        self.temperature, self.remasking, self.generator = temperature, remasking, generator
+        self.mask_token_id, self.eos_ids = mask_token_id, eos_ids
+        self.steps_per_block = steps_per_block
+        self.masked_at_start = masked_at_start
+        self.steps = torch.zeros_like(masked_at_start)
+        self.generated: torch.Tensor | None = None  # (B, K) bool, set by the decoder when a block holds prompt positions
+        self.idle = torch.zeros((), dtype=torch.bool, device=masked_at_start.device)
+        self.non_finite = torch.zeros_like(self.idle)
+
+    def __call__(
+        self, block: torch.Tensor, logits: torch.Tensor, advance: torch.Tensor
+    ) -> torch.Tensor:
+        """The next ``(B, K)`` blocks; rows where ``advance`` (``(B,)`` bool) is ``False``,
+        and finished rows, are returned unchanged and take no step."""
+        selectable = selectable_positions(block, self.mask_token_id, self.eos_ids, self.generated)
+        selectable &= advance.unsqueeze(1)
+        candidates, confidence = propose(
+            logits, self.temperature, self.remasking, self.generator, self.mask_token_id
+        )
+        if self.on_proposal is not None:
+            self.on_proposal(candidates, confidence)
+        schedule = BlockSchedule(self.steps, self.steps_per_block, self.masked_at_start)
+        commit = hooks.select_commit(self.pm, confidence, selectable, schedule)
+        stepping = selectable.any(-1)
+        self.idle = self.idle | (stepping & ~commit.any(-1)).any()
+        # NaN or inf anywhere in a stepping row's logits reaches its candidates' logits or
+        # confidences (a logsumexp, a softmax, an argmax): checked on (B, K), not (B, K, V).
+        picked = torch.gather(logits, -1, candidates.unsqueeze(-1)).squeeze(-1)
+        finite = torch.isfinite(picked) & torch.isfinite(confidence)
+        self.non_finite = self.non_finite | (stepping.unsqueeze(1) & ~finite).any()
+        self.steps = self.steps + stepping.long()
+        if isinstance(self.generator, RowStreams):
+            self.generator.advance(stepping)
+        return apply_commit(block, candidates, commit)
+
+    def start_block(self, moving: torch.Tensor, block: torch.Tensor) -> None:
+        """Rows ``moving`` (``(B,)`` bool) start the block ``block`` (``(B, K)``, their new one)."""
+        self.steps = torch.where(moving, 0, self.steps)
+        masked = (block == self.mask_token_id).sum(-1)
+        self.masked_at_start = torch.where(moving, masked, self.masked_at_start)
+
+    def select(self, index: torch.Tensor) -> None:
+        """Keep the rows ``index`` (``(B',)`` long), in that order."""
+        self.steps, self.masked_at_start = self.steps[index], self.masked_at_start[index]
+        if isinstance(self.generator, RowStreams):
+            self.generator.select(index)
+
+    def join(self, masked_at_start: torch.Tensor, streams: torch.Tensor) -> None:
+        """Append rows at the start of their first block: ``masked_at_start`` ``(J,)`` long,
+        their masked positions; ``streams`` ``(J,)`` long, their random streams."""
+        self.steps = torch.cat([self.steps, torch.zeros_like(masked_at_start)])
+        self.masked_at_start = torch.cat([self.masked_at_start, masked_at_start])
+        if isinstance(self.generator, RowStreams):
+            self.generator.join(streams)

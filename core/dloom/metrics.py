@@ -41,6 +41,35 @@ class HookTimer:
         return result
 
 
+class ForwardClock:
+    """The wall time of a decoder's model forwards, added up (what a result reports as
+    ``hook_seconds["forward"]``). A :class:`dloom.running_batch.DecodeSession` resets it when
+    it starts and the decoder reads it back.
+
+    :param synchronize: called before and after each timed call (``torch.cuda.synchronize``
+        for honest GPU timing), or ``None``.
+    :ivar seconds: forward seconds since the last :meth:`reset`.
+    """
+
+    def __init__(self, synchronize: Callable[[], None] | None = None) -> None:
+        self.seconds = 0.0
+        self._synchronize = synchronize
+
+    def reset(self) -> None:
+        self.seconds = 0.0
+
+    def timed(self, call: Callable[..., Any], *args: Any) -> Any:
+        """``call(*args)`` (model forwards), its time added to :attr:`seconds`."""
+        if self._synchronize:
+            self._synchronize()
+        start = time.perf_counter()
+        out = call(*args)
+        if self._synchronize:
+            self._synchronize()
+        self.seconds += time.perf_counter() - start
+        return out
+
+
 def _timing_wrapper(hook: str) -> Callable[[HookTimer], Any]:
     name = hook.removeprefix(f"{PROJECT_NAME}_")
 

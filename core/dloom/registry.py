@@ -27,7 +27,7 @@ import pluggy
 from dloom import hookspecs
 from dloom.errors import PluginLoadError, UnknownStrategyError, warn
 from dloom.hookspecs import PROJECT_NAME
-from dloom.types import Claim, Parameter, StrategyRegistration
+from dloom.types import DECODERS, Claim, Parameter, StrategyRegistration
 
 BUILTIN_DISTRIBUTION = "dloom"
 DECODING_HOOKS = hookspecs.DECODING_HOOKS  # kept importable here for plugins and tests
@@ -155,11 +155,9 @@ def check_registration(registration: StrategyRegistration, others: Iterable[Stra
     """Check a registration's ``decoder`` and ``options`` (``others``: the strategies
     registered before it).
 
-    :raises PluginLoadError: a decoder not in :data:`dloom.decoding.DECODERS`, an option
+    :raises PluginLoadError: a decoder not in :data:`dloom.types.DECODERS`, an option
         that names none of the strategy's parameters, or one another strategy owns.
     """
-    from dloom.decoding import DECODERS
-
     where = f"strategy {registration.name!r}"
     if registration.decoder not in DECODERS:
         raise PluginLoadError(

@@ -46,7 +46,7 @@ from dloom.cache import BlockForward
 from dloom.errors import ConfigurationError, ModelError
 from dloom.generation import row_streams
 from dloom.kernel import RowStreams
-from dloom.metrics import speculation_summary
+from dloom.metrics import ForwardClock, HookTimer, speculation_summary
 from dloom.prompt_validation import check_prompts
 from dloom.speculation import KernelStep, eos_clear
 
@@ -163,6 +163,30 @@ class _Tallies:
         self.exact = self.exact and exact
 
 
+@dataclass(frozen=True)
+class SessionCalls:
+    """What a :class:`DecodeSession` calls on its decoder, besides reading its public
+    settings (:meth:`dloom.DiffusionDecoder.session_calls` hands it over).
+
+    :ivar layout: ``(prompt_ids, prompt_mask)``, ``(B, P)`` left-padded, to the sequences to
+        decode ``(B, L)``, their padding mask and position ids ``(B, L)``, each row's first
+        block column ``(B,)`` and the end of its generated region ``(B,)``.
+    :ivar check: ``(forward, non_finite, idle, blocks)``: raises for the contract violations
+        a step's synchronisation found (``blocks``: each row's block index ``(B,)``).
+    :ivar clock: times the model forwards; the session resets it when it starts.
+    :ivar timer: times the decoding hooks; the session clears it when it starts.
+    :ivar speculative_step: the decoder's speculative step
+        (:meth:`dloom.DiffusionDecoder.speculative_step`), or ``None`` for a strategy that
+        never drafts.
+    """
+
+    layout: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]
+    check: Callable[[int, int, int, torch.Tensor], None]
+    clock: ForwardClock
+    timer: HookTimer
+    speculative_step: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] | None
+
+
 class DecodeSession:
     """A running batch of ``decoder``: admit rows, step, collect finished rows.
 
@@ -193,14 +217,15 @@ class DecodeSession:
         self._eos = torch.tensor(self.model.eos_token_ids, dtype=torch.long, device=self.model.device)
         self._samples = decoder.temperature > 0 or decoder.remasking == "random"
         self._steps_per_block = decoder.steps // (decoder.gen_length // decoder.block_length)
-        self.tallies = _Tallies(decoder._speculates)
+        self.calls = decoder.session_calls()
+        self.tallies = _Tallies(self.calls.speculative_step is not None)
         self.size = 0
         self._next_id = 0
         self._plan: list[int] | None = None
         self._can_draft = False
         self.forward: BlockForward | None = None
-        decoder.timer.seconds.clear()
-        decoder._forward_seconds = 0.0
+        self.calls.timer.seconds.clear()
+        self.calls.clock.reset()
 
     @property
     def forwards(self) -> int:
@@ -275,7 +300,7 @@ class DecodeSession:
     def _start(self, prompt_ids, prompt_mask, streams, ids) -> None:
         """The first rows of an empty batch."""
         decoder = self.decoder
-        self.x, self.full_mask, self.positions, start, self.region_end = decoder._layout(prompt_ids, prompt_mask)
+        self.x, self.full_mask, self.positions, start, self.region_end = self.calls.layout(prompt_ids, prompt_mask)
         self.width = prompt_ids.shape[1]
         self.rows = ids
         self.block_index = torch.zeros_like(ids)
@@ -316,7 +341,7 @@ class DecodeSession:
             self.positions = _pad_left(self.positions, widened, 0)
             self.region_end = self.region_end + widened
         short = self.width - prompt_ids.shape[1]
-        tokens, mask, positions, start, region_end = decoder._layout(
+        tokens, mask, positions, start, region_end = self.calls.layout(
             _pad_left(prompt_ids, short, pad), _pad_left(prompt_mask, short, 0)
         )
         self.x = torch.cat([self.x, tokens])
@@ -412,13 +437,14 @@ class DecodeSession:
         # the step that finished it, and a row that moved on holds a fresh, fully masked block.
         decoding = torch.ones(len(block), dtype=torch.bool, device=block.device)
         accepted = None
-        if decoder._speculates and self._can_draft:
-            new_block, self.previous, accepted = decoder.speculative_step(
+        speculative_step = self.calls.speculative_step
+        if speculative_step is not None and self._can_draft:
+            new_block, self.previous, accepted = speculative_step(
                 x, self.full_mask, block, decoding, self.known, self.previous, forward, kernel,
                 (n_full, first_window, last_window), self.tallies,
             )
         else:
-            logits, _ = decoder._timed(forward.run, x, n_full, first_window, last_window)
+            logits, _ = self.calls.clock.timed(forward.run, x, n_full, first_window, last_window)
             new_block = kernel(block, logits, decoding)
             self.previous = logits
             if self.observer is not None:
@@ -447,7 +473,7 @@ class DecodeSession:
         if self.on_block is not None:
             status.append((block_done | finished).sum())
         values = torch.cat([v.view(-1) for v in status]).tolist()  # the step's one sync (long: promoted)
-        decoder._check(self.tallies.forwards, values[0], values[1], self.block_index)
+        self.calls.check(self.tallies.forwards, values[0], values[1], self.block_index)
         leaving = values[2]
         self._plan = values[3:6]
         self._can_draft = bool(values[6])

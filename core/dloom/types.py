@@ -441,9 +441,11 @@ class Claim:
     :ivar against: for ``"lossless"`` (required) and ``"approximate"``: a registered
         strategy name, or ``"kernel"`` for the strategy's own commit rule run one forward
         per step (what a speculative strategy must reproduce).
-    :ivar bound: for ``"bound"`` (required): a bound known to :mod:`dloom.check.bounds`
-        (``"frechet"``) or an import path ``"package.module:function"`` of a function from a
-        sorted ``(B, K)`` confidence profile to ``(L, U, G)``.
+    :ivar bound: for ``"bound"`` (required): the name of the bound (``"frechet"``), given
+        with ``bound_function``, or an import path ``"package.module:function"`` of a
+        function from a sorted ``(B, K)`` confidence profile to ``(L, U, G)``.
+    :ivar bound_function: the bound ``bound`` names, supplied by the plugin that declares the
+        claim (``dloom check`` finds a named bound among the registered strategies' claims).
     :ivar conditions: when the claim holds, in words (temperature, remasking, cache).
     """
 
@@ -451,6 +453,7 @@ class Claim:
     against: str | None = None
     bound: str | None = None
     conditions: str = ""
+    bound_function: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in CLAIM_KINDS:
@@ -482,6 +485,13 @@ class Claim:
         return f"{text} ({self.conditions})" if conditions and self.conditions else text
 
 
+DIFFUSION = "diffusion"
+AR_TARGET = "ar-target"
+DECODERS = (DIFFUSION, AR_TARGET)
+"""The decoders a strategy registration may name (:attr:`StrategyRegistration.decoder`);
+:mod:`dloom.decoding` says what each one is and dispatches on them."""
+
+
 @dataclass(frozen=True)
 class StrategyRegistration:
     """What a plugin hands to ``register`` in :func:`dloom_register_strategies`.
@@ -496,7 +506,7 @@ class StrategyRegistration:
     :ivar default_commit_rule: for a strategy without a commit rule (a speculator): the
         strategy composed in when a composition has no commit rule, e.g. ``"quota"``.
     :ivar decoder: the decoder the strategy runs in, one of
-        :data:`dloom.decoding.DECODERS`: ``"diffusion"`` (:class:`dloom.DiffusionDecoder`,
+        :data:`DECODERS`: ``"diffusion"`` (:class:`dloom.DiffusionDecoder`,
         the default) or ``"ar-target"`` (an autoregressive target with a dLLM drafter).
         ``dloom generate``/``eval`` build that decoder for ``--strategy``.
     :ivar options: names of ``parameters`` that ``dloom generate``, ``eval`` and ``check``
@@ -511,5 +521,5 @@ class StrategyRegistration:
     summary: str = ""
     claim: Claim | None = None
     default_commit_rule: str | None = None
-    decoder: str = "diffusion"
+    decoder: str = DIFFUSION
     options: Sequence[str] = field(default_factory=tuple)

@@ -114,7 +114,7 @@ def dloom_register_strategies(register) -> None:
                 "max(0, sum c - (n - 1)) - (1 - c_(n)) > delta"
             ),
             claim=Claim(
-                "bound", bound="frechet",
+                "bound", bound="frechet", bound_function=frechet_bounds,
                 conditions=(
                     "joint-mode certificate: temperature 0, low_confidence remasking (the "
                     "confidence is the greedy token's probability)"

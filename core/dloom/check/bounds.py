@@ -2,7 +2,7 @@
 
 A *bound* is a function from a sorted confidence profile, ``(B, K)`` float64 descending with
 ``-inf`` past the selectable positions, to ``(L, U, G)`` of the same shape (as
-:func:`dloom_plugins.frechet.frechet_bounds`). For the ``n`` most confident positions it
+the Fréchet bound of the ``frechet`` strategy). For the ``n`` most confident positions it
 claims, whatever the joint distribution behind the per-position marginals:
 
 * ``L_n`` <= the probability that their greedy tokens are all right together;
@@ -36,10 +36,8 @@ from dloom.check import joints as J
 from dloom.check.resolve import Resolved
 from dloom.composition import build_plugin_manager, compose
 from dloom.errors import ConfigurationError
+from dloom.registry import Registry, get_registry
 from dloom.types import BlockSchedule
-
-KNOWN_BOUNDS = {"frechet": "dloom_plugins.frechet:frechet_bounds"}
-"""Bound names a ``Claim`` may use, and the functions they name."""
 
 RANDOM_KINDS = ("dirichlet", "near_degenerate", "product", "circular")
 ADVERSARIAL_KINDS = ("frechet_extremal", "comonotone", "countermonotone")
@@ -47,23 +45,33 @@ ADVERSARIAL_KINDS = ("frechet_extremal", "comonotone", "countermonotone")
 Bound = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
-def resolve_bound(name: str) -> Bound:
-    """The bound function ``name`` stands for: a key of :data:`KNOWN_BOUNDS` or an import
+def known_bounds(registry: Registry | None = None) -> dict[str, Bound]:
+    """The named bounds: those the registered strategies' claims supply
+    (:attr:`dloom.Claim.bound_function`), by name."""
+    strategies = (registry or get_registry()).strategies.values()
+    claims = [s.registration.claim for s in strategies]
+    return {c.bound: c.bound_function for c in claims if c is not None and c.bound and c.bound_function is not None}
+
+
+def resolve_bound(name: str, registry: Registry | None = None) -> Bound:
+    """The bound function ``name`` stands for: one of :func:`known_bounds` or an import
     path ``"package.module:function"``.
 
     :raises ConfigurationError: when it cannot be found.
     """
-    path = KNOWN_BOUNDS.get(name, name)
-    module_name, sep, attribute = path.partition(":")
+    module_name, sep, attribute = name.partition(":")
     if not sep:
+        known = known_bounds(registry)
+        if name in known:
+            return known[name]
         raise ConfigurationError(
-            f"unknown bound {name!r}; known bounds: {', '.join(KNOWN_BOUNDS)}, or give an "
+            f"unknown bound {name!r}; known bounds: {', '.join(sorted(known)) or 'none'}, or give an "
             "import path 'package.module:function'"
         )
     try:
         return getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as error:
-        raise ConfigurationError(f"bound {name!r} cannot be loaded from {path!r}: {error}") from None
+        raise ConfigurationError(f"bound {name!r} cannot be loaded: {error}") from None
 
 
 def random_joint(kind: str, rng: np.random.Generator) -> J.Joint:

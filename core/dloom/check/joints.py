@@ -183,7 +183,7 @@ def prefix_bound_violations(joint: Joint, bounds, tolerance: float = 1e-12) -> l
     ``U_n``.
 
     :param bounds: maps a ``(1, n)`` torch float64 profile, sorted descending, to ``(L, U, G)``
-        of shape ``(1, n)`` each (e.g. :func:`dloom_plugins.frechet.frechet_bounds`).
+        of shape ``(1, n)`` each (e.g. the ``frechet`` strategy's bound, :func:`dloom.check.bounds.resolve_bound`).
     """
     import torch
 

@@ -61,8 +61,8 @@ class DecodeSpec:
     drafter: str | None = None
 
     def build(self):
-        """The decoder this spec describes (the same builder as the command line's)."""
-        from dloom.cli import build_decoder
+        """The decoder this spec describes (:func:`dloom.factory.build_decoder`, the command line's builder)."""
+        from dloom.factory import build_decoder
 
         return build_decoder(
             self.model, self.strategy, list(self.params), device=self.device, dtype=self.dtype,

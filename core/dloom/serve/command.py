@@ -1,7 +1,8 @@
 """``dloom serve``: run the OpenAI-compatible server with uvicorn.
 
 Importing this module needs neither FastAPI nor uvicorn (the command line loads it for its
-help); running the command does (``pip install "dloom[serve]"``).
+help); running the command does (``pip install "dloom[serve]"``). The command raises
+:class:`dloom.errors.DloomError` for bad settings; the command line that mounts it prints them.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ def serve(
     dtype: str = typer.Option("float32", help="float32, float64, bfloat16 or float16."),
 ) -> None:
     """Serve a dLLM over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions)."""
-    from dloom.cli import fail, parse_params
-    from dloom.errors import ConfigurationError, DloomError
+    from dloom.errors import ConfigurationError
+    from dloom.factory import parse_params
 
     try:
         import uvicorn
@@ -40,17 +41,14 @@ def serve(
         from dloom.serve.app import ServeConfig, create_app
         from dloom.serve.decoders import DecodeDefaults
     except ImportError as error:
-        fail(ConfigurationError(f"dloom serve needs FastAPI and uvicorn ({error}); pip install \"dloom[serve]\""))
-    try:
-        defaults = DecodeDefaults(
-            strategy=strategy, params=parse_params(param), cache=cache, cache_refresh=cache_refresh,
-            gen_length=gen_length, block_length=block_length, steps=steps, remasking=remasking,
-        )
-        adapter = load_model(model, device=device, dtype=dtype)
-        app = create_app(ServeConfig(
-            adapter, defaults, max_batch_size=max_batch_size,
-            max_queued_tokens=max_queued_tokens, plain_chat=plain_chat,
-        ))
-    except DloomError as error:
-        fail(error)
+        raise ConfigurationError(f"dloom serve needs FastAPI and uvicorn ({error}); pip install \"dloom[serve]\"") from None
+    defaults = DecodeDefaults(
+        strategy=strategy, params=parse_params(param), cache=cache, cache_refresh=cache_refresh,
+        gen_length=gen_length, block_length=block_length, steps=steps, remasking=remasking,
+    )
+    adapter = load_model(model, device=device, dtype=dtype)
+    app = create_app(ServeConfig(
+        adapter, defaults, max_batch_size=max_batch_size,
+        max_queued_tokens=max_queued_tokens, plain_chat=plain_chat,
+    ))
     uvicorn.run(app, host=host, port=port, log_level="info")

@@ -4,7 +4,7 @@ accepted tokens, one step of the drafter's own diffusion decoder
 ``small_block``) per call.
 
 A step is the engine's: a plain step (one forward of the canvas, then the engine's kernel
-step, :class:`dloom.speculation.KernelStep`, with the drafter's commit rule), or, for a
+step, :class:`dloom.kernel.KernelStep`, with the drafter's commit rule), or, for a
 drafter composition that speculates (``spiffy+threshold``), the engine's speculative step
 (:meth:`dloom.DiffusionDecoder.speculative_step`: the composition's draft, prune,
 build_mask and verify over every row's small block, one verification forward, the kernel
@@ -24,7 +24,7 @@ from dloom.adapter import ModelAdapter, output_logits, padding_or_none, position
 from dloom.cache import BlockForward, cache_argument, record_view
 from dloom.errors import HookContractError, NonFiniteLogitsError
 from dloom.kernel import RowStreams, without_mask
-from dloom.speculation import KernelStep
+from dloom.kernel import KernelStep
 from dloom.types import ChainState, DraftChains, VerificationLayout
 
 if TYPE_CHECKING:

@@ -1,0 +1,108 @@
+"""The library below its front-ends: one decoder factory that raises, front-ends that print;
+a decode session that reaches its decoder only through :class:`SessionCalls`; names that
+moved still found at their old paths."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import dloom
+from dloom import cli, factory
+from dloom.errors import ConfigurationError
+from dloom.running_batch import DecodeSession, SessionCalls
+
+
+def test_the_factory_raises_and_prints_nothing(capsys):
+    with pytest.raises(ConfigurationError, match="--param takes NAME=VALUE, got 'tau'"):
+        factory.build_decoder("toy-dllm", "threshold", ["tau"])
+    assert factory.parse_params(["tau = 0.8", "spiffy.budget=3"]) == {"tau": "0.8", "spiffy.budget": "3"}
+    assert capsys.readouterr() == ("", "")
+
+
+def test_every_front_end_builds_with_the_one_factory(monkeypatch):
+    from dloom.ray import DecodeSpec
+
+    assert (cli.build_decoder, cli.parse_params, cli.DEFAULT_MODEL) == (
+        factory.build_decoder, factory.parse_params, factory.DEFAULT_MODEL,
+    )
+    built = []
+    monkeypatch.setattr(factory, "build_decoder", lambda *args, **kwargs: built.append((args, kwargs)) or "decoder")
+    assert DecodeSpec(strategy="threshold", params=("tau=0.5",), settings={"seed": 3}).build() == "decoder"
+    assert built == [((None, "threshold", ["tau=0.5"]), dict(
+        device="cpu", dtype="float32", target=None, drafter=None, seed=3,
+    ))]
+
+
+def test_dloom_serve_prints_the_library_error_and_exits_2():
+    result = CliRunner().invoke(cli.app, ["serve", "--param", "tau"])
+    assert result.exit_code == 2, result.output
+    assert "error: --param takes NAME=VALUE, got 'tau'" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_the_serve_command_itself_raises():
+    from dloom.serve.command import serve
+
+    with pytest.raises(ConfigurationError, match="--param takes NAME=VALUE"):
+        serve(param=["tau"])
+
+
+def test_moved_names_are_found_at_their_old_paths():
+    import dloom.ray
+    from dloom import decoding, evaluation, kernel, speculation, types
+
+    assert (speculation.KernelStep, speculation.eos_clear) == (kernel.KernelStep, kernel.eos_clear)
+    assert (decoding.DECODERS, decoding.DIFFUSION, decoding.AR_TARGET) == (types.DECODERS, "diffusion", "ar-target")
+    with pytest.warns(DeprecationWarning, match="moved to dloom.ray.evaluate_on_ray"):
+        assert evaluation.evaluate_on_ray is dloom.ray.evaluate_on_ray
+    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
+        evaluation.no_such_name  # noqa: B018
+
+
+class RecordingDecoder(dloom.DiffusionDecoder):
+    """Hands its sessions calls that record their use, and no other way in."""
+
+    def session_calls(self) -> SessionCalls:
+        calls = super().session_calls()
+        self.used: list[str] = []
+
+        def recorded(name, call):
+            def run(*args, **kwargs):
+                self.used.append(name)
+                return call(*args, **kwargs)
+            return run
+
+        clock = calls.clock
+        clock.timed = recorded("forward", clock.timed)  # type: ignore[method-assign]
+        return SessionCalls(
+            layout=recorded("layout", calls.layout), check=recorded("check", calls.check), clock=clock,
+            timer=calls.timer,
+            speculative_step=None if calls.speculative_step is None else recorded("speculate", calls.speculative_step),
+        )
+
+
+@pytest.mark.filterwarnings("ignore:no built-in draft graph")  # an uncalibrated graph still drafts
+@pytest.mark.parametrize("strategy", ["quota", "spiffy+quota"])
+def test_a_session_reaches_its_decoder_through_session_calls_only(sharp_adapter, strategy):
+    decoder = RecordingDecoder(sharp_adapter, strategy, gen_length=8, block_length=4)
+    decoder.forward_clock.seconds = 99.0  # left from an earlier session: the new one resets it
+    session = DecodeSession(decoder)
+    assert session.calls.clock is decoder.forward_clock and decoder.forward_seconds == 0.0
+    session.admit([[5, 6, 7]])
+    while session.size:
+        session.step()
+    assert decoder.used[0] == "layout" and "check" in decoder.used
+    assert ("speculate" in decoder.used) == (strategy != "quota")
+    assert decoder.forward_seconds > 0.0  # the session's forwards, read back by the decoder
+
+
+def test_generate_reports_the_forward_time_of_its_session(sharp_adapter):
+    decoder = dloom.DiffusionDecoder(sharp_adapter, "quota", gen_length=8, block_length=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = decoder.generate(torch.tensor([[5, 6, 7]]), torch.ones(1, 3, dtype=torch.long))
+    assert result.hook_seconds["forward"] == decoder.forward_seconds > 0.0
