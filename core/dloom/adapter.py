@@ -224,7 +224,7 @@ def _resolve_path(name_or_path: str | os.PathLike) -> tuple[Path, str]:
 
     text = str(name_or_path)
     if text in zoo.MODEL_NAMES:
-        return zoo.model_path(text), text
+        return zoo.locate(text), text
     path = Path(text).expanduser()
     if path.is_dir():
         return path, str(path)

@@ -226,7 +226,7 @@ def check_model_files(
 
         if str(name_or_path) not in zoo.MODEL_NAMES:
             return
-        directory = zoo.model_path(str(name_or_path))
+        directory = zoo.locate(str(name_or_path))
     config = check_config(directory)
     profile = detect_profile(config)
     if profile.unsupported or (needs_remote_code(config, profile) and not trust_remote_code):

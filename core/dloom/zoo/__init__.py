@@ -1,7 +1,10 @@
-"""The toy model zoo: small trained models shipped inside the package, loaded offline.
+"""The toy model zoo: small trained models loaded offline by name.
 
 Models (``MODEL_NAMES``), transformers ``LlamaForCausalLM`` checkpoints (float16
-safetensors) with the character tokenizer in ``models/<name>/``:
+safetensors) with the character tokenizer. The three ``toy-*`` models (``SHIPPED``) ship
+inside the package, in ``models/<name>/``; the three ``long-*`` ones (``IN_CHECKOUT``) live
+in ``training/checkpoints/<name>/`` of the source repository, where a git checkout finds
+them (:func:`model_path`), and an installed wheel does not carry them:
 
 * ``toy-dllm`` — bidirectional masked-diffusion model (``is_causal=False``), ~1.8M params,
   adapted from a causal model of the same shape (Dream-style: its logits stay shifted);
@@ -45,7 +48,7 @@ The ``long-*`` models follow the same contract with the 99-token tokenizer of
 decoded in blocks of ``block_length`` 32 (both in their ``dloom`` config entry), answers of at
 most 127 characters graded by ``long_tasks.FAMILIES[f].check``.  They are trained by
 ``python -m dloom.zoo.train --model long-…`` into ``training/checkpoints/`` of the source
-repository and copied here unchanged (``training/README.md`` has the commands).
+repository, and loaded from there (``training/README.md`` has the commands).
 """
 
 from __future__ import annotations
@@ -53,26 +56,57 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dloom.errors import ModelError
+
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-__all__ = ["MODEL_NAMES", "ZOO_DIR", "load", "model_path"]
+__all__ = ["CHECKOUT_DIR", "IN_CHECKOUT", "MODEL_NAMES", "SHIPPED", "ZOO_DIR", "load", "locate", "model_path"]
 
 ZOO_DIR = Path(__file__).resolve().parent / "models"
-"""Directory holding one sub-directory of weights and tokenizer files per model."""
+"""Directory holding one sub-directory of weights and tokenizer files per shipped model."""
 
-MODEL_NAMES = ("toy-dllm", "toy-ar", "toy-ar-small", "long-dllm", "long-ar", "long-ar-small")
+CHECKOUT_DIR = Path(__file__).resolve().parents[3] / "training" / "checkpoints"
+"""Where a source checkout keeps the ``IN_CHECKOUT`` models (``training/checkpoints/``);
+absent beside an installed package."""
+
+SHIPPED = ("toy-dllm", "toy-ar", "toy-ar-small")
+"""The models inside the package (the wheel)."""
+IN_CHECKOUT = ("long-dllm", "long-ar", "long-ar-small")
+"""The models of the source repository's ``training/checkpoints/``, not in the wheel."""
+MODEL_NAMES = SHIPPED + IN_CHECKOUT
 
 
 def model_path(name: str) -> Path:
-    """The directory of zoo model ``name``.
+    """The directory of zoo model ``name``: in the package for a ``SHIPPED`` model, in
+    :data:`CHECKOUT_DIR` for the others (whether or not it holds the checkpoint; see
+    :func:`locate`).
 
     :raises ValueError: ``name`` is not one of ``MODEL_NAMES``.
     """
     if name not in MODEL_NAMES:
         raise ValueError(f"unknown zoo model {name!r}; known models: {', '.join(MODEL_NAMES)}")
-    return ZOO_DIR / name
+    return (ZOO_DIR if name in SHIPPED else CHECKOUT_DIR) / name
+
+
+def locate(name: str) -> Path:
+    """:func:`model_path` of ``name``, which must hold a checkpoint (a ``config.json``).
+
+    :raises ValueError: ``name`` is not one of ``MODEL_NAMES``.
+    :raises ModelError: an ``IN_CHECKOUT`` model that is not there (an installed package
+        without the source repository), saying where to get it.
+    """
+    path = model_path(name)
+    if name in IN_CHECKOUT and not (path / "config.json").is_file():
+        raise ModelError(
+            f"zoo model {name!r} is not in the installed package: it lives in "
+            f"training/checkpoints/{name}/ of the dloom source repository, and {path} holds no "
+            f"checkpoint; run from a clone of the repository, or pass the checkpoint's directory "
+            f"instead of the name (train it with `python -m dloom.zoo.train --model {name} "
+            "--out training/checkpoints`)"
+        )
+    return path
 
 
 def load(
@@ -86,14 +120,15 @@ def load(
     cast to ``dtype`` (default ``torch.float32``); the model is returned in eval mode on
     ``device``.
 
-    :raises ValueError: an unknown name that is not an existing directory.
+    :raises ValueError: an unknown name that is not an existing directory; a
+        :class:`~dloom.errors.ModelError` for an ``IN_CHECKOUT`` model that is not there.
     :raises FileNotFoundError: the model's files are missing (e.g. not yet trained).
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if isinstance(name_or_path, str) and name_or_path in MODEL_NAMES:
-        path = model_path(name_or_path)
+        path = locate(name_or_path)
     elif Path(name_or_path).is_dir():
         path = Path(name_or_path)
     else:
