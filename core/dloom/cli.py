@@ -2,7 +2,8 @@
 
 Plugins add their own commands and strategy options (:mod:`dloom.cli_plugins`); the helpers
 here (:func:`fail`, :func:`build_decoder`, :func:`read_prompts`, :func:`check_output`, the
-``*Option`` defaults) are theirs to use too.
+``*Option`` defaults) are theirs to use too. Decoders are built by :mod:`dloom.factory`, which
+raises :class:`~dloom.errors.DloomError`; the commands print those with :func:`fail`.
 """
 
 from __future__ import annotations

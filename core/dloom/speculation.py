@@ -1,5 +1,6 @@
-"""The decoder's side of speculation: the kernel step drafts are verified with, following a
-draft graph losslessly, and reading every node's logits out of a verification forward.
+"""The decoder's side of speculation: following a draft graph losslessly with the kernel step
+(:class:`dloom.kernel.KernelStep`), and reading every node's logits out of a verification
+forward.
 
 Lossless verification (``docs/concepts.md``, "Lossless"): from the root, take one kernel
 step with the root's distribution; if the new block equals a draft exactly, that draft's
