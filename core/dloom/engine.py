@@ -41,17 +41,17 @@ from dloom.composition import StrategySpec, build_plugin_manager, compose
 from dloom.decoding import DIFFUSION
 from dloom.errors import ConfigurationError, HookContractError, ModelError, NonFiniteLogitsError
 from dloom.kernel import REMASKING
-from dloom.generation import prepare_prompts, token_lists_and_texts
+from dloom.generation import Prompts, prepare_prompts, token_lists_and_texts
 from dloom.metrics import ForwardClock, GenerationResult, HookTimer
 from dloom.prompt_validation import check_lengths, check_special_ids, vocabulary_size
 from dloom.registry import Registry
 from dloom.running_batch import (  # noqa: F401 - re-exported: dloom.engine is where users find them
     BlockRecord, DecodeSession, FinishedRows, SessionCalls, StepRecord, finished_rows, generated_lengths,
 )
-from dloom.speculation import KernelStep, NodeLogits, evaluate_in_parts, layout_is_exact, static_call_rows
+from dloom.kernel import KernelStep
+from dloom.speculation import NodeLogits, evaluate_in_parts, layout_is_exact, static_call_rows
 from dloom.types import DecodeState
 
-Prompts = Sequence[str] | Sequence[Sequence[int]] | torch.Tensor
 DEFAULT_GEN_LENGTH = 128
 DEFAULT_BLOCK_LENGTH = 32
 

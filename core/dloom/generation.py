@@ -12,6 +12,9 @@ from dloom.errors import ConfigurationError
 from dloom.kernel import RowStreams
 from dloom.prompt_validation import check_prompts
 
+Prompts = Sequence[str] | Sequence[Sequence[int]] | torch.Tensor
+"""What a decoder's ``generate`` takes: texts, token-id lists, or a ``(B, P)`` left-padded tensor."""
+
 
 def row_streams(
     row_offset: int | Sequence[int] | torch.Tensor, batch: int, device: torch.device

@@ -8,7 +8,7 @@ naming the plugin and the hook (the plugin's own exception is its ``__cause__``)
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Callable, Mapping, cast, overload
+from typing import Any, Callable, Mapping, cast, overload
 
 import pluggy
 import torch
@@ -22,12 +22,10 @@ from dloom.types import (
     DecodeState,
     DraftChains,
     DraftGraph,
+    NodeLogits,
     Verdict,
     VerificationLayout,
 )
-
-if TYPE_CHECKING:
-    from dloom.speculation import NodeLogits
 
 DEFAULTS_PLUGIN = "dloom.defaults"  # the core's fallback plugin (dloom.composition)
 

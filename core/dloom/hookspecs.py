@@ -201,7 +201,7 @@ def dloom_verify(
     :param state: the state the forward started from.
     :param graph: the drafts that were evaluated.
     :param logits: for a graph, the distribution of every node's block as the forward
-        computed it (node 0: the root), a :class:`~dloom.speculation.NodeLogits` of shape
+        computed it (node 0: the root), a :class:`~dloom.types.NodeLogits` of shape
         ``(B, N + 1, K, V)`` read lazily: ``logits.of(node)`` gives ``(B, K, V)``, row ``b``'s
         node ``node[b]``; meaningless where ``graph.valid`` is ``False``. For chains, a
         ``(B, T' + 1, V)`` tensor, entry ``i`` the target's distribution of each row's

@@ -36,22 +36,19 @@ admission (whether any row is padded) and per cancellation (how many rows it rem
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
+import pluggy
 import torch
 
-from dloom.adapter import left_pad_prompts, padding_or_none
+from dloom.adapter import ModelAdapter, left_pad_prompts, padding_or_none
 from dloom.attention import absolute_block_ids, block_ids
 from dloom.cache import BlockForward
 from dloom.errors import ConfigurationError, ModelError
-from dloom.generation import row_streams
-from dloom.kernel import RowStreams
+from dloom.generation import Prompts, row_streams
+from dloom.kernel import KernelStep, RowStreams, eos_clear
 from dloom.metrics import ForwardClock, HookTimer, speculation_summary
 from dloom.prompt_validation import check_prompts
-from dloom.speculation import KernelStep, eos_clear
-
-if TYPE_CHECKING:
-    from dloom.engine import DiffusionDecoder, Prompts
 
 
 def finished_rows(generated: torch.Tensor, mask_token_id: int, eos_ids: torch.Tensor) -> torch.Tensor:
@@ -187,6 +184,29 @@ class SessionCalls:
     speculative_step: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] | None
 
 
+class SessionDecoder(Protocol):
+    """The decoder a :class:`DecodeSession` runs (:class:`dloom.DiffusionDecoder`): its
+    settings, its plugin manager, and :meth:`session_calls` for the rest."""
+
+    model: ModelAdapter
+    mask_token_id: int
+    gen_length: int
+    block_length: int
+    steps: int
+    temperature: float
+    remasking: str
+    seed: int | None
+    cache: str
+    cache_refresh: int | None
+    static_shapes: bool
+    pm: pluggy.PluginManager
+    on_proposal: Callable[[torch.Tensor, torch.Tensor], None] | None
+
+    def session_calls(self) -> SessionCalls:
+        """What the session calls on the decoder (:class:`SessionCalls`)."""
+        ...
+
+
 class DecodeSession:
     """A running batch of ``decoder``: admit rows, step, collect finished rows.
 
@@ -206,7 +226,7 @@ class DecodeSession:
 
     def __init__(
         self,
-        decoder: DiffusionDecoder,
+        decoder: SessionDecoder,
         observer: Callable[[StepRecord], None] | None = None,
         on_block: Callable[[BlockRecord], None] | None = None,
     ) -> None:

@@ -197,6 +197,40 @@ class VerificationLayout:
     row_bound: int = 0
 
 
+class NodeLogits:
+    """Every node's block distribution in a verification forward's outputs, read on demand.
+
+    Stands for the ``(B, N + 1, K, V)`` array of every node's logits without building it:
+    the verifier reads one node per row per kernel step (:meth:`of`), a ``(B, K, V)``
+    gather, so the ``N + 1`` nodes' logits are never copied out of the forward's outputs.
+
+    :param outputs: ``(R, S, V)``, the forward's raw outputs at the layout's columns; the
+        first ``K`` columns of a span give its block's logits (for a shifted model the span
+        starts one column early, so this holds for it too).
+    :param layout: the verification layout (``node_rows``/``node_offsets`` ``(B, N + 1)``).
+    :param block_length: ``K``.
+    """
+
+    def __init__(self, outputs: torch.Tensor, layout: VerificationLayout, block_length: int) -> None:
+        self.outputs = outputs
+        self.rows = layout.node_rows.clamp(min=0)  # nodes not evaluated read some other output
+        self.offsets = layout.node_offsets
+        self.span = torch.arange(block_length, device=outputs.device)
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """``(B, N + 1, K, V)``."""
+        return (*self.rows.shape, self.span.shape[0], self.outputs.shape[-1])
+
+    def of(self, node: torch.Tensor) -> torch.Tensor:
+        """``(B, K, V)``: row ``b``'s logits of its node ``node[b]`` (``(B,)`` long);
+        meaningless for a node that was not evaluated."""
+        index = node.unsqueeze(1)
+        rows = torch.gather(self.rows, 1, index)  # (B, 1)
+        columns = torch.gather(self.offsets, 1, index) + self.span  # (B, K)
+        return self.outputs[rows.expand_as(columns), columns]
+
+
 @dataclass(frozen=True)
 class Verdict:
     """What a verification forward accepted.

@@ -29,8 +29,8 @@ import torch
 
 from dloom import hookimpl
 from dloom.errors import ConfigurationError, warn
-from dloom.speculation import NodeLogits, follow_graph, layout_drafts
-from dloom.types import DecodeState, DraftGraph, Verdict, VerificationLayout
+from dloom.speculation import follow_graph, layout_drafts
+from dloom.types import DecodeState, DraftGraph, NodeLogits, Verdict, VerificationLayout
 
 from .frame import rank_frame
 from .graph import CalibratedGraph, GraphTemplate, calibrate_command, default_graph, find_builtin
