@@ -106,3 +106,24 @@ def test_generate_reports_the_forward_time_of_its_session(sharp_adapter):
         warnings.simplefilter("error")
         result = decoder.generate(torch.tensor([[5, 6, 7]]), torch.ones(1, 3, dtype=torch.long))
     assert result.hook_seconds["forward"] == decoder.forward_seconds > 0.0
+
+
+def test_a_named_bound_comes_from_the_claim_that_supplies_it():
+    """``dloom check`` finds ``frechet`` through the frechet strategy's claim, not a name in
+    the core, and a third-party claim's bound by its own name."""
+    from dloom.check.bounds import known_bounds, resolve_bound
+    from dloom.registry import Registry, Strategy, get_registry
+    from dloom.types import Claim, StrategyRegistration
+
+    base = get_registry()
+    assert resolve_bound("frechet") is base.get("frechet").registration.claim.bound_function
+
+    def mine(profile):
+        return profile, profile, profile
+
+    claim = Claim("bound", bound="mine", bound_function=mine)
+    extra = Strategy("mine", "test", StrategyRegistration("mine", object, claim=claim))
+    registry = Registry(strategies={**base.strategies, "mine": extra}, plugins=dict(base.plugins))
+    assert resolve_bound("mine", registry) is mine and set(known_bounds(registry)) == {"frechet", "mine"}
+    with pytest.raises(ConfigurationError, match="unknown bound 'mine'; known bounds: frechet"):
+        resolve_bound("mine")  # not registered there
