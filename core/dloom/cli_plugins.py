@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
+from dloom.cli_exits import end_quietly, hand_interrupts_to_commands
 from dloom.errors import DloomError, PluginLoadError
 from dloom.hookspecs import PROJECT_NAME
 from dloom.registry import Registry, get_registry, report_failure
@@ -177,6 +178,18 @@ class DloomGroup(TyperGroup):
 
     def list_commands(self, ctx: Any) -> list[str]:
         return [*super().list_commands(ctx), *sorted(self._plugin_commands(ctx))]
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the command line; Ctrl-C now raises ``KeyboardInterrupt`` (no longer the
+        startup exit of :mod:`dloom.cli_exits`)."""
+        hand_interrupts_to_commands()
+        return super().main(*args, **kwargs)
+
+    def invoke(self, ctx: Any) -> Any:
+        """Run the chosen command (loading plugins first); a Ctrl-C or an output error
+        that the command did not report itself ends with one line (:func:`dloom.
+        cli_exits.end_quietly`)."""
+        return end_quietly(lambda: super(DloomGroup, self).invoke(ctx))
 
     def get_command(self, ctx: Any, cmd_name: str) -> Any:
         return super().get_command(ctx, cmd_name) or self._plugin_commands(ctx).get(cmd_name)
