@@ -278,6 +278,9 @@ CASES = [
     cli_case("non-UTF-8 JSONL",
              lambda env: ["generate", "--prompts", env.jsonl("latin.jsonl", [b'{"prompt": "copy \xe4b"}'])],
              ConfigurationError, "latin.jsonl:1", "not UTF-8", "0xe4"),
+    cli_case("prompt line nested 100000 deep",
+             lambda env: ["generate", "--prompts", env.jsonl("nested.jsonl", [b"[" * 100_000 + b"]" * 100_000])],
+             ConfigurationError, "nested.jsonl:1", "nests JSON too deeply"),
     cli_case("mask token id 9999", generate("--mask-token-id", "9999", "copy ab"), ModelError,
              "mask token id 9999", "outside the vocabulary", f"0 .. {VOCAB - 1}"),
     api_case("API: id 99999", lambda env: lambda: env.decoder().generate([[5, 99999]]), ModelError,
@@ -368,6 +371,10 @@ CASES = [
              lambda env: ["generate", "--model", env.model_dir(
                  "int8", change_tensors(lambda t: t.update({UP_0: t[UP_0].to(torch.int8)}))), "copy ab"],
              ModelError, f"'{UP_0}' is I8, the model's is floating point", "allowed: F64, F32, F16, BF16"),
+    api_case("API: missing tensor with trust_remote_code=True (no code to trust)",
+             lambda env: lambda: dloom.load_model(
+                 env.model_dir("missing_trusted", change_tensors(lambda t: t.pop(UP_0))), trust_remote_code=True),
+             ModelError, f"tensors it needs that the checkpoint lacks: '{UP_0}'"),
     api_case("API: tensor of another shape",
              lambda env: lambda: dloom.load_model(env.model_dir(
                  "shape", change_tensors(lambda t: t.update({UP_0: t[UP_0][:100]})))),
@@ -609,7 +616,7 @@ def test_bad_input_is_refused_clearly(case: Case, env: Env, monkeypatch):
 def test_the_matrix_covers_the_issue():
     """The closing note's count: every row is a distinct input."""
     names = [c.values[0].name if hasattr(c, "values") else c.name for c in CASES]
-    assert len(names) == len(set(names)) == 97
+    assert len(names) == len(set(names)) == 99
 
 
 # --- what is not a refusal -------------------------------------------------------------------
@@ -952,3 +959,43 @@ def test_ray_messages_printed_while_ray_runs_go_to_stderr(capsys):
     captured = capsys.readouterr()
     assert captured.out == '{"row": 1}\n'
     assert "(raylet)" in captured.err and "A worker died" in captured.err
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """The command lines of every process below ``pid`` (read from /proc), by process id."""
+    parents: dict[int, int] = {}
+    commands: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            commands[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, IndexError, ValueError):
+            continue
+    below, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - below
+        below |= frontier
+    return {p: commands[p] for p in below if p in commands}
+
+
+def test_eval_on_ray_keeps_stdout_json_when_an_actor_dies(tmp_path):
+    """Killing the decoding actor mid-run makes Ray's driver print "(raylet) A worker died
+    ..." (to ``sys.stdout``): it lands on stderr, stdout holds JSON lines only, and the run
+    finishes on the restarted actor."""
+    pytest.importorskip("ray", reason="the Ray tests need the optional extra")
+    process = subprocess.Popen(
+        [*dloom_command(tmp_path), "eval", "-n", "40", "--batch-size", "2", "--ray", "1", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
+    )
+    first = process.stdout.readline()  # the actor is decoding
+    actors = [p for p, command in descendants(process.pid).items() if command.startswith("ray::MapWorker")]
+    assert actors, descendants(process.pid)
+    os.kill(actors[0], signal.SIGKILL)
+    rest, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr
+    assert "(raylet)" in stderr and "A worker died or was killed" in stderr
+    lines = [first, *rest.splitlines()]
+    records = [json.loads(line) for line in lines]  # every stdout line is JSON
+    assert len(records) == 41 and records[-1]["n"] == 40

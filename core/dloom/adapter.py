@@ -289,8 +289,8 @@ def _load_network(
     loads it. Before any weight is read, the config's size is checked against the bytes
     of its tensors (:func:`dloom.config_limits.check_size_against_weights`) and the
     tensors' names, shapes and dtypes against the model built from it on the ``meta``
-    device (:func:`dloom.tensor_check.check_tensors`); only a checkpoint's own modelling
-    code (``trust_remote_code``) is loaded unchecked."""
+    device (:func:`dloom.tensor_check.check_tensors`); only a checkpoint that runs its own
+    modelling code (``auto_map`` with ``trust_remote_code``) is loaded unchecked."""
     import transformers
 
     layout = native_layout(profile.name)
@@ -306,7 +306,7 @@ def _load_network(
         except (ValueError, TypeError, KeyError, AttributeError) as error:
             raise ModelError(f"{where} is no config transformers can build a model from: {error}") from None
         described = f"the {config.model_type} model transformers builds from {where}"
-    if not model_kwargs["trust_remote_code"]:
+    if not (model_kwargs["trust_remote_code"] and raw.get("auto_map")):  # not its own code
         headers = tensor_headers(path)
         check_size_against_weights(config, sum(h.nbytes for h in headers.values()), where)
         check_tensors(config, headers, described, layout.key_mapping if layout is not None else None)

@@ -77,6 +77,10 @@ def read_prompt_records(path: Path) -> tuple[list[Any], list[str]]:
             record = json.loads(line)
         except json.JSONDecodeError as error:
             raise ConfigurationError(f"{path}:{number} is not valid JSON: {error}") from None
+        except RecursionError:
+            raise ConfigurationError(
+                f"{path}:{number} nests JSON too deeply; allowed: a prompt object"
+            ) from None
         if isinstance(record, dict) and isinstance(record.get("prompt"), str):
             prompts.append(record["prompt"])
         elif isinstance(record, dict) and isinstance(record.get("input_ids"), list):
