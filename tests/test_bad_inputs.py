@@ -852,6 +852,21 @@ def test_a_plugin_exiting_at_import_does_not_stop_the_command(site):
     reset_registry()
 
 
+def test_a_plugin_exiting_while_declaring_commands_does_not_stop_the_command(site):
+    site.install("hostile", """
+        import sys, dloom
+
+        @dloom.hookimpl
+        def dloom_register_commands(cli):
+            sys.exit(4)
+    """)
+    with pytest.warns(RuntimeWarning, match=r"'hostile \(dloom_register_commands\)' was skipped: SystemExit: 4"):
+        result = CliRunner().invoke(app, ["--help"])  # lists the core's and the plugins' commands
+    assert result.exit_code == 0, result.output
+    assert "generate" in result.stdout and "strategies" in result.stdout
+    reset_registry()
+
+
 def test_an_absurd_layer_count_is_refused_in_well_under_a_second(tmp_path):
     """``num_hidden_layers: 1000000`` hung for minutes building layers."""
     import time

@@ -29,7 +29,7 @@ from typer.core import TyperCommand, TyperGroup
 from dloom.cli_exits import end_quietly, hand_interrupts_to_commands
 from dloom.errors import DloomError, PluginLoadError
 from dloom.hookspecs import PROJECT_NAME
-from dloom.registry import Registry, get_registry, report_failure
+from dloom.registry import Registry, get_registry, real_interrupts, report_failure
 
 PARAM_OPTION = "param"
 """The ``--param`` option's parameter name: commands with it take strategy options."""
@@ -138,6 +138,13 @@ class StrategyOptionsCommand(TyperCommand):
 
 def plugin_commands(registry: Registry, core: set[str]) -> dict[str, Any]:
     """The commands the loaded plugins declare, by name, none named like one of ``core``."""
+    with real_interrupts() as received:
+        return _declared_commands(registry, core, received)
+
+
+def _declared_commands(registry: Registry, core: set[str], received: list[int]) -> dict[str, Any]:
+    """:func:`plugin_commands`; any exception a plugin's ``dloom_register_commands`` raises
+    (``SystemExit`` too) is reported and its commands skipped, except a real Ctrl-C."""
     commands: dict[str, Any] = {}
     owners: dict[str, str] = {}
     for plugin, module in registry.modules.items():
@@ -151,7 +158,9 @@ def plugin_commands(registry: Registry, core: set[str]) -> dict[str, Any]:
                 typer.main.get_group(cli).commands
                 if cli.registered_commands or cli.registered_groups else {}
             )
-        except Exception as error:  # noqa: BLE001 - isolate every plugin's commands
+        except BaseException as error:  # noqa: BLE001 - isolate every plugin's commands
+            if received and isinstance(error, KeyboardInterrupt):
+                raise
             report_failure(registry, f"{plugin} (dloom_register_commands)", error)
             continue
         for name, command in declared.items():

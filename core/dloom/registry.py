@@ -27,7 +27,7 @@ import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 import pluggy
 
@@ -293,20 +293,25 @@ def _register_plugin(
 
 @contextmanager
 def real_interrupts() -> Iterator[list[int]]:
-    """Record the SIGINTs this process receives while the block runs (each still raises
-    :class:`KeyboardInterrupt`), so that a plugin raising ``KeyboardInterrupt`` itself can be
-    told from a real Ctrl-C. Only the main thread can install a signal handler; elsewhere
-    nothing is recorded."""
+    """Record the SIGINTs this process receives while the block runs (each still goes to
+    the handler there was, Python's raising :class:`KeyboardInterrupt`), so that a plugin
+    raising ``KeyboardInterrupt`` itself can be told from a real Ctrl-C. Only the main
+    thread can install a signal handler; elsewhere (or where SIGINT is ignored) nothing is
+    recorded."""
     received: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or previous == signal.SIG_IGN:
         yield received
         return
 
-    def record(number: int, frame: object) -> None:
+    def record(number: int, frame: Any) -> None:
         received.append(number)
-        raise KeyboardInterrupt
+        if callable(previous):  # Python's default raises KeyboardInterrupt; an app's its own
+            previous(number, frame)
+        else:
+            raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGINT, record)
+    signal.signal(signal.SIGINT, record)
     try:
         yield received
     finally:
