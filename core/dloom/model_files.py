@@ -8,8 +8,11 @@ a :class:`~dloom.errors.ModelError` naming the file or the device and what is al
 Weights are read only from safetensors files (one ``*.safetensors`` or shards listed by a
 ``*.safetensors.index.json``): a pickle checkpoint (``*.bin``, ``*.pt``, ``*.pth``) can run
 code when loaded, and dloom never loads one. Each safetensors file is checked without
-reading its tensors: the 8-byte header length, the JSON header, and that every tensor's
-byte range lies inside the file (a truncated download fails here).
+reading its tensors: the 8-byte header length, the JSON header (through the bounded reader
+of :mod:`dloom.json_files`, as ``config.json`` is), and that every tensor has a known
+dtype and a shape whose byte size is its byte range, inside the file (a truncated
+download, or a header that lies about a size, fails here). :func:`tensor_headers` gives
+those entries to :func:`dloom.tensor_check.check_tensors`.
 """
 
 from __future__ import annotations
