@@ -1014,3 +1014,12 @@ def test_eval_on_ray_keeps_stdout_json_when_an_actor_dies(tmp_path):
     lines = [first, *rest.splitlines()]
     records = [json.loads(line) for line in lines]  # every stdout line is JSON
     assert len(records) == 41 and records[-1]["n"] == 40
+
+
+def test_a_saved_rope_buffer_of_any_shape_loads_as_transformers_drops_it(tmp_path):
+    """Old checkpoints saved RoPE's ``inv_freq``; transformers skips it on load, so the
+    tensor check does not weigh its shape."""
+    directory = tmp_path / "inv_freq"
+    shutil.copytree(model_path("toy-dllm"), directory)
+    change_tensors(lambda t: t.update({"model.rotary_emb.inv_freq": torch.zeros(3)}))(directory)
+    assert dloom.load_model(directory).profile == "transformers"
