@@ -1000,15 +1000,18 @@ def test_eval_on_ray_keeps_stdout_json_when_an_actor_dies(tmp_path):
     ..." (to ``sys.stdout``): it lands on stderr, stdout holds JSON lines only, and the run
     finishes on the restarted actor."""
     pytest.importorskip("ray", reason="the Ray tests need the optional extra")
-    process = subprocess.Popen(
-        [*dloom_command(tmp_path), "eval", "-n", "40", "--batch-size", "2", "--ray", "1", "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
-    )
-    first = process.stdout.readline()  # the actor is decoding
-    actors = [p for p, command in descendants(process.pid).items() if command.startswith("ray::MapWorker")]
-    assert actors, descendants(process.pid)
-    os.kill(actors[0], signal.SIGKILL)
-    rest, stderr = process.communicate(timeout=300)
+    with open(tmp_path / "stderr", "w") as errors:
+        process = subprocess.Popen(
+            [*dloom_command(tmp_path), "eval", "-n", "40", "--batch-size", "2", "--ray", "1", "--json"],
+            stdout=subprocess.PIPE, stderr=errors, text=True, env=child_env(),
+        )
+        first = process.stdout.readline()  # the actor is decoding
+        actors = [p for p, command in descendants(process.pid).items() if command.startswith("ray::MapWorker")]
+        assert actors, descendants(process.pid)
+        os.kill(actors[0], signal.SIGKILL)
+        rest = process.stdout.read()  # through the same buffer as readline
+        process.wait(timeout=300)
+    stderr = (tmp_path / "stderr").read_text()
     assert process.returncode == 0, stderr
     assert "(raylet)" in stderr and "A worker died or was killed" in stderr
     lines = [first, *rest.splitlines()]
