@@ -1,11 +1,13 @@
-"""Every bad input of issue 21 answered clearly, before any work, never with a traceback.
+"""Every bad input of issues 21 and 41 answered clearly, before any work, never with a traceback.
 
 ``CASES`` is the whole matrix, one row per input: how it is given (the command line through
 typer's ``CliRunner``, or the Python API), the exact dloom error (or warning) class, and the
 words its message must contain. A command-line row must exit with status 2, print
 ``error: ...`` on stderr, nothing on stdout (refused before any decoding) and no traceback.
 The behaviours that are not refusals (a bare string, streaming and Ctrl-C, guarantees,
-batch sizes, progress, tables, the README's prompts) are tested after the matrix.
+batch sizes, progress, tables, the README's prompts) are tested after the matrix, and so
+are the ends of a real ``dloom`` process (issue 41): Ctrl-C while it starts (status 130),
+results it cannot write (status 74), Ray's messages kept off stdout.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 import dloom
-from dloom import cli
+from dloom import cli, cli_exits
 from dloom.cli import app
 from dloom.errors import (
     ConfigurationError, HookContractError, ModelError, PluginLoadError, UnknownStrategyError,
@@ -158,6 +160,76 @@ def pickle_only(path: Path) -> None:
     (path / "pytorch_model.bin").write_bytes(b"\x80\x02}q\x00.")
 
 
+def set_config(**values: Any) -> Callable[[Path], None]:
+    """Set ``values`` in a checkpoint's config.json."""
+
+    def change(path: Path) -> None:
+        config = json.loads((path / "config.json").read_text())
+        (path / "config.json").write_text(json.dumps({**config, **values}))
+
+    return change
+
+
+def write(name: str, text: str) -> Callable[[Path], None]:
+    return lambda path: (path / name).write_text(text)
+
+
+def change_tensors(change: Callable[[dict], None]) -> Callable[[Path], None]:
+    """Rewrite model.safetensors with ``change`` applied to its tensors."""
+    from safetensors.torch import load_file, save_file
+
+    def apply(path: Path) -> None:
+        tensors = load_file(path / "model.safetensors")
+        change(tensors)
+        save_file(tensors, path / "model.safetensors")
+
+    return apply
+
+
+UP_0 = "model.layers.0.mlp.up_proj.weight"
+
+
+def lying_header(path: Path) -> None:
+    """Halve the first tensor's shape in the safetensors header, keeping its byte range."""
+    data = (path / "model.safetensors").read_bytes()
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + size])
+    first = next(name for name in header if name != "__metadata__")
+    header[first]["shape"][0] //= 2
+    text = json.dumps(header, separators=(",", ":")).encode()
+    (path / "model.safetensors").write_bytes(data[:8] + text.ljust(size) + data[8 + size :])
+
+
+def replace_with(make: Callable[[Path], None]) -> Callable[[Path], None]:
+    """Remove the copied checkpoint and put what ``make`` creates at its path."""
+    return lambda path: (shutil.rmtree(path), make(path))
+
+
+def symlink_loop(name: str) -> Callable[[Path], None]:
+    def change(path: Path) -> None:
+        (path / name).unlink()
+        (path / name).symlink_to(path / name)
+
+    return change
+
+
+def plugin_raising(where: str, error: str) -> str:
+    """A plugin source that raises ``error`` (a statement) at import or in its registration."""
+    if where == "import":
+        return f"import sys\n{error}\n"
+    return f"import sys, dloom\n\n@dloom.hookimpl\ndef dloom_register_strategies(register):\n    {error}\n"
+
+
+def install_raising(env: "Env", where: str, error: str, strict: bool = False) -> Callable[[], Any]:
+    def call() -> Any:
+        env.site.install("hostile", plugin_raising(where, error))
+        if strict:
+            env.monkeypatch.setenv("DLOOM_STRICT_PLUGINS", "1")
+        return get_registry()
+
+    return call
+
+
 def node(index: int, **change: Any) -> Callable[[dict], None]:
     return lambda data: data["nodes"][index - 1].update(change)
 
@@ -206,6 +278,9 @@ CASES = [
     cli_case("non-UTF-8 JSONL",
              lambda env: ["generate", "--prompts", env.jsonl("latin.jsonl", [b'{"prompt": "copy \xe4b"}'])],
              ConfigurationError, "latin.jsonl:1", "not UTF-8", "0xe4"),
+    cli_case("prompt line nested 100000 deep",
+             lambda env: ["generate", "--prompts", env.jsonl("nested.jsonl", [b"[" * 100_000 + b"]" * 100_000])],
+             ConfigurationError, "nested.jsonl:1", "nests JSON too deeply"),
     cli_case("mask token id 9999", generate("--mask-token-id", "9999", "copy ab"), ModelError,
              "mask token id 9999", "outside the vocabulary", f"0 .. {VOCAB - 1}"),
     api_case("API: id 99999", lambda env: lambda: env.decoder().generate([[5, 99999]]), ModelError,
@@ -286,6 +361,122 @@ CASES = [
     api_case("API: device_map placing a module on a missing GPU",
              lambda env: lambda: dloom.load_model("toy-dllm", device_map={"": "cuda:7"}),
              ModelError, "device 'cuda:7'"),
+    # 5b. hostile checkpoints (issue 41) ----------------------------------------------------------
+    cli_case("Llama checkpoint missing a tensor",
+             lambda env: ["generate", "--model", env.model_dir("missing", change_tensors(lambda t: t.pop(UP_0))),
+                          "copy ab"],
+             ModelError, "tensor names do not match the llama model", "tensors it needs that the checkpoint "
+             f"lacks: '{UP_0}'"),
+    cli_case("Llama checkpoint with an int8 tensor",
+             lambda env: ["generate", "--model", env.model_dir(
+                 "int8", change_tensors(lambda t: t.update({UP_0: t[UP_0].to(torch.int8)}))), "copy ab"],
+             ModelError, f"'{UP_0}' is I8, the model's is floating point", "allowed: F64, F32, F16, BF16"),
+    api_case("API: missing tensor with trust_remote_code=True (no code to trust)",
+             lambda env: lambda: dloom.load_model(
+                 env.model_dir("missing_trusted", change_tensors(lambda t: t.pop(UP_0))), trust_remote_code=True),
+             ModelError, f"tensors it needs that the checkpoint lacks: '{UP_0}'"),
+    api_case("API: tensor of another shape",
+             lambda env: lambda: dloom.load_model(env.model_dir(
+                 "shape", change_tensors(lambda t: t.update({UP_0: t[UP_0][:100]})))),
+             ModelError, f"'{UP_0}' has shape [100, 192], the model's [512, 192]"),
+    api_case("API: tensor with no place in the model",
+             lambda env: lambda: dloom.load_model(env.model_dir(
+                 "extra", change_tensors(lambda t: t.update({"model.layers.9.mlp.up_proj.weight": t[UP_0].clone()})))),
+             ModelError, "tensors with no place in it: 'model.layers.9.mlp.up_proj.weight'"),
+    cli_case("config.json nested 100000 deep",
+             lambda env: ["generate", "--model", env.model_dir("bomb", write("config.json", "[" * 100_000 + "]" * 100_000)),
+                          "copy ab"],
+             ModelError, "bomb/config.json", "nests JSON deeper than 32 levels"),
+    api_case("API: config.json nested 40 deep",
+             lambda env: lambda: dloom.load_model(env.model_dir(
+                 "deep", write("config.json", '{"a": ' + "[" * 40 + "]" * 40 + "}"))),
+             ModelError, "deep/config.json", "nests JSON deeper than 32 levels"),
+    cli_case("config.json not an object",
+             lambda env: ["generate", "--model", env.model_dir("alist", write("config.json", "[1, 2]")), "copy ab"],
+             ModelError, "alist/config.json", "holds a JSON list; expected an object"),
+    cli_case("hidden_size a string",
+             lambda env: ["generate", "--model", env.model_dir("hstr", set_config(hidden_size="192")), "copy ab"],
+             ModelError, "hstr/config.json", "hidden_size is '192' (str); allowed: an integer 1 .. 65536"),
+    api_case("API: num_attention_heads 0",
+             lambda env: lambda: dloom.load_model(env.model_dir("heads0", set_config(num_attention_heads=0))),
+             ModelError, "num_attention_heads is 0; allowed: an integer 1 .. 4096"),
+    api_case("API: vocab_size -1",
+             lambda env: lambda: dloom.load_model(env.model_dir("vneg", set_config(vocab_size=-1))),
+             ModelError, "vocab_size is -1; allowed: an integer 1 .. 4194304"),
+    api_case("API: vocab_size a float",
+             lambda env: lambda: dloom.load_model(env.model_dir("vfloat", set_config(vocab_size=57.0))),
+             ModelError, "vocab_size is 57.0 (float)"),
+    api_case("API: hidden_size not divisible by the heads",
+             lambda env: lambda: dloom.load_model(env.model_dir("ndiv", set_config(hidden_size=190, head_dim=None))),
+             ModelError, "hidden_size 190 is not divisible by num_attention_heads 6"),
+    cli_case("num_hidden_layers 1000000",
+             lambda env: ["generate", "--model", env.model_dir("layers", set_config(num_hidden_layers=1_000_000)),
+                          "copy ab"],
+             ModelError, "num_hidden_layers is 1000000; allowed: an integer 1 .. 1024"),
+    api_case("API: num_hidden_layers 200 with the weights of 4",
+             lambda env: lambda: dloom.load_model(env.model_dir("layers200", set_config(num_hidden_layers=200))),
+             ModelError, "num_hidden_layers is 200", "at least 54,078,144 parameters",
+             "the checkpoint's tensors hold 3,564,288 bytes"),
+    api_case("API: safetensors header lying about a size",
+             lambda env: lambda: dloom.load_model(env.model_dir("lying", lying_header)),
+             ModelError, "lying/model.safetensors", "lies about tensor 'model.embed_tokens.weight'",
+             "shape [28, 192] of F16 takes 10752 bytes"),
+    cli_case("tokenizer.json not JSON",
+             lambda env: ["generate", "--model", env.model_dir("tokjson", write("tokenizer.json", '{"model": ')),
+                          "copy ab"],
+             ModelError, "tokjson/tokenizer.json", "not valid JSON", "line 1, column 11"),
+    api_case("API: tokenizer.json of no tokenizer",
+             lambda env: lambda: dloom.load_model(env.model_dir(
+                 "tokbad", write("tokenizer.json", '{"model": {"type": "WordLevel", "vocab": 5}}'))),
+             ModelError, "the tokenizer files in", "tokbad", "do not make a tokenizer"),
+    cli_case("no tokenizer, text prompt",
+             lambda env: ["generate", "--model", env.model_dir("notok", lambda p: [
+                 (p / f).unlink() for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")]),
+                 "copy ab"],
+             ModelError, "has no tokenizer", "pass token ids instead of text"),
+    cli_case("generation_config.json not JSON",
+             lambda env: ["generate", "--model", env.model_dir("genjson", write("generation_config.json", "{")),
+                          "copy ab"],
+             ModelError, "genjson/generation_config.json", "not valid JSON"),
+    api_case("API: generation_config.json eos_token_id a string",
+             lambda env: lambda: dloom.load_model(env.model_dir(
+                 "geneos", write("generation_config.json", '{"eos_token_id": "x"}'))),
+             ModelError, "geneos/generation_config.json", "eos_token_id is 'x'", "allowed: a token id"),
+    cli_case("empty directory",
+             lambda env: ["generate", "--model", env.model_dir("emptydir", replace_with(Path.mkdir)), "copy ab"],
+             ModelError, "no config.json in", "emptydir"),
+    cli_case("a file instead of a directory",
+             lambda env: ["generate", "--model", env.model_dir("afile", replace_with(lambda p: p.write_text("x"))),
+                          "copy ab"],
+             ModelError, "no model directory at", "afile"),
+    cli_case("config.json a symlink loop",
+             lambda env: ["generate", "--model", env.model_dir("cfgloop", symlink_loop("config.json")), "copy ab"],
+             ModelError, "cannot read", "cfgloop/config.json", "Too many levels of symbolic links"),
+    api_case("API: model.safetensors a symlink loop",
+             lambda env: lambda: dloom.load_model(env.model_dir("weightloop", symlink_loop("model.safetensors"))),
+             ModelError, "cannot read weights file", "weightloop/model.safetensors", "symbolic links"),
+    api_case("API: the dloom section a list",
+             lambda env: lambda: dloom.load_model(env.model_dir("dlist", set_config(dloom=[1]))),
+             ModelError, "dloom is [1]; allowed: a JSON object"),
+    # 7b. hostile plugins (issue 41) ----------------------------------------------------------------
+    api_case("plugin calling sys.exit() at import: reported and skipped",
+             lambda env: install_raising(env, "import", "sys.exit(3)"),
+             RuntimeWarning, "'hostile' was skipped: SystemExit: 3"),
+    api_case("plugin raising KeyboardInterrupt at import: reported and skipped",
+             lambda env: install_raising(env, "import", "raise KeyboardInterrupt"),
+             RuntimeWarning, "'hostile' was skipped: KeyboardInterrupt"),
+    api_case("plugin calling sys.exit() in its registration: reported and skipped",
+             lambda env: install_raising(env, "register", "sys.exit('no')"),
+             RuntimeWarning, "'hostile' was skipped: SystemExit: no"),
+    api_case("plugin raising GeneratorExit in its registration: reported and skipped",
+             lambda env: install_raising(env, "register", "raise GeneratorExit('gone')"),
+             RuntimeWarning, "'hostile' was skipped: GeneratorExit: gone"),
+    api_case("plugin calling sys.exit() at import, strict",
+             lambda env: install_raising(env, "import", "sys.exit(3)", strict=True),
+             PluginLoadError, "dloom plugin 'hostile' was skipped: SystemExit: 3", "DLOOM_STRICT_PLUGINS=1"),
+    api_case("plugin raising KeyboardInterrupt in its registration, strict",
+             lambda env: install_raising(env, "register", "raise KeyboardInterrupt", strict=True),
+             PluginLoadError, "dloom plugin 'hostile'", "KeyboardInterrupt"),
     # 6. Spiffy graphs ----------------------------------------------------------------------------
     cli_case("graph rank beyond the vocabulary",
              lambda env: ["generate", "--strategy", "spiffy", "--block-length", "8",
@@ -425,7 +616,7 @@ def test_bad_input_is_refused_clearly(case: Case, env: Env, monkeypatch):
 def test_the_matrix_covers_the_issue():
     """The closing note's count: every row is a distinct input."""
     names = [c.values[0].name if hasattr(c, "values") else c.name for c in CASES]
-    assert len(names) == len(set(names)) == 66
+    assert len(names) == len(set(names)) == 99
 
 
 # --- what is not a refusal -------------------------------------------------------------------
@@ -449,7 +640,7 @@ def test_tensor_and_array_rows_are_prompts_of_ids(toy_adapter):
 def test_generate_json_writes_one_row_per_prompt_as_batches_finish(tmp_path, monkeypatch):
     written: list[int] = []
     original = cli.write_jsonl
-    monkeypatch.setattr(cli, "write_jsonl", lambda rows: (written.append(len(rows)), original(rows)))
+    monkeypatch.setattr(cli, "write_jsonl", lambda rows, out=None: (written.append(len(rows)), original(rows, out)))
     result = CliRunner().invoke(app, ["generate", "--json", "--batch-size", "2", "copy ab", "copy cd", "copy ef"])
     assert result.exit_code == 0, result.output
     assert written == [2, 1]  # flushed per batch, not at the end
@@ -644,3 +835,194 @@ def test_toy_showcase_prompts_check_catches_a_wrong_prompt(toy_adapter):
     text = dloom.DiffusionDecoder(toy_adapter, "threshold", tau=0.9).generate(["sort 5391"]).texts[0]
     assert not FAMILIES["sort"].check("sort 5391", text)
 
+
+
+# --- issue 41: the ends of a real `dloom` process ----------------------------------------------
+
+
+def test_a_plugin_exiting_at_import_does_not_stop_the_command(site):
+    """``sys.exit()`` in a third-party plugin made every command exit 1; it is skipped."""
+    site.install("hostile", plugin_raising("import", "sys.exit(1)"))
+    with pytest.warns(RuntimeWarning, match="'hostile' was skipped: SystemExit: 1"):
+        result = CliRunner().invoke(app, ["plugins", "--json"])
+    assert result.exit_code == 0, result.output
+    listing = json.loads(result.stdout)
+    assert listing["failures"] == [{"name": "hostile", "error": "SystemExit: 1"}]
+    assert {"baselines", "spiffy"} <= {p["name"] for p in listing["plugins"]}
+    reset_registry()
+
+
+def test_a_plugin_exiting_while_declaring_commands_does_not_stop_the_command(site):
+    site.install("hostile", """
+        import sys, dloom
+
+        @dloom.hookimpl
+        def dloom_register_commands(cli):
+            sys.exit(4)
+    """)
+    with pytest.warns(RuntimeWarning, match=r"'hostile \(dloom_register_commands\)' was skipped: SystemExit: 4"):
+        result = CliRunner().invoke(app, ["--help"])  # lists the core's and the plugins' commands
+    assert result.exit_code == 0, result.output
+    assert "generate" in result.stdout and "strategies" in result.stdout
+    reset_registry()
+
+
+def test_an_absurd_layer_count_is_refused_in_well_under_a_second(tmp_path):
+    """``num_hidden_layers: 1000000`` hung for minutes building layers."""
+    import time
+
+    directory = tmp_path / "layers"
+    shutil.copytree(model_path("toy-dllm"), directory)
+    set_config(num_hidden_layers=1_000_000)(directory)
+    started = time.perf_counter()
+    with pytest.raises(ModelError, match="num_hidden_layers is 1000000; allowed: an integer 1 .. 1024"):
+        dloom.load_model(directory)
+    assert time.perf_counter() - started < 1.0
+
+
+DLOOM_SCRIPT = """import sys
+from dloom.cli import app
+if __name__ == '__main__':
+    sys.exit(app())
+"""
+"""What pip writes as the ``dloom`` console script (``[project.scripts]``)."""
+
+
+def dloom_command(tmp_path: Path) -> list[str]:
+    """The ``dloom`` console script run by this interpreter (its file is named ``dloom``,
+    as the installed one is)."""
+    script = tmp_path / "bin" / "dloom"
+    script.parent.mkdir(exist_ok=True)
+    script.write_text(DLOOM_SCRIPT)
+    return [sys.executable, str(script)]
+
+
+def child_env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+
+
+@pytest.mark.parametrize("delay", [0.2, 0.5, 1.0, 1.5])
+def test_ctrl_c_while_starting_exits_130_with_one_line(tmp_path, delay):
+    """SIGINT while ``dloom eval`` imports torch, loads plugins or loads the model: status
+    130 and one line, never a traceback."""
+    import time
+
+    process = subprocess.Popen(
+        [*dloom_command(tmp_path), "eval", "-n", "4", "--json"], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env=child_env(),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    time.sleep(delay)
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr and stderr.count("interrupted") == 1, stderr
+    assert len(stderr.strip().splitlines()) == 1, stderr
+    assert stdout == ""
+
+
+def eval_into(tmp_path: Path, stdout: Any, **popen: Any) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*dloom_command(tmp_path), "eval", "-n", "6", "--batch-size", "2", "--json", "--outputs"],
+        stdout=stdout, stderr=subprocess.PIPE, text=True, env=child_env(), timeout=300, **popen,
+    )
+
+
+def test_a_full_disk_gives_a_clear_error_and_status_74(tmp_path):
+    """ENOSPC on stdout ended in a traceback."""
+    with open("/dev/full", "w") as full:
+        run = eval_into(tmp_path, full)
+    assert run.returncode == cli_exits.EXIT_OUTPUT_ERROR == 74, run.stderr
+    assert "Traceback" not in run.stderr
+    assert "error: cannot write the results to stdout (/dev/full): No space left on device" in flat(run.stderr)
+
+
+def test_a_file_over_its_size_limit_gives_a_clear_error_and_keeps_what_was_written(tmp_path):
+    """EFBIG on stdout exited 0 with a truncated summary."""
+    import resource
+
+    def limit_file_size() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG from write() instead of a kill
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))  # the whole output is ~2 kB
+
+    out = tmp_path / "out.jsonl"
+    with open(out, "w") as handle:
+        run = eval_into(tmp_path, handle, preexec_fn=limit_file_size)
+    assert run.returncode == 74, run.stderr
+    assert "Traceback" not in run.stderr
+    assert f"error: cannot write the results to stdout ({out}): File too large" in flat(run.stderr)
+    written = out.read_bytes()
+    assert len(written) == 1000  # everything up to the limit is kept
+    first = json.loads(written.splitlines()[0])
+    assert {"family", "prompt", "text"} <= set(first)
+
+
+def test_ray_messages_printed_while_ray_runs_go_to_stderr(capsys):
+    """Ray's driver prints its raylet's messages ("(raylet) A worker died ...") to
+    ``sys.stdout`` from a listener thread; while ``dloom eval --ray`` runs they go to stderr,
+    and the JSON lines, written to the stream taken before, stay alone on stdout."""
+    pytest.importorskip("ray", reason="the Ray tests need the optional extra")
+    from ray._private.worker import print_to_stdstream
+
+    from dloom.ray.batch import driver_prints_to_stderr
+
+    stream = cli.JsonlStream(sys.stdout)
+    with driver_prints_to_stderr():
+        print_to_stdstream({"lines": ["A worker died or was killed while executing a task"],
+                            "pid": "raylet", "is_err": False}, ignore_prefix=False)
+        stream([{"row": 1}])
+    captured = capsys.readouterr()
+    assert captured.out == '{"row": 1}\n'
+    assert "(raylet)" in captured.err and "A worker died" in captured.err
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """The command lines of every process below ``pid`` (read from /proc), by process id."""
+    parents: dict[int, int] = {}
+    commands: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            commands[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, IndexError, ValueError):
+            continue
+    below, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - below
+        below |= frontier
+    return {p: commands[p] for p in below if p in commands}
+
+
+def test_eval_on_ray_keeps_stdout_json_when_an_actor_dies(tmp_path):
+    """Killing the decoding actor mid-run makes Ray's driver print "(raylet) A worker died
+    ..." (to ``sys.stdout``): it lands on stderr, stdout holds JSON lines only, and the run
+    finishes on the restarted actor."""
+    pytest.importorskip("ray", reason="the Ray tests need the optional extra")
+    with open(tmp_path / "stderr", "w") as errors:
+        process = subprocess.Popen(
+            [*dloom_command(tmp_path), "eval", "-n", "40", "--batch-size", "2", "--ray", "1", "--json"],
+            stdout=subprocess.PIPE, stderr=errors, text=True, env=child_env(),
+        )
+        first = process.stdout.readline()  # the actor is decoding
+        actors = [p for p, command in descendants(process.pid).items() if command.startswith("ray::MapWorker")]
+        assert actors, descendants(process.pid)
+        os.kill(actors[0], signal.SIGKILL)
+        rest = process.stdout.read()  # through the same buffer as readline
+        process.wait(timeout=300)
+    stderr = (tmp_path / "stderr").read_text()
+    assert process.returncode == 0, stderr
+    assert "(raylet)" in stderr and "A worker died or was killed" in stderr
+    lines = [first, *rest.splitlines()]
+    records = [json.loads(line) for line in lines]  # every stdout line is JSON
+    assert len(records) == 41 and records[-1]["n"] == 40
+
+
+def test_a_saved_rope_buffer_of_any_shape_loads_as_transformers_drops_it(tmp_path):
+    """Old checkpoints saved RoPE's ``inv_freq``; transformers skips it on load, so the
+    tensor check does not weigh its shape."""
+    directory = tmp_path / "inv_freq"
+    shutil.copytree(model_path("toy-dllm"), directory)
+    change_tensors(lambda t: t.update({"model.rotary_emb.inv_freq": torch.zeros(3)}))(directory)
+    assert dloom.load_model(directory).profile == "transformers"

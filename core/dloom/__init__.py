@@ -1,3 +1,4 @@
+# ruff: noqa: E402 - the startup Ctrl-C handler is installed before the heavy imports
 """dloom: faster decoding for diffusion language models, without changing what they say.
 
 The public API: load a model, build a decoder from a strategy, generate::
@@ -10,6 +11,10 @@ The public API: load a model, build a decoder from a strategy, generate::
 An autoregressive target decodes with a strategy that drafts token chains for it
 (``dloom.ARTargetDecoder(target, "failfast", drafter=dllm)``).
 """
+
+from dloom import cli_exits
+
+cli_exits.install_startup_handler()  # the `dloom` command only: Ctrl-C while importing exits 130
 
 from dloom.hookspecs import hookimpl
 from dloom.types import (

@@ -20,8 +20,11 @@ from typing import Any, Sequence
 import torch
 
 from dloom.errors import ModelError
-from dloom.checkpoints import check_tensor_names, native_config, native_layout
-from dloom.model_files import check_model_files, tensor_names
+from dloom.checkpoints import native_config, native_layout
+from dloom.config_limits import check_size_against_weights, check_token_ids
+from dloom.json_files import MAX_TOKENIZER_BYTES, read_json, read_json_object
+from dloom.model_files import check_model_files, tensor_headers
+from dloom.tensor_check import check_tensors
 from dloom.profiles import BLOCK_ALIGNMENTS, ModelProfile, config_dict, detect_profile, needs_remote_code
 
 ATTENTION_KINDS = ("bidirectional", "block-causal", "causal")
@@ -256,19 +259,16 @@ def _mask_from_tokenizer(tokenizer: Any, profile: ModelProfile) -> int | None:
 
 
 def _generation_config(path: Path) -> dict[str, Any]:
-    """The checkpoint's ``generation_config.json`` as a dict (``{}`` without one).
+    """The checkpoint's ``generation_config.json`` as a dict (``{}`` without one), its
+    token ids checked.
 
-    :raises ModelError: when the file is not a JSON object.
+    :raises ModelError: when the file is not a JSON object, or an id is not one.
     """
     file = path / "generation_config.json"
     if not file.exists():
         return {}
-    try:
-        values = json.loads(file.read_text())
-    except ValueError as error:
-        raise ModelError(f"{str(file)!r} is not valid JSON: {error}") from None
-    if not isinstance(values, dict):
-        raise ModelError(f"{str(file)!r} holds {type(values).__name__}, not a JSON object")
+    values = read_json_object(file)
+    check_token_ids(values, repr(str(file)))
     return values
 
 
@@ -285,21 +285,36 @@ def _load_network(
     path: Path, raw: dict[str, Any], profile: ModelProfile, model_kwargs: dict[str, Any]
 ) -> tuple[Any, torch.nn.Module]:
     """The checkpoint's config and model: onto the family's native class when
-    :mod:`dloom.checkpoints` knows its layout (no remote code; its tensor names checked
-    against the native model first), else as ``transformers`` loads it."""
+    :mod:`dloom.checkpoints` knows its layout (no remote code), else as ``transformers``
+    loads it. Before any weight is read, the config's size is checked against the bytes
+    of its tensors (:func:`dloom.config_limits.check_size_against_weights`) and the
+    tensors' names, shapes and dtypes against the model built from it on the ``meta``
+    device (:func:`dloom.tensor_check.check_tensors`); only a checkpoint that runs its own
+    modelling code (``auto_map`` with ``trust_remote_code``) is loaded unchecked."""
     import transformers
 
     layout = native_layout(profile.name)
+    where = repr(str(path / "config.json"))
     if layout is not None:
         config = native_config(layout, raw)
-        check_tensor_names(layout, config, tensor_names(path))
+        described = f"the {layout.family} layout (native {layout.model_type})"
+    else:
+        try:
+            config = transformers.AutoConfig.from_pretrained(
+                path, local_files_only=True, trust_remote_code=model_kwargs["trust_remote_code"]
+            )
+        except (ValueError, TypeError, KeyError, AttributeError) as error:
+            raise ModelError(f"{where} is no config transformers can build a model from: {error}") from None
+        described = f"the {config.model_type} model transformers builds from {where}"
+    if not (model_kwargs["trust_remote_code"] and raw.get("auto_map")):  # not its own code
+        headers = tensor_headers(path)
+        check_size_against_weights(config, sum(h.nbytes for h in headers.values()), where)
+        check_tensors(config, headers, described, layout.key_mapping if layout is not None else None)
+    if layout is not None:
         kwargs = {**model_kwargs, "trust_remote_code": False, "config": config}
         if layout.key_mapping:
             kwargs["key_mapping"] = layout.key_mapping
         return config, transformers.AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    config = transformers.AutoConfig.from_pretrained(
-        path, local_files_only=True, trust_remote_code=model_kwargs["trust_remote_code"]
-    )
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(path, **model_kwargs)
     except ValueError:
@@ -307,13 +322,32 @@ def _load_network(
     return config, model
 
 
+#: The tokenizer files ``transformers`` reads as JSON, checked first with dloom's bounded reader.
+TOKENIZER_JSON_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
+
+
 def _tokenizer_at(path: Path, trust_remote_code: bool = False) -> Any:
-    """The tokenizer of checkpoint directory ``path``; ``None`` when it has no tokenizer files."""
+    """The tokenizer of checkpoint directory ``path``; ``None`` when it has no tokenizer files.
+
+    :raises ModelError: naming the file for a tokenizer file that is not JSON (or too large
+        or deep), and the directory for one ``transformers`` cannot build a tokenizer from.
+    """
     import transformers
 
     if not any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
         return None
-    return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
+    for name in TOKENIZER_JSON_FILES:
+        if (path / name).exists():
+            read_json(path / name, max_bytes=MAX_TOKENIZER_BYTES)
+    try:
+        return transformers.AutoTokenizer.from_pretrained(
+            path, local_files_only=True, trust_remote_code=trust_remote_code
+        )
+    except Exception as error:  # noqa: BLE001 - the tokenizers library raises bare Exception
+        raise ModelError(
+            f"the tokenizer files in {str(path)!r} do not make a tokenizer: "
+            f"{type(error).__name__}: {str(error)[:300]}"
+        ) from None
 
 
 def load_tokenizer(name_or_path: str | os.PathLike) -> Any:

@@ -14,15 +14,15 @@ The native classes keep SDPA (and flash attention where it is installed), ``tran
 caches and ``device_map`` working, and they compute RoPE's ``inv_freq`` themselves (the
 buffers that ``transformers`` 5 leaves uninitialised in the remote code).
 :func:`native_layout` says which layout (if any) applies to a config, and
-:func:`check_tensor_names` checks a checkpoint's tensor names against the native model
-before any weight is read; a checkpoint's ``.py`` files are never imported.
+:func:`dloom.tensor_check.check_tensors` checks a checkpoint's tensor names, shapes and
+dtypes against the native model before any weight is read; a checkpoint's ``.py`` files
+are never imported.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Mapping
 
 from dloom.errors import ModelError
 
@@ -224,80 +224,3 @@ def native_config(layout: NativeLayout, raw: Mapping[str, Any]) -> Any:
     if "mask_token_id" in raw:
         config.mask_token_id = raw["mask_token_id"]
     return config
-
-
-#: A per-expert tensor of a mixture-of-experts checkpoint (Qwen3-MoE's and SDAR-MoE's names),
-#: which ``transformers`` stacks into ``mlp.experts.gate_up_proj`` / ``mlp.experts.down_proj``.
-EXPERT_TENSOR = re.compile(
-    r"^(?P<experts>.+\.mlp\.experts)\.(?P<index>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$"
-)
-FUSED_EXPERTS = {"gate_proj": "gate_up_proj", "up_proj": "gate_up_proj", "down_proj": "down_proj"}
-
-
-def _listed(names: Iterable[str], limit: int = 6) -> str:
-    ordered = sorted(names)
-    more = f" and {len(ordered) - limit} more" if len(ordered) > limit else ""
-    return ", ".join(repr(n) for n in ordered[:limit]) + more
-
-
-def check_tensor_names(layout: NativeLayout, config: Any, names: Iterable[str]) -> None:
-    """Check a checkpoint's tensor names against the native model they must fill, before
-    any weight is read: each name, renamed by :attr:`NativeLayout.key_mapping` (per-expert
-    tensors folded into the stacked expert tensors), must be a parameter of the native
-    model (or a name ``transformers`` skips on load, such as an old checkpoint's saved RoPE
-    ``inv_freq``), and each parameter must have a source (every expert of every MoE layer).
-    ``transformers`` would otherwise initialise a missing tensor at random, or fail deep in
-    its weight conversion.
-
-    :param config: the native config (:func:`native_config`).
-    :param names: the tensor names in the checkpoint's safetensors headers.
-    :raises ModelError: naming the unexpected names (a misspelling, another layout) and the
-        missing ones.
-    """
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    needed = set(model.state_dict())
-    # Names transformers itself skips: stale RoPE buffers older checkpoints saved, and the
-    # class's own ignore list.
-    skipped = [r"rotary_emb\.inv_freq$", *(model._keys_to_ignore_on_load_unexpected or ())]
-    ignored = re.compile("|".join(skipped))
-    if getattr(config, "tie_word_embeddings", False):
-        needed.discard("lm_head.weight")
-    experts = int(getattr(config, "num_experts", 0) or 0)
-    found: set[str] = set()
-    unexpected: list[str] = []
-    seen_experts: dict[tuple[str, str], set[int]] = {}
-    for name in names:
-        target = name
-        for pattern, replacement in layout.key_mapping.items():
-            target = re.sub(pattern, replacement, target)
-        expert = EXPERT_TENSOR.match(target)
-        if expert is not None:
-            target = f"{expert['experts']}.{FUSED_EXPERTS[expert['proj']]}"
-            seen_experts.setdefault((expert["experts"], expert["proj"]), set()).add(int(expert["index"]))
-        if target in needed:
-            found.add(target)
-        elif ignored.search(target) is None:
-            unexpected.append(name)
-    missing = sorted(needed - found)
-    for prefix in sorted({prefix for prefix, _ in seen_experts}):
-        for proj, fused in FUSED_EXPERTS.items():
-            if f"{prefix}.{fused}" not in needed:
-                continue
-            indices = seen_experts.get((prefix, proj), set())
-            missing += [f"{prefix}.{i}.{proj}.weight" for i in range(experts) if i not in indices]
-            unexpected += [f"{prefix}.{i}.{proj}.weight" for i in sorted(indices) if i >= experts]
-    if unexpected or missing:
-        problems = []
-        if unexpected:
-            problems.append(f"tensors with no place in it: {_listed(unexpected)}")
-        if missing:
-            problems.append(f"tensors it needs that the checkpoint lacks: {_listed(missing)}")
-        raise ModelError(
-            f"the checkpoint's tensor names do not match the {layout.family} layout (native "
-            f"{layout.model_type}): " + "; ".join(problems)
-            + " (a misspelled or missing tensor name, or a checkpoint of another shape)"
-        )

@@ -16,7 +16,7 @@ import sys
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, List, Optional
+from typing import Any, Iterator, List, Optional, TextIO
 
 import typer
 from rich.console import Console
@@ -24,6 +24,7 @@ from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
+from dloom.cli_exits import OutputError, write_results
 from dloom.cli_plugins import DloomGroup, StrategyOptionsCommand
 from dloom.errors import ConfigurationError, DloomError
 from dloom.factory import DECODER_BUILDERS, DEFAULT_MODEL, build_decoder, parse_params  # noqa: F401 - DECODER_BUILDERS: re-exported
@@ -67,6 +68,10 @@ def read_prompt_records(path: Path) -> tuple[list[Any], list[str]]:
             record = json.loads(line)
         except json.JSONDecodeError as error:
             raise ConfigurationError(f"{path}:{number} is not valid JSON: {error}") from None
+        except RecursionError:
+            raise ConfigurationError(
+                f"{path}:{number} nests JSON too deeply; allowed: a prompt object"
+            ) from None
         if isinstance(record, dict) and isinstance(record.get("prompt"), str):
             prompts.append(record["prompt"])
         elif isinstance(record, dict) and isinstance(record.get("input_ids"), list):
@@ -119,10 +124,14 @@ def named_table(*columns: str, names: list[str], title: Optional[str] = None) ->
     return table
 
 
-def write_jsonl(records: list[dict[str, Any]]) -> None:
-    """Write records as JSON lines in one write and flush, so what finished survives."""
-    sys.stdout.write("".join(json.dumps(record) + "\n" for record in records))
-    sys.stdout.flush()
+def write_jsonl(records: list[dict[str, Any]], out: Optional[TextIO] = None) -> None:
+    """Write records as JSON lines to ``out`` (default ``sys.stdout``) in one write and
+    flush, so what finished survives.
+
+    :raises OutputError: when the stream cannot take them (a full disk, a file over its
+        size limit), naming it; the command then exits with status 74.
+    """
+    write_results(out or sys.stdout, "".join(json.dumps(record) + "\n" for record in records))
 
 
 @contextmanager
@@ -147,12 +156,13 @@ class JsonlStream:
     """The rows of ``--json``, written as their batch finishes and counted, so that after
     Ctrl-C the rows finished but not yet written can be added (:meth:`catch_up`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, out: Optional[TextIO] = None) -> None:
         self.written = 0
+        self.out = out
 
     def __call__(self, records: list[dict[str, Any]]) -> None:
         with deferred_interrupt():
-            write_jsonl(records)
+            write_jsonl(records, self.out)
             self.written += len(records)
 
     def catch_up(self, records: list[dict[str, Any]]) -> None:
@@ -322,7 +332,7 @@ def eval_command(
     drafter: Optional[str] = DrafterOption,
     ray_actors: Optional[int] = typer.Option(
         None, "--ray", min=1,
-        help="Decode on Ray with N actors, one model replica each (pip install \"dloom[ray]\").",
+        help="Decode on Ray with N actors, one model replica each (pip install -e \".[ray]\" in a clone of dloom).",
     ),
     oracle: bool = typer.Option(
         False, help="Also report the oracle NFE (oracle_nfe_mean; two extra greedy decodes per example)."
@@ -342,7 +352,7 @@ def eval_command(
     from dloom.oracle import check_decoder
 
     examples: list[Any] = []
-    stream = JsonlStream()
+    stream = JsonlStream(sys.stdout)  # taken now: Ray's messages go to stderr while it runs
     decoder = None
     try:
         if tasks == "auto":  # the tokenizer that writes the prompts: the diffusion model's, or the AR target's
@@ -359,8 +369,11 @@ def eval_command(
                 raise ConfigurationError("--oracle decodes in this process; it does not combine with --ray")
             from dloom.ray import DecodeSpec, evaluate_on_ray
 
+            from dloom.ray.batch import driver_prints_to_stderr
+
             spec = DecodeSpec(model, strategy, tuple(params), settings, device, dtype, target, drafter)
-            report = evaluate_on_ray(spec, examples, ray_actors, batch_size, on_batch=stream if as_json else None)
+            with driver_prints_to_stderr():  # stdout carries the JSON lines only (stream.out)
+                report = evaluate_on_ray(spec, examples, ray_actors, batch_size, on_batch=stream if as_json else None)
         else:
             decoder = build_decoder(
                 model, strategy, params, device=device, dtype=dtype, target=target, drafter=drafter, **settings,
@@ -379,6 +392,8 @@ def eval_command(
     except KeyboardInterrupt:
         interrupted(0, len(examples), "examples evaluated")
     except EvaluationFailed as stop:
+        if isinstance(stop.__cause__, OutputError):  # the results cannot be written: status 74
+            raise stop.__cause__ from None
         if as_json:
             stream.catch_up(stop.partial.outputs)
         print_report(stop.partial, as_json, outputs, None)
@@ -487,7 +502,7 @@ def demo(
             "identical_to_commit_rule": identical(report, reports[rule]) if rule != name else None,
         })
     if as_json:
-        sys.stdout.write(json.dumps({"model": model or DEFAULT_MODEL, "baseline": baseline, "rows": rows}, indent=2) + "\n")
+        write_results(sys.stdout, json.dumps({"model": model or DEFAULT_MODEL, "baseline": baseline, "rows": rows}, indent=2) + "\n")
         return
     table = named_table(
         "strategy", "accuracy", "NFE", "TPF", "TPS", "fewer NFE", "identical to baseline",
@@ -521,7 +536,7 @@ def plugins(as_json: bool = typer.Option(False, "--json", help="Machine-readable
     ]
     failures = [{"name": f.name, "error": f.error} for f in registry.failures]
     if as_json:
-        sys.stdout.write(json.dumps({"plugins": records, "failures": failures}, indent=2) + "\n")
+        write_results(sys.stdout, json.dumps({"plugins": records, "failures": failures}, indent=2) + "\n")
         return
     labels = [r["name"] + ("" if r["builtin"] else " (third party)") for r in records]
     table = named_table("plugin", "version", "hooks", "strategies", names=labels)
@@ -561,7 +576,7 @@ def strategies(
     if composition is not None:
         hooks_table = composition.hook_table()
         if as_json:
-            sys.stdout.write(json.dumps({"strategy": composition.name, "hooks": hooks_table}, indent=2) + "\n")
+            write_results(sys.stdout, json.dumps({"strategy": composition.name, "hooks": hooks_table}, indent=2) + "\n")
             return
         table = named_table("hook", "answered by", "replaces", names=list(hooks_table))
         for hook, row in hooks_table.items():
@@ -584,7 +599,7 @@ def strategies(
         for s in sorted(registry.strategies.values(), key=lambda s: s.name)
     ]
     if as_json:
-        sys.stdout.write(json.dumps(records, indent=2) + "\n")
+        write_results(sys.stdout, json.dumps(records, indent=2) + "\n")
         return
     table = named_table(
         "strategy", "plugin", "parameters", "claim", "guarantee", names=[r["name"] for r in records]
@@ -650,7 +665,7 @@ def check(
     except DloomError as error:
         fail(error)
     if as_json:
-        sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
+        write_results(sys.stdout, json.dumps(report.to_json(), indent=2) + "\n")
     else:
         console.print(escape(report.render()), highlight=False)
     raise typer.Exit(code=report.exit_code)

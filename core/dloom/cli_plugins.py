@@ -26,9 +26,10 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
+from dloom.cli_exits import end_quietly, hand_interrupts_to_commands
 from dloom.errors import DloomError, PluginLoadError
 from dloom.hookspecs import PROJECT_NAME
-from dloom.registry import Registry, get_registry, report_failure
+from dloom.registry import Registry, get_registry, real_interrupts, report_failure
 
 PARAM_OPTION = "param"
 """The ``--param`` option's parameter name: commands with it take strategy options."""
@@ -137,6 +138,13 @@ class StrategyOptionsCommand(TyperCommand):
 
 def plugin_commands(registry: Registry, core: set[str]) -> dict[str, Any]:
     """The commands the loaded plugins declare, by name, none named like one of ``core``."""
+    with real_interrupts() as received:
+        return _declared_commands(registry, core, received)
+
+
+def _declared_commands(registry: Registry, core: set[str], received: list[int]) -> dict[str, Any]:
+    """:func:`plugin_commands`; any exception a plugin's ``dloom_register_commands`` raises
+    (``SystemExit`` too) is reported and its commands skipped, except a real Ctrl-C."""
     commands: dict[str, Any] = {}
     owners: dict[str, str] = {}
     for plugin, module in registry.modules.items():
@@ -150,7 +158,9 @@ def plugin_commands(registry: Registry, core: set[str]) -> dict[str, Any]:
                 typer.main.get_group(cli).commands
                 if cli.registered_commands or cli.registered_groups else {}
             )
-        except Exception as error:  # noqa: BLE001 - isolate every plugin's commands
+        except BaseException as error:  # noqa: BLE001 - isolate every plugin's commands
+            if received and isinstance(error, KeyboardInterrupt):
+                raise
             report_failure(registry, f"{plugin} (dloom_register_commands)", error)
             continue
         for name, command in declared.items():
@@ -177,6 +187,18 @@ class DloomGroup(TyperGroup):
 
     def list_commands(self, ctx: Any) -> list[str]:
         return [*super().list_commands(ctx), *sorted(self._plugin_commands(ctx))]
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the command line; Ctrl-C now raises ``KeyboardInterrupt`` (no longer the
+        startup exit of :mod:`dloom.cli_exits`)."""
+        hand_interrupts_to_commands()
+        return super().main(*args, **kwargs)
+
+    def invoke(self, ctx: Any) -> Any:
+        """Run the chosen command (loading plugins first); a Ctrl-C or an output error
+        that the command did not report itself ends with one line (:func:`dloom.
+        cli_exits.end_quietly`)."""
+        return end_quietly(lambda: super(DloomGroup, self).invoke(ctx))
 
     def get_command(self, ctx: Any, cmd_name: str) -> Any:
         return super().get_command(ctx, cmd_name) or self._plugin_commands(ctx).get(cmd_name)

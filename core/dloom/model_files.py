@@ -8,25 +8,37 @@ a :class:`~dloom.errors.ModelError` naming the file or the device and what is al
 Weights are read only from safetensors files (one ``*.safetensors`` or shards listed by a
 ``*.safetensors.index.json``): a pickle checkpoint (``*.bin``, ``*.pt``, ``*.pth``) can run
 code when loaded, and dloom never loads one. Each safetensors file is checked without
-reading its tensors: the 8-byte header length, the JSON header, and that every tensor's
-byte range lies inside the file (a truncated download fails here).
+reading its tensors: the 8-byte header length, the JSON header (through the bounded reader
+of :mod:`dloom.json_files`, as ``config.json`` is), and that every tensor has a known
+dtype and a shape whose byte size is its byte range, inside the file (a truncated
+download, or a header that lies about a size, fails here). :func:`tensor_headers` gives
+those entries to :func:`dloom.tensor_check.check_tensors`.
 """
 
 from __future__ import annotations
 
-import json
+import math
 import os
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from dloom.config_limits import check_config_values
 from dloom.errors import ModelError
+from dloom.json_files import parse_json, read_json_object
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 DEVICE_TYPES = ("cpu", "cuda", "mps")
 MAX_HEADER_BYTES = 100 * 1024 * 1024
+DTYPE_BYTES = {
+    "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1,
+    "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1,
+}
+"""The safetensors dtypes dloom reads, with their sizes in bytes."""
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
 
 
 def check_device(device: str | torch.device) -> torch.device:
@@ -66,71 +78,103 @@ def check_device(device: str | torch.device) -> torch.device:
 
 
 def check_config(directory: Path) -> dict[str, Any]:
-    """The parsed ``config.json`` of ``directory``.
+    """The parsed ``config.json`` of ``directory``, its values checked
+    (:func:`dloom.config_limits.check_config_values`).
 
-    :raises ModelError: when it is missing, unreadable, not JSON or not a JSON object.
+    :raises ModelError: when it is missing, unreadable, not JSON, not a JSON object, too
+        large or too deeply nested, or a value is of the wrong type or out of bounds.
     """
     path = directory / "config.json"
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise ModelError(f"no config.json in {str(directory)!r}; a checkpoint directory needs one")
-    try:
-        data = json.loads(path.read_bytes().decode("utf-8"))
-    except UnicodeDecodeError as error:
-        raise ModelError(f"{str(path)!r} is not UTF-8 text: {error}") from None
-    except json.JSONDecodeError as error:
-        raise ModelError(
-            f"{str(path)!r} is not valid JSON: {error.msg} at line {error.lineno}, column {error.colno}"
-        ) from None
-    except OSError as error:
-        raise ModelError(f"cannot read {str(path)!r}: {error}") from None
-    if not isinstance(data, dict):
-        raise ModelError(f"{str(path)!r} holds a JSON {type(data).__name__}; expected an object")
+    data = read_json_object(path)
+    check_config_values(data, repr(str(path)))
     return data
 
 
-def check_safetensors(path: Path) -> list[str]:
+@dataclass(frozen=True)
+class TensorHeader:
+    """One tensor's entry in a safetensors header: ``dtype`` (safetensors' name, ``"BF16"``),
+    ``shape`` and its size in bytes."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+
+    @property
+    def floating(self) -> bool:
+        return self.dtype in FLOAT_DTYPES
+
+
+def _header_entry(path: Path, name: str, entry: Any, data_bytes: int) -> TensorHeader:
+    """The checked header entry of tensor ``name``: a known dtype, a shape of
+    non-negative integers, and a byte range inside the data whose length is the shape's."""
+    where = f"weights file {str(path)!r}"
+    if not isinstance(entry, dict):
+        raise ModelError(f"{where} has a corrupt entry for tensor {name!r}")
+    offsets, dtype, shape = entry.get("data_offsets"), entry.get("dtype"), entry.get("shape")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)):
+        raise ModelError(f"{where} has a corrupt entry for tensor {name!r}")
+    if dtype not in DTYPE_BYTES:
+        raise ModelError(
+            f"{where} gives tensor {name!r} dtype {dtype!r}; allowed: {', '.join(DTYPE_BYTES)}"
+        )
+    if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
+        raise ModelError(f"{where} gives tensor {name!r} shape {shape!r}; allowed: a list of sizes >= 0")
+    begin, end = offsets
+    if offsets[1] > data_bytes:
+        raise ModelError(
+            f"weights file {str(path)!r} is truncated: tensor {name!r} ends at byte "
+            f"{offsets[1]} of the data, which holds {data_bytes}"
+        )
+    nbytes = math.prod(shape) * DTYPE_BYTES[dtype]
+    if not 0 <= begin <= end or end - begin != nbytes:
+        raise ModelError(
+            f"{where} lies about tensor {name!r}: its header gives bytes {begin} .. {end}, but "
+            f"shape {shape} of {dtype} takes {nbytes} bytes"
+        )
+    return TensorHeader(dtype, tuple(shape), nbytes)
+
+
+def check_safetensors(path: Path) -> dict[str, TensorHeader]:
     """Check one safetensors file's header and that its tensors lie inside the file.
 
-    :return: the names of the tensors it holds, in header order.
+    :return: each tensor's header entry, by name, in header order.
     :raises ModelError: naming the file and what is wrong with it.
     """
-    size = path.stat().st_size
-    if size < 8:
-        raise ModelError(f"weights file {str(path)!r} is {size} bytes: empty or truncated")
-    with path.open("rb") as handle:
-        (header_bytes,) = struct.unpack("<Q", handle.read(8))
-        if header_bytes > min(size - 8, MAX_HEADER_BYTES):
-            raise ModelError(
-                f"weights file {str(path)!r} is truncated or not safetensors: its header "
-                f"claims {header_bytes} bytes, the file has {size}"
-            )
-        try:
-            header = json.loads(handle.read(header_bytes))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            raise ModelError(f"weights file {str(path)!r} has a corrupt safetensors header") from None
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as handle:
+            prefix = handle.read(8)
+            header_bytes = struct.unpack("<Q", prefix)[0] if len(prefix) == 8 else -1
+            if size < 8:
+                raise ModelError(f"weights file {str(path)!r} is {size} bytes: empty or truncated")
+            if header_bytes > min(size - 8, MAX_HEADER_BYTES):
+                raise ModelError(
+                    f"weights file {str(path)!r} is truncated or not safetensors: its header "
+                    f"claims {header_bytes} bytes, the file has {size}"
+                )
+            raw_header = handle.read(header_bytes)
+    except OSError as error:
+        raise ModelError(f"cannot read weights file {str(path)!r}: {error.strerror or error}") from None
+    try:
+        header = parse_json(raw_header, f"the safetensors header of {str(path)!r}")
+    except ModelError:
+        raise ModelError(f"weights file {str(path)!r} has a corrupt safetensors header") from None
     if not isinstance(header, dict):
         raise ModelError(f"weights file {str(path)!r} has a corrupt safetensors header")
     data_bytes = size - 8 - header_bytes
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
-            raise ModelError(f"weights file {str(path)!r} has a corrupt entry for tensor {name!r}")
-        if offsets[1] > data_bytes:
-            raise ModelError(
-                f"weights file {str(path)!r} is truncated: tensor {name!r} ends at byte "
-                f"{offsets[1]} of the data, which holds {data_bytes}"
-            )
-    return [name for name in header if name != "__metadata__"]
+    return {
+        name: _header_entry(path, name, entry, data_bytes)
+        for name, entry in header.items() if name != "__metadata__"
+    }
 
 
 def _indexed_shards(index: Path) -> list[Path]:
-    try:
-        weight_map = json.loads(index.read_text())["weight_map"]
-        shards = sorted(set(weight_map.values()))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError):
-        raise ModelError(f"shard index {str(index)!r} is corrupt: expected a JSON 'weight_map'") from None
+    weight_map = read_json_object(index).get("weight_map")
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise ModelError(f"shard index {str(index)!r} is corrupt: expected a JSON 'weight_map'")
+    shards = sorted(set(weight_map.values()))
     paths = [index.parent / shard for shard in shards]
     missing = [p.name for p in paths if not p.is_file()]
     if missing:
@@ -162,12 +206,12 @@ def check_weights(directory: Path) -> list[Path]:
     return files
 
 
-def tensor_names(directory: Path) -> set[str]:
-    """The names of every tensor in ``directory``'s safetensors files (headers only).
+def tensor_headers(directory: Path) -> dict[str, TensorHeader]:
+    """Every tensor in ``directory``'s safetensors files (headers only), by name.
 
     :raises ModelError: as :func:`check_weights`.
     """
-    return {name for path in check_weights(directory) for name in check_safetensors(path)}
+    return {name: entry for path in check_weights(directory) for name, entry in check_safetensors(path).items()}
 
 
 PLACEMENT_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")

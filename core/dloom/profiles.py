@@ -16,12 +16,10 @@ real format (``tests/test_real_families.py``); none was run on real weights here
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from dloom.errors import ModelError
 
 BLOCK_ALIGNMENTS = ("prompt", "absolute")
 
@@ -228,14 +226,14 @@ FAMILIES: tuple[ModelProfile, ...] = (
 
 
 def config_dict(config: Any) -> dict[str, Any]:
-    """A config as a plain dict: a mapping, a ``transformers`` config or a directory."""
+    """A config as a plain dict: a mapping, a ``transformers`` config or a directory (whose
+    ``config.json`` is read and checked by :func:`dloom.model_files.check_config`)."""
     if isinstance(config, Mapping):
         return dict(config)
     if isinstance(config, (str, Path)):
-        path = Path(config) / "config.json"
-        if not path.exists():
-            raise ModelError(f"no config.json in {str(config)!r}")
-        return json.loads(path.read_text())
+        from dloom.model_files import check_config
+
+        return check_config(Path(config))
     return config.to_dict()
 
 

@@ -2,7 +2,11 @@
 
 Loading is isolated per entry point: a plugin that fails to import or to register is
 reported (a :class:`RuntimeWarning` and an entry in :attr:`Registry.failures`) and skipped,
-unless ``DLOOM_STRICT_PLUGINS=1``, which makes it fatal. ``DLOOM_PLUGINS`` selects the
+unless ``DLOOM_STRICT_PLUGINS=1``, which makes it fatal (a :class:`PluginLoadError` naming
+the plugin). Any exception counts, ``BaseException`` included: a plugin that calls
+``sys.exit()`` or raises ``KeyboardInterrupt`` at import or in ``dloom_register_strategies``
+is skipped like one that raises ``ImportError``. Only a Ctrl-C the process really received
+while plugins load (:func:`real_interrupts`) still interrupts. ``DLOOM_PLUGINS`` selects the
 third-party plugins to load: unset loads all installed ones, a comma list loads those (a
 name no installed plugin has is warned about), an empty value loads the built-ins only.
 
@@ -18,9 +22,12 @@ import difflib
 import importlib.metadata
 import inspect
 import os
+import signal
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Iterable
+from typing import Any, Iterable, Iterator
 
 import pluggy
 
@@ -282,25 +289,61 @@ def _register_plugin(
     )
 
 
+@contextmanager
+def real_interrupts() -> Iterator[list[int]]:
+    """Record the SIGINTs this process receives while the block runs (each still goes to
+    the handler there was, Python's raising :class:`KeyboardInterrupt`), so that a plugin
+    raising ``KeyboardInterrupt`` itself can be told from a real Ctrl-C. Only the main
+    thread can install a signal handler; elsewhere (or where SIGINT is ignored) nothing is
+    recorded."""
+    received: list[int] = []
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or previous == signal.SIG_IGN:
+        yield received
+        return
+
+    def record(number: int, frame: Any) -> None:
+        received.append(number)
+        if callable(previous):  # Python's default raises KeyboardInterrupt; an app's its own
+            previous(number, frame)
+        else:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, record)
+    try:
+        yield received
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def load_registry() -> Registry:
     """Load every selected plugin from the ``dloom`` entry-point group into a new registry."""
     registry = Registry()
-    for ep in _entry_points():
-        builtin = _is_builtin(ep)
-        version = ep.dist.version if ep.dist is not None else "unknown"
-        try:
-            if ep.name in registry.plugins:
-                raise PluginLoadError(
-                    f"plugin name {ep.name!r} is already taken by "
-                    f"{'the built-in' if registry.plugins[ep.name].builtin else 'another'} plugin"
-                )
-            module = ep.load()
-            if not inspect.ismodule(module):
-                raise TypeError(f"entry point {ep.value!r} must name a module")
-            _register_plugin(registry, ep.name, module, version, builtin)
-        except Exception as error:  # noqa: BLE001 - isolate every third-party plugin
-            report_failure(registry, ep.name, error)
+    with real_interrupts() as received:
+        for ep in _entry_points():
+            _load_entry_point(registry, ep, received)
     return registry
+
+
+def _load_entry_point(registry: Registry, ep: importlib.metadata.EntryPoint, received: list[int]) -> None:
+    """Import and register one plugin; any exception it raises is reported and the plugin
+    skipped (:func:`report_failure`), except a real Ctrl-C (``received``)."""
+    builtin = _is_builtin(ep)
+    version = ep.dist.version if ep.dist is not None else "unknown"
+    try:
+        if ep.name in registry.plugins:
+            raise PluginLoadError(
+                f"plugin name {ep.name!r} is already taken by "
+                f"{'the built-in' if registry.plugins[ep.name].builtin else 'another'} plugin"
+            )
+        module = ep.load()
+        if not inspect.ismodule(module):
+            raise TypeError(f"entry point {ep.value!r} must name a module")
+        _register_plugin(registry, ep.name, module, version, builtin)
+    except BaseException as error:  # noqa: BLE001 - isolate every third-party plugin
+        if received and isinstance(error, KeyboardInterrupt):
+            raise
+        report_failure(registry, ep.name, error)
 
 
 _REGISTRY: Registry | None = None

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -255,7 +256,7 @@ def iter_decoded(
     try:
         import ray
     except ImportError as error:
-        raise ConfigurationError(f"decoding on Ray needs Ray ({error}); pip install \"dloom[ray]\"") from None
+        raise ConfigurationError(f"decoding on Ray needs Ray ({error}); pip install -e \".[ray]\" in a clone of dloom") from None
 
     if not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False)
@@ -288,3 +289,29 @@ def decode_prompts(prompts: Sequence[Prompt], spec: DecodeSpec, **options: Any) 
     return rows
 
 
+
+
+@contextmanager
+def driver_prints_to_stderr() -> Iterator[None]:
+    """Keep Ray's own messages out of the driver's stdout while the block runs.
+
+    Ray's driver prints what its raylet reports (``(raylet) A worker died or was killed
+    ...``) to ``sys.stdout``, from a listener thread that runs as long as Ray does, whatever
+    ``log_to_driver`` says; results written to stdout as JSON lines would then be mixed
+    with it. Inside the block ``sys.stdout`` is ``sys.stderr`` (write results to the stream
+    taken before it), and a Ray runtime the block started is shut down at its end, so that
+    nothing of it prints later.
+    """
+    import sys
+
+    ray = sys.modules.get("ray")
+    running = ray is not None and ray.is_initialized()
+    results = sys.stdout
+    sys.stdout = sys.stderr
+    try:
+        yield
+    finally:
+        ray = sys.modules.get("ray")
+        if not running and ray is not None and ray.is_initialized():
+            ray.shutdown()
+        sys.stdout = results

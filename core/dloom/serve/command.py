@@ -1,8 +1,9 @@
 """``dloom serve``: run the OpenAI-compatible server with uvicorn.
 
 Importing this module needs neither FastAPI nor uvicorn (the command line loads it for its
-help); running the command does (``pip install "dloom[serve]"``). The command raises
-:class:`dloom.errors.DloomError` for bad settings; the command line that mounts it prints them.
+help); running the command does (``pip install -e ".[serve]"`` in a clone of dloom). The
+command raises :class:`dloom.errors.DloomError` for bad settings; the command line that mounts
+it prints them.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def serve(
         from dloom.serve.app import ServeConfig, create_app
         from dloom.serve.decoders import DecodeDefaults
     except ImportError as error:
-        raise ConfigurationError(f"dloom serve needs FastAPI and uvicorn ({error}); pip install \"dloom[serve]\"") from None
+        raise ConfigurationError(f"dloom serve needs FastAPI and uvicorn ({error}); pip install -e \".[serve]\" in a clone of dloom") from None
     defaults = DecodeDefaults(
         strategy=strategy, params=parse_params(param), cache=cache, cache_refresh=cache_refresh,
         gen_length=gen_length, block_length=block_length, steps=steps, remasking=remasking,
