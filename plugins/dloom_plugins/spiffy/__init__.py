@@ -33,7 +33,7 @@ def dloom_register_strategies(register) -> None:
             name="spiffy",
             plugin_class=Spiffy,
             parameters=(
-                Parameter("graph", "", str, "draft-graph file from `dloom calibrate` ('' = built-in)"),
+                Parameter("graph", "", str, "draft-graph file from `dloom calibrate` ('' = built-in)", path=True),
                 Parameter("budget", 10, int, "D*: drafts per row in one verification forward", low=0),
                 Parameter("layout", "rows", str, "drafts as batch rows or packed in one sequence",
                           choices=LAYOUTS),
