@@ -60,7 +60,7 @@ class BodyLimit:
         while True:  # read the whole body here, never more than the limit
             message = await receive()
             if message["type"] != "http.request":
-                break  # the client left: the application hears it below
+                return  # the client left before its body was complete: nothing to answer
             received += len(message.get("body", b""))
             if received > self.max_bytes:
                 await self._refuse(send, f"the request body passed {self.max_bytes} bytes")
