@@ -119,7 +119,7 @@ HOSTILE_BODIES = [
     ({"prompt": ["add 1 2", "b" * 600]}, 400, "prompt 1 has 600 characters; allowed: at most 576"),
     ({"strategy": "spiffy", "params": {"spiffy.graph": "/dev/zero"}}, 400,
      "parameter 'spiffy.graph' is '/dev/zero'; a request may not name a path on the server, only one of the files "
-     "this server offers: 'offered.json'; or '' for the strategy's default"),
+     "this server offers: 'offered.json', 'toy-dllm__factor-1__b32.json', "),
     ({"strategy": "spiffy+threshold", "params": {"graph": "../offered.json"}}, 400,
      "parameter 'graph' is '../offered.json'; a request may not name a path on the server"),
     ({"strategy": "spiffy", "params": {"spiffy.graph": 5}}, 400,
@@ -149,11 +149,13 @@ def test_a_path_refusal_says_nothing_about_the_server_files(served):
     assert len(set(messages)) == 1
 
 
-def test_an_offered_graph_is_named_by_its_file_name(model, served, graph_dir):
+@pytest.mark.parametrize("name", ["offered.json", GRAPH])
+def test_an_offered_or_built_in_graph_is_named_by_its_file_name(model, served, graph_dir, name):
+    path = graph_dir / name if name == "offered.json" else BUILTIN_DIR / name
     answer = client_of(served).completions.create(
-        model=MODEL, prompt=PROMPTS[4], extra_body={"strategy": "spiffy+quota", "params": {"spiffy.graph": "offered.json"}},
+        model=MODEL, prompt=PROMPTS[4], extra_body={"strategy": "spiffy+quota", "params": {"spiffy.graph": name}},
     )
-    assert answer.choices[0].text == offline(model, PROMPTS[4], "spiffy+quota", {"graph": str(graph_dir / "offered.json")})
+    assert answer.choices[0].text == offline(model, PROMPTS[4], "spiffy+quota", {"graph": str(path)})
 
 
 def test_any_strategys_path_parameter_is_guarded_not_only_spiffys(tmp_path):
@@ -168,16 +170,24 @@ def test_any_strategys_path_parameter_is_guarded_not_only_spiffys(tmp_path):
         def dloom_select_commit(self, confidence, selectable, schedule):
             return selectable
 
-    registration = dloom.StrategyRegistration(
-        "reads-a-file", ReadsAFile, parameters=(Parameter("table", "", str, "a lookup table", path=True),), guarantee="none",
-    )
+    shipped, operators = tmp_path / "shipped", tmp_path / "operators"
+    shipped.mkdir(), operators.mkdir()
+    (shipped / "builtin.txt").write_text("4 5 6")
+    (operators / "table.txt").write_text("1 2 3")
+    (shipped / "notes.md").write_text("not a table")
+    parameter = Parameter("table", "", str, "a lookup table", path=True, path_files=(str(shipped / "*.txt"),))
+    registration = dloom.StrategyRegistration("reads-a-file", ReadsAFile, parameters=(parameter,), guarantee="none")
     get_registry().strategies["reads-a-file"] = Strategy("reads-a-file", "tests", registration)
-    (tmp_path / "table.txt").write_text("1 2 3")
-    files = ServerFiles([tmp_path])
-    with pytest.raises(ConfigurationError, match="parameter 'table' is '/etc/passwd'; a request may not name a path"):
+    files = ServerFiles([operators])
+    with pytest.raises(ConfigurationError, match=(
+        "parameter 'table' is '/etc/passwd'; a request may not name a path on the server, only one of the files "
+        "this server offers: 'table.txt', 'builtin.txt'; or ''"
+    )):
         files.resolve("reads-a-file", {"table": "/etc/passwd"})
-    assert files.resolve("reads-a-file", {"reads-a-file.table": "table.txt"}) == {"reads-a-file.table": str(tmp_path / "table.txt")}
+    assert files.resolve("reads-a-file", {"reads-a-file.table": "table.txt"}) == {"reads-a-file.table": str(operators / "table.txt")}
+    assert files.resolve("reads-a-file", {"table": "builtin.txt"}) == {"table": str(shipped / "builtin.txt")}
     assert files.resolve("reads-a-file", {"table": ""}) == {"table": ""}
+    assert files.resolve("quota", {}) == {} and files.resolve("quota", None) is None
 
 
 def test_parameters_take_cli_strings_and_values_of_their_own_type_only():

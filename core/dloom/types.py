@@ -366,7 +366,10 @@ class Parameter:
     :ivar choices: the allowed values, for categorical parameters.
     :ivar path: the value is a path of a file the strategy reads. Where clients are not
         trusted with the file system (``dloom serve``), a request may only name a file that
-        the operator put in an allowed directory, never a path.
+        the operator put in an allowed directory, or one of ``path_files``, never a path.
+    :ivar path_files: with ``path``: glob patterns of the plugin's own files for this
+        parameter (e.g. its built-in draft graphs, ``.../graphs/*.json``), which a server
+        offers by name too.
     """
 
     name: str
@@ -379,6 +382,7 @@ class Parameter:
     high_open: bool = False
     choices: tuple[Any, ...] | None = None
     path: bool = False
+    path_files: tuple[str, ...] = ()
 
     def allowed(self) -> str:
         """Human-readable description of the allowed values, e.g. ``(0, 1)``."""

@@ -2,14 +2,16 @@
 
 A strategy parameter declared with ``path=True`` (:class:`~dloom.types.Parameter`) reads a
 file. In a request its value must be ``""`` (the strategy's own default) or the *name* of a
-file in one of the directories the operator allowed (``dloom serve --graph-dir DIR``); the
-server replaces the name with the file's path. Anything else is refused with the same
+file in one of the directories the operator allowed (``dloom serve --graph-dir DIR``) or of
+the parameter's own ``path_files`` (the plugin's built-in files); the server replaces the
+name with the file's path. Anything else is refused with the same
 message whatever it names, so a refusal tells nothing about the server's file system: the
 requested value is compared with the allowed directories' listings, never looked up.
 """
 
 from __future__ import annotations
 
+import glob
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -31,14 +33,16 @@ class ServerFiles:
             if not directory.is_dir():
                 raise ConfigurationError(f"--graph-dir {str(directory)!r} is not a directory")
 
-    def listing(self) -> dict[str, Path]:
-        """The files requests may name now, name -> path (read at each call: files the
-        operator adds are offered at once)."""
+    def listing(self, own: Sequence[str] = ()) -> dict[str, Path]:
+        """The files requests may name now, name -> path: the operator's directories' files,
+        then those matching a parameter's ``own`` glob patterns (read at each call: files
+        the operator adds are offered at once)."""
         found: dict[str, Path] = {}
-        for directory in self.directories:
-            for path in sorted(directory.iterdir()):
-                if path.is_file():
-                    found.setdefault(path.name, path)
+        paths = [path for directory in self.directories for path in sorted(directory.iterdir())]
+        paths += [Path(path) for pattern in own for path in sorted(glob.glob(pattern))]
+        for path in paths:
+            if path.is_file():
+                found.setdefault(path.name, path)
         return found
 
     def resolve(self, strategy: str, params: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -58,9 +62,10 @@ class ServerFiles:
                 p for c in components if not target or c.name == target
                 for p in c.strategy.parameters if p.name == name  # type: ignore[union-attr]
             ]
-            if not any(p.path for p in declared) or value == "":
+            paths = [p for p in declared if p.path]
+            if not paths or value == "":
                 continue
-            offered = self.listing()
+            offered = self.listing([pattern for p in paths for pattern in p.path_files])
             if not isinstance(value, str) or value not in offered:
                 names = ", ".join(repr(n) for n in offered) or (
                     "none (the operator offers files with dloom serve --graph-dir DIR)"
