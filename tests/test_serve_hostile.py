@@ -224,6 +224,19 @@ def test_fastapis_own_refusals_are_openai_error_objects_and_counted(served, meth
     assert outcome(served, counted) == before + 1
 
 
+def test_an_unexpected_error_is_a_500_error_object_and_the_server_goes_on(model, served, monkeypatch):
+    def overflowing(*args):
+        raise OverflowError("Python int too large to convert to C long")
+
+    before = outcome(served, "failed")
+    monkeypatch.setattr(served.service, "prepare", overflowing)
+    answer = httpx.post(f"{served.url}/v1/completions", json={"model": MODEL, "prompt": PROMPTS[0]})
+    error = assert_error_object(answer, 500, "the server failed on this request: OverflowError: Python int too large")
+    assert error["type"] == "server_error" and outcome(served, "failed") == before + 1
+    monkeypatch.undo()
+    assert client_of(served).completions.create(model=MODEL, prompt=PROMPTS[0]).choices[0].text == offline(model, PROMPTS[0])
+
+
 def test_the_openai_client_reads_the_413_and_422_messages(served):
     client = client_of(served)
     with pytest.raises(openai.APIStatusError, match="allowed: at most 1048576 bytes") as raised:
