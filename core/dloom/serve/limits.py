@@ -8,7 +8,9 @@
   *before* the tokenizer sees it: a token never spans more characters than the longest
   entry of the tokenizer's vocabulary, so a text of more than ``(context - gen_length) x
   that many`` characters cannot fit, and tokenizing it (seconds and gigabytes for
-  megabytes of text) would only end in the same refusal.
+  megabytes of text) would only end in the same refusal. (A tokenizer whose normalizer
+  drops characters, control characters say, could fit such a text; the server refuses it
+  all the same: the limit is a documented bound on what it takes, not a count.)
 * **Stop sequences.** At most :data:`MAX_STOP_CHARS` characters each: the stream holds
   back text that may begin one, a cost that grows with the square of its length.
 """
