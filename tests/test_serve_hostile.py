@@ -188,6 +188,10 @@ def test_any_strategys_path_parameter_is_guarded_not_only_spiffys(tmp_path):
     assert files.resolve("reads-a-file", {"table": "builtin.txt"}) == {"table": str(shipped / "builtin.txt")}
     assert files.resolve("reads-a-file", {"table": ""}) == {"table": ""}
     assert files.resolve("quota", {}) == {} and files.resolve("quota", None) is None
+    for index in range(30):
+        (operators / f"t{index:02d}.txt").write_text("")
+    with pytest.raises(ConfigurationError, match=r"is '/{76}\.\.\.; .* 't19.txt', and 12 more; or ''"):
+        files.resolve("reads-a-file", {"table": "/" * 5000})
 
 
 def test_parameters_take_cli_strings_and_values_of_their_own_type_only():

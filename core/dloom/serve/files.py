@@ -19,6 +19,10 @@ from dloom.composition import compose
 from dloom.errors import ConfigurationError
 
 
+SHOWN = 20
+"""Offered names a refusal lists, at most."""
+
+
 class ServerFiles:
     """The files requests may name, by name, from the operator's directories.
 
@@ -67,12 +71,15 @@ class ServerFiles:
                 continue
             offered = self.listing([pattern for p in paths for pattern in p.path_files])
             if not isinstance(value, str) or value not in offered:
-                names = ", ".join(repr(n) for n in offered) or (
+                shown = [repr(n) for n in list(offered)[:SHOWN]]
+                names = ", ".join(shown + ([f"and {len(offered) - SHOWN} more"] if len(offered) > SHOWN else [])) or (
                     "none (the operator offers files with dloom serve --graph-dir DIR)"
                 )
+                given = repr(value)
                 raise ConfigurationError(
-                    f"parameter {key!r} is {value!r}; a request may not name a path on the server, "
-                    f"only one of the files this server offers: {names}; or '' for the strategy's default"
+                    f"parameter {key!r} is {given if len(given) <= 80 else given[:77] + '...'}; a request may not "
+                    f"name a path on the server, only one of the files this server offers: {names}; or '' for "
+                    "the strategy's default"
                 )
             resolved[key] = str(offered[value])
         return resolved
