@@ -101,6 +101,7 @@ def assert_error_object(answer: httpx.Response, status: int, words: str) -> dict
 HOSTILE_BODIES = [
     ({"prompt": [True, 3, 4]}, 422, "prompt: got [True, 3, 4]; allowed: str | list[str] | list[int] | list[list[int]]"),
     ({"prompt": [[5, 6], [7, 1.0]]}, 422, "allowed: str | list[str] | list[int] | list[list[int]]"),
+    ({"params": {"tau": [0.5]}}, 422, "params.tau: got [0.5]; allowed: bool | int | float | str"),
     ({"stream": "yes"}, 422, "stream: Input should be a valid boolean"),
     ({"max_tokens": 4.0}, 422, "max_tokens: Input should be a valid integer"),
     ({"seed": True, "temperature": 1.0}, 422, "seed: Input should be a valid integer"),

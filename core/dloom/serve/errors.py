@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dloom.serve.metrics import ServerMetrics
 from dloom.serve.responses import error_body
+from dloom.serve.scheduler import Failed
 
 Result = TypeVar("Result")
 ALTERNATIVE = re.compile(r"(str|int|float|bool|list\[.*\]|dict\[.*\])")
@@ -41,7 +42,7 @@ def shielded(function: Callable[..., Result]) -> Callable[..., Result]:
         except Exception:
             raise
         except BaseException as error:  # noqa: BLE001 - see the docstring
-            raise ServerFault(f"{type(error).__name__}: {error}" if str(error) else type(error).__name__) from None
+            raise ServerFault(Failed(error).message) from None
 
     return call
 
@@ -50,8 +51,9 @@ def describe(problems: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
     """``(field, message)`` of each of pydantic's validation problems of a request body. A
     value that matches none of a field's alternative types is one message naming them all
     (not one per alternative); a body that is no JSON object says so."""
-    described: list[tuple[str, str]] = []
-    alternatives: dict[str, list[str]] = {}
+    described: list[tuple[str, str]] = []  # (field, message, or the place of a union value)
+    given: dict[str, str] = {}  # a union value's place -> the value, shortened
+    alternatives: dict[str, list[str]] = {}  # a union value's place -> the types it failed
     for problem in problems:
         loc = [str(part) for part in problem["loc"] if part != "body"]
         if not loc:
@@ -62,15 +64,15 @@ def describe(problems: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
             described.append((loc[0], f"{'.'.join(loc)}: {problem['msg']}"))
             continue
         where = ".".join(loc[:branch])
-        if where not in alternatives:
-            alternatives[where] = []
+        if where not in given:
             value = repr(problem.get("input"))
-            described.append((loc[0], where))  # completed below, once every alternative is known
-            alternatives[where].append(f"got {value[:80] + '...' if len(value) > 80 else value}")
+            given[where] = value if len(value) <= 80 else value[:77] + "..."
+            alternatives[where] = []
+            described.append((loc[0], where))
         if loc[branch] not in alternatives[where]:
             alternatives[where].append(loc[branch])
     return [
-        (field, f"{text}: {alternatives[text][0]}; allowed: {' | '.join(alternatives[text][1:])}" if text in alternatives else text)
+        (field, f"{text}: got {given[text]}; allowed: {' | '.join(alternatives[text])}" if text in given else text)
         for field, text in described
     ]
 
