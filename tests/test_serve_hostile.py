@@ -26,7 +26,7 @@ import dloom
 from dloom.cli import app as cli_app
 from dloom.errors import ConfigurationError
 from dloom.registry import Strategy, get_registry
-from dloom.serve.app import ServeConfig
+from dloom.serve.app import ServeConfig, create_app
 from dloom.serve.background import BackgroundServer
 from dloom.serve.decoders import DecodeDefaults, DecoderPool
 from dloom.serve.files import ServerFiles
@@ -216,7 +216,7 @@ HTTP_CASES = [
     ("POST", "/v1/completions", {"content": b"x" * (BODY_LIMIT + 1), "headers": {"content-type": "application/json"}},
      413, f"the request body has {BODY_LIMIT + 1} bytes; allowed: at most {BODY_LIMIT} bytes (dloom serve --max-body-bytes)",
      "too_large"),
-    ("POST", "/v1/chat/completions", {"content": (b"y" * 65536 for _ in range(40)), "headers": {"content-type": "application/json"}},
+    ("POST", "/v1/chat/completions", {"content": (b"y" * 65536 for _ in range(17)), "headers": {"content-type": "application/json"}},
      413, f"the request body passed {BODY_LIMIT} bytes; allowed: at most {BODY_LIMIT} bytes", "too_large"),  # chunked: no length
 ]
 
@@ -425,6 +425,11 @@ def test_retry_after_grows_with_the_queue_and_is_bounded(model):
 
 
 # --- configuration ----------------------------------------------------------------------
+
+
+def test_a_body_limit_below_one_byte_is_refused(model):
+    with pytest.raises(ConfigurationError, match="max_body_bytes is 0; allowed: >= 1"):
+        create_app(ServeConfig(model, max_body_bytes=0))
 
 
 def test_the_limits_are_configured_on_the_command_line(tmp_path):

@@ -18,7 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.concurrency import run_in_threadpool
 
-from dloom.errors import DloomError
+from dloom.errors import ConfigurationError, DloomError
 from dloom.serve import errors
 from dloom.serve.limits import BodyLimit
 from dloom.serve.responses import error_body
@@ -32,8 +32,10 @@ __all__ = ["ServeConfig", "create_app"]
 def create_app(config: ServeConfig) -> FastAPI:
     """The server app for ``config``; its worker starts and stops with the app's lifespan.
 
-    :raises DloomError: when the server's own default settings are invalid.
+    :raises DloomError: when the server's own default settings or limits are invalid.
     """
+    if config.max_body_bytes < 1:
+        raise ConfigurationError(f"max_body_bytes is {config.max_body_bytes}; allowed: >= 1")
     service = Service(config)
 
     @asynccontextmanager
