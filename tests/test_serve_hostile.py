@@ -20,6 +20,7 @@ import httpx
 import openai
 import pytest
 import torch
+import uvicorn
 from typer.testing import CliRunner
 
 import dloom
@@ -432,9 +433,15 @@ def test_a_body_limit_below_one_byte_is_refused(model):
         create_app(ServeConfig(model, max_body_bytes=0))
 
 
-def test_the_limits_are_configured_on_the_command_line(tmp_path):
+def test_the_limits_are_configured_on_the_command_line(tmp_path, monkeypatch):
     assert ServeConfig.__dataclass_fields__["max_body_bytes"].default == MAX_BODY_BYTES == 4 * 1024 * 1024
     result = CliRunner().invoke(cli_app, ["serve", "--graph-dir", str(tmp_path / "missing")])
     assert result.exit_code == 2 and f"--graph-dir '{tmp_path / 'missing'}' is not a directory" in " ".join(result.output.split())
     result = CliRunner().invoke(cli_app, ["serve", "--max-body-bytes", "0"])
     assert result.exit_code == 2 and "--max-body-bytes" in result.output
+    served = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: served.append(app))
+    result = CliRunner().invoke(cli_app, ["serve", "--max-body-bytes", "1234", "--graph-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    config = served[0].state.service.config
+    assert (config.max_body_bytes, config.graph_dirs) == (1234, (str(tmp_path),))
