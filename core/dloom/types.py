@@ -14,6 +14,7 @@ sequence length, ``T`` draft positions of a chain.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -397,6 +398,12 @@ class Parameter:
     :ivar low: / :ivar high: bounds of the allowed interval (``None`` = unbounded).
     :ivar low_open: / :ivar high_open: whether the bound itself is excluded.
     :ivar choices: the allowed values, for categorical parameters.
+    :ivar path: the value is a path of a file the strategy reads. Where clients are not
+        trusted with the file system (``dloom serve``), a request may only name a file that
+        the operator put in an allowed directory, or one of ``path_files``, never a path.
+    :ivar path_files: with ``path``: glob patterns of the plugin's own files for this
+        parameter (e.g. its built-in draft graphs, ``.../graphs/*.json``), which a server
+        offers by name too.
     """
 
     name: str
@@ -408,6 +415,8 @@ class Parameter:
     low_open: bool = False
     high_open: bool = False
     choices: tuple[Any, ...] | None = None
+    path: bool = False
+    path_files: tuple[str, ...] = ()
 
     def allowed(self) -> str:
         """Human-readable description of the allowed values, e.g. ``(0, 1)``."""
@@ -421,8 +430,26 @@ class Parameter:
         high = "inf" if self.high is None else f"{self.high:g}"
         return f"{left}{low}, {high}{right}"
 
+    def _typed(self, value: Any) -> Any:
+        """A value that is not a string, taken only when it has the declared type: a bool
+        is no number, a number no bool or string, and a float no int (``2.7`` for an int
+        parameter is refused, never truncated); an int is a float.
+
+        :raises ValueError: for a value of another type.
+        """
+        if self.kind in (bool, int, float, str) and isinstance(value, bool) != (self.kind is bool):
+            raise ValueError(value)
+        if self.kind is int and not isinstance(value, numbers.Integral):
+            raise ValueError(value)
+        if self.kind is float and not isinstance(value, numbers.Real):
+            raise ValueError(value)
+        if self.kind is str:
+            raise ValueError(value)  # strings are parsed by the caller
+        return self.kind(value)
+
     def coerce(self, value: Any, strategy: str) -> Any:
-        """Parse ``value`` (a string from the CLI or a Python value) and check its range.
+        """Parse ``value`` (a string from the CLI, or a Python value of the declared type)
+        and check its range.
 
         :raises ConfigurationError: naming the strategy, the parameter, the value and the
             allowed range.
@@ -433,8 +460,10 @@ class Parameter:
                 if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
                     raise ValueError(value)
                 parsed: Any = value.lower() in ("true", "1", "yes")
-            else:
+            elif isinstance(value, str):
                 parsed = self.kind(value)
+            else:
+                parsed = self._typed(value)
         except (TypeError, ValueError):
             raise ConfigurationError(
                 f"{where} must be a {self.kind.__name__}, got {value!r}; allowed: {self.allowed()}"

@@ -6,6 +6,9 @@
 * :mod:`dloom.serve.scheduler`: the queue, lanes and the batching worker;
 * :mod:`dloom.serve.text`: ``max_tokens``, stop sequences and streamed text;
 * :mod:`dloom.serve.responses`: choices, usage and errors;
+* :mod:`dloom.serve.errors`: OpenAI error objects for FastAPI's own refusals and failures;
+* :mod:`dloom.serve.limits`: the body, prompt-text and stop-sequence limits;
+* :mod:`dloom.serve.files`: the server files a request may name in path parameters;
 * :mod:`dloom.serve.metrics`: the Prometheus counters;
 * :mod:`dloom.serve.command`: the ``dloom serve`` command.
 

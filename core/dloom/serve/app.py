@@ -4,7 +4,9 @@
 Endpoints: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``
 (``stream: true`` sends server-sent events, one per decoded block), ``GET /health`` and
 ``GET /metrics`` (Prometheus text). The request logic is :class:`~dloom.serve.service.
-Service`'s; this module maps its refusals to status codes (404, 422, 400, 429).
+Service`'s; this module maps its refusals to status codes (404, 400, 429 with
+``Retry-After``, 503 once the worker has stopped); :mod:`dloom.serve.errors` answers the
+rest (413, 422, unknown routes, unexpected errors) with OpenAI error objects too.
 """
 
 from __future__ import annotations
@@ -13,13 +15,14 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.concurrency import run_in_threadpool
 
-from dloom.errors import DloomError
+from dloom.errors import ConfigurationError, DloomError
+from dloom.serve import errors
+from dloom.serve.limits import BodyLimit
 from dloom.serve.responses import error_body
-from dloom.serve.scheduler import QueueFullError
+from dloom.serve.scheduler import QueueFullError, WorkerDeadError
 from dloom.serve.schemas import ChatCompletionRequest, CompletionRequest
 from dloom.serve.service import HTTPError, ServeConfig, Service
 
@@ -29,8 +32,10 @@ __all__ = ["ServeConfig", "create_app"]
 def create_app(config: ServeConfig) -> FastAPI:
     """The server app for ``config``; its worker starts and stops with the app's lifespan.
 
-    :raises DloomError: when the server's own default settings are invalid.
+    :raises DloomError: when the server's own default settings or limits are invalid.
     """
+    if config.max_body_bytes < 1:
+        raise ConfigurationError(f"max_body_bytes is {config.max_body_bytes}; allowed: >= 1")
     service = Service(config)
 
     @asynccontextmanager
@@ -43,6 +48,8 @@ def create_app(config: ServeConfig) -> FastAPI:
 
     app = FastAPI(title="dloom", lifespan=lifespan)
     app.state.service = service
+    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes, on_refusal=lambda: service.metrics.count_request("too_large"))
+    errors.install(app, service.metrics)
 
     @app.exception_handler(HTTPError)
     async def http_error(request: Request, error: HTTPError) -> JSONResponse:
@@ -53,22 +60,24 @@ def create_app(config: ServeConfig) -> FastAPI:
     async def dloom_error(request: Request, error: DloomError) -> JSONResponse:
         if isinstance(error, QueueFullError):
             service.metrics.count_request("rejected")
-            return JSONResponse(error_body(str(error), "rate_limit_error", "queue_full"), status_code=429)
+            return JSONResponse(
+                error_body(str(error), "rate_limit_error", "queue_full"), status_code=429,
+                headers={"Retry-After": str(error.retry_after)},
+            )
+        if isinstance(error, WorkerDeadError):
+            service.metrics.count_request("unavailable")
+            return JSONResponse(error_body(str(error), "server_error", "worker_stopped"), status_code=503)
         service.metrics.count_request("invalid")
         return JSONResponse(error_body(str(error), "invalid_request_error"), status_code=400)
 
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
-        service.metrics.count_request("invalid")
-        problems = []
-        for problem in error.errors():
-            where = ".".join(str(part) for part in problem["loc"] if part != "body")
-            problems.append(f"{where}: {problem['msg']}" if where else problem["msg"])
-        return JSONResponse(error_body("; ".join(problems), "invalid_request_error"), status_code=422)
-
     @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": service.name, **service.scheduler.load()}
+    async def health() -> JSONResponse:
+        """200 while the worker runs; 503 with the reason once it has stopped."""
+        scheduler = service.scheduler
+        if scheduler.alive:
+            return JSONResponse({"status": "ok", "model": service.name, **scheduler.load()})
+        reason = scheduler.failure or "the decoding worker is not running"
+        return JSONResponse({"status": "error", "model": service.name, "reason": reason, **scheduler.load()}, status_code=503)
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
@@ -83,7 +92,7 @@ def create_app(config: ServeConfig) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         service.check_model(body)
-        prepared = await run_in_threadpool(service.prepare, body, body.prompts(), body.max_tokens)
+        prepared = await run_in_threadpool(errors.shielded(service.prepare), body, body.prompts(), body.max_tokens)
         if body.stream:
             return service.stream(request, prepared, "text_completion", body.include_usage)
         return await service.complete(request, prepared, "text_completion")
@@ -91,8 +100,8 @@ def create_app(config: ServeConfig) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         service.check_model(body)
-        prompt = service.chat_prompt(body)
-        prepared = await run_in_threadpool(service.prepare, body, [prompt], body.token_limit)
+        prompt = await run_in_threadpool(errors.shielded(service.chat_prompt), body)
+        prepared = await run_in_threadpool(errors.shielded(service.prepare), body, [prompt], body.token_limit)
         if body.stream:
             return service.stream(request, prepared, "chat.completion", body.include_usage)
         return await service.complete(request, prepared, "chat.completion")

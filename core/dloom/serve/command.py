@@ -28,6 +28,8 @@ def serve(
     max_batch_size: int = typer.Option(16, min=1, help="Rows decoded together, at most."),
     max_queued_tokens: int = typer.Option(65536, min=1, help="Token budget of admitted rows (prompt + gen_length each); beyond it requests get 429."),
     plain_chat: bool = typer.Option(False, "--plain-chat", help="Without a chat template, join chat messages with spaces instead of refusing."),
+    max_body_bytes: int = typer.Option(4 * 1024 * 1024, min=1, help="Longest request body taken, in bytes; a longer one gets 413."),
+    graph_dir: List[str] = typer.Option([], "--graph-dir", help="Directory whose files requests may name in path parameters such as a draft graph (repeatable); requests never name paths."),
     device: str = typer.Option("cpu", help="torch device, e.g. cpu or cuda."),
     dtype: str = typer.Option("float32", help="float32, float64, bfloat16 or float16."),
 ) -> None:
@@ -51,5 +53,6 @@ def serve(
     app = create_app(ServeConfig(
         adapter, defaults, max_batch_size=max_batch_size,
         max_queued_tokens=max_queued_tokens, plain_chat=plain_chat,
+        max_body_bytes=max_body_bytes, graph_dirs=tuple(graph_dir),
     ))
     uvicorn.run(app, host=host, port=port, log_level="info")

@@ -8,9 +8,11 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
-OUTCOMES = ("completed", "invalid", "rejected", "cancelled", "failed")
-"""Request outcomes: answered, refused as malformed (400/404/422), refused because the
-server was full (429), abandoned by the client, or failed while decoding (500)."""
+OUTCOMES = ("completed", "invalid", "too_large", "unrouted", "rejected", "unavailable", "cancelled", "failed")
+"""Request outcomes: answered, refused as malformed (400, 404 for another model, 422),
+refused for a body over the size limit (413), sent to no endpoint (404 unknown route, 405
+wrong method), refused because the server was full (429) or its worker has stopped (503),
+abandoned by the client, or failed (500)."""
 
 
 class ServerMetrics:

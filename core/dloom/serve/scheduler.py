@@ -29,6 +29,7 @@ that keeps a running batch per lane (continuous batching at block boundaries).
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import OrderedDict, deque
@@ -43,7 +44,19 @@ from dloom.serve.metrics import ServerMetrics
 
 
 class QueueFullError(DloomError):
-    """The server's token budget is taken by admitted rows; retry later (HTTP 429)."""
+    """The server's token budget is taken by admitted rows; retry later (HTTP 429).
+
+    :ivar retry_after: seconds after which a retry may be admitted (:meth:`Scheduler.
+        retry_after`), sent as the ``Retry-After`` header.
+    """
+
+    def __init__(self, message: str, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class WorkerDeadError(DloomError):
+    """The worker thread has stopped on an error: nothing can be decoded (HTTP 503)."""
 
 
 @dataclass(frozen=True)
@@ -73,9 +86,18 @@ class Finished:
 
 @dataclass(frozen=True)
 class Failed:
-    """Event: decoding the row's batch raised ``error``."""
+    """Event: decoding the row's batch raised ``error`` (any exception, ``SystemExit`` and
+    ``KeyboardInterrupt`` from a plugin's hook included)."""
 
     error: BaseException
+
+    @property
+    def message(self) -> str:
+        """The failure in words: the error's message, with its type when the message alone
+        would not say what happened (``SystemExit(3)``'s message is ``3``)."""
+        if isinstance(self.error, Exception) and str(self.error):
+            return str(self.error)
+        return f"{type(self.error).__name__}: {self.error}" if str(self.error) else type(self.error).__name__
 
 
 Event = BlockTokens | Finished | Failed
@@ -153,6 +175,9 @@ class Scheduler:
         self._stopping = False
         self._ready = threading.Condition()
         self._worker: threading.Thread | None = None
+        self._row_seconds: float | None = None  # recent rows' time from submission to answer
+        self.failure: str | None = None
+        """Why the worker thread stopped, when it stopped on an error (else ``None``)."""
 
     # --- admission ---------------------------------------------------------------------
 
@@ -172,10 +197,13 @@ class Scheduler:
                 f"the server's whole budget of {self.max_tokens} (--max-queued-tokens)"
             )
         with self._ready:
+            if self.failure is not None:
+                raise WorkerDeadError(f"the server's decoding worker has stopped: {self.failure}")
             if self._admitted_tokens + cost > self.max_tokens:
+                retry = self.retry_after()
                 raise QueueFullError(
                     f"the server is full: {self._admitted_tokens} of {self.max_tokens} tokens "
-                    f"are admitted and the request needs {cost}; retry later"
+                    f"are admitted and the request needs {cost}; retry after {retry} s", retry,
                 )
             lane = self._lanes.get(resolved.key)
             if lane is None:
@@ -203,6 +231,17 @@ class Scheduler:
                 return
             job.state = "cancelled"
 
+    def retry_after(self) -> int:
+        """Seconds a refused client should wait (lock held): the rows waiting now, taken
+        ``max_batch_size`` at a time, plus the batch decoding now, each batch taking the
+        mean time recent rows took from submission to answer; 1 before any row finished,
+        60 at most."""
+        if self._row_seconds is None:
+            return 1
+        waiting = sum(len(lane.waiting) for lane in self._lanes.values())
+        batches = 1 + waiting / self.max_batch_size
+        return max(1, min(60, math.ceil(batches * self._row_seconds)))
+
     def load(self) -> dict[str, int]:
         """``waiting`` rows, ``running`` rows and ``admitted_tokens`` right now."""
         with self._ready:
@@ -214,8 +253,15 @@ class Scheduler:
     def start(self) -> None:
         """Start the worker thread."""
         self._stopping = False
-        self._worker = threading.Thread(target=self._work, name="dloom-serve-worker", daemon=True)
+        self.failure = None
+        self._worker = threading.Thread(target=self._run, name="dloom-serve-worker", daemon=True)
         self._worker.start()
+
+    @property
+    def alive(self) -> bool:
+        """Whether the worker thread runs (``False`` before :meth:`start`, after :meth:`stop`
+        and once it stopped on an error: :attr:`failure` says which)."""
+        return self._worker is not None and self._worker.is_alive()
 
     def stop(self) -> None:
         """Let the running batches finish (no row joins them), then stop the worker (waiting
@@ -226,6 +272,24 @@ class Scheduler:
         if self._worker is not None:
             self._worker.join()
             self._worker = None
+
+    def _run(self) -> None:
+        """The worker thread. A batch whose step raises fails alone (:meth:`_step`); should
+        the worker itself raise, whatever the error, it records :attr:`failure`, and every
+        admitted row hears of it rather than waiting for ever."""
+        try:
+            self._work()
+        except BaseException as error:  # noqa: BLE001 - a dead worker must not leave clients waiting
+            with self._ready:
+                self.failure = Failed(error).message
+                jobs = [job for lane in self._lanes.values() for job in (*lane.waiting, *lane.running.values())]
+                for job in jobs:
+                    job.state = "running" if job.state == "queued" else job.state  # all are answered now
+                self._lanes.clear()
+                self._running, self._admitted_tokens = 0, 0
+                events = self._deliver(jobs, [Failed(error)] * len(jobs))
+            for job, event in events:
+                job.post(event)
 
     def _work(self) -> None:
         while True:
@@ -285,7 +349,7 @@ class Scheduler:
         size = session.size
         try:
             done = session.step() if size else None
-        except Exception as error:  # noqa: BLE001 - every client of the batch must hear of it
+        except BaseException as error:  # noqa: BLE001 - every client of the batch must hear of it, even of a hook's SystemExit
             with self._ready:
                 jobs = list(lane.running.values())
                 lane.running.clear()
@@ -307,6 +371,10 @@ class Scheduler:
                     ]
                     for n in nfe:
                         self.metrics.count_finished(n)
+                    now = time.perf_counter()
+                    for job in jobs:
+                        seconds = now - job.submitted
+                        self._row_seconds = seconds if self._row_seconds is None else 0.8 * self._row_seconds + 0.2 * seconds
                     events = self._deliver(jobs, finished)
         with self._ready:
             if lane.idle and self._lanes.get(lane.key) is lane:
@@ -322,7 +390,7 @@ class Scheduler:
         started = session.size == 0
         try:
             ids = session.admit([job.prompt for job in joining], row_offset=[job.index for job in joining])
-        except Exception as error:  # noqa: BLE001 - the rows' clients must hear of it
+        except BaseException as error:  # noqa: BLE001 - the rows' clients must hear of it, even of a hook's SystemExit
             with self._ready:
                 lane.joining = 0
                 self._release(joining)

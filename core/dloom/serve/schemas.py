@@ -4,6 +4,9 @@ The OpenAI fields dloom honours are declared; any other field is refused (HTTP 4
 it), so a misspelt setting never passes silently. dloom's settings sit at the top level of
 the body (the ``openai`` client sends them with ``extra_body=``): ``strategy``, ``params``,
 ``cache`` and ``cache_refresh``; the server validates them against the strategy registry.
+
+Types are strict, as on the command line: a boolean is not a number (``prompt: [true]``
+is refused), a string is not a boolean (``stream: "yes"``), a float is not an int.
 """
 
 from __future__ import annotations
@@ -13,10 +16,13 @@ from typing import Literal, Union, cast
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 ParamValue = Union[bool, int, float, str]
+MAX_CACHE_REFRESH = 1 << 20
+"""The largest ``cache_refresh`` a request may give (beyond a block's forwards it is the same
+as none)."""
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     include_usage: bool = Field(False, description="send a last chunk with the usage")
 
@@ -24,7 +30,7 @@ class StreamOptions(BaseModel):
 class GenerationFields(BaseModel):
     """Fields common to completions and chat completions."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str = Field(description="the served model's name (GET /v1/models)")
     max_tokens: int | None = Field(
@@ -43,7 +49,9 @@ class GenerationFields(BaseModel):
         None, description="strategy parameters by name ('tau') or component ('spiffy.budget')"
     )
     cache: str | None = Field(None, description="KV cache: none, prefix or dual")
-    cache_refresh: int | None = Field(None, description="with a cache: a full forward every N forwards")
+    cache_refresh: int | None = Field(
+        None, ge=1, le=MAX_CACHE_REFRESH, description="with a cache: a full forward every N forwards"
+    )
 
     @field_validator("n")
     @classmethod
@@ -83,7 +91,7 @@ class CompletionRequest(GenerationFields):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     role: Literal["system", "user", "assistant"]
     content: str

@@ -4,7 +4,10 @@ events into OpenAI responses and stream chunks (:class:`Service`, one per app).
 Every check runs before a row is queued: the model name (404), the dloom settings (400, the
 CLI's messages), empty prompts, token ids outside the vocabulary, text the tokenizer cannot
 encode, ``max_tokens`` beyond ``gen_length`` and prompts that would not fit the model's
-context (400: refused, never truncated); a full queue answers 429.
+context (400: refused, never truncated; a text too long to fit is refused before it is
+tokenized, :mod:`dloom.serve.limits`), stop sequences over their length limit, and path
+parameters that name anything but a file the operator offers (:mod:`dloom.serve.files`);
+a full queue answers 429.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from dloom.adapter import ModelAdapter
 from dloom.errors import DloomError, ModelError
 from dloom.serve.decoders import DecodeDefaults, DecoderPool, Resolved
+from dloom.serve.files import ServerFiles
+from dloom.serve.limits import MAX_BODY_BYTES, TextLimit, check_stops, longest_token_chars
 from dloom.serve.metrics import ServerMetrics
 from dloom.serve.responses import error_body, sse, usage
 from dloom.serve.scheduler import BlockTokens, Failed, Finished, Job, Scheduler
@@ -41,6 +46,9 @@ class ServeConfig:
     :ivar plain_chat: without a chat template, join the messages' contents with spaces
         (else a chat request to such a model is refused with 400).
     :ivar name: the model name clients use (default: the model's).
+    :ivar max_body_bytes: the longest request body taken; a longer one gets 413.
+    :ivar graph_dirs: directories whose files requests may name in path parameters
+        (:mod:`dloom.serve.files`); a request never names a path itself.
     """
 
     model: ModelAdapter
@@ -49,6 +57,8 @@ class ServeConfig:
     max_queued_tokens: int = 65536
     plain_chat: bool = False
     name: str | None = None
+    max_body_bytes: int = MAX_BODY_BYTES
+    graph_dirs: tuple[str, ...] = ()
 
 
 class HTTPError(Exception):
@@ -83,6 +93,8 @@ class Service:
             self.gen_length, config.max_batch_size, config.max_queued_tokens, self.metrics
         )
         self.vocab_size = getattr(getattr(config.model.model, "config", None), "vocab_size", None)
+        self.files = ServerFiles(config.graph_dirs)
+        self.text_limit = TextLimit(config.model.max_context, self.gen_length, longest_token_chars(config.model.tokenizer))
 
     # --- validation ----------------------------------------------------------------------
 
@@ -91,8 +103,10 @@ class Service:
 
         :raises DloomError: for bad settings, prompts or lengths (answered with 400).
         """
+        check_stops(body.stop or [])
+        params = self.files.resolve(body.strategy or self.config.defaults.strategy, body.params)
         resolved = self.pool.resolve(
-            body.strategy, body.params, body.cache, body.cache_refresh, body.temperature or 0.0, body.seed,
+            body.strategy, params, body.cache, body.cache_refresh, body.temperature or 0.0, body.seed,
         )
         max_tokens = self.gen_length if token_limit is None else token_limit
         if max_tokens > self.gen_length:
@@ -111,6 +125,7 @@ class Service:
         return Prepared(resolved, rows, max_tokens, list(body.stop or []))
 
     def _encode(self, prompts: list[str]) -> list[list[int]]:
+        self.text_limit.check(prompts)
         try:
             return self.model.encode(prompts)
         except DloomError:
@@ -149,7 +164,10 @@ class Service:
         messages = [message.model_dump() for message in body.messages]
         tokenizer = self.model.tokenizer
         if tokenizer is not None and getattr(tokenizer, "chat_template", None):
-            return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            try:
+                return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            except Exception as error:  # noqa: BLE001 - the template's refusal (raise_exception), the client's to fix
+                raise ModelError(f"the model's chat template refused the conversation: {error}") from None
         if self.config.plain_chat:
             return " ".join(message["content"] for message in messages)
         raise ModelError(
@@ -264,7 +282,7 @@ class Service:
                     self.withdraw(jobs)
                     self.metrics.count_request("failed")
                     done = True
-                    yield sse(error_body(f"decoding failed: {event.error}", "server_error"))
+                    yield sse(error_body(f"decoding failed: {event.message}", "server_error"))
                     return
                 if isinstance(event, BlockTokens):
                     decoded[index].extend(event.tokens)
@@ -295,7 +313,7 @@ class Service:
     def failure(self, event: Failed) -> JSONResponse:
         """The 500 answer of a request whose batch failed."""
         self.metrics.count_request("failed")
-        return JSONResponse(error_body(f"decoding failed: {event.error}", "server_error"), status_code=500)
+        return JSONResponse(error_body(f"decoding failed: {event.message}", "server_error"), status_code=500)
 
 
 def envelope(kind: str, model: str) -> dict[str, Any]:

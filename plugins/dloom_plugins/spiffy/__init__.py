@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dloom import Claim, Parameter, StrategyRegistration, hookimpl
 
-from .graph import CalibratedGraph
+from .graph import BUILTIN_DIR, CalibratedGraph
 from .plugin import CALL_TOKENS, LAYOUTS, Spiffy
 
 __all__ = ["CalibratedGraph", "Spiffy", "dloom_register_commands", "dloom_register_strategies"]
@@ -33,7 +33,8 @@ def dloom_register_strategies(register) -> None:
             name="spiffy",
             plugin_class=Spiffy,
             parameters=(
-                Parameter("graph", "", str, "draft-graph file from `dloom calibrate` ('' = built-in)"),
+                Parameter("graph", "", str, "draft-graph file from `dloom calibrate` ('' = built-in)", path=True,
+                          path_files=(str(BUILTIN_DIR / "*.json"),)),
                 Parameter("budget", 10, int, "D*: drafts per row in one verification forward", low=0),
                 Parameter("layout", "rows", str, "drafts as batch rows or packed in one sequence",
                           choices=LAYOUTS),
