@@ -43,6 +43,7 @@ import torch
 from dloom.adapter import left_pad_prompts, padding_or_none
 from dloom.attention import absolute_block_ids, block_ids
 from dloom.cache import BlockForward
+from dloom.commit_logprobs import CommitLogprobs, RowLogprobs
 from dloom.errors import ConfigurationError, ModelError
 from dloom.generation import row_streams
 from dloom.kernel import RowStreams
@@ -125,6 +126,8 @@ class FinishedRows:
     :ivar lengths: ``(R,)`` long, generated tokens up to and including the first EOS (the
         whole region when there is none).
     :ivar nfe: ``(R,)`` long, forwards in which each row was decoding.
+    :ivar logprobs: the rows' commit-time log-probabilities, columns as ``sequences``
+        (``None`` unless the session records them).
     """
 
     rows: torch.Tensor
@@ -132,6 +135,7 @@ class FinishedRows:
     prompt_width: int
     lengths: torch.Tensor
     nfe: torch.Tensor
+    logprobs: RowLogprobs | None = None
 
     @property
     def generated(self) -> torch.Tensor:
@@ -174,6 +178,10 @@ class DecodeSession:
     :param on_block: called after every step in which some rows finished a block, with a
         :class:`BlockRecord` (rows named by their ids). Costs no host
         synchronisation unless given.
+    :param logprobs: record each committed token's log-probability and this many
+        alternatives (:mod:`dloom.commit_logprobs`; ``None``: record nothing). Tokens and
+        NFE are the same either way. Not for a speculative strategy, whose verified
+        tokens are committed from drafts' distributions.
 
     :ivar on_block: the callback above; a caller may set or clear it between steps.
     :ivar size: rows in the batch now (a host int).
@@ -185,7 +193,14 @@ class DecodeSession:
         decoder: DiffusionDecoder,
         observer: Callable[[StepRecord], None] | None = None,
         on_block: Callable[[BlockRecord], None] | None = None,
+        logprobs: int | None = None,
     ) -> None:
+        if logprobs is not None and decoder._speculates:
+            raise ConfigurationError(
+                f"strategy {decoder.composition.name!r} speculates; commit-time log-probabilities "
+                "are recorded for plain (non-speculative) strategies only"
+            )
+        self.logprobs = None if logprobs is None else CommitLogprobs(logprobs, decoder.mask_token_id)
         self.decoder = decoder
         self.model = decoder.model
         self.observer, self.on_block = observer, on_block
@@ -278,6 +293,8 @@ class DecodeSession:
         self.x, self.full_mask, self.positions, start, self.region_end = decoder._layout(prompt_ids, prompt_mask)
         self.width = prompt_ids.shape[1]
         self.rows = ids
+        if self.logprobs is not None:
+            self.logprobs.start(self.x)
         self.block_index = torch.zeros_like(ids)
         self.nfe = torch.zeros_like(ids)
         self.known = torch.zeros(len(ids), dtype=torch.bool, device=ids.device)
@@ -319,6 +336,8 @@ class DecodeSession:
         tokens, mask, positions, start, region_end = decoder._layout(
             _pad_left(prompt_ids, short, pad), _pad_left(prompt_mask, short, 0)
         )
+        if self.logprobs is not None:
+            self.logprobs.join(widened, tokens)
         self.x = torch.cat([self.x, tokens])
         self.full_mask = torch.cat([self.full_mask, mask])
         self.positions = torch.cat([self.positions, positions])
@@ -370,6 +389,8 @@ class DecodeSession:
         self.block_index, self.nfe = self.block_index[index], self.nfe[index]
         self.full_mask, self.positions = self.full_mask[index], self.positions[index]
         self.region_end = self.region_end[index]
+        if self.logprobs is not None:
+            self.logprobs.keep(index)
         if self.previous is not None:
             self.previous = self.previous[index]
         self._running_forward().select(index)
@@ -421,6 +442,8 @@ class DecodeSession:
             logits, _ = decoder._timed(forward.run, x, n_full, first_window, last_window)
             new_block = kernel(block, logits, decoding)
             self.previous = logits
+            if self.logprobs is not None:
+                self.logprobs.record(columns, block, logits, new_block)
             if self.observer is not None:
                 self.observer(StepRecord(self.block_index.clone(), self.rows.clone(), block.clone(), logits, new_block.clone()))
         x.scatter_(1, columns, new_block)
@@ -465,7 +488,8 @@ class DecodeSession:
         gone = order[self.size - leaving:]
         region = x[gone, self.width:]
         lengths = torch.minimum(generated_lengths(region, eos_ids), self.region_end[gone] - self.width)
-        result = FinishedRows(self.rows[gone], x[gone], self.width, lengths, self.nfe[gone])
+        logprobs = self.logprobs.take(gone) if self.logprobs is not None else None
+        result = FinishedRows(self.rows[gone], x[gone], self.width, lengths, self.nfe[gone], logprobs)
         if leaving == self.size:
             self._empty()
         else:
