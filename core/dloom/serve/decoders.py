@@ -47,6 +47,7 @@ class LaneKey:
     requests share a batch and each still decodes as its request alone)."""
 
     settings: str  # the decoder's config as sorted JSON (seed left out unless it matters)
+    logprobs: int | None = None  # alternatives per token its rows record (None: no logprobs)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,182 @@
+"""The OpenAI fields that clients (lm-evaluation-harness, guidellm, the ``openai`` client)
+send, against a real uvicorn server on 127.0.0.1 with the official ``openai`` client, on
+the shipped toy-dllm: one row per field, honoured (the answer checked against an offline
+decode) or refused with the exact status and words (``docs/serving.md``, field table).
+"""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+import torch
+
+import dloom
+from dloom.serve.app import ServeConfig
+from dloom.serve.background import BackgroundServer
+from dloom.serve.decoders import DecodeDefaults
+
+MODEL = "toy-dllm"
+BLOCK = 8
+PROMPT = "sort 29796252137"
+
+
+@pytest.fixture(scope="module")
+def model():
+    return dloom.load_model(MODEL)
+
+
+@pytest.fixture(scope="module")
+def served(model):
+    server = BackgroundServer(ServeConfig(model, DecodeDefaults(block_length=BLOCK), plain_chat=True))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def offline(model, prompt, **settings):
+    """The text and counted tokens of ``prompt`` decoded alone by a fresh decoder."""
+    result = dloom.DiffusionDecoder(model, "quota", block_length=BLOCK, **settings).generate([prompt])
+    tokens = result.token_lists[0]
+    return model.decode([t for t in tokens if t not in model.eos_token_ids]), tokens
+
+
+# --- accepted and honoured ----------------------------------------------------------------
+
+ACCEPTED = [
+    {"user": "someone"},
+    {"top_p": 0.5},  # greedy: the most likely token is always in the nucleus
+    {"top_p": 1.0, "temperature": 0.0},
+    {"presence_penalty": 0, "frequency_penalty": 0.0},
+    {"extra_body": {"ignore_eos": False}},
+    {"stream_options": None},
+    {"logprobs": None, "echo": False, "n": 1},
+]
+
+
+@pytest.mark.parametrize("fields", ACCEPTED, ids=[str(f) for f in ACCEPTED])
+def test_a_field_with_a_value_dloom_honours_gives_the_offline_decode(model, client, fields):
+    response = client.completions.create(model=MODEL, prompt=PROMPT, **fields)
+    assert response.choices[0].text == offline(model, PROMPT)[0]
+
+
+def test_n_greedy_gives_n_identical_choices_each_counted(model, client):
+    response = client.completions.create(model=MODEL, prompt=[PROMPT, "add 40 20"], n=3)
+    texts = [offline(model, PROMPT)[0]] * 3 + [offline(model, "add 40 20")[0]] * 3
+    assert [c.index for c in response.choices] == list(range(6))
+    assert [c.text for c in response.choices] == texts
+    prompt_tokens = sum(len(ids) for ids in model.encode([PROMPT, "add 40 20"]))
+    assert response.usage.prompt_tokens == prompt_tokens  # each prompt once, whatever n
+
+
+def test_n_sampled_choices_draw_from_distinct_streams_of_the_seed(model, client):
+    settings = {"temperature": 3.0, "seed": 7}
+    response = client.completions.create(model=MODEL, prompt=PROMPT, n=3, **settings)
+    # choice i is row i of the request: generate([prompt] * 3) with the same seed
+    result = dloom.DiffusionDecoder(model, "quota", block_length=BLOCK, **settings).generate([PROMPT] * 3)
+    expected = [model.decode([t for t in row if t not in model.eos_token_ids]) for row in result.token_lists]
+    assert [c.text for c in response.choices] == expected
+    assert len(set(expected)) > 1  # distinct streams: the choices differ
+
+
+def test_echo_puts_the_prompt_before_the_completion(model, client):
+    response = client.completions.create(model=MODEL, prompt=PROMPT, echo=True)
+    assert response.choices[0].text == PROMPT + offline(model, PROMPT)[0]
+    ids = model.encode([PROMPT])[0]
+    response = client.completions.create(model=MODEL, prompt=ids, echo=True)
+    assert response.choices[0].text == model.decode(ids) + offline(model, PROMPT)[0]
+
+
+def test_echo_in_a_stream_comes_first(model, client):
+    stream = client.completions.create(model=MODEL, prompt=PROMPT, echo=True, stream=True)
+    texts = [c.choices[0].text for c in stream if c.choices]
+    assert texts[0] == PROMPT and "".join(texts) == PROMPT + offline(model, PROMPT)[0]
+
+
+def test_completion_logprobs_are_the_commit_time_log_probabilities(model, client):
+    response = client.completions.create(model=MODEL, prompt=PROMPT, logprobs=2)
+    text, tokens = offline(model, PROMPT)
+    choice = response.choices[0]
+    assert choice.text == text  # recording changes nothing
+    logprobs = choice.logprobs
+    assert logprobs.tokens == [model.decode([t]) for t in tokens]
+    assert len(logprobs.token_logprobs) == len(tokens) == response.usage.completion_tokens
+    assert all(v <= 0 for v in logprobs.token_logprobs)
+    # greedy: each token is its distribution's most likely one, so it heads its alternatives
+    for token, value, top in zip(logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs):
+        assert len(top) <= 2 and max(top.values()) == pytest.approx(value) and top[token] == pytest.approx(value)
+    assert logprobs.text_offset[0] == 0
+    assert logprobs.text_offset[1:] == list(torch.tensor([len(t) for t in logprobs.tokens]).cumsum(0)[:-1].tolist())
+
+
+def test_logprobs_zero_gives_token_logprobs_and_no_alternatives(client):
+    logprobs = client.completions.create(model=MODEL, prompt=PROMPT, logprobs=0).choices[0].logprobs
+    assert logprobs.top_logprobs is None and len(logprobs.token_logprobs) > 0
+
+
+def test_chat_logprobs_have_the_chat_layout(model, client):
+    messages = [{"role": "user", "content": PROMPT}]
+    response = client.chat.completions.create(model=MODEL, messages=messages, logprobs=True, top_logprobs=1)
+    content = response.choices[0].logprobs.content
+    assert len(content) == response.usage.completion_tokens
+    for item in content:
+        assert item.logprob <= 0 and item.top_logprobs[0].logprob == pytest.approx(item.logprob)
+        assert item.bytes == list(item.token.encode())
+
+
+def test_include_usage_and_continuous_usage_stats(model, client):
+    stream = client.completions.create(
+        model=MODEL, prompt=PROMPT, stream=True,
+        extra_body={"stream_options": {"include_usage": True, "continuous_usage_stats": True}},
+    )
+    chunks = list(stream)
+    tokens = len(offline(model, PROMPT)[1])
+    prompt_tokens = len(model.encode([PROMPT])[0])
+    text_chunks = [c for c in chunks if c.choices]
+    assert len(text_chunks) > 1 and all(c.usage is not None for c in chunks)
+    counts = [c.usage.completion_tokens for c in text_chunks]
+    assert counts == sorted(counts) and counts[-1] == tokens
+    assert all(c.usage.prompt_tokens == prompt_tokens for c in chunks)
+    assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == prompt_tokens + tokens
+
+
+def test_without_continuous_usage_stats_only_the_last_chunk_has_usage(client):
+    chunks = list(client.completions.create(
+        model=MODEL, prompt=PROMPT, stream=True, stream_options={"include_usage": True},
+    ))
+    assert [c.usage is not None for c in chunks] == [False] * (len(chunks) - 1) + [True]
+
+
+# --- refused with 400 naming the field -----------------------------------------------------
+
+REFUSED = [
+    ({"presence_penalty": 0.5}, 400, "presence_penalty is 0.5; allowed: 0"),
+    ({"frequency_penalty": -1}, 400, "frequency_penalty is -1.0; allowed: 0"),
+    ({"top_p": 0.9, "temperature": 0.7}, 400, "top_p is 0.9 with temperature 0.7; allowed: top_p 1 when sampling"),
+    ({"top_p": 0}, 422, "top_p: Input should be greater than 0"),
+    ({"extra_body": {"ignore_eos": True}}, 400, "ignore_eos is true; allowed: false"),
+    ({"logprobs": 21}, 422, "logprobs: Input should be less than or equal to 20"),
+    ({"logprobs": 1, "echo": True}, 400, "echo with logprobs is not supported"),
+    ({"logprobs": 1, "stream": True}, 400, "logprobs with stream is not supported"),
+    ({"logprobs": 1, "extra_body": {"strategy": "spiffy+quota"}}, 400, "logprobs with a speculative strategy is not supported"),
+    ({"n": 0}, 422, "n: Input should be greater than or equal to 1"),
+    ({"extra_body": {"stream_options": {"include_usage": True, "other": 1}}, "stream": True}, 422, "stream_options.other: Extra inputs"),
+]
+
+
+@pytest.mark.parametrize("fields, status, words", REFUSED, ids=[w for _, _, w in REFUSED])
+def test_a_value_dloom_cannot_honour_is_refused_naming_the_field(served, client, fields, status, words):
+    with pytest.raises(openai.APIStatusError) as raised:
+        client.completions.create(model=MODEL, prompt=PROMPT, **fields)
+    assert raised.value.status_code == status
+    assert words in str(raised.value)
+    assert httpx.get(f"{served.url}/health").json()["admitted_tokens"] == 0  # nothing was queued
+
+
+def test_chat_top_logprobs_without_logprobs_is_refused(client):
+    with pytest.raises(openai.BadRequestError, match="top_logprobs is 2 without logprobs"):
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": PROMPT}], top_logprobs=2)
