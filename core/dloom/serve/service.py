@@ -336,7 +336,8 @@ class Service:
         if prepared.logprobs is None or row.logprobs is None:
             return None
         count = len(shown.tokens)
-        values, ids, alternatives = (part[:count] for part in row.logprobs)
+        values, ids, alternatives = row.logprobs
+        values, ids, alternatives = values[:count], ids[:count], alternatives[:count]
         build = completion_logprobs if kind == "text_completion" else chat_logprobs
         return build(shown.tokens, values, ids, alternatives, self.model.decode, prepared.logprobs)
 
