@@ -6,12 +6,21 @@ decode) or refused with the exact status and words (``docs/serving.md``, field t
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
 import httpx
 import openai
 import pytest
 import torch
+from typer.testing import CliRunner
 
 import dloom
+from dloom.cli import app as cli_app
+from dloom.evaluation import select_examples
 from dloom.serve.app import ServeConfig
 from dloom.serve.background import BackgroundServer
 from dloom.serve.decoders import DecodeDefaults
@@ -19,6 +28,7 @@ from dloom.serve.decoders import DecodeDefaults
 MODEL = "toy-dllm"
 BLOCK = 8
 PROMPT = "sort 29796252137"
+CHECKPOINT = Path(dloom.__file__).parent / "zoo" / "models" / MODEL  # its tokenizer, for guidellm
 
 
 @pytest.fixture(scope="module")
@@ -180,3 +190,114 @@ def test_a_value_dloom_cannot_honour_is_refused_naming_the_field(served, client,
 def test_chat_top_logprobs_without_logprobs_is_refused(client):
     with pytest.raises(openai.BadRequestError, match="top_logprobs is 2 without logprobs"):
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": PROMPT}], top_logprobs=2)
+
+
+# --- real clients: lm-evaluation-harness and guidellm (slow; pip install -e ".[clients]") ----
+
+TASKS = "add,sort,reverse,copy,lookup,code"  # families whose checker is exact match of the answer
+LOSSY = {"strategy": "threshold", "params": {"tau": 0.3}}  # below 100 % on these, so equality means something
+
+
+def client_tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        pytest.skip(f"{name} is not installed (pip install -e '.[clients]')")
+    return path
+
+
+def offline_env(tmp_path) -> dict[str, str]:
+    return {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"),
+            "NO_COLOR": "1"}
+
+
+@pytest.fixture(scope="module")
+def lossy_served(model):
+    defaults = DecodeDefaults(strategy=LOSSY["strategy"], params=LOSSY["params"])
+    server = BackgroundServer(ServeConfig(model, defaults, plain_chat=True))
+    yield server
+    server.stop()
+
+
+def dloom_eval(examples: int) -> dict:
+    """``dloom eval --json`` of the lossy setting: its records and its summary."""
+    result = CliRunner().invoke(cli_app, [
+        "eval", "--tasks", TASKS, "-n", str(examples), "-s", LOSSY["strategy"], "-p", "tau=0.3", "--json",
+    ])
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.output.splitlines() if line.startswith("{")]
+    return {"records": lines[:-1], "summary": lines[-1]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["local-completions", "local-chat-completions"])
+def test_lm_eval_accuracy_equals_dloom_eval(lossy_served, tmp_path, kind):
+    lm_eval = client_tool("lm_eval")
+    examples = select_examples(TASKS, 24)
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"prompt": e.prompt, "answer": e.answer}) + "\n" for e in examples))
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "dloom_toy.yaml").write_text(LM_EVAL_TASK.format(data=data))
+    endpoint = "chat/completions" if kind == "local-chat-completions" else "completions"
+    args = [
+        lm_eval, "--model", kind, "--tasks", "dloom_toy", "--include_path", str(tmp_path / "tasks"),
+        "--model_args", f"model={MODEL},base_url={lossy_served.url}/v1/{endpoint},tokenized_requests=False,"
+        "tokenizer_backend=none,num_concurrent=4,max_retries=1",
+        "--output_path", str(tmp_path / "out"), "--log_samples",
+    ]
+    if kind == "local-chat-completions":
+        args.append("--apply_chat_template")
+    run = subprocess.run(args, env=offline_env(tmp_path), capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = json.loads(next((tmp_path / "out").rglob("results_*.json")).read_text())
+    samples = [json.loads(line) for line in next((tmp_path / "out").rglob("samples_dloom_toy_*.jsonl")).open()]
+    reference = dloom_eval(24)
+    answers = {e.prompt: e.answer for e in examples}
+    # the checker of these families is exact match, so lm-eval's metric grades as dloom eval does
+    assert all(r["correct"] == (r["text"] == answers[r["prompt"]]) for r in reference["records"])
+    assert 0 < reference["summary"]["accuracy"] < 1
+    assert results["results"]["dloom_toy"]["exact_match,none"] == pytest.approx(reference["summary"]["accuracy"])
+    texts = {r["prompt"]: r["text"] for r in reference["records"]}
+    assert {s["doc"]["prompt"]: s["resps"][0][0] for s in samples} == texts  # and each answer is the same
+
+
+LM_EVAL_TASK = """task: dloom_toy
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: generate_until
+doc_to_text: "{{{{prompt}}}}"
+doc_to_target: "{{{{answer}}}}"
+generation_kwargs:
+  until: []
+  max_gen_toks: 32
+  temperature: 0
+metric_list:
+  - metric: exact_match
+    aggregation: mean
+    higher_is_better: true
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("endpoint", ["/v1/completions", "/v1/chat/completions"])
+def test_guidellm_benchmark_finishes_without_errors(served, tmp_path, endpoint):
+    guidellm = client_tool("guidellm")
+    prompts = [e.prompt for e in select_examples(TASKS, 12)]
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    output = tmp_path / "benchmark.json"
+    run = subprocess.run([
+        guidellm, "run",
+        "--backend", f"kind=openai_http,target={served.url},model={MODEL},request_format={endpoint}",
+        "--profile", "kind=concurrent,streams=4", "--constraint", "kind=max_requests,count=12",
+        "--data", f"kind=json_file,path={data}", "--tokenizer", f"kind=hf_auto,model={CHECKPOINT}",
+        "--output", f"kind=json,path={output}", "--disable-progress", "--disable-console-interactive",
+    ], env=offline_env(tmp_path), capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    requests = json.loads(output.read_text())["benchmarks"][0]["requests"]
+    assert [len(requests[k]) for k in ("successful", "errored", "incomplete")] == [12, 0, 0], requests["errored"][:1]
+    outputs = sorted(r["output"] for r in requests["successful"])
+    expected = sorted(offline(dloom.load_model(MODEL), p)[0] for p in prompts)
+    assert outputs == expected  # guidellm read the streamed text whole

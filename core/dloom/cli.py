@@ -410,7 +410,7 @@ def eval_command(
     drafter: Optional[str] = DrafterOption,
     ray_actors: Optional[int] = typer.Option(
         None, "--ray", min=1,
-        help="Decode on Ray with N actors, one model replica each (pip install \"dloom[ray]\").",
+        help="Decode on Ray with N actors, one model replica each (pip install -e \".[ray]\" in a clone of dloom).",
     ),
     oracle: bool = typer.Option(
         False, help="Also report the oracle NFE (oracle_nfe_mean; two extra greedy decodes per example)."

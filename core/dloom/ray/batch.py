@@ -255,7 +255,7 @@ def iter_decoded(
     try:
         import ray
     except ImportError as error:
-        raise ConfigurationError(f"decoding on Ray needs Ray ({error}); pip install \"dloom[ray]\"") from None
+        raise ConfigurationError(f"decoding on Ray needs Ray ({error}); pip install -e \".[ray]\" in a clone of dloom") from None
 
     if not ray.is_initialized():
         ray.init(include_dashboard=False, log_to_driver=False)

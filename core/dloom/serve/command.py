@@ -1,7 +1,7 @@
 """``dloom serve``: run the OpenAI-compatible server with uvicorn.
 
 Importing this module needs neither FastAPI nor uvicorn (the command line loads it for its
-help); running the command does (``pip install "dloom[serve]"``).
+help); running the command does (``pip install -e ".[serve]"`` in a clone of dloom).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def serve(
         from dloom.serve.app import ServeConfig, create_app
         from dloom.serve.decoders import DecodeDefaults
     except ImportError as error:
-        fail(ConfigurationError(f"dloom serve needs FastAPI and uvicorn ({error}); pip install \"dloom[serve]\""))
+        fail(ConfigurationError(f"dloom serve needs FastAPI and uvicorn ({error}); pip install -e \".[serve]\" (in a clone of dloom)"))
     try:
         defaults = DecodeDefaults(
             strategy=strategy, params=parse_params(param), cache=cache, cache_refresh=cache_refresh,

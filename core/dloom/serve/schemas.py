@@ -93,7 +93,21 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     role: Literal["system", "user", "assistant"]
-    content: str
+    content: str = Field(description="a text, or a list of text parts (joined)")
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts(cls, value: object) -> object:
+        """OpenAI's content parts ``[{"type": "text", "text": ...}, ...]`` as one text."""
+        if not isinstance(value, list):
+            return value
+        texts = []
+        for part in value:
+            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise ValueError(f"a content part of type {kind!r}; allowed: text parts ({{'type': 'text', 'text': ...}})")
+            texts.append(part["text"])
+        return "".join(texts)
 
 
 class ChatCompletionRequest(GenerationFields):
