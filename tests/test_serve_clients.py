@@ -301,3 +301,12 @@ def test_guidellm_benchmark_finishes_without_errors(served, tmp_path, endpoint):
     outputs = sorted(r["output"] for r in requests["successful"])
     expected = sorted(offline(dloom.load_model(MODEL), p)[0] for p in prompts)
     assert outputs == expected  # guidellm read the streamed text whole
+
+
+def test_chat_text_parts_are_joined_and_other_parts_refused(model, client):
+    parts = [{"type": "text", "text": "sort 2979"}, {"type": "text", "text": "6252137"}]
+    response = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": parts}])
+    assert response.choices[0].message.content == offline(model, PROMPT)[0]
+    image = [{"type": "image_url", "image_url": {"url": "data:,"}}]
+    with pytest.raises(openai.UnprocessableEntityError, match="content part of type 'image_url'; allowed: text parts"):
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": image}])
