@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 import dloom
 from dloom.cli import app as cli_app
 from dloom.evaluation import select_examples
+from dloom.running_batch import DecodeSession
 from dloom.serve.app import ServeConfig
 from dloom.serve.background import BackgroundServer
 from dloom.serve.decoders import DecodeDefaults
@@ -91,6 +92,52 @@ def test_n_sampled_choices_draw_from_distinct_streams_of_the_seed(model, client)
     expected = [model.decode([t for t in row if t not in model.eos_token_ids]) for row in result.token_lists]
     assert [c.text for c in response.choices] == expected
     assert len(set(expected)) > 1  # distinct streams: the choices differ
+
+
+def past_eos(model, prompt):
+    """The generated region of ``prompt`` decoded alone with ``ignore_eos``, and its NFE."""
+    decoder = dloom.DiffusionDecoder(model, "quota", block_length=BLOCK)
+    session = DecodeSession(decoder, ignore_eos=True)
+    session.admit(model.encode([prompt]))
+    done = None
+    while session.size:
+        done = session.step() or done
+    assert done is not None
+    return done.generated[0].tolist(), int(done.nfe[0])
+
+
+def test_ignore_eos_decodes_the_whole_region_past_eos(model, client):
+    tokens, nfe = past_eos(model, PROMPT)
+    text, plain = offline(model, PROMPT)
+    assert tokens[: len(plain)] == plain and len(tokens) == 32 > len(plain)  # the same up to its EOS, then more
+    eos = set(model.eos_token_ids)
+    response = client.completions.create(model=MODEL, prompt=PROMPT, extra_body={"ignore_eos": True})
+    choice = response.choices[0]
+    assert choice.finish_reason == "length" and response.usage.completion_tokens == 32
+    assert choice.text == model.decode([t for t in tokens if t not in eos]) and choice.text.startswith(text)
+    assert response.usage.nfe == nfe > offline_nfe(model, PROMPT)
+    cut = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=20, extra_body={"ignore_eos": True})
+    assert cut.usage.completion_tokens == 20 and cut.choices[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize("strategy, settings", [("quota", {}), ("threshold", {"cache": "dual"}), ("quota", {"temperature": 1.5, "seed": 2})])
+def test_ignore_eos_keeps_every_row_the_same_up_to_its_eos(model, strategy, settings):
+    prompts = ["add 40 20", "copy eezej spmk", PROMPT, "rev iprmgsqepy4rxu"]
+    decoder = dloom.DiffusionDecoder(model, strategy, block_length=BLOCK, **settings)
+    plain = decoder.generate(prompts)
+    session = DecodeSession(decoder, ignore_eos=True)
+    session.admit(model.encode(prompts))
+    rows = {}
+    while session.size:
+        done = session.step()
+        if done is not None:
+            rows.update(zip(done.rows.tolist(), done.generated.tolist()))
+    for index, tokens in enumerate(plain.token_lists):
+        assert rows[index][: len(tokens)] == tokens and model.mask_token_id not in rows[index]
+
+
+def offline_nfe(model, prompt):
+    return int(dloom.DiffusionDecoder(model, "quota", block_length=BLOCK).generate([prompt]).nfe[0])
 
 
 def test_echo_puts_the_prompt_before_the_completion(model, client):
@@ -168,7 +215,6 @@ REFUSED = [
     ({"frequency_penalty": -1}, 400, "frequency_penalty is -1.0; allowed: 0"),
     ({"top_p": 0.9, "temperature": 0.7}, 400, "top_p is 0.9 with temperature 0.7; allowed: top_p 1 when sampling"),
     ({"top_p": 0}, 422, "top_p: Input should be greater than 0"),
-    ({"extra_body": {"ignore_eos": True}}, 400, "ignore_eos is true; allowed: false"),
     ({"logprobs": 21}, 422, "logprobs: Input should be less than or equal to 20"),
     ({"logprobs": 1, "echo": True}, 400, "echo with logprobs is not supported"),
     ({"logprobs": 1, "stream": True}, 400, "logprobs with stream is not supported"),
@@ -286,7 +332,8 @@ def test_guidellm_benchmark_finishes_without_errors(served, tmp_path, endpoint):
     guidellm = client_tool("guidellm")
     prompts = [e.prompt for e in select_examples(TASKS, 12)]
     data = tmp_path / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    # a fixed output length makes guidellm send ignore_eos with max_tokens 16
+    data.write_text("".join(json.dumps({"prompt": p, "output_tokens_count": 16}) + "\n" for p in prompts))
     output = tmp_path / "benchmark.json"
     run = subprocess.run([
         guidellm, "run",
@@ -298,9 +345,12 @@ def test_guidellm_benchmark_finishes_without_errors(served, tmp_path, endpoint):
     assert run.returncode == 0, run.stderr[-3000:]
     requests = json.loads(output.read_text())["benchmarks"][0]["requests"]
     assert [len(requests[k]) for k in ("successful", "errored", "incomplete")] == [12, 0, 0], requests["errored"][:1]
-    outputs = sorted(r["output"] for r in requests["successful"])
-    expected = sorted(offline(dloom.load_model(MODEL), p)[0] for p in prompts)
-    assert outputs == expected  # guidellm read the streamed text whole
+    assert json.loads(requests["successful"][0]["request_args"])["body"]["ignore_eos"] is True
+    assert [r["output_metrics"]["text_tokens"] for r in requests["successful"]] == [16] * 12
+    model = dloom.load_model(MODEL)
+    eos = set(model.eos_token_ids)
+    expected = sorted(model.decode([t for t in past_eos(model, p)[0][:16] if t not in eos]) for p in prompts)
+    assert sorted(r["output"] for r in requests["successful"]) == expected  # the streamed text whole
 
 
 def test_chat_text_parts_are_joined_and_other_parts_refused(model, client):

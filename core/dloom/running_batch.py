@@ -182,6 +182,10 @@ class DecodeSession:
         alternatives (:mod:`dloom.commit_logprobs`; ``None``: record nothing). Tokens and
         NFE are the same either way. Not for a speculative strategy, whose verified
         tokens are committed from drafts' distributions.
+    :param ignore_eos: rows do not end at an EOS: each decodes its whole generated region
+        (EOS ids are committed like any token; ``lengths`` are the whole region). Up to
+        and including its first EOS, a row's tokens are those of a decode without it (the
+        steps before that EOS is clear are the same steps).
 
     :ivar on_block: the callback above; a caller may set or clear it between steps.
     :ivar size: rows in the batch now (a host int).
@@ -194,6 +198,7 @@ class DecodeSession:
         observer: Callable[[StepRecord], None] | None = None,
         on_block: Callable[[BlockRecord], None] | None = None,
         logprobs: int | None = None,
+        ignore_eos: bool = False,
     ) -> None:
         if logprobs is not None and decoder._speculates:
             raise ConfigurationError(
@@ -205,7 +210,8 @@ class DecodeSession:
         self.model = decoder.model
         self.observer, self.on_block = observer, on_block
         self._mask_id = decoder.mask_token_id
-        self._eos = torch.tensor(self.model.eos_token_ids, dtype=torch.long, device=self.model.device)
+        eos_ids = [] if ignore_eos else self.model.eos_token_ids
+        self._eos = torch.tensor(eos_ids, dtype=torch.long, device=self.model.device)
         self._samples = decoder.temperature > 0 or decoder.remasking == "random"
         self._steps_per_block = decoder.steps // (decoder.gen_length // decoder.block_length)
         self.tallies = _Tallies(decoder._speculates)

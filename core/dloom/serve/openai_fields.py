@@ -4,8 +4,8 @@ objects of its answers.
 :func:`check_openai_fields` refuses, before any work, a value dloom cannot honour, naming
 the field and what is allowed (HTTP 400). The rest is honoured as documented in
 ``docs/serving.md``: ``user`` is accepted and ignored, ``top_p`` below 1 is honoured when
-greedy (the most likely token is always in the nucleus), ``n`` decodes each choice as its
-own row, ``echo`` puts the prompt's text first, and ``logprobs`` reports each generated
+greedy (the most likely token is always in the nucleus), ``ignore_eos`` decodes each row's
+whole region past its EOS, ``n`` decodes each choice as its own row, ``echo`` puts the prompt's text first, and ``logprobs`` reports each generated
 token's commit-time log-probability (:mod:`dloom.commit_logprobs`).
 """
 
@@ -46,11 +46,6 @@ def check_openai_fields(body: GenerationFields, speculates: bool) -> None:
             f"top_p is {body.top_p} with temperature {temperature}; allowed: top_p 1 when "
             "sampling (dloom samples from the whole distribution), any top_p in (0, 1] with "
             "temperature 0 (the most likely token is always in the nucleus)"
-        )
-    if body.ignore_eos:
-        raise ConfigurationError(
-            "ignore_eos is true; allowed: false (a row ends at its EOS: the positions after "
-            "it are never decoded, so there is no text past it to return)"
         )
     if isinstance(body, ChatCompletionRequest) and body.top_logprobs is not None and not body.logprobs:
         raise ConfigurationError(f"top_logprobs is {body.top_logprobs} without logprobs; allowed: with logprobs true")

@@ -290,7 +290,7 @@ class Scheduler:
         """Admit ``joining`` into ``lane``'s running batch, take one step, post the events of
         the rows that finished (the one place that decides how rows share the device)."""
         if lane.session is None:
-            lane.session = DecodeSession(lane.decoder, logprobs=lane.key.logprobs)
+            lane.session = DecodeSession(lane.decoder, logprobs=lane.key.logprobs, ignore_eos=lane.key.ignore_eos)
         session = lane.session
         failed: list[tuple[Job, Event]] = []
         if joining:

@@ -2,7 +2,7 @@
 
 The OpenAI fields clients send are declared; any other field is refused (HTTP 422 naming
 it), so a misspelt setting never passes silently. A declared field whose value dloom
-cannot honour (a non-zero penalty, ``top_p`` below 1 when sampling, ``ignore_eos``, ...)
+cannot honour (a non-zero penalty, ``top_p`` below 1 when sampling, ...)
 is refused with 400 by :func:`dloom.serve.openai_fields.check_openai_fields`, naming the
 field and what is allowed (``docs/serving.md`` has the table). dloom's settings sit at the top level of
 the body (the ``openai`` client sends them with ``extra_body=``): ``strategy``, ``params``,
@@ -52,7 +52,7 @@ class GenerationFields(BaseModel):
     user: str | None = Field(None, description="the end user's id: accepted and ignored")
     presence_penalty: float | None = Field(None, ge=-2, le=2, description="0 only")
     frequency_penalty: float | None = Field(None, ge=-2, le=2, description="0 only")
-    ignore_eos: bool = Field(False, description="false only: a row ends at its EOS")
+    ignore_eos: bool = Field(False, description="decode past EOS: max_tokens tokens are returned")
 
     @field_validator("stop")
     @classmethod

@@ -70,6 +70,7 @@ class Prepared:
     :ivar logprobs: alternatives per token to report (``None``: no logprobs).
     :ivar echo: each prompt's text, put before its choices' texts (empty: no echo).
     :ivar continuous_usage: every stream chunk carries the usage so far.
+    :ivar ignore_eos: rows decode past their EOS (``ignore_eos``).
     """
 
     resolved: Resolved
@@ -80,6 +81,7 @@ class Prepared:
     logprobs: int | None = None
     echo: list[str] = field(default_factory=list)
     continuous_usage: bool = False
+    ignore_eos: bool = False
 
     @property
     def prompt_tokens(self) -> int:
@@ -115,8 +117,9 @@ class Service:
         speculates = resolved.decoder.composition.provider("dloom_draft") is not None
         check_openai_fields(body, speculates)
         top = requested_logprobs(body)
-        if top is not None:  # rows recording logprobs decode in their own lane
-            resolved = dataclasses.replace(resolved, key=dataclasses.replace(resolved.key, logprobs=top))
+        if top is not None or body.ignore_eos:  # such rows decode in their own lane
+            key = dataclasses.replace(resolved.key, logprobs=top, ignore_eos=body.ignore_eos)
+            resolved = dataclasses.replace(resolved, key=key)
         max_tokens = self.gen_length if token_limit is None else token_limit
         if max_tokens > self.gen_length:
             raise ModelError(
@@ -137,7 +140,7 @@ class Service:
         continuous = body.stream_options is not None and body.stream_options.continuous_usage_stats
         return Prepared(
             resolved, [row for row in rows for _ in range(body.n)], max_tokens, list(body.stop or []),
-            body.n, top, echo, continuous,
+            body.n, top, echo, continuous, body.ignore_eos,
         )
 
     def _encode(self, prompts: list[str]) -> list[list[int]]:
@@ -210,7 +213,10 @@ class Service:
 
     def visible(self, prepared: Prepared, tokens: list[int], complete: bool) -> Visible:
         """What the client sees of a row's ``tokens`` (:func:`~dloom.serve.text.visible_output`)."""
-        return visible_output(tokens, self.model.eos_token_ids, prepared.max_tokens, prepared.stop, self.model.decode, complete)
+        return visible_output(
+            tokens, self.model.eos_token_ids, prepared.max_tokens, prepared.stop, self.model.decode, complete,
+            stop_at_eos=not prepared.ignore_eos,
+        )
 
     def cancel(self, jobs: list[Job]) -> None:
         """The client left: withdraw its rows and count the request as cancelled."""
