@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-ray = pytest.importorskip("ray", reason="the Ray tests need the optional extra dloom[ray]")
+ray = pytest.importorskip("ray", reason="the Ray tests need the optional extra ray (pip install -e '.[ray]')")
 
 from dloom.errors import ConfigurationError, UnknownStrategyError  # noqa: E402
 from dloom.evaluation import select_examples  # noqa: E402

@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-ray = pytest.importorskip("ray", reason="the Ray tests need the optional extra dloom[ray]")
-serve = pytest.importorskip("ray.serve", reason="the Ray Serve tests need the optional extra dloom[ray]")
+ray = pytest.importorskip("ray", reason="the Ray tests need the optional extra ray (pip install -e '.[ray]')")
+serve = pytest.importorskip("ray.serve", reason="the Ray Serve tests need the optional extra ray (pip install -e '.[ray]')")
 openai = pytest.importorskip("openai")
 
 import dloom  # noqa: E402

@@ -209,7 +209,7 @@ BAD_REQUESTS = [
     ({"max_tokens": 33}, 400, "max_tokens 33 exceeds the 32 positions"),
     ({"max_tokens": 0}, 422, "max_tokens: Input should be greater than or equal to 1"),
     ({"temperature": -1}, 422, "temperature: Input should be greater than or equal to 0"),
-    ({"n": 2}, 422, "n is 2; allowed: 1"),
+    ({"n": 17}, 422, "n: Input should be less than or equal to 16"),
     ({"stop": ["a", "b", "c", "d", "e"]}, 422, "5 stop sequences given; allowed: at most 4"),
     ({"extra_body": {"top_k": 5}}, 422, "top_k: Extra inputs are not permitted"),
     ({"prompt": ""}, 400, "prompt 0 is empty"),

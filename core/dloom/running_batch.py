@@ -44,6 +44,7 @@ import torch
 from dloom.adapter import ModelAdapter, left_pad_prompts, padding_or_none
 from dloom.attention import absolute_block_ids, block_ids
 from dloom.cache import BlockForward
+from dloom.commit_logprobs import CommitLogprobs, RowLogprobs
 from dloom.errors import ConfigurationError, ModelError
 from dloom.generation import Prompts, row_streams
 from dloom.kernel import KernelStep, RowStreams, eos_clear
@@ -122,6 +123,8 @@ class FinishedRows:
     :ivar lengths: ``(R,)`` long, generated tokens up to and including the first EOS (the
         whole region when there is none).
     :ivar nfe: ``(R,)`` long, forwards in which each row was decoding.
+    :ivar logprobs: the rows' commit-time log-probabilities, columns as ``sequences``
+        (``None`` unless the session records them).
     """
 
     rows: torch.Tensor
@@ -129,6 +132,7 @@ class FinishedRows:
     prompt_width: int
     lengths: torch.Tensor
     nfe: torch.Tensor
+    logprobs: RowLogprobs | None = None
 
     @property
     def generated(self) -> torch.Tensor:
@@ -218,6 +222,14 @@ class DecodeSession:
     :param on_block: called after every step in which some rows finished a block, with a
         :class:`BlockRecord` (rows named by their ids). Costs no host
         synchronisation unless given.
+    :param logprobs: record each committed token's log-probability and this many
+        alternatives (:mod:`dloom.commit_logprobs`; ``None``: record nothing). Tokens and
+        NFE are the same either way. Not for a speculative strategy, whose verified
+        tokens are committed from drafts' distributions.
+    :param ignore_eos: rows do not end at an EOS: each decodes its whole generated region
+        (EOS ids are committed like any token; ``lengths`` are the whole region). Up to
+        and including its first EOS, a row's tokens are those of a decode without it (the
+        steps before that EOS is clear are the same steps).
 
     :ivar on_block: the callback above; a caller may set or clear it between steps.
     :ivar size: rows in the batch now (a host int).
@@ -229,12 +241,21 @@ class DecodeSession:
         decoder: SessionDecoder,
         observer: Callable[[StepRecord], None] | None = None,
         on_block: Callable[[BlockRecord], None] | None = None,
+        logprobs: int | None = None,
+        ignore_eos: bool = False,
     ) -> None:
+        if logprobs is not None and decoder._speculates:
+            raise ConfigurationError(
+                f"strategy {decoder.composition.name!r} speculates; commit-time log-probabilities "
+                "are recorded for plain (non-speculative) strategies only"
+            )
+        self.logprobs = None if logprobs is None else CommitLogprobs(logprobs, decoder.mask_token_id)
         self.decoder = decoder
         self.model = decoder.model
         self.observer, self.on_block = observer, on_block
         self._mask_id = decoder.mask_token_id
-        self._eos = torch.tensor(self.model.eos_token_ids, dtype=torch.long, device=self.model.device)
+        eos_ids = [] if ignore_eos else self.model.eos_token_ids
+        self._eos = torch.tensor(eos_ids, dtype=torch.long, device=self.model.device)
         self._samples = decoder.temperature > 0 or decoder.remasking == "random"
         self._steps_per_block = decoder.steps // (decoder.gen_length // decoder.block_length)
         self.calls = decoder.session_calls()
@@ -323,6 +344,8 @@ class DecodeSession:
         self.x, self.full_mask, self.positions, start, self.region_end = self.calls.layout(prompt_ids, prompt_mask)
         self.width = prompt_ids.shape[1]
         self.rows = ids
+        if self.logprobs is not None:
+            self.logprobs.start(self.x)
         self.block_index = torch.zeros_like(ids)
         self.nfe = torch.zeros_like(ids)
         self.known = torch.zeros(len(ids), dtype=torch.bool, device=ids.device)
@@ -364,6 +387,8 @@ class DecodeSession:
         tokens, mask, positions, start, region_end = self.calls.layout(
             _pad_left(prompt_ids, short, pad), _pad_left(prompt_mask, short, 0)
         )
+        if self.logprobs is not None:
+            self.logprobs.join(widened, tokens)
         self.x = torch.cat([self.x, tokens])
         self.full_mask = torch.cat([self.full_mask, mask])
         self.positions = torch.cat([self.positions, positions])
@@ -415,6 +440,8 @@ class DecodeSession:
         self.block_index, self.nfe = self.block_index[index], self.nfe[index]
         self.full_mask, self.positions = self.full_mask[index], self.positions[index]
         self.region_end = self.region_end[index]
+        if self.logprobs is not None:
+            self.logprobs.keep(index)
         if self.previous is not None:
             self.previous = self.previous[index]
         self._running_forward().select(index)
@@ -467,6 +494,8 @@ class DecodeSession:
             logits, _ = self.calls.clock.timed(forward.run, x, n_full, first_window, last_window)
             new_block = kernel(block, logits, decoding)
             self.previous = logits
+            if self.logprobs is not None:
+                self.logprobs.record(columns, block, logits, new_block)
             if self.observer is not None:
                 self.observer(StepRecord(self.block_index.clone(), self.rows.clone(), block.clone(), logits, new_block.clone()))
         x.scatter_(1, columns, new_block)
@@ -511,7 +540,8 @@ class DecodeSession:
         gone = order[self.size - leaving:]
         region = x[gone, self.width:]
         lengths = torch.minimum(generated_lengths(region, eos_ids), self.region_end[gone] - self.width)
-        result = FinishedRows(self.rows[gone], x[gone], self.width, lengths, self.nfe[gone])
+        logprobs = self.logprobs.take(gone) if self.logprobs is not None else None
+        result = FinishedRows(self.rows[gone], x[gone], self.width, lengths, self.nfe[gone], logprobs)
         if leaving == self.size:
             self._empty()
         else:

@@ -1,4 +1,4 @@
-"""Scale-out on Ray (the optional extra ``pip install -e ".[ray]" in a clone of dloom``).
+"""Scale-out on Ray (the optional extra ``pip install -e ".[ray]"`` in a clone of dloom).
 
 :func:`decode_prompts` decodes a list of prompts with Ray Data: ``map_batches`` over a pool
 of actors, each holding one model replica (one per GPU on a GPU cluster), with results

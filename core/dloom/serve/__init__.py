@@ -12,7 +12,7 @@
 * :mod:`dloom.serve.metrics`: the Prometheus counters;
 * :mod:`dloom.serve.command`: the ``dloom serve`` command.
 
-FastAPI and uvicorn are an optional extra (``pip install -e ".[serve]" in a clone of dloom``); importing this
+FastAPI and uvicorn are an optional extra (``pip install -e ".[serve]"`` in a clone of dloom); importing this
 package (or :mod:`dloom.serve.command`) imports neither them nor torch; :mod:`dloom.serve.app`
 needs them.
 """

@@ -47,6 +47,8 @@ class LaneKey:
     requests share a batch and each still decodes as its request alone)."""
 
     settings: str  # the decoder's config as sorted JSON (seed left out unless it matters)
+    logprobs: int | None = None  # alternatives per token its rows record (None: no logprobs)
+    ignore_eos: bool = False  # its rows decode their whole region, past any EOS
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from dloom.engine import BlockRecord, DiffusionDecoder
-from dloom.running_batch import DecodeSession
+from dloom.running_batch import DecodeSession, FinishedRows
 from dloom.errors import ConfigurationError, DloomError
 from dloom.serve.decoders import LaneKey, Resolved
 from dloom.serve.metrics import ServerMetrics
@@ -75,6 +75,8 @@ class Finished:
     :ivar batch_rows: the most rows the batch held while the row was in it.
     :ivar forwards: forwards of the batch while the row was in it.
     :ivar speculation: the batch's speculation figures so far (``None`` without speculation).
+    :ivar logprobs: with a lane that records them, the generated positions' commit-time
+        log-probabilities, their alternatives' ids and theirs (:mod:`dloom.commit_logprobs`).
     """
 
     tokens: list[int]
@@ -82,6 +84,7 @@ class Finished:
     batch_rows: int
     forwards: int
     speculation: dict[str, Any] | None
+    logprobs: tuple[list[float], list[list[int]], list[list[float]]] | None = None
 
 
 @dataclass(frozen=True)
@@ -147,6 +150,18 @@ class Lane:
     @property
     def idle(self) -> bool:
         return not self.waiting and not self.running and not self.joining
+
+
+def finished_logprobs(done: FinishedRows, count: int) -> list[Any]:
+    """Each finished row's generated-region log-probabilities as host lists (one copy for
+    all ``count`` rows), or ``None`` per row when the batch records none."""
+    if done.logprobs is None:
+        return [None] * count
+    width = done.prompt_width
+    values = done.logprobs
+    return list(zip(
+        values.token[:, width:].tolist(), values.top_ids[:, width:].tolist(), values.top_values[:, width:].tolist()
+    ))
 
 
 class Scheduler:
@@ -339,7 +354,7 @@ class Scheduler:
         """Admit ``joining`` into ``lane``'s running batch, take one step, post the events of
         the rows that finished (the one place that decides how rows share the device)."""
         if lane.session is None:
-            lane.session = DecodeSession(lane.decoder)
+            lane.session = DecodeSession(lane.decoder, logprobs=lane.key.logprobs, ignore_eos=lane.key.ignore_eos)
         session = lane.session
         failed: list[tuple[Job, Event]] = []
         if joining:
@@ -362,12 +377,13 @@ class Scheduler:
                 self.metrics.count_step(size)
             if done is not None:
                 rows, tokens, nfe = done.rows.tolist(), done.token_lists(), done.nfe.tolist()
+                logprobs = finished_logprobs(done, len(rows))
                 with self._ready:
                     jobs = [lane.running.pop(row) for row in rows]
                     self._release(jobs)
                     finished = [
-                        Finished(t, n, job.batch_rows, session.forwards - job.joined_at, session.speculation)
-                        for job, t, n in zip(jobs, tokens, nfe)
+                        Finished(t, n, job.batch_rows, session.forwards - job.joined_at, session.speculation, lp)
+                        for job, t, n, lp in zip(jobs, tokens, nfe, logprobs)
                     ]
                     for n in nfe:
                         self.metrics.count_finished(n)

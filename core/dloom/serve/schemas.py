@@ -1,7 +1,10 @@
 """Request bodies of the OpenAI-compatible endpoints, with dloom's own settings.
 
-The OpenAI fields dloom honours are declared; any other field is refused (HTTP 422 naming
-it), so a misspelt setting never passes silently. dloom's settings sit at the top level of
+The OpenAI fields clients send are declared; any other field is refused (HTTP 422 naming
+it), so a misspelt setting never passes silently. A declared field whose value dloom
+cannot honour (a non-zero penalty, ``top_p`` below 1 when sampling, ...)
+is refused with 400 by :func:`dloom.serve.openai_fields.check_openai_fields`, naming the
+field and what is allowed (``docs/serving.md`` has the table). dloom's settings sit at the top level of
 the body (the ``openai`` client sends them with ``extra_body=``): ``strategy``, ``params``,
 ``cache`` and ``cache_refresh``; the server validates them against the strategy registry.
 
@@ -25,6 +28,7 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     include_usage: bool = Field(False, description="send a last chunk with the usage")
+    continuous_usage_stats: bool = Field(False, description="every chunk carries the usage so far")
 
 
 class GenerationFields(BaseModel):
@@ -43,7 +47,7 @@ class GenerationFields(BaseModel):
     stop: str | list[str] | None = Field(None, validate_default=True, description="up to 4 stop sequences")
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(1, description="choices per prompt; dloom returns one")
+    n: int = Field(1, ge=1, le=16, description="choices per prompt (each decoded as its own row)")
     strategy: str | None = Field(None, description="dloom strategy, names joined by '+'")
     params: dict[str, ParamValue] | None = Field(
         None, description="strategy parameters by name ('tau') or component ('spiffy.budget')"
@@ -52,13 +56,11 @@ class GenerationFields(BaseModel):
     cache_refresh: int | None = Field(
         None, ge=1, le=MAX_CACHE_REFRESH, description="with a cache: a full forward every N forwards"
     )
-
-    @field_validator("n")
-    @classmethod
-    def _one_choice(cls, value: int) -> int:
-        if value != 1:
-            raise ValueError(f"n is {value}; allowed: 1 (send one request per sample)")
-        return value
+    top_p: float | None = Field(None, gt=0, le=1, description="nucleus mass; below 1 only when greedy")
+    user: str | None = Field(None, description="the end user's id: accepted and ignored")
+    presence_penalty: float | None = Field(None, ge=-2, le=2, description="0 only")
+    frequency_penalty: float | None = Field(None, ge=-2, le=2, description="0 only")
+    ignore_eos: bool = Field(False, description="decode past EOS: max_tokens tokens are returned")
 
     @field_validator("stop")
     @classmethod
@@ -76,7 +78,12 @@ class GenerationFields(BaseModel):
 
 
 class CompletionRequest(GenerationFields):
-    """``POST /v1/completions``: one choice per prompt."""
+    """``POST /v1/completions``: ``n`` choices per prompt. ``logprobs`` asks for each
+    generated token's commit-time log-probability and that many alternatives; ``echo``
+    puts the prompt's text before each choice's text."""
+
+    logprobs: int | None = Field(None, ge=0, le=20, description="alternatives per token (0..20)")
+    echo: bool = Field(False, description="the prompt's text before the completion")
 
     prompt: Union[str, list[str], list[int], list[list[int]]] = Field(
         description="a text, texts, token ids, or lists of token ids"
@@ -94,7 +101,21 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     role: Literal["system", "user", "assistant"]
-    content: str
+    content: str = Field(description="a text, or a list of text parts (joined)")
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts(cls, value: object) -> object:
+        """OpenAI's content parts ``[{"type": "text", "text": ...}, ...]`` as one text."""
+        if not isinstance(value, list):
+            return value
+        texts = []
+        for part in value:
+            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise ValueError(f"a content part of type {kind!r}; allowed: text parts ({{'type': 'text', 'text': ...}})")
+            texts.append(part["text"])
+        return "".join(texts)
 
 
 class ChatCompletionRequest(GenerationFields):
@@ -104,6 +125,8 @@ class ChatCompletionRequest(GenerationFields):
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = Field(False, description="each generated token's commit-time log-probability")
+    top_logprobs: int | None = Field(None, ge=0, le=20, description="alternatives per token (with logprobs)")
 
     @property
     def token_limit(self) -> int | None:

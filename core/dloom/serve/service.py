@@ -13,6 +13,7 @@ a full queue answers 429.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -27,9 +28,10 @@ from dloom.serve.decoders import DecodeDefaults, DecoderPool, Resolved
 from dloom.serve.files import ServerFiles
 from dloom.serve.limits import MAX_BODY_BYTES, TextLimit, check_stops, longest_token_chars
 from dloom.serve.metrics import ServerMetrics
+from dloom.serve.openai_fields import chat_logprobs, check_openai_fields, completion_logprobs, requested_logprobs
 from dloom.serve.responses import error_body, sse, usage
 from dloom.serve.scheduler import BlockTokens, Failed, Finished, Job, Scheduler
-from dloom.serve.schemas import ChatCompletionRequest, GenerationFields
+from dloom.serve.schemas import ChatCompletionRequest, CompletionRequest, GenerationFields
 from dloom.serve.text import StreamText, Visible, visible_output
 
 POLL_SECONDS = 0.5  # how often a waiting response checks that its client is still there
@@ -71,12 +73,30 @@ class HTTPError(Exception):
 
 @dataclass
 class Prepared:
-    """A validated request: its decoder, its rows' prompt ids and its output limits."""
+    """A validated request: its decoder, its rows' prompt ids and its output limits.
+
+    :ivar prompts: one row per choice: each prompt ``n`` times in a row (choice ``i`` of
+        prompt ``p`` is row ``p * n + i``, its random stream).
+    :ivar logprobs: alternatives per token to report (``None``: no logprobs).
+    :ivar echo: each prompt's text, put before its choices' texts (empty: no echo).
+    :ivar continuous_usage: every stream chunk carries the usage so far.
+    :ivar ignore_eos: rows decode past their EOS (``ignore_eos``).
+    """
 
     resolved: Resolved
     prompts: list[list[int]]
     max_tokens: int
     stop: list[str]
+    n: int = 1
+    logprobs: int | None = None
+    echo: list[str] = field(default_factory=list)
+    continuous_usage: bool = False
+    ignore_eos: bool = False
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Prompt tokens of the request (each prompt counted once, whatever ``n``)."""
+        return sum(len(p) for p in self.prompts[:: self.n])
 
 
 class Service:
@@ -108,6 +128,12 @@ class Service:
         resolved = self.pool.resolve(
             body.strategy, params, body.cache, body.cache_refresh, body.temperature or 0.0, body.seed,
         )
+        speculates = resolved.decoder.composition.provider("dloom_draft") is not None
+        check_openai_fields(body, speculates)
+        top = requested_logprobs(body)
+        if top is not None or body.ignore_eos:  # such rows decode in their own lane
+            key = dataclasses.replace(resolved.key, logprobs=top, ignore_eos=body.ignore_eos)
+            resolved = dataclasses.replace(resolved, key=key)
         max_tokens = self.gen_length if token_limit is None else token_limit
         if max_tokens > self.gen_length:
             raise ModelError(
@@ -122,7 +148,14 @@ class Service:
             raise ModelError("no prompt given; allowed: a text, texts, token ids or lists of token ids")
         for index, row in enumerate(rows):
             self._check_row(index, row)
-        return Prepared(resolved, rows, max_tokens, list(body.stop or []))
+        echo = []
+        if isinstance(body, CompletionRequest) and body.echo:
+            echo = [p if isinstance(p, str) else self.model.decode(list(p)) for p in prompts]
+        continuous = body.stream_options is not None and body.stream_options.continuous_usage_stats
+        return Prepared(
+            resolved, [row for row in rows for _ in range(body.n)], max_tokens, list(body.stop or []),
+            body.n, top, echo, continuous, body.ignore_eos,
+        )
 
     def _encode(self, prompts: list[str]) -> list[list[int]]:
         self.text_limit.check(prompts)
@@ -198,7 +231,10 @@ class Service:
 
     def visible(self, prepared: Prepared, tokens: list[int], complete: bool) -> Visible:
         """What the client sees of a row's ``tokens`` (:func:`~dloom.serve.text.visible_output`)."""
-        return visible_output(tokens, self.model.eos_token_ids, prepared.max_tokens, prepared.stop, self.model.decode, complete)
+        return visible_output(
+            tokens, self.model.eos_token_ids, prepared.max_tokens, prepared.stop, self.model.decode, complete,
+            stop_at_eos=not prepared.ignore_eos,
+        )
 
     def cancel(self, jobs: list[Job]) -> None:
         """The client left: withdraw its rows and count the request as cancelled."""
@@ -242,8 +278,10 @@ class Service:
         for index in range(len(jobs)):
             shown = self.visible(prepared, finished[index].tokens, complete=True)
             completion_tokens += len(shown.tokens)
-            choices.append(choice(kind, index, shown.text, shown.finish_reason))
-        prompt_tokens = sum(len(p) for p in prepared.prompts)
+            text = prepared.echo[index // prepared.n] + shown.text if prepared.echo else shown.text
+            logprobs = self.logprobs(kind, prepared, finished[index], shown)
+            choices.append(choice(kind, index, text, shown.finish_reason, logprobs))
+        prompt_tokens = prepared.prompt_tokens
         self.metrics.count_request("completed", prompt_tokens, completion_tokens)
         body = envelope(kind, self.name)
         body["choices"] = choices
@@ -273,6 +311,9 @@ class Service:
         try:
             if kind == "chat.completion":
                 yield sse({**head, "choices": [chunk(kind, i, "", None, role=True) for i in range(len(jobs))]})
+            if prepared.echo:
+                yield sse({**head, "choices": [chunk(kind, i, prepared.echo[i // prepared.n], None) for i in range(len(jobs))]})
+            counted = [0] * len(jobs)
             while len(finished) < len(jobs):
                 item = await self.next_event(request, events)
                 if item is None:
@@ -293,10 +334,14 @@ class Service:
                 if closed[index]:
                     continue
                 delta = texts[index].advance(shown)
+                counted[index] = len(shown.tokens)
                 if delta or shown.finish_reason is not None:
                     closed[index] = shown.finish_reason is not None
-                    yield sse({**head, "choices": [chunk(kind, index, delta, shown.finish_reason)]})
-            prompt_tokens = sum(len(p) for p in prepared.prompts)
+                    body = {**head, "choices": [chunk(kind, index, delta, shown.finish_reason)]}
+                    if prepared.continuous_usage:
+                        body["usage"] = usage_so_far(prepared.prompt_tokens, sum(counted))
+                    yield sse(body)
+            prompt_tokens = prepared.prompt_tokens
             completion_tokens = sum(
                 len(self.visible(prepared, finished[i].tokens, complete=True).tokens) for i in range(len(jobs))
             )
@@ -310,6 +355,16 @@ class Service:
             if not done:
                 self.cancel(jobs)
 
+    def logprobs(self, kind: str, prepared: Prepared, row: Finished, shown: Visible) -> dict[str, Any] | None:
+        """A choice's ``logprobs`` object for its counted tokens (``None`` unless asked)."""
+        if prepared.logprobs is None or row.logprobs is None:
+            return None
+        count = len(shown.tokens)
+        values, ids, alternatives = row.logprobs
+        values, ids, alternatives = values[:count], ids[:count], alternatives[:count]
+        build = completion_logprobs if kind == "text_completion" else chat_logprobs
+        return build(shown.tokens, values, ids, alternatives, self.model.decode, prepared.logprobs)
+
     def failure(self, event: Failed) -> JSONResponse:
         """The 500 answer of a request whose batch failed."""
         self.metrics.count_request("failed")
@@ -321,10 +376,15 @@ def envelope(kind: str, model: str) -> dict[str, Any]:
     return {"id": f"{prefix}-{uuid.uuid4().hex}", "object": kind, "created": int(time.time()), "model": model}
 
 
-def choice(kind: str, index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
+def choice(kind: str, index: int, text: str, finish_reason: str | None, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     if kind == "text_completion":
-        return {"index": index, "text": text, "finish_reason": finish_reason, "logprobs": None}
-    return {"index": index, "message": {"role": "assistant", "content": text}, "finish_reason": finish_reason, "logprobs": None}
+        return {"index": index, "text": text, "finish_reason": finish_reason, "logprobs": logprobs}
+    return {"index": index, "message": {"role": "assistant", "content": text}, "finish_reason": finish_reason, "logprobs": logprobs}
+
+
+def usage_so_far(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    """A stream chunk's usage with ``continuous_usage_stats``: OpenAI's three counts so far."""
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
 
 
 def chunk(kind: str, index: int, text: str, finish_reason: str | None, role: bool = False) -> dict[str, Any]:

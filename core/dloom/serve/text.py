@@ -55,6 +55,7 @@ def visible_output(
     stop: Sequence[str],
     decode: Callable[[list[int]], str],
     complete: bool,
+    stop_at_eos: bool = True,
 ) -> Visible:
     """The visible part of a row's generated tokens.
 
@@ -62,9 +63,11 @@ def visible_output(
         may be anything: they are never read).
     :param complete: whether the row has finished decoding (else ``finish_reason`` stays
         ``None`` unless EOS, a stop sequence or ``max_tokens`` already ended it).
+    :param stop_at_eos: ``False`` (``ignore_eos``): an EOS ends nothing; EOS tokens are
+        counted and left out of the text.
     """
     eos = set(eos_ids)
-    first_eos = next((i for i, t in enumerate(generated) if t in eos), None)
+    first_eos = next((i for i, t in enumerate(generated) if t in eos), None) if stop_at_eos else None
     end = len(generated) if first_eos is None else first_eos + 1
     tokens = tuple(generated[: min(end, max_tokens)])
     text, stopped = cut_at_stop(decode([t for t in tokens if t not in eos]), stop)
