@@ -79,7 +79,12 @@ The long-answer zoo (issue 19; :mod:`dloom.zoo.long_tasks`, :mod:`dloom.zoo.corp
 * Models: ``long-dllm`` (d = 192, 5 layers, 2.23 M), its causal stage ``long-dllm-ar`` (the
   same shape; not the AR target: the issue wants a target 2-4x the dLLM), ``long-ar``
   (d = 256, 6 layers, 5.14 M, 2.3x) and ``long-ar-small`` (d = 128, 3 layers, 0.65 M,
-  0.29x).  Sizes from measured seconds per step (one thread, batch 32 of 184 positions,
+  0.29x), and ``long-dllm-par``, long-dllm trained on for threshold (parallel) decoding from its
+  weights (``--init-from training/checkpoints/long-dllm``; issue 42): decoder rows in the
+  states dloom's threshold decoder reaches, its own commits kept (``--decoder-fill threshold``,
+  ``--decoder-tau``, ``--own-earlier-share``), a share at a block's first forward
+  (``--first-forward-share``) and ``--label-smoothing``; ``training/README.md`` has the run.
+  Sizes from measured seconds per step (one thread, batch 32 of 184 positions,
   forward + backward + AdamW, the two cores lightly loaded): 0.65 M 0.5 s, 1.79 M 1.2 s,
   3.44 M 1.8 s, 5.14 M 2.7 s, 7.65 M 3.8 s, 10.7 M 5.1 s (2.23 M, not timed so, lies between
   1.79 M and 3.44 M); with four other test runs on the two cores the 2.23 M model took
