@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -303,7 +304,7 @@ def test_dllm_from_ar_refuses_a_non_causal_or_differently_shaped_checkpoint(tmp_
     from dloom.zoo.train import dllm_from_ar
 
     _, path = _saved(tmp_path, source)
-    expected = "expected a causal zoo checkpoint" if source == "toy-dllm" else "architecture .* differs"
+    expected = "must have shifted logits" if source == "toy-dllm" else "architecture .* differs"
     with pytest.raises(ValueError, match=expected):
         dllm_from_ar(path, "toy-dllm")
 
@@ -561,16 +562,18 @@ def test_the_long_dllm_stage_starts_from_its_causal_stage(monkeypatch, tmp_path)
     train.main(["--model", "long-dllm-ar", *common])
     blocks = []
     loss = train.dllm_loss
-    monkeypatch.setattr(train, "dllm_loss", lambda *args: blocks.append(args[-7:]) or loss(*args))
+    monkeypatch.setattr(train, "dllm_loss", lambda *args: blocks.append(args[-11:]) or loss(*args))
     train.main(["--model", "long-dllm", "--init-from", str(tmp_path / "long-dllm-ar"), "--seed", "1",
                 "--masks", "block", "--prefix-share", "0.5", "--causal-share", "0.25", "--loss-mean", "row",
-                "--decoder-share", "0.25", "--decoder-fill", "model", "--decoder-rounds", "3", *common])
+                "--decoder-share", "0.25", "--decoder-fill", "model", "--decoder-rounds", "3",
+                "--first-forward-share", "0.5", "--label-smoothing", "0.05", *common])
     record = json.loads((tmp_path / "long-dllm" / "eval.json").read_text())
     assert (record["masks"], record["prefix_share"], record["causal_share"], record["loss_mean"],
-            record["decoder_share"], record["decoder_fill"], record["decoder_rounds"]) == (
-        "block", 0.5, 0.25, "row", 0.25, "model", 3)
+            record["decoder_share"], record["decoder_fill"], record["decoder_rounds"], record["decoder_taus"],
+            record["first_forward_share"], record["own_earlier_share"], record["label_smoothing"]) == (
+        "block", 0.5, 0.25, "row", 0.25, "model", 3, [0.9, 0.95], 0.5, 0.0, 0.05)
     # block-order masks over the workload's blocks of 32
-    assert blocks == [(32, 0.5, 0.25, "row", 0.25, "model", 3)] * 2
+    assert blocks == [(32, 0.5, 0.25, "row", 0.25, "model", 3, (0.9, 0.95), 0.5, 0.0, 0.05)] * 2
     assert [run["model"] for run in record["history"]] == ["long-dllm-ar"]
     assert set(record["per_family"]) == {"chain", "word", "tale", "prog"} and record["n"] == 4
     config = json.loads((tmp_path / "long-dllm" / "config.json").read_text())
@@ -788,3 +791,169 @@ def test_a_checkpoint_saved_without_an_average_drops_an_earlier_run_s_training_w
     assert not (tmp_path / train.TRAINING_WEIGHTS).exists()
     assert (tmp_path / "model.safetensors").is_file()
     assert json.loads((tmp_path / train.PROGRESS).read_text()) == {"ema": 0.0}
+
+
+
+def _decoder_states(adapter, prompt_ids, tau):
+    """The regions dloom's threshold decoder holds after 0, 1, 2, ... forwards on one prompt
+    (until the row finishes and leaves the batch)."""
+    import dloom
+    from dloom.running_batch import DecodeSession
+
+    session = DecodeSession(dloom.DiffusionDecoder(adapter, "threshold", tau=tau))
+    session.admit([prompt_ids])
+    states = [session.x[0, session.width:].clone()]
+    while session.step() is None and session.size:
+        states.append(session.x[0, session.width:].clone())
+    return torch.stack(states)
+
+
+def test_threshold_rows_hold_the_states_dloom_s_threshold_decoder_reaches():
+    """A ``"threshold"`` decoder row's state -- its earlier blocks decoded by the model
+    (``own_earlier``) or holding what it decoded there, then ``f`` forwards in the drawn block
+    -- is the region ``dloom.DiffusionDecoder(model, "threshold", tau=τ)`` holds after the
+    forwards that finish the earlier blocks and ``f`` more: the same positions, the same tokens,
+    its commits kept, whatever the row's answer.  The answer-filled state of as many confidence-ordered reveals (the
+    ``"answer"`` fill) is not.  On the shipped long-dllm, whose confidences vary as a trained
+    model's do, so forwards commit one position or several."""
+    import dloom
+    from dloom.zoo import long_tasks, model_path
+    from dloom.zoo.tasks import held_out
+    from dloom.zoo.train import _least_confident, encode_prompts, threshold_rollout
+
+    adapter = dloom.load_model("long-dllm")
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(model_path("long-dllm"), local_files_only=True,
+                                             dtype=torch.float32).eval()
+    ids = tok.vocab(long_tasks.ALPHABET)
+    block_of = torch.arange(128) // 32
+    compared, several, answer_fill_differs = 0, False, 0
+    for tau, example in zip((0.9, 0.95, 0.7), held_out(12, seed=0, suite=long_tasks.FAMILIES)[::4]):
+        states = _decoder_states(adapter, [ids[c] for c in example.prompt], tau)
+        masks = states == tok.MASK_ID
+        several |= bool(((masks[:-1] & ~masks[1:]).sum(-1) > 1).any())
+        cases = []  # (drawn block, forwards in it, own earlier blocks, the decoder's state then)
+        for current in range(4):
+            done = (~masks[:, block_of < current].any(-1)).nonzero()[:, 0]
+            if not len(done):
+                continue  # the answer ended (the row left the decoder) before this block
+            reached = int(done[0])
+            for f in (0, 1, 2, 3, 5):
+                later = reached + f
+                if later < len(states) and masks[later, block_of == current].any():  # the block still open
+                    cases += [(current, f, own, states[later]) for own in (True, False)]
+        prompt_ids, prompt_mask = encode_prompts([example.prompt] * len(cases))
+        current, forwards, own = (torch.tensor([c[k] for c in cases]) for k in range(3))
+        expected = torch.stack([c[3] for c in cases])
+        # the rows' "answers": what the decoder wrote before the drawn block, a token it never
+        # writes from the block on (the rollout commits its own argmax, whatever the answer)
+        given = torch.where(block_of[None, :] < current[:, None], states[-1][None], ids["~"])
+        state = threshold_rollout(model, prompt_ids, prompt_mask, given, current, 32, forwards,
+                                  torch.full((len(cases),), tau), own)
+        assert torch.equal(state, expected)
+        compared += len(cases)
+        drawn = block_of[None, :] == current[:, None]
+        shown = (expected != tok.MASK_ID) & drawn
+        masked, _ = _least_confident(model, prompt_ids, prompt_mask, given, drawn, shown.sum(-1, keepdim=True))
+        answer_filled = torch.where(masked | (block_of[None, :] > current[:, None]), tok.MASK_ID, given)
+        revealed = shown.any(-1)  # a forward in the block: the fills differ in what it committed
+        assert torch.equal((answer_filled != expected).any(-1), revealed)
+        answer_fill_differs += int(revealed.sum())
+    assert several and compared >= 20 and answer_fill_differs >= compared / 2
+
+
+def test_threshold_rows_read_their_own_commits_and_score_the_rest_of_their_block():
+    """In the loss's forward a ``"threshold"`` row holds its rollout's commits (not the answer's
+    tokens: the answers here are a letter the model never writes) and masks the rest of its
+    block and every later block; ``first_forward_share`` 1 leaves every drawn block fully masked."""
+    from dloom.zoo import long_tasks
+    from dloom.zoo.tasks import held_out
+    from dloom.zoo.train import answer_region
+
+    torch.manual_seed(0)
+    model = _Calls(build_model("long-dllm"))
+    batch = [Example(e.family, e.prompt, "~" * len(e.answer)) for e in held_out(8, seed=0, suite=long_tasks.FAMILIES)]
+    tilde = tok.vocab(long_tasks.ALPHABET)["~"]
+    block_of = torch.arange(128) // 32
+
+    def scored_state(**options):
+        model.calls.clear()
+        dllm_loss(model, batch, 0, torch.Generator().manual_seed(0), 1.0, 1.0, 128, 32, 0.0, 0.0, "row", 1.0,
+                  "threshold", 4, **options)
+        return model.calls[-1][:, -128:]
+
+    region = scored_state(decoder_taus=(0.9,))
+    masked = region == tok.MASK_ID
+    current = masked.int().argmax(-1) // 32  # every row is a decoder row: its block is the first with masks
+    assert masked[block_of[None, :] > current[:, None]].all()
+    in_block = block_of[None, :] == current[:, None]
+    committed = in_block & ~masked
+    assert committed.any() and not (region[committed] == tilde).any()  # its own argmax, not the answer's
+    earlier = block_of[None, :] < current[:, None]
+    assert earlier.any() and torch.equal(region[earlier], answer_region([e.answer for e in batch], 128)[earlier])
+    first = scored_state(decoder_taus=(0.9,), first_forward_share=1.0) == tok.MASK_ID
+    first_block = first.int().argmax(-1) // 32
+    assert torch.equal(first, block_of[None, :] >= first_block[:, None])
+    own = scored_state(decoder_taus=(0.9,), own_earlier_share=1.0)
+    own_block = (own == tok.MASK_ID).int().argmax(-1) // 32
+    assert (own_block > 0).any() and not (own[block_of[None, :] < own_block[:, None]] == tilde).any()
+
+
+def test_label_smoothing_raises_a_sure_prediction_s_loss_and_leaves_a_uniform_one_s():
+    sure = dllm_loss(_Fixed(), BATCH, 0, torch.Generator().manual_seed(0), 1.0)
+    smoothed = dllm_loss(_Fixed(), BATCH, 0, torch.Generator().manual_seed(0), 1.0, label_smoothing=0.1)
+    assert smoothed.item() > sure.item() + 0.5  # 10 % of the target spread over tokens at logit -10
+
+    class Uniform(_Fixed):
+        def forward(self, input_ids, attention_mask, position_ids):
+            return type("Out", (), {"logits": torch.zeros((*input_ids.shape, len(tok.vocab())))})()
+
+    plain = dllm_loss(Uniform(), BATCH, 0, torch.Generator().manual_seed(0), 1.0)
+    uniform = dllm_loss(Uniform(), BATCH, 0, torch.Generator().manual_seed(0), 1.0, label_smoothing=0.1)
+    assert torch.allclose(plain, uniform)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"decoder_share": 0.5, "decoder_fill": "threshold", "decoder_taus": (0.9, 1.0)},
+     r"decoder_taus \[0.9, 1.0\] are thresholds: each must be in \(0, 1\)"),
+    ({"decoder_share": 0.5, "own_earlier_share": 0.5},
+     "own_earlier_share 0.5 decodes .* needs decoder_fill 'threshold', got 'answer'"),
+    ({"first_forward_share": 0.2}, "first_forward_share 0.2 is a share of the decoder rows: it needs a decoder_share"),
+    ({"decoder_share": 0.5, "first_forward_share": 1.5}, r"first_forward_share 1.5 .* must be in \[0, 1\]"),
+    ({"label_smoothing": 1.0}, r"label_smoothing 1.0 must be in \[0, 1\)"),
+])
+def test_bad_parallel_options_are_refused_before_training(options, message, tmp_path):
+    from dloom.zoo.train import train_one
+
+    with pytest.raises(ValueError, match=message):
+        train_one("long-dllm", None, 1, 0, tmp_path, 4, masks="block", **options)
+    assert not (tmp_path / "long-dllm").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "long-dllm", "--decoder-tau", "0.9,1.2"], r"thresholds must be in \(0, 1\), got \[1.2\]"),
+    (["--model", "long-dllm", "--decoder-tau", "0.9,x"], "expected thresholds like 0.9,0.95"),
+    (["--model", "long-dllm", "--label-smoothing", "-0.1"], r"--label-smoothing must be in \[0, 1\), got -0.1"),
+    (["--model", "long-dllm", "--own-earlier-share", "2"], r"--own-earlier-share must be in \[0, 1\], got 2.0"),
+    (["--model", "long-ar", "--first-forward-share", "0.3"], "--first-forward-share is a dLLM's training option"),
+])
+def test_bad_parallel_options_are_named_on_the_command_line(argv, message, capsys):
+    from dloom.zoo.train import main
+
+    with pytest.raises(SystemExit):
+        main([*argv, "--steps", "1"])
+    assert re.search(message, capsys.readouterr().err)
+
+
+def test_a_new_dllm_starts_from_a_shifted_dllm_checkpoint(tmp_path):
+    """``--init-from`` a trained dLLM (long-dllm-par from long-dllm): its weights and shift as they are."""
+    from dloom.zoo.train import dllm_from_ar, save_model
+
+    torch.manual_seed(0)
+    source = build_model("toy-dllm")
+    source.config.dloom["shift"] = True
+    save_model(source, tmp_path / "dllm")
+    started = dllm_from_ar(tmp_path / "dllm", "toy-dllm")
+    assert started.config.dloom == source.config.dloom and started.config.is_causal is False
+    assert all(torch.equal(v, source.state_dict()[k].half().float()) for k, v in started.state_dict().items())

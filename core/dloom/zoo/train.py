@@ -79,7 +79,12 @@ The long-answer zoo (issue 19; :mod:`dloom.zoo.long_tasks`, :mod:`dloom.zoo.corp
 * Models: ``long-dllm`` (d = 192, 5 layers, 2.23 M), its causal stage ``long-dllm-ar`` (the
   same shape; not the AR target: the issue wants a target 2-4x the dLLM), ``long-ar``
   (d = 256, 6 layers, 5.14 M, 2.3x) and ``long-ar-small`` (d = 128, 3 layers, 0.65 M,
-  0.29x).  Sizes from measured seconds per step (one thread, batch 32 of 184 positions,
+  0.29x), and ``long-dllm-par``, long-dllm trained on for threshold (parallel) decoding from its
+  weights (``--init-from training/checkpoints/long-dllm``; issue 42): decoder rows in the
+  states dloom's threshold decoder reaches, its own commits kept (``--decoder-fill threshold``,
+  ``--decoder-tau``, ``--own-earlier-share``), a share at a block's first forward
+  (``--first-forward-share``) and ``--label-smoothing``; ``training/README.md`` has the run.
+  Sizes from measured seconds per step (one thread, batch 32 of 184 positions,
   forward + backward + AdamW, the two cores lightly loaded): 0.65 M 0.5 s, 1.79 M 1.2 s,
   3.44 M 1.8 s, 5.14 M 2.7 s, 7.65 M 3.8 s, 10.7 M 5.1 s (2.23 M, not timed so, lies between
   1.79 M and 3.44 M); with four other test runs on the two cores the 2.23 M model took
@@ -313,6 +318,8 @@ SPECS: dict[str, ModelSpec] = {
     # drafter (0.29x).  Shares are for a single model's default budget (of ALL_MINUTES).
     "long-dllm-ar": ModelSpec("ar", hidden=192, layers=5, heads=6, ffn=512, share=0.4, workload=LONG),
     "long-dllm": ModelSpec("dllm", hidden=192, layers=5, heads=6, ffn=512, share=0.4, workload=LONG),
+    # long-dllm trained on for parallel (threshold) decoding, from long-dllm's weights (issue 42).
+    "long-dllm-par": ModelSpec("dllm", hidden=192, layers=5, heads=6, ffn=512, share=0.4, workload=LONG),
     "long-ar": ModelSpec("ar", hidden=256, layers=6, heads=8, ffn=768, share=0.8, lr=1.5e-3, workload=LONG),
     "long-ar-small": ModelSpec("ar", hidden=128, layers=3, heads=4, ffn=384, share=0.2, workload=LONG),
 }
@@ -420,6 +427,10 @@ def _text(ids: Sequence[int]) -> str:
 
 
 # --------------------------------------------------------------------------- losses
+DECODER_TAUS = (0.9, 0.95)
+"""The thresholds a ``"threshold"`` decoder row draws from by default (``--decoder-tau``)."""
+
+
 def dllm_loss(
     model: LlamaForCausalLM,
     batch: Sequence[Example],
@@ -435,6 +446,10 @@ def dllm_loss(
     decoder_share: float = 0.0,
     decoder_fill: str = "answer",
     decoder_rounds: int = 1,
+    decoder_taus: Sequence[float] = DECODER_TAUS,
+    first_forward_share: float = 0.0,
+    own_earlier_share: float = 0.0,
+    label_smoothing: float = 0.0,
 ) -> torch.Tensor:
     """Masked-diffusion cross-entropy over the masked positions of a ``gen_length`` region.
 
@@ -470,7 +485,18 @@ def dllm_loss(
     the row's answer for a slot (``went`` for ``walked``) never meets the answer-filled state,
     and in its own state the right continuation is that filler's answer; and a position the
     model is sure of but wrong at, which the decoder would commit first, is revealed with the
-    answer's token (so never scored) in ``"answer"`` rows.
+    answer's token (so never scored) in ``"answer"`` rows.  ``"threshold"``: the state dloom's
+    threshold decoder (Fast-dLLM's rule, ``dloom.DiffusionDecoder(model, "threshold", tau=τ)``)
+    reaches after ``f`` forwards in the drawn block (``f`` uniform over ``0 .. decoder_rounds -
+    1``, ``τ`` drawn per row from ``decoder_taus``; :func:`threshold_rollout`): its commits are
+    kept in the state even where they are wrong, and the block's still-masked positions are
+    scored against the right answer closest to them (:func:`_own_commits`; the row's answer
+    for families that list none), so the model learns to be unsure where its parallel commits
+    went astray.  An ``own_earlier_share`` of those rows has its earlier blocks decoded by the
+    same rule from the region's start (its own mistakes there too) instead of the answer's.
+    A ``first_forward_share`` of the decoder rows (any fill) is at its block's first forward:
+    the block entirely masked (``f = 0``, nothing revealed), where a threshold decoder commits
+    the most positions at once.
 
     A ``causal_share`` of the rows (drawn per row) is trained as the causal stage was: the
     clean answer behind a causal attention mask, each position of the answer and its first
@@ -489,7 +515,9 @@ def dllm_loss(
     ``pad_weight`` scales the loss of the ``<eos>`` padding after each answer's first
     ``<eos>`` (1.0: LLaDA's plain mean over every masked position).  A lower weight leaves
     more of the gradient to the answer's own tokens, which are a quarter of the region for an
-    8-character answer.
+    8-character answer.  ``label_smoothing`` ``ε`` is the cross-entropy's (``torch``'s: the
+    target ``1 - ε`` plus ``ε`` spread over the vocabulary), which caps a scored position's
+    confidence below 1.
     """
     prompt_ids, prompt_mask = encode_prompts([e.prompt for e in batch], extra_pad)
     target = answer_region([e.answer for e in batch], gen_length)
@@ -511,15 +539,34 @@ def dllm_loss(
         if decoder_share > 0:
             decoder_rows = ~prefix_rows & (row_kind < prefix_share + decoder_share)
             revealed = torch.randint(block_length, (b, 1), generator=gen)
+            if first_forward_share > 0:
+                revealed[torch.rand(b, generator=gen) < first_forward_share] = 0
         masked, later = drawn & (block_of[None, :] == current), block_of[None, :] > current
         none = ~masked.any(-1)  # at least one scored position: one of the drawn block's
         offset = torch.randint(block_length, (int(none.sum()),), generator=gen)
         masked[none, current[none, 0] * block_length + offset] = True
     causal = torch.rand(b, generator=gen) < causal_share if causal_share > 0 else torch.zeros(b, dtype=torch.bool)
     lengths = torch.tensor([len(e.answer) for e in batch])
+    shown = target  # what the unmasked positions hold: the answer, but for threshold rows' own commits
     if decoder_share > 0 and block_length is not None:
         rows = (decoder_rows[:, 0] & ~causal).nonzero()[:, 0]  # a causal row's masks are cleared anyway
-        if len(rows):
+        if len(rows) and decoder_fill == "threshold":
+            taus = torch.tensor(list(decoder_taus), dtype=torch.float)
+            tau = taus[torch.randint(len(taus), (len(rows),), generator=gen)]
+            forwards = torch.where(revealed[rows, 0] > 0,
+                                   torch.randint(decoder_rounds, (len(rows),), generator=gen), 0)
+            own = torch.rand(len(rows), generator=gen) < own_earlier_share
+            state = threshold_rollout(model, prompt_ids[rows], prompt_mask[rows], target[rows], current[rows, 0],
+                                      block_length, forwards, tau, own)
+            drawn_block = (block_of[None, :] == current)[rows]
+            masked[rows] = drawn_block & (state == tok.MASK_ID)
+            settled = (block_of[None, :] < current[rows]) & ~own[:, None]
+            committed = (block_of[None, :] <= current[rows]) & (state != tok.MASK_ID) & ~settled
+            target[rows], lengths[rows], _ = _own_commits([batch[i] for i in rows.tolist()], target[rows],
+                                                          committed, state, settled, lengths[rows], gen)
+            shown = target.clone()
+            shown[rows] = torch.where(block_of[None, :] <= current[rows], state, target[rows])
+        elif len(rows):
             drawn_block = (block_of[None, :] == current)[rows]
             masked[rows], guess = _least_confident(model, prompt_ids[rows], prompt_mask[rows], target[rows],
                                                    drawn_block, revealed[rows], decoder_rounds,
@@ -531,7 +578,7 @@ def dllm_loss(
                     settled, lengths[rows], gen)
                 masked[rows] |= mistaken
     masked, later = masked & ~causal[:, None], later & ~causal[:, None]  # causal rows: the clean answer
-    noisy = torch.where(masked | later, torch.full_like(target, tok.MASK_ID), target)
+    noisy = torch.where(masked | later, torch.full_like(target, tok.MASK_ID), shown)
     input_ids = torch.cat([prompt_ids, noisy], dim=1)
     attention_mask = torch.cat([prompt_mask, torch.ones_like(noisy)], dim=1)
     positions = position_ids(attention_mask)
@@ -543,10 +590,11 @@ def dllm_loss(
     weight = torch.where(through_eos, 1.0, pad_weight)
     parts = []
     if masked.any():
-        parts.append(_weighted_mean(logits, target, weight, masked, by_row=loss_mean == "row"))
+        parts.append(_weighted_mean(logits, target, weight, masked, by_row=loss_mean == "row",
+                                    label_smoothing=label_smoothing))
     through = causal[:, None] & through_eos  # causal rows: the causal stage's positions
     if through.any():
-        parts.append(_weighted_mean(logits, target, weight, through))
+        parts.append(_weighted_mean(logits, target, weight, through, label_smoothing=label_smoothing))
     return torch.stack(parts).sum()
 
 
@@ -608,8 +656,74 @@ def _least_confident(
     return block & ~shown, guess
 
 
-DECODER_FILLS = ("answer", "model")
+DECODER_FILLS = ("answer", "model", "threshold")
 """What a decoder row's revealed positions hold (:func:`dllm_loss`'s ``decoder_fill``)."""
+
+
+def threshold_rollout(
+    model: LlamaForCausalLM,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    target: torch.Tensor,
+    current: torch.Tensor,
+    block_length: int,
+    forwards: torch.Tensor,
+    tau: torch.Tensor,
+    own_earlier: torch.Tensor,
+) -> torch.Tensor:
+    """The states dloom's threshold decoder reaches in ``R`` rows' drawn blocks, without gradient.
+
+    The rule is Fast-dLLM's, as ``dloom.DiffusionDecoder(model, "threshold", tau=τ)`` applies
+    it: each forward reads the region, and in the leftmost block with masks commits every
+    masked position whose confidence (the argmax's probability, the mask token excluded)
+    exceeds ``τ`` -- at least the surest one -- to its argmax, right or wrong.  Only the rows
+    still decoding are run, all of them in one batched forward.
+
+    :param prompt_ids: ``(R, P)`` long, left-padded prompts; ``prompt_mask`` their key padding.
+    :param target: ``(R, G)`` long, the answer regions.
+    :param current: ``(R,)`` long, each row's drawn block.
+    :param block_length: the blocks' length ``K`` (``G`` a multiple of it).
+    :param forwards: ``(R,)`` long, the forwards each row spends in its drawn block.
+    :param tau: ``(R,)`` float, each row's threshold.
+    :param own_earlier: ``(R,)`` bool: the row's earlier blocks are decoded by the same rule from
+        the region's start (the forwards that takes are not counted in ``forwards``); else
+        they hold the answer.
+    :return: ``(R, G)`` long, the region after those forwards (the mask token where nothing is
+        committed; every block after the drawn one masked).  A forward that would commit the
+        drawn block's last masks is not applied: that row stops one forward early, so the drawn
+        block keeps at least one masked position to score.
+    """
+    g = target.shape[1]
+    block_of = torch.arange(g, device=target.device) // block_length
+    ahead = (block_of[None, :] >= current[:, None]) | own_earlier[:, None]
+    state = torch.where(ahead, torch.full_like(target, tok.MASK_ID), target)
+    spent = torch.zeros_like(forwards)
+    active = (forwards > 0) | (own_earlier & (current > 0))
+    p = prompt_ids.shape[1]
+    while bool(active.any()):
+        rows = active.nonzero()[:, 0]
+        region = state[rows]
+        attention_mask = torch.cat([prompt_mask[rows], torch.ones_like(region)], dim=1)
+        with torch.no_grad():
+            output = model(input_ids=torch.cat([prompt_ids[rows], region], dim=1), attention_mask=attention_mask,
+                           position_ids=position_ids(attention_mask))
+            logits = region_logits(model, output.logits, p).float()
+        logits[..., tok.MASK_ID] = -math.inf
+        probability, candidate = logits.softmax(-1).max(-1)
+        open_positions = region == tok.MASK_ID
+        open_block = block_of[open_positions.int().argmax(-1)]  # the leftmost block with masks
+        selectable = open_positions & (block_of[None, :] == open_block[:, None])
+        confidence = torch.where(selectable, probability, -math.inf)
+        commit = selectable & (confidence > tau[rows, None])
+        commit[torch.arange(len(rows)), confidence.argmax(-1)] = True
+        in_drawn = open_block == current[rows]
+        apply = ~(in_drawn & (commit.sum(-1) == selectable.sum(-1)))
+        state[rows] = torch.where(commit & apply[:, None], candidate, region)
+        spent[rows] += (in_drawn & apply).long()
+        before = block_of[(state[rows] == tok.MASK_ID).int().argmax(-1)] < current[rows]
+        active[rows] = apply & (before | (spent[rows] < forwards[rows]))
+    return state
+
 
 
 def _own_commits(
@@ -656,11 +770,14 @@ LOSS_MEANS = ("token", "row")
 
 
 def _weighted_mean(
-    logits: torch.Tensor, target: torch.Tensor, weight: torch.Tensor, scored: torch.Tensor, by_row: bool = False
+    logits: torch.Tensor, target: torch.Tensor, weight: torch.Tensor, scored: torch.Tensor, by_row: bool = False,
+    label_smoothing: float = 0.0,
 ) -> torch.Tensor:
-    """The ``weight``-weighted mean cross-entropy over the ``scored`` ``(B, G)`` positions;
-    ``by_row``: the mean over the rows with a scored position of each row's weighted mean."""
-    loss = F.cross_entropy(logits[scored], target[scored], reduction="none") * weight[scored]
+    """The ``weight``-weighted mean cross-entropy (with ``label_smoothing``) over the ``scored``
+    ``(B, G)`` positions; ``by_row``: the mean over the rows with a scored position of each
+    row's weighted mean."""
+    loss = F.cross_entropy(logits[scored], target[scored], reduction="none",
+                           label_smoothing=label_smoothing) * weight[scored]
     if not by_row:
         return loss.sum() / weight[scored].sum()
     row = scored.nonzero()[:, 0]
@@ -899,6 +1016,33 @@ def save_checkpoint(
         shutil.rmtree(directory / TRAINING_WEIGHTS)
 
 
+def check_parallel_options(
+    name: str, decoder_share: float, decoder_fill: str, decoder_taus: Sequence[float], first_forward_share: float,
+    own_earlier_share: float, label_smoothing: float,
+) -> None:
+    """Check the parallel-decoding options of a run (:func:`dllm_loss`'s) before any work.
+
+    :raises ValueError: naming the bad value and what is allowed: a threshold outside
+        ``(0, 1)``, a share or ``label_smoothing`` outside ``[0, 1]`` (``label_smoothing``
+        below 1), ``first_forward_share`` without decoder rows, ``own_earlier_share`` without
+        the ``"threshold"`` fill.
+    """
+    bad = [tau for tau in decoder_taus if not 0 < tau < 1]
+    if not decoder_taus or bad:
+        raise ValueError(f"{name}: decoder_taus {list(decoder_taus)} are thresholds: each must be in (0, 1)")
+    for option, share in (("first_forward_share", first_forward_share), ("own_earlier_share", own_earlier_share)):
+        if not 0 <= share <= 1:
+            raise ValueError(f"{name}: {option} {share} is a share of the decoder rows: it must be in [0, 1]")
+    if first_forward_share and not decoder_share:
+        raise ValueError(f"{name}: first_forward_share {first_forward_share} is a share of the decoder rows: "
+                         "it needs a decoder_share")
+    if own_earlier_share and decoder_fill != "threshold":
+        raise ValueError(f"{name}: own_earlier_share {own_earlier_share} decodes a row's earlier blocks with the "
+                         f"threshold rule: it needs decoder_fill 'threshold', got {decoder_fill!r}")
+    if not 0 <= label_smoothing < 1:
+        raise ValueError(f"{name}: label_smoothing {label_smoothing} must be in [0, 1)")
+
+
 def unfinished_run(directory: Path) -> dict | None:
     """The record of the unfinished run saved in ``directory``, or ``None`` (no run, or finished)."""
     path = directory / PROGRESS
@@ -910,7 +1054,8 @@ def unfinished_run(directory: Path) -> dict | None:
 
 _HISTORY_KEYS = (
     "seed", "peak_lr", "steps", "batch", "train_weights", "pad_weight", "t_max", "masks", "prefix_share",
-    "causal_share", "loss_mean", "decoder_share", "decoder_fill", "decoder_rounds", "ema", "init_from", "train_seconds",
+    "causal_share", "loss_mean", "decoder_share", "decoder_fill", "decoder_rounds", "decoder_taus", "first_forward_share",
+    "own_earlier_share", "label_smoothing", "ema", "init_from", "train_seconds",
     "final_loss_avg", "overall", "per_family",
 )
 
@@ -937,6 +1082,10 @@ def train_one(
     ema: float | None = None,
     decoder_fill: str | None = None,
     decoder_rounds: int | None = None,
+    decoder_taus: Sequence[float] | None = None,
+    first_forward_share: float | None = None,
+    own_earlier_share: float | None = None,
+    label_smoothing: float | None = None,
 ) -> dict:
     """Train (or, with ``resume``, continue training) one model, save it, evaluate it.
 
@@ -958,8 +1107,9 @@ def train_one(
     ``block_length``), with ``prefix_share`` (default 0) of the rows masked from a cut on, and
     ``causal_share`` (default 0) trained causally, ``decoder_share`` (default 0) in a
     confidence-order decoder's states, filled per ``decoder_fill`` (default ``"answer"``) and
-    revealed over ``decoder_rounds`` forwards (default 1),
-    and ``loss_mean`` (default ``"token"``) how the masked rows are averaged
+    revealed over ``decoder_rounds`` forwards (default 1), thresholds ``decoder_taus`` (default
+    :data:`DECODER_TAUS`), ``first_forward_share`` and ``own_earlier_share`` (default 0),
+    ``label_smoothing`` (default 0), and ``loss_mean`` (default ``"token"``) how the masked rows are averaged
     (:func:`dllm_loss`); given on resuming an unfinished
     run, they replace the run's from the current step on (the record keeps the last ones).  ``init_from`` (a dLLM
     only) starts instead from a causal checkpoint of the same architecture made
@@ -988,6 +1138,11 @@ def train_one(
         decoder_share = run.get("decoder_share", 0.0) if decoder_share is None else decoder_share
         decoder_fill = decoder_fill or run.get("decoder_fill", "answer")
         decoder_rounds = decoder_rounds or run.get("decoder_rounds", 1)
+        decoder_taus = tuple(decoder_taus or run.get("decoder_taus", DECODER_TAUS))
+        first_forward_share = run.get("first_forward_share", 0.0) if first_forward_share is None \
+            else first_forward_share
+        own_earlier_share = run.get("own_earlier_share", 0.0) if own_earlier_share is None else own_earlier_share
+        label_smoothing = run.get("label_smoothing", 0.0) if label_smoothing is None else label_smoothing
         ema_before = run.get("ema", 0.0)
         ema = ema_before if ema is None else ema
         peak = lr if lr is not None else run["peak_lr"]
@@ -1005,6 +1160,10 @@ def train_one(
         decoder_share = decoder_share or 0.0
         decoder_fill = decoder_fill or "answer"
         decoder_rounds = decoder_rounds or 1
+        decoder_taus = tuple(decoder_taus or DECODER_TAUS)
+        first_forward_share = first_forward_share or 0.0
+        own_earlier_share = own_earlier_share or 0.0
+        label_smoothing = label_smoothing or 0.0
         ema_before, ema = 0.0, ema or 0.0
         from_checkpoint = resume or init_from is not None
         peak = lr if lr is not None else spec.lr / 2 if from_checkpoint else spec.lr
@@ -1023,6 +1182,8 @@ def train_one(
     if decoder_rounds < 1 or (decoder_rounds > 1 and not decoder_share):
         raise ValueError(f"{name}: decoder_rounds {decoder_rounds} is the number of forwards that reveal a "
                          "decoder row's positions: it must be at least 1, and above 1 it needs a decoder_share")
+    check_parallel_options(name, decoder_share, decoder_fill, decoder_taus, first_forward_share,
+                           own_earlier_share, label_smoothing)
     if not 0 <= ema < 1:
         raise ValueError(f"{name}: ema {ema} is a decay per step: it must be in [0, 1)")
     torch.manual_seed(_part_seed(seed, start_step))
@@ -1063,7 +1224,9 @@ def train_one(
             "pad_weight": pad_weight, "t_max": t_max, "masks": masks,
             "prefix_share": prefix_share, "causal_share": causal_share, "loss_mean": loss_mean,
             "decoder_share": decoder_share, "decoder_fill": decoder_fill,
-            "decoder_rounds": decoder_rounds, "ema": ema,
+            "decoder_rounds": decoder_rounds, "decoder_taus": list(decoder_taus),
+            "first_forward_share": first_forward_share, "own_earlier_share": own_earlier_share,
+            "label_smoothing": label_smoothing, "ema": ema,
             "init_from": None if init_from is None else str(init_from),
             "train_seconds": round(elapsed, 1), "budget_seconds": budget, "total_steps": total,
             "final_loss_avg": running, "finished": finished, **curves, "history": history,
@@ -1086,7 +1249,7 @@ def train_one(
             blocks = workload.block_length if masks == "block" else None
             loss = dllm_loss(model, batch, extra_pad, gen, pad_weight, t_max, workload.gen_length, blocks,
                              prefix_share, causal_share, loss_mean, decoder_share, decoder_fill,
-                             decoder_rounds)
+                             decoder_rounds, decoder_taus, first_forward_share, own_earlier_share, label_smoothing)
         else:
             loss = ar_loss(model, batch, extra_pad)
         opt.zero_grad(set_to_none=True)
@@ -1174,14 +1337,19 @@ def dllm_from_ar(checkpoint: Path, name: str = "toy-dllm") -> LlamaForCausalLM:
     Dream's recipe (Dream 7B starts from Qwen2.5 7B): the weights are kept, attention becomes
     bidirectional (``is_causal=False``) and the logits stay shifted -- the output at ``i``
     predicts token ``i + 1``, as in the causal model -- so what the causal model learnt
-    carries over.  The checkpoint must have the architecture of zoo model ``name``.
+    carries over.  The checkpoint must have the architecture of zoo model ``name``.  A dLLM
+    checkpoint made so (``long-dllm``) is taken as it is: a new dLLM trained on from it
+    (``long-dllm-par`` from ``long-dllm``).
 
-    :raises ValueError: naming the mismatch, for a non-causal checkpoint or another shape.
+    :raises ValueError: naming the mismatch, for a checkpoint that is neither a causal nor a
+        shifted dLLM zoo checkpoint, or another shape.
     """
     source = LlamaConfig.from_pretrained(checkpoint, local_files_only=True)
     kind = getattr(source, "dloom", {}).get("kind")
-    if kind != "ar":
-        raise ValueError(f"{checkpoint}: expected a causal zoo checkpoint (dloom kind 'ar'), got {kind!r}")
+    if kind not in ("ar", "dllm"):
+        raise ValueError(f"{checkpoint}: expected a zoo checkpoint (dloom kind 'ar' or 'dllm'), got {kind!r}")
+    if kind == "dllm" and not source.dloom.get("shift", False):
+        raise ValueError(f"{checkpoint}: a dLLM checkpoint to start from must have shifted logits (Dream style)")
     config = build_config(name)
     shape = {k: getattr(config, k) for k in _SHAPE}
     wrong = {k: getattr(source, k) for k in _SHAPE if getattr(source, k) != shape[k]}
@@ -1222,6 +1390,18 @@ def reevaluate(name: str, out: Path, eval_n: int) -> dict:
     (directory / "eval.json").write_text(json.dumps(record, indent=2) + "\n")
     print(f"[{name}] re-evaluated {_accuracy_line(result)}", flush=True)
     return record
+
+
+def _thresholds(text: str) -> tuple[float, ...]:
+    """``--decoder-tau``'s ``0.9,0.95``: thresholds in ``(0, 1)``."""
+    try:
+        values = tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected thresholds like 0.9,0.95") from None
+    bad = [v for v in values if not 0 < v < 1]
+    if bad:
+        raise argparse.ArgumentTypeError(f"{text!r}: thresholds must be in (0, 1), got {bad}")
+    return values
 
 
 def _family_weights(text: str) -> dict[str, float]:
@@ -1290,6 +1470,19 @@ def main(argv: Sequence[str] | None = None) -> None:
                         "round's the surest given the earlier rounds' (N >= the block length: one a forward, the "
                         "state a one-token-per-step decoder reaches; up to N forwards a row); default 1. On "
                         "--resume of an unfinished run it replaces the run's")
+    parser.add_argument("--decoder-tau", type=_thresholds, default=None, metavar="T,...",
+                        help="with --decoder-fill threshold: the thresholds a decoder row's rollout draws from, "
+                        f"one per row (default {','.join(map(str, DECODER_TAUS))}). On --resume of an unfinished "
+                        "run it replaces the run's")
+    parser.add_argument("--first-forward-share", type=float, default=None, metavar="P",
+                        help="with --decoder-share: the share of decoder rows at their block's first forward "
+                        "(the block entirely masked), default 0")
+    parser.add_argument("--own-earlier-share", type=float, default=None, metavar="P",
+                        help="with --decoder-fill threshold: the share of decoder rows whose earlier blocks are "
+                        "decoded by the model itself with the threshold rule (its mistakes kept) instead of "
+                        "holding the answer, default 0")
+    parser.add_argument("--label-smoothing", type=float, default=None, metavar="E",
+                        help="dLLMs: the cross-entropy's label smoothing (e.g. 0.05), default 0")
     parser.add_argument("--causal-share", type=float, default=None, metavar="P",
                         help="dLLMs: the share of rows trained as the causal stage was (clean answer, causal "
                         "attention, next-token loss), default 0")
@@ -1338,7 +1531,9 @@ def main(argv: Sequence[str] | None = None) -> None:
               ("--decoder-share", args.decoder_share))
     for option, value in (("--masks", args.masks), ("--loss-mean", args.loss_mean),
                           ("--decoder-fill", args.decoder_fill), ("--decoder-rounds", args.decoder_rounds),
-                          *shares):
+                          ("--decoder-tau", args.decoder_tau), ("--first-forward-share", args.first_forward_share),
+                          ("--own-earlier-share", args.own_earlier_share),
+                          ("--label-smoothing", args.label_smoothing), *shares):
         if value is not None and args.model not in dllms:
             parser.error(f"{option} is a dLLM's training option: use it with --model {' or '.join(dllms)}")
     for option, value in shares:
@@ -1349,6 +1544,12 @@ def main(argv: Sequence[str] | None = None) -> None:
                      "the same rows: their sum must be at most 1")
     if args.decoder_rounds is not None and args.decoder_rounds < 1:
         parser.error(f"--decoder-rounds is a number of forwards: it must be at least 1, got {args.decoder_rounds}")
+    for option, value in (("--first-forward-share", args.first_forward_share),
+                          ("--own-earlier-share", args.own_earlier_share)):
+        if value is not None and not 0 <= value <= 1:
+            parser.error(f"{option} must be in [0, 1], got {value}")
+    if args.label_smoothing is not None and not 0 <= args.label_smoothing < 1:
+        parser.error(f"--label-smoothing must be in [0, 1), got {args.label_smoothing}")
     if args.ema is not None and not 0 <= args.ema < 1:
         parser.error(f"--ema is a decay per step: it must be in [0, 1), got {args.ema}")
     if args.finish and (args.model == "all" or args.resume or args.eval_only):
@@ -1388,7 +1589,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         train_one(name, minutes, args.steps, seed, out, args.eval_n, args.resume, args.lr, args.weights,
                   args.pad_weight, args.t_max, init_from, args.checkpoint_minutes, args.masks, args.prefix_share,
                   args.causal_share, args.loss_mean, args.decoder_share, args.ema, args.decoder_fill,
-                  args.decoder_rounds)
+                  args.decoder_rounds, args.decoder_tau, args.first_forward_share, args.own_earlier_share,
+                  args.label_smoothing)
 
 
 if __name__ == "__main__":
