@@ -445,3 +445,57 @@ def test_the_limits_are_configured_on_the_command_line(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     config = served[0].state.service.config
     assert (config.max_body_bytes, config.graph_dirs) == (1234, (str(tmp_path),))
+
+
+@pytest.mark.slow
+def test_128_clients_with_disconnects_and_a_systemexit_hook_keep_every_other_lane_correct(model, served):
+    """128 concurrent clients on two lanes (quota, threshold): a seeded fifth of them stream and
+    hang up after their first event, eight send a strategy whose hook raises SystemExit. Every
+    client that stays gets exactly its offline output, each hostile one a 500 naming SystemExit,
+    and the server ends idle and healthy."""
+    import random
+
+    hostile("exits-under-load", SystemExit(7))
+    chooser = random.Random(41)
+    cases = []
+    for index in range(128):
+        kind = "hostile" if index % 16 == 5 else ("leaves" if chooser.random() < 0.2 else "stays")
+        cases.append((kind, PROMPTS[index % len(PROMPTS)], ("quota", "threshold")[index % 2]))
+    expected = {(p, s): offline(model, p, s) for _, p, s in cases}
+    client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", max_retries=20, timeout=120)
+    start = threading.Barrier(len(cases))
+
+    def ask(case):
+        kind, prompt, strategy = case
+        start.wait()
+        if kind == "leaves":
+            body = {"model": MODEL, "prompt": prompt, "stream": True, "strategy": strategy}
+            with httpx.stream("POST", f"{served.url}/v1/completions", json=body, timeout=120) as answer:
+                if answer.status_code == 429:
+                    return "refused"
+                for _ in answer.iter_lines():
+                    return "left"
+            return "left"
+        if kind == "hostile":
+            try:
+                client.completions.create(model=MODEL, prompt=prompt, extra_body={"strategy": "exits-under-load"})
+            except openai.InternalServerError as error:
+                return str(error)
+            return "decoded"
+        return client.completions.create(model=MODEL, prompt=prompt, extra_body={"strategy": strategy}).choices[0].text
+
+    with ThreadPoolExecutor(len(cases)) as pool:
+        answers = list(pool.map(ask, cases, timeout=600))
+    for (kind, prompt, strategy), answer in zip(cases, answers):
+        if kind == "stays":
+            assert answer == expected[(prompt, strategy)]
+        elif kind == "hostile":
+            assert "decoding failed: SystemExit: 7" in answer
+        else:
+            assert answer in ("left", "refused")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (metrics_of(served)["dloom_running_rows"] or metrics_of(served)["dloom_admitted_tokens"]):
+        time.sleep(0.2)
+    after = metrics_of(served)
+    assert after["dloom_admitted_tokens"] == 0 and after["dloom_running_rows"] == 0
+    assert httpx.get(f"{served.url}/health").status_code == 200 and served.service.scheduler.alive

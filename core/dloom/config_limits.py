@@ -20,10 +20,13 @@ files hold.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Mapping
 
 from dloom.errors import ModelError
+from dloom.json_files import read_json_object
 
 
 @dataclass(frozen=True)
@@ -187,3 +190,18 @@ def check_size_against_weights(config: Any, weight_bytes: int, where: str = "con
             f"the checkpoint's tensors hold {weight_bytes:,} bytes (allowed: a config whose "
             "model fits the weights it ships; a size field is wrong or weights are missing)"
         )
+
+
+def check_config(directory: Path) -> dict[str, Any]:
+    """The parsed ``config.json`` of ``directory``, its values checked
+    (:func:`check_config_values`).
+
+    :raises ModelError: when it is missing, unreadable, not JSON, not a JSON object, too
+        large or too deeply nested, or a value is of the wrong type or out of bounds.
+    """
+    path = directory / "config.json"
+    if not os.path.lexists(path):
+        raise ModelError(f"no config.json in {str(directory)!r}; a checkpoint directory needs one")
+    data = read_json_object(path)
+    check_config_values(data, repr(str(path)))
+    return data

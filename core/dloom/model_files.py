@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from dloom.config_limits import check_config_values
+from dloom.config_limits import check_config
 from dloom.errors import ModelError
 from dloom.json_files import parse_json, read_json_object
 
@@ -75,21 +75,6 @@ def check_device(device: str | torch.device) -> torch.device:
             f"device {str(device)!r} is not supported by dloom; allowed: {', '.join(DEVICE_TYPES)}"
         )
     return parsed
-
-
-def check_config(directory: Path) -> dict[str, Any]:
-    """The parsed ``config.json`` of ``directory``, its values checked
-    (:func:`dloom.config_limits.check_config_values`).
-
-    :raises ModelError: when it is missing, unreadable, not JSON, not a JSON object, too
-        large or too deeply nested, or a value is of the wrong type or out of bounds.
-    """
-    path = directory / "config.json"
-    if not os.path.lexists(path):
-        raise ModelError(f"no config.json in {str(directory)!r}; a checkpoint directory needs one")
-    data = read_json_object(path)
-    check_config_values(data, repr(str(path)))
-    return data
 
 
 @dataclass(frozen=True)

@@ -227,11 +227,11 @@ FAMILIES: tuple[ModelProfile, ...] = (
 
 def config_dict(config: Any) -> dict[str, Any]:
     """A config as a plain dict: a mapping, a ``transformers`` config or a directory (whose
-    ``config.json`` is read and checked by :func:`dloom.model_files.check_config`)."""
+    ``config.json`` is read and checked by :func:`dloom.config_limits.check_config`)."""
     if isinstance(config, Mapping):
         return dict(config)
     if isinstance(config, (str, Path)):
-        from dloom.model_files import check_config
+        from dloom.config_limits import check_config
 
         return check_config(Path(config))
     return config.to_dict()

@@ -206,6 +206,11 @@ class SessionDecoder(Protocol):
     pm: pluggy.PluginManager
     on_proposal: Callable[[torch.Tensor, torch.Tensor], None] | None
 
+    @property
+    def name(self) -> str:
+        """The strategy's name (for messages)."""
+        ...
+
     def session_calls(self) -> SessionCalls:
         """What the session calls on the decoder (:class:`SessionCalls`)."""
         ...
@@ -244,9 +249,10 @@ class DecodeSession:
         logprobs: int | None = None,
         ignore_eos: bool = False,
     ) -> None:
-        if logprobs is not None and decoder._speculates:
+        calls = decoder.session_calls()
+        if logprobs is not None and calls.speculative_step is not None:
             raise ConfigurationError(
-                f"strategy {decoder.composition.name!r} speculates; commit-time log-probabilities "
+                f"strategy {decoder.name!r} speculates; commit-time log-probabilities "
                 "are recorded for plain (non-speculative) strategies only"
             )
         self.logprobs = None if logprobs is None else CommitLogprobs(logprobs, decoder.mask_token_id)
@@ -258,7 +264,7 @@ class DecodeSession:
         self._eos = torch.tensor(eos_ids, dtype=torch.long, device=self.model.device)
         self._samples = decoder.temperature > 0 or decoder.remasking == "random"
         self._steps_per_block = decoder.steps // (decoder.gen_length // decoder.block_length)
-        self.calls = decoder.session_calls()
+        self.calls = calls
         self.tallies = _Tallies(self.calls.speculative_step is not None)
         self.size = 0
         self._next_id = 0
