@@ -107,11 +107,13 @@ def run_oracle(context: Context) -> dict[str, Any]:
     return measure_oracle(context.model, context.examples)
 
 
-def run_failfast(context: Context, target: str, assistant: str | None, drafter_taus: list[float]) -> dict[str, Any]:
+def run_failfast(context: Context, target: str, assistant: str | None, drafter_taus: list[float],
+                 n: int | None = None, repeats: int = 3) -> dict[str, Any]:
+    """FailFast on the first ``n`` of the run's prompts (all by default), ``repeats`` passes."""
     from report_failfast import measure_failfast
 
-    return measure_failfast(context.model, target, assistant, context.examples, SUITES[context.tasks],
-                            drafter_taus=drafter_taus)
+    return measure_failfast(context.model, target, assistant, context.examples[:n], SUITES[context.tasks],
+                            drafter_taus=drafter_taus, repeats=repeats)
 
 
 RUN: dict[str, Callable[..., Any]] = {

@@ -172,7 +172,8 @@ def failfast_items(report: Mapping[str, Any]) -> list[dict[str, Any]]:
     methods = failfast["methods"]
     ff, ar = methods[failfast["best"]], methods["ar"]
     measured_at = ", ".join(f"{m['drafter_tau']!r}" for m in methods.values() if "drafter_tau" in m)
-    chosen = (f"drafter τ {ff['drafter_tau']!r}, the fewest target forwards of the lossless ones (τ measured: "
+    by = "least wall time" if failfast.get("chosen_by") == "wall time" else "fewest target forwards"
+    chosen = (f"drafter τ {ff['drafter_tau']!r}, the {by} of the lossless ones (τ measured: "
               f"{measured_at})" if ff["identical_to_ar"] == 1.0 else
               f"drafter τ {ff['drafter_tau']!r}: no drafter τ measured ({measured_at}) was lossless")
     ratio = ar["target_forwards"] / ff["target_forwards"]

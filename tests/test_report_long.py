@@ -126,6 +126,42 @@ def test_failfast_targets_use_the_lossless_drafter_tau_with_the_fewest_target_fo
     assert item["met"] is False and "no drafter τ measured (0.05, 0.9) was lossless" in item["detail"]
 
 
+def test_failfast_is_timed_interleaved_and_modelled_with_costs_measured_in_the_run(tiny, report_module):
+    failfast = importlib.import_module("report_failfast")
+    drafter = load_model(str(tiny.dllm))
+    examples = select_examples("long", 3)
+    result = failfast.measure_failfast(drafter, str(tiny.ar), str(tiny.small), examples, long_tasks.FAMILIES,
+                                       drafter_taus=[0.05, 0.9], repeats=2)
+    methods, latency = result["methods"], result["latency"]
+    assert result["repeats"] == 2 and result["chosen_by"] == "wall time"
+    assert latency["target"] > 0 and latency["drafter"] > 0 and latency["assistant"] > 0
+    assert latency["ratio"] == pytest.approx(latency["drafter"] / latency["target"])
+    for name, m in methods.items():
+        helper = m["helper"]
+        assert m["modelled_seconds"] == pytest.approx(
+            m["target_forwards"] * latency["target"] + (m["helper_forwards"] * latency[helper] if helper else 0))
+        assert m["wall_speedup_vs_ar"] == pytest.approx(methods["ar"]["wall_seconds"] / m["wall_seconds"])
+        assert m["identical_to_ar"] == 1.0
+    # forwards are those of one pass: AR decoding prefills once, then one forward per token
+    assert methods["ar"]["target_forwards"] == methods["ar"]["generated_tokens"] + len(examples)
+    lossless = [n for n in methods if n.startswith("failfast@")]
+    assert result["best"] == min(lossless, key=lambda n: methods[n]["wall_seconds"])
+
+
+def test_forward_clock_counts_and_times_every_forward(report_module):
+    failfast = importlib.import_module("report_failfast")
+    layer = torch.nn.Linear(2, 2)
+    clock = failfast.ForwardClock(layer)
+    for _ in range(3):
+        layer(torch.zeros(1, 2))
+    assert clock.count == 3 and clock.seconds > 0
+    runs = {"ar": [(None, {"target": 4, "drafter": 0}, {"target": 2.0, "drafter": 0.0}, 3.0)],
+            "failfast@0.5": [(None, {"target": 2, "drafter": 5}, {"target": 9.0, "drafter": 1.0}, 2.0),
+                             (None, {"target": 2, "drafter": 5}, {"target": 9.0, "drafter": 2.0}, 2.0)]}
+    # the target's cost comes from AR decoding's decode steps only, the drafter's from FailFast
+    assert failfast.forward_costs(runs) == {"target": 0.5, "drafter": 0.3}
+
+
 def test_the_failfast_job_is_stored_under_its_drafter_taus(report_module):
     jobs = importlib.import_module("report_jobs")
     store = importlib.import_module("report_store").MeasurementStore(None, {"run": 1}, resume=False)
@@ -424,7 +460,7 @@ def test_delta_choice_calibration_and_failfast_come_from_the_run(long_report, ta
     for name in ("failfast@0.05", "failfast@0.9", "assisted"):
         assert methods[name]["identical_to_ar"] == 1.0 and methods[name]["helper_forwards"] > 0
     best = report["failfast"]["best"]
-    assert methods[best]["target_forwards"] == min(methods[n]["target_forwards"] for n in ("failfast@0.05", "failfast@0.9"))
+    assert methods[best]["wall_seconds"] == min(methods[n]["wall_seconds"] for n in ("failfast@0.05", "failfast@0.9"))
     assert report["targets"] == targets.checklist(report)
     assert all(item["met"] in (True, False) for item in report["targets"])
 

@@ -313,6 +313,10 @@ def eval_command(
         "else 'all'), 'all' (the toy suite), 'long', or comma-separated task families of one suite.",
     ),
     n: int = typer.Option(100, "-n", help="Held-out examples (balanced over families)."),
+    split: str = typer.Option(
+        "held-out", help="'held-out' (what evaluations score) or 'dev' (other held-out prompts, never one of the "
+        "first 500 held-out ones: choose settings on dev, score them on held-out).",
+    ),
     seed: int = typer.Option(0, help="Seeds the example selection and the sampler."),
     gen_length: Optional[int] = GenLengthOption,
     block_length: Optional[int] = BlockLengthOption,
@@ -355,9 +359,11 @@ def eval_command(
     stream = JsonlStream(sys.stdout)  # taken now: Ray's messages go to stderr while it runs
     decoder = None
     try:
+        if split not in ("held-out", "dev"):
+            raise ConfigurationError(f"--split is {split!r}; allowed: 'held-out', 'dev'")
         if tasks == "auto":  # the tokenizer that writes the prompts: the diffusion model's, or the AR target's
             tasks = workload_suite(load_tokenizer(model or target or DEFAULT_MODEL)) or "all"
-        examples = select_examples(tasks, n, seed)
+        examples = select_examples(tasks, n, seed, split=split)
         params = list(param)
         settings: dict[str, Any] = dict(
             gen_length=gen_length, block_length=block_length, steps=steps, temperature=temperature,

@@ -20,7 +20,7 @@ from dloom.decoding import Decoder
 from dloom.errors import ConfigurationError, DloomError
 from dloom.metrics import speculation_summary
 from dloom.zoo import long_tasks
-from dloom.zoo.tasks import ALPHABET, FAMILIES, Example, TaskFamily, held_out, train_stream
+from dloom.zoo.tasks import ALPHABET, EVALUATED, FAMILIES, Example, TaskFamily, dev, held_out, train_stream
 
 SUITES: dict[str, dict[str, TaskFamily]] = {"all": FAMILIES, "long": long_tasks.FAMILIES}
 """Task suites by the name ``--tasks`` selects them with: the toy suite and the long-answer one."""
@@ -108,16 +108,27 @@ def add_oracle(report: EvalReport, decoder: Any, examples: Sequence[Example]) ->
     report.oracle_reached_share = float(result.reached.float().mean())
 
 
-def select_examples(tasks: str, n: int, seed: int = 0, split: str = "held-out") -> list[Example]:
+SPLITS = ("held-out", "dev", "train")
+"""The prompt splits :func:`select_examples` draws from."""
+
+
+def select_examples(
+    tasks: str, n: int, seed: int = 0, split: str = "held-out", evaluated: int | None = None,
+) -> list[Example]:
     """``n`` examples from ``tasks``: ``"all"`` (the toy suite), ``"long"`` (the long-answer
     suite, :mod:`dloom.zoo.long_tasks`) or comma-separated family names of one suite.
 
-    :param split: ``"held-out"`` (balanced over families, what evaluations use) or
-        ``"train"`` (the training stream, what calibrations use, never a held-out prompt).
+    :param split: one of :data:`SPLITS`: ``"held-out"`` (balanced over families, what
+        evaluations use), ``"dev"`` (held-out prompts for choosing settings, never one of
+        the first :data:`~dloom.zoo.tasks.EVALUATED` held-out ones: :func:`dloom.zoo.tasks.dev`)
+        or ``"train"`` (the training stream, what calibrations use, never a held-out prompt).
+    :param evaluated: ``"dev"`` only: the held-out examples it must avoid are the first
+        ``evaluated`` (default :data:`~dloom.zoo.tasks.EVALUATED`), for a run that scores
+        fewer on a suite whose small families the default would exhaust.
     :raises ConfigurationError: for an unknown family or split, or ``n < 1``.
     """
-    if split not in ("held-out", "train"):
-        raise ConfigurationError(f"split is {split!r}; allowed: 'held-out', 'train'")
+    if split not in SPLITS:
+        raise ConfigurationError(f"split is {split!r}; allowed: {', '.join(map(repr, SPLITS))}")
     if n < 1:
         raise ConfigurationError(f"-n is {n}; allowed: a positive number of examples")
     names = None if tasks in SUITES else [t.strip() for t in tasks.split(",") if t.strip()]
@@ -133,6 +144,11 @@ def select_examples(tasks: str, n: int, seed: int = 0, split: str = "held-out") 
     suite = SUITES[tasks if names is None else suites.pop()]
     if split == "train":
         return list(itertools.islice(train_stream(seed, families=names, suite=suite), n))
+    if split == "dev":
+        try:
+            return dev(n, seed=seed, families=names, suite=suite, evaluated=evaluated or EVALUATED)
+        except ValueError as error:
+            raise ConfigurationError(f"{error}; allowed: fewer dev examples (-n {n})") from error
     return held_out(n, seed=seed, families=names, suite=suite)
 
 

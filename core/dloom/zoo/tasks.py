@@ -31,6 +31,11 @@ held-out prompts and ``held_out`` keeps only them, so the two splits never share
 whatever the seeds.  Both are deterministic functions of their seed; their ``suite``
 argument selects another suite's families (:data:`dloom.zoo.long_tasks.FAMILIES`) under the
 same split.
+
+Dev split: ``dev`` draws held-out prompts for choosing settings (a strategy's operating
+point) from its own stream and never yields one of ``held_out(EVALUATED)``, the prompts an
+evaluation of up to :data:`EVALUATED` examples scores; settings chosen on it are scored on
+those without having seen them.
 """
 
 from __future__ import annotations
@@ -51,7 +56,9 @@ __all__ = [
     "MIN_ANSWER_CHARS",
     "STORY_RE",
     "Example",
+    "EVALUATED",
     "TaskFamily",
+    "dev",
     "held_out",
     "is_held_out",
     "lookup_curriculum",
@@ -371,12 +378,44 @@ def held_out(
     suite: Mapping[str, TaskFamily] = FAMILIES,
 ) -> list[Example]:
     """``n`` held-out examples, balanced over ``families`` of ``suite`` (round-robin, default:
-    all of them), deterministic.
+    all of them), deterministic; ``held_out(n)`` is a prefix of ``held_out(m)`` for ``n < m``.
 
     Prompts are distinct within the list as long as the family's held-out space allows.
     """
     names = _families(families, suite)
-    rngs = {name: random.Random(f"held-out:{seed}:{name}") for name in names}
+    return _draw(n, names, suite, {name: random.Random(f"held-out:{seed}:{name}") for name in names}, set())
+
+
+EVALUATED = 500
+"""The dev split avoids ``held_out(EVALUATED)`` of the same families: the first 500
+held-out examples, the most any evaluation of the zoo scores (issue 42's bar)."""
+
+
+def dev(
+    n: int,
+    seed: int = 0,
+    families: Sequence[str] | None = None,
+    suite: Mapping[str, TaskFamily] = FAMILIES,
+    evaluated: int = EVALUATED,
+) -> list[Example]:
+    """``n`` held-out examples for choosing settings, balanced like :func:`held_out` and
+    deterministic, none of them one of ``held_out(evaluated, families=families, suite=suite)``
+    (a run that scores ``held_out(m)`` with ``m <= evaluated`` never scores a dev prompt).
+
+    :raises ValueError: when a family has no held-out prompt outside the evaluated ones.
+    """
+    names = _families(families, suite)
+    refused = {(e.family, e.prompt) for e in held_out(evaluated, 0, names, suite)}
+    return _draw(n, names, suite, {name: random.Random(f"dev:{seed}:{name}") for name in names}, refused)
+
+
+def _draw(
+    n: int, names: list[str], suite: Mapping[str, TaskFamily], rngs: Mapping[str, random.Random],
+    refused: set[tuple[str, str]],
+) -> list[Example]:
+    """``n`` held-out examples round-robin over ``names``, each from its family's ``rngs``
+    stream, never one of ``refused`` (``(family, prompt)``); distinct while the family's
+    held-out space allows (a repeat only after 5,000 draws found no new prompt)."""
     seen: set[tuple[str, str]] = set()
     examples: list[Example] = []
     for i in range(n):
@@ -384,10 +423,10 @@ def held_out(
         for attempt in range(10_000):
             example = suite[name].generate(rngs[name])
             key = (name, example.prompt)
-            if is_held_out(name, example.prompt) and (key not in seen or attempt > 5_000):
+            if is_held_out(name, example.prompt) and key not in refused and (key not in seen or attempt > 5_000):
                 seen.add(key)
                 examples.append(example)
                 break
-        else:  # pragma: no cover - every family has held-out prompts
-            raise RuntimeError(f"family {name!r} has no held-out prompts")
+        else:
+            raise ValueError(f"family {name!r} has no held-out prompt left to draw (refused: {len(refused)})")
     return examples

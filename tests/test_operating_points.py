@@ -1,0 +1,199 @@
+"""Operating points (issue 42): the dev split, each rule's setting chosen on it, the curves'
+Pareto fronts and NFE at equal accuracy, the targets, and one end-to-end run on toy-dllm."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from dloom import cli
+from dloom.errors import ConfigurationError
+from dloom.evaluation import select_examples
+from dloom.zoo import long_tasks
+from dloom.zoo.tasks import EVALUATED, dev, held_out, is_held_out
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def op():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    return importlib.import_module("report_operating_points")
+
+
+@pytest.fixture(scope="module")
+def command(report_module):  # report.py first: it puts benchmarks/ on sys.path
+    from conftest import load_script
+
+    return load_script(ROOT / "benchmarks" / "operating_points.py", "dloom_operating_points")
+
+
+# --- the dev split ----------------------------------------------------------------------------
+
+
+def test_the_dev_split_is_held_out_deterministic_balanced_and_never_an_evaluated_prompt():
+    examples = dev(40, suite=long_tasks.FAMILIES)
+    assert examples == dev(40, suite=long_tasks.FAMILIES)
+    assert [e.family for e in examples[:4]] == list(long_tasks.FAMILIES)
+    assert all(is_held_out(e.family, e.prompt) for e in examples)
+    evaluated = {(e.family, e.prompt) for e in held_out(EVALUATED, suite=long_tasks.FAMILIES)}
+    assert not evaluated & {(e.family, e.prompt) for e in examples}
+    assert len({(e.family, e.prompt) for e in examples}) == 40
+
+
+def test_the_dev_split_avoids_exactly_the_evaluated_prefix():
+    """``evaluated=m`` refuses ``held_out(m)``: a smaller count frees prompts a larger one takes."""
+    small = dev(100, suite=long_tasks.FAMILIES, evaluated=20)
+    scored = {(e.family, e.prompt) for e in held_out(20, suite=long_tasks.FAMILIES)}
+    assert not scored & {(e.family, e.prompt) for e in small}
+    wider = {(e.family, e.prompt) for e in held_out(EVALUATED, suite=long_tasks.FAMILIES)}
+    assert wider & {(e.family, e.prompt) for e in small}  # what the default would have refused
+
+
+def test_a_family_with_no_prompt_left_is_refused_by_name():
+    with pytest.raises(ConfigurationError, match="family 'story' has no held-out prompt left.*fewer dev examples"):
+        select_examples("all", 40, split="dev")
+    assert len(select_examples("all", 40, split="dev", evaluated=40)) == 40
+
+
+def test_dloom_eval_scores_the_dev_split_and_refuses_an_unknown_split():
+    runner = CliRunner()
+    bad = runner.invoke(cli.app, ["eval", "--split", "test", "-n", "2"])
+    assert bad.exit_code == 2 and "--split is 'test'; allowed: 'held-out', 'dev'" in bad.output
+    result = runner.invoke(cli.app, ["eval", "--tasks", "copy,add", "--split", "dev", "-n", "4", "--json",
+                                     "--outputs", "--strategy", "threshold"])
+    assert result.exit_code == 0, result.output
+    prompts = [json.loads(line)["prompt"] for line in result.stdout.splitlines()[:-1]]
+    assert prompts == [e.prompt for e in select_examples("copy,add", 4, split="dev")]
+    assert not set(prompts) & {e.prompt for e in select_examples("copy,add", EVALUATED)}
+
+
+# --- choosing, fronts, equal accuracy ---------------------------------------------------------
+
+
+def row(rule: str, value: float, accuracy: float, nfe: float, cache: str = "none") -> dict:
+    parameter = {"threshold": "tau", "factor": "f", "frechet": "delta"}[rule]
+    return {"name": f"{rule}@{value:g}", "commit_rule": rule, "params": {rule: {parameter: value}},
+            "accuracy": accuracy, "nfe_mean": nfe, "cache": cache, "speculation": None}
+
+
+def test_choose_takes_the_fewest_nfe_within_one_point_of_the_reference(op):
+    rows = [row("threshold", 0.9, 0.70, 16.0), row("threshold", 0.99, 0.905, 23.0),
+            row("threshold", 0.999, 0.93, 40.0)]
+    choice = op.choose(rows, reference_accuracy=0.91)
+    assert (choice["value"], choice["matched"]) == (0.99, True)
+    assert op.choose(rows, reference_accuracy=0.93)["value"] == 0.999
+    unmatched = op.choose(rows, reference_accuracy=0.99)  # none within a point: the most accurate
+    assert (unmatched["value"], unmatched["matched"]) == (0.999, False)
+    # equal NFE: the more cautious setting (a smaller f is more cautious for factor)
+    tie = [row("factor", 0.5, 0.92, 20.0), row("factor", 0.25, 0.92, 20.0)]
+    assert op.choose(tie, 0.92)["value"] == 0.25
+
+
+def test_the_pareto_front_drops_dominated_points(op):
+    points = [{"name": n, "nfe_mean": x, "accuracy": a} for n, x, a in
+              [("a", 10, 0.5), ("b", 12, 0.4), ("c", 20, 0.8), ("d", 20, 0.7), ("e", 30, 0.8), ("f", 40, 0.9)]]
+    assert [p["name"] for p in op.pareto_front(points)] == ["a", "c", "f"]
+
+
+def test_nfe_at_accuracy_interpolates_on_the_front(op):
+    curve = [{"nfe_mean": 10.0, "accuracy": 0.6}, {"nfe_mean": 20.0, "accuracy": 0.8},
+             {"nfe_mean": 25.0, "accuracy": 0.7}, {"nfe_mean": 40.0, "accuracy": 0.9}]
+    assert op.nfe_at_accuracy(curve, 0.7) == {"nfe_mean": pytest.approx(15.0), "bound": "interpolated"}
+    assert op.nfe_at_accuracy(curve, 0.85) == {"nfe_mean": pytest.approx(30.0), "bound": "interpolated"}
+    assert op.nfe_at_accuracy(curve, 0.5) == {"nfe_mean": 10.0, "bound": "at most"}
+    assert op.nfe_at_accuracy(curve, 0.95) == {"nfe_mean": None, "bound": "unreached"}
+
+
+def test_equal_accuracy_compares_each_rule_with_threshold_where_both_are_interpolated(op):
+    rows = [row("threshold", 0.9, 0.70, 16.0), row("threshold", 0.99, 0.90, 26.0),
+            row("frechet", 0.9, 0.80, 15.0), row("frechet", 0.99, 0.95, 22.0),
+            row("factor", 0.1, 0.95, 30.0), row("threshold", 0.99, 0.99, 9.0, cache="dual")]
+    result = op.equal_accuracy(rows, {"accuracy": 0.90})
+    assert result["accuracy"] == pytest.approx(0.89)
+    threshold, frechet, factor = (result["rules"][r] for r in ("threshold", "frechet", "factor"))
+    assert threshold["nfe_mean"] == pytest.approx(25.5) and threshold["bound"] == "interpolated"
+    assert frechet["nfe_mean"] == pytest.approx(15 + 7 * 0.09 / 0.15)
+    assert frechet["saving_vs_reference"] == pytest.approx(1 - frechet["nfe_mean"] / 25.5)
+    assert frechet["saving_bound"] == "equal"
+    assert factor["saving_bound"] == "at least"  # its cheapest setting already reaches it
+    assert result["rules"]["threshold"]["saving_vs_reference"] == pytest.approx(0.0)
+
+
+# --- targets and the run ----------------------------------------------------------------------
+
+
+def synthetic(failfast_speedup: float = 3.5, identical: float = 1.0) -> dict:
+    rows = [
+        {**row("threshold", 0.9, 0.7, 16.0), "label": "threshold tau = 0.9"},
+        {**row("threshold", 0.99, 0.9, 26.0), "label": "threshold tau = 0.99"},
+        {**row("frechet", 0.9, 0.8, 15.0), "label": "frechet delta = 0.9"},
+        {**row("frechet", 0.99, 0.95, 22.0), "label": "frechet delta = 0.99"},
+        {**row("threshold", 0.99, 0.9, 20.0, cache="dual"), "name": "threshold@0.99/dual", "label": "t dual"},
+        {"name": "spiffy+threshold/dual", "label": "Spiffy over threshold", "commit_rule": "threshold",
+         "params": {}, "accuracy": 0.9, "nfe_mean": 12.0, "cache": "dual", "speculation": {"acceptance": 0.5},
+         "identical_to_commit_rule": identical, "nfe_over_oracle": 1.4},
+    ]
+    op_module = importlib.import_module("report_operating_points")
+    methods = {"failfast@0.05": {"wall_speedup_vs_ar": failfast_speedup, "identical_to_ar": 1.0, "drafter_tau": 0.05,
+                                 "modelled_speedup_vs_ar": 5.0, "target_forwards_per_prompt": 12.0}}
+    return {"rows": rows, "equal_accuracy": op_module.equal_accuracy(rows[:4], {"accuracy": 0.9}),
+            "choices": {"threshold": {"name": "threshold@0.99", "value": 0.99}},
+            "spiffy": {"cache": "dual"}, "oracle": {"nfe_mean": 8.0, "reached_share": 1.0},
+            "failfast": {"methods": methods, "best": "failfast@0.05", "chosen_by": "wall time",
+                         "latency": {"ratio": 3.0}}}
+
+
+def test_the_targets_carry_their_figures_and_fail_when_missed(command, op):
+    met = command.targets(synthetic())
+    assert [item["met"] for item in met] == [True, True, True, True]
+    assert met[0]["measured"].startswith(f"{1 - (15 + 7 * 0.09 / 0.15) / 25.5:.1%}")
+    assert met[1]["measured"] == "1.67×, 100% identical"
+    missed = command.targets(synthetic(failfast_speedup=1.5, identical=0.99))
+    assert missed[1]["met"] is False and missed[3]["met"] is False
+    assert "2.00× short" in missed[3]["detail"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--n-dev", "0"], "--n-dev 0 and -n 300"),
+    (["--failfast-repeats", "0"], "--failfast-repeats 0: allowed: 1 or more"),
+    (["--drafter-taus", "0.5,1"], "distinct thresholds, each in (0, 1)"),
+])
+def test_bad_options_are_refused_before_any_work(command, argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        command.main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_run_chooses_on_dev_scores_on_held_out_and_writes_its_page(command, tmp_path):
+    grids = {"threshold": ("tau", (0.5, 0.999)), "frechet": ("delta", (0.5, 0.99))}
+    from dloom import load_model
+
+    model = load_model("toy-dllm")
+    report = command.measure(model, "toy-dllm", "copy,add", 8, 8, 8, spiffy=False, grids=grids,
+                             out=tmp_path / "op.json")
+    dev_names = [r["name"] for r in report["dev"]["rows"]]
+    assert dev_names == ["quota", "threshold@0.5", "threshold@0.999", "frechet@0.5", "frechet@0.99"]
+    assert set(report["choices"]) == {"threshold", "frechet"}
+    assert [r["name"] for r in report["rows"]][:1] == ["quota"] and len(report["rows"]) == 5
+    chosen = [r["name"] for r in report["rows"] if r["chosen_on_dev"]]
+    assert chosen == sorted({c["name"] for c in report["choices"].values()}, key=chosen.index)
+    report.update(command="c", date="d", seconds=1.0, machine="m", torch="t", torch_threads=1, model="toy-dllm",
+                  tasks="copy,add", n=8, batch_size=8)
+    text = command.page(report, tmp_path / "op.json")
+    assert "8 dev prompts" in text and "## Chosen settings" in text and "## FailFast" not in text
+    assert "| threshold | tau = 0.5 |" in text  # every setting keeps accuracy here: the most parallel
+    table = command.headline(report)
+    rows = [line for line in table.split("| target |")[0].splitlines() if line.startswith("| ") and "%" in line]
+    assert [r.split(" | ")[0] for r in rows] == ["| quota, one token per step (baseline) (quota)",
+                                                  "| threshold tau = 0.5", "| frechet delta = 0.5"]
+    readme = tmp_path / "README.md"
+    readme.write_text("x\n<!-- report:operating-points:start -->\nold\n<!-- report:operating-points:end -->\n")
+    report_tables = importlib.import_module("report_tables")
+    assert table in report_tables.replace_marked(readme.read_text(), "operating-points", table)
