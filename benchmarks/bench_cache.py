@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from dloom import DiffusionDecoder, load_model, zoo
-from dloom.cache import CACHE_MODES
+from dloom.model.runner import CACHE_MODES
 from dloom.evaluation import evaluate, select_examples
 from dloom.zoo.tasks import FAMILIES, Example
 

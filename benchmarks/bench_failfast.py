@@ -50,7 +50,7 @@ from typing import Any, Callable
 import torch
 
 from dloom import load_model
-from dloom.ar import ARTarget
+from dloom.ar.target import ARTarget
 from dloom_plugins.failfast import FailFastDecoder
 from dloom.zoo.tasks import FAMILIES, held_out
 

@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from dloom import load_model
-from dloom.ar import ARTarget
+from dloom.ar.target import ARTarget
 from dloom.errors import ModelError
 from dloom.zoo.tasks import Example, TaskFamily
 from dloom_plugins.failfast import FailFastDecoder

@@ -18,8 +18,8 @@ import torch
 
 from dloom import DiffusionDecoder, hookimpl
 from dloom.evaluation import evaluate
-from dloom.oracle import oracle_nfe
-from dloom.registry import get_registry
+from dloom.decode.oracle import oracle_nfe
+from dloom.hooks.registry import get_registry
 
 HOOKS = ("forward", "select_commit", "draft", "prune", "build_mask", "verify")
 CACHES = ("none", "prefix", "dual")

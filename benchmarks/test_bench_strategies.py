@@ -23,9 +23,10 @@ import warnings
 import pytest
 import torch
 
-from dloom import BlockSchedule, DiffusionDecoder, ModelAdapter, hookimpl, hookspecs, load_model
+from dloom import BlockSchedule, DiffusionDecoder, ModelAdapter, hookimpl, load_model
+from dloom.hooks import specs as hookspecs
 from dloom_plugins.spiffy import Spiffy
-from dloom.registry import get_registry
+from dloom.hooks.registry import get_registry
 from dloom.zoo import model_path
 from dloom.zoo.tasks import held_out
 

@@ -32,9 +32,9 @@ import dloom
 from dloom import Claim, Parameter, StrategyRegistration
 from dloom.check import check_lossless, check_strategy, tiny
 from dloom.check import joints as J
-from dloom.commit import commit_top, sorted_profile
-from dloom.chains import GUMBEL_TAG
-from dloom.kernel import gumbel_argmax
+from dloom.decode.commit import commit_top, sorted_profile
+from dloom.ar.chains import GUMBEL_TAG
+from dloom.decode.kernel import gumbel_argmax
 from dloom_plugins.failfast import plugin as failfast_plugin
 from dloom_plugins.failfast.verification import verify_ratio
 from dloom_plugins.frechet import FrechetCommit, frechet_bounds

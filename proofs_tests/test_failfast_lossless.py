@@ -26,7 +26,7 @@ from dloom.check.target import ar_target_factory, sampling_seed, target_distribu
 from dloom.check.tiny import tiny_ar, tiny_dllm
 from dloom.errors import ConfigurationError
 from dloom_plugins.failfast import FailFastDecoder
-from dloom.kernel import REMASKING
+from dloom.decode.kernel import REMASKING
 
 ALPHA = 1e-3
 EPSILON = 0.05
@@ -115,7 +115,7 @@ ZOO = pytest.mark.skipif(not _zoo_installed(), reason="toy-ar / toy-dllm weights
 
 
 def _zoo_pair():
-    from dloom.adapter import load_model
+    from dloom.model.adapter import load_model
 
     target = load_model("toy-ar", dtype="float64", require_mask=False)
     return target, load_model("toy-dllm", dtype="float64")

@@ -27,7 +27,7 @@ from hypothesis import assume, example, find, given, settings
 from hypothesis import strategies as st
 
 from dloom import BlockSchedule
-from dloom.commit import sorted_profile
+from dloom.decode.commit import sorted_profile
 from dloom_plugins.baselines import FactorCommit
 from dloom_plugins.frechet import FrechetCommit, frechet_bounds
 

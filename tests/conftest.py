@@ -12,7 +12,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from dloom import ModelAdapter
-from dloom.registry import reset_registry
+from dloom.hooks.registry import reset_registry
 
 # Tiny forwards run fastest on one thread, and do not stall when the machine is busy.
 torch.set_num_threads(1)

@@ -29,14 +29,15 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 import dloom
-from dloom import cli, cli_exits
-from dloom.cli import app
+from dloom.cli import commands as cli
+from dloom.cli import exits as cli_exits
+from dloom.cli.commands import app
 from dloom.errors import (
     ConfigurationError, HookContractError, ModelError, PluginLoadError, UnknownStrategyError,
 )
 from dloom_plugins.failfast import FailFastDecoder, build_failfast_decoder
 from dloom_plugins.spiffy.graph import BUILTIN_DIR, MAX_NODES
-from dloom.registry import check_plugin_class, get_registry, reset_registry
+from dloom.hooks.registry import check_plugin_class, get_registry, reset_registry
 from dloom.zoo import model_path
 from test_plugin_loading import FakeSite
 
@@ -648,7 +649,7 @@ def test_generate_json_writes_one_row_per_prompt_as_batches_finish(tmp_path, mon
 
 
 def test_eval_interrupted_by_sigint_keeps_the_finished_rows_and_a_summary(tmp_path):
-    command = [sys.executable, "-c", "import sys; from dloom.cli import app; sys.argv[0] = 'dloom'; app()", "eval", "-n", "200", "--batch-size", "2", "--json",
+    command = [sys.executable, "-c", "import sys; from dloom.cli.commands import app; sys.argv[0] = 'dloom'; app()", "eval", "-n", "200", "--batch-size", "2", "--json",
                "--strategy", "quota"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with open(tmp_path / "stderr", "w") as errors:
@@ -743,7 +744,7 @@ def test_batch_size_is_fitted_to_max_batch_tokens_and_said():
 
 
 def test_the_memory_budget_caps_a_huge_batch(toy_adapter):
-    from dloom.batching import plan_batch_size
+    from dloom.decode.batching import plan_batch_size
 
     plan = plan_batch_size(toy_adapter, 100_000, 48)
     assert 1 <= plan.size < 100_000 and plan.size * 48 * plan.bytes_per_token <= 2 * 1024**3
@@ -881,7 +882,7 @@ def test_an_absurd_layer_count_is_refused_in_well_under_a_second(tmp_path):
 
 
 DLOOM_SCRIPT = """import sys
-from dloom.cli import app
+from dloom.cli.commands import app
 if __name__ == '__main__':
     sys.exit(app())
 """

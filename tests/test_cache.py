@@ -19,10 +19,11 @@ from transformers import DynamicCache
 from typer.testing import CliRunner
 
 from conftest import EOS_ID, MASK_ID, PAD_ID, sharpen, tiny_model
-from dloom import DiffusionDecoder, ModelAdapter, running_batch
-from dloom.attention import block_causal_mask, block_ids, model_mask
-from dloom.cache import CACHE_MODES, BlockForward, cache_argument
-from dloom.cli import app
+from dloom import DiffusionDecoder, ModelAdapter
+from dloom.decode import session as running_batch
+from dloom.model.attention import block_causal_mask, block_ids, model_mask
+from dloom.model.runner import CACHE_MODES, BlockForward, cache_argument
+from dloom.cli.commands import app
 from dloom.errors import ConfigurationError, ModelError
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13], [14], [15, 16, 17, 18]]
@@ -546,7 +547,7 @@ def test_record_view_gives_a_copied_caches_logits_bit_for_bit_and_keeps_nothing(
     untouched, and the view holds no per-row copy once the forward returns (a
     ``DynamicCache`` keeps every layer's concatenation with the window: the negative
     control)."""
-    from dloom.cache import record_view
+    from dloom.model.runner import record_view
 
     tokens, mask, positions, width = padded_state(PROMPTS, 12)
     store = _recorded(tiny_adapter, tokens, mask, positions)
@@ -578,7 +579,7 @@ def test_record_view_gives_a_copied_caches_logits_bit_for_bit_and_keeps_nothing(
 def test_cached_decoding_reads_the_record_through_views(monkeypatch, tiny_adapter):
     """Every cached forward of a decode (plain and verification) reads the record through a
     :func:`record_view`, never a copied ``DynamicCache``."""
-    from dloom import cache as cache_module
+    from dloom.model import runner as cache_module
 
     views = []
     original = cache_module.record_view

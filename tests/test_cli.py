@@ -11,8 +11,8 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from dloom import cli
-from dloom.cli import app
+from dloom.cli import commands as cli
+from dloom.cli.commands import app
 
 from conftest import MASK_ID
 
@@ -302,9 +302,9 @@ def test_help_lists_the_plugin_owned_command_and_options(monkeypatch):
 
 
 def test_the_decoder_kind_comes_from_the_registration():
-    from dloom.decoding import AR_TARGET, DIFFUSION, decoder_kind
+    from dloom.decode.decoders import AR_TARGET, DIFFUSION, decoder_kind
     from dloom.errors import UnknownStrategyError
-    from dloom.registry import get_registry
+    from dloom.hooks.registry import get_registry
 
     assert get_registry().get("failfast").registration.decoder == AR_TARGET
     assert decoder_kind("failfast") == AR_TARGET
@@ -317,7 +317,7 @@ def test_the_decoder_kind_comes_from_the_registration():
 def test_build_decoder_dispatches_on_the_registration_not_the_name(monkeypatch):
     import dataclasses
 
-    from dloom.registry import Strategy, get_registry
+    from dloom.hooks.registry import Strategy, get_registry
 
     registry = get_registry()
     failfast = registry.get("failfast")
@@ -334,7 +334,7 @@ def test_build_decoder_dispatches_on_the_registration_not_the_name(monkeypatch):
 def test_every_decoder_follows_the_decoder_protocol(tiny_adapter):
     from dloom import DiffusionDecoder
     from dloom.check import tiny
-    from dloom.decoding import Decoder, ar_target_decoder
+    from dloom.decode.decoders import Decoder, ar_target_decoder
 
     diffusion = DiffusionDecoder(tiny_adapter, "threshold", gen_length=8, block_length=8)
     assert isinstance(diffusion, Decoder)

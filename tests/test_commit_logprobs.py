@@ -1,4 +1,4 @@
-"""Commit-time log-probabilities (:mod:`dloom.commit_logprobs`) on the shipped toy-dllm:
+"""Commit-time log-probabilities (:mod:`dloom.decode.logprobs`) on the shipped toy-dllm:
 recording them changes no token and no NFE, and each recorded value is ``log_softmax`` of
 the very forward that committed the token (checked against the step observer's logits),
 also for rows that join a running batch wider than theirs."""
@@ -10,7 +10,7 @@ import torch
 
 import dloom
 from dloom.errors import ConfigurationError
-from dloom.running_batch import DecodeSession, StepRecord
+from dloom.decode.session import DecodeSession, StepRecord
 
 BLOCK = 8
 FIRST = ["add 40 20", "copy eezej spmk"]

@@ -7,11 +7,11 @@ import pytest
 
 import dloom
 from dloom import DiffusionDecoder, Parameter, StrategyRegistration
-from dloom.composition import DEFAULTS_PLUGIN, CoreDefaults, build_plugin_manager, compose
+from dloom.hooks.composition import DEFAULTS_PLUGIN, CoreDefaults, build_plugin_manager, compose
 from dloom.errors import CompositionError, ConfigurationError, UnknownStrategyError
 from dloom.metrics import HookTimer
 from dloom_plugins.baselines import FactorCommit, QuotaCommit, ThresholdCommit
-from dloom.registry import Registry, Strategy, get_registry
+from dloom.hooks.registry import Registry, Strategy, get_registry
 
 
 class CommitAll:

@@ -1,6 +1,6 @@
 """The documentation kept honest by tests.
 
-* every hook in ``dloom.hookspecs`` has a section in ``docs/hooks.md`` whose heading is its
+* every hook in ``dloom.hooks.specs`` has a section in ``docs/hooks.md`` whose heading is its
   exact signature, and a test under ``tests/`` that exercises it;
 * every built-in strategy has a page or section that names each of its parameters;
 * every page is in the mkdocs navigation;
@@ -28,9 +28,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from dloom import hookspecs
-from dloom.cli import app
-from dloom.registry import get_registry, reset_registry
+from dloom.hooks import specs as hookspecs
+from dloom.cli.commands import app
+from dloom.hooks.registry import get_registry, reset_registry
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -41,7 +41,7 @@ SIGNATURE_HEADING = re.compile(r"^## (dloom_\w+)\(([^)]*)\)$", re.M)
 
 
 def specs() -> dict[str, object]:
-    """Every hook specification, by name (:data:`dloom.hookspecs.HOOKS`)."""
+    """Every hook specification, by name (:data:`dloom.hooks.specs.HOOKS`)."""
     return {name: getattr(hookspecs, name) for name in hookspecs.HOOKS}
 
 

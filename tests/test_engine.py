@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from conftest import EOS_ID, MASK_ID, PAD_ID
 from dloom import DiffusionDecoder, ModelAdapter
 from dloom.errors import ConfigurationError
-from dloom.kernel import RowStreams
+from dloom.decode.kernel import RowStreams
 
 
 def llada_generate(model, prompt, *, steps, gen_length, block_length, temperature, remasking, generator):
@@ -20,7 +20,7 @@ def llada_generate(model, prompt, *, steps, gen_length, block_length, temperatur
 
     Differences, matching dloom's documented conventions: Gumbel noise and ``random``
     remasking draws cover the active block only and come from ``generator``, a
-    :class:`dloom.kernel.RowStreams` (draw ``n`` at the ``n``-th step, the Gumbel noise
+    :class:`dloom.decode.kernel.RowStreams` (draw ``n`` at the ``n``-th step, the Gumbel noise
     tagged 0 and the random confidences 1), and the mask token is never a candidate.
     """
     x = torch.full((1, len(prompt) + gen_length), MASK_ID, dtype=torch.long)

@@ -12,14 +12,14 @@ from hypothesis import given, settings, strategies as st
 from typer.testing import CliRunner
 
 from dloom import ModelAdapter
-from dloom.ar import ARTarget
+from dloom.ar.target import ARTarget
 from dloom.check.target import target_greedy
 from dloom.check.tiny import tiny_ar, tiny_dllm
-from dloom.cli import app
+from dloom.cli.commands import app
 from dloom.errors import ConfigurationError, ModelError, UnknownStrategyError
 from dloom_plugins.failfast import FailFastDecoder, FailFastSettings, check_shared_tokenizer, proposal_length
-from dloom.hookspecs import SPECULATION_HOOKS
-from dloom.registry import get_registry
+from dloom.hooks.specs import SPECULATION_HOOKS
+from dloom.hooks.registry import get_registry
 
 PAIR = dict(vocab=16, hidden=32, layers=2, init=0.8, context=128)
 PROMPT = [5, 6, 7, 8]  # the tiny target's greedy continuation: 47 tokens (no 15), then EOS

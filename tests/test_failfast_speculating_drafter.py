@@ -22,8 +22,8 @@ from typer.testing import CliRunner
 from dloom import ARTargetDecoder, StrategyRegistration, hookimpl
 from dloom.check.target import target_greedy
 from dloom.check.tiny import tiny_ar, tiny_dllm
-from dloom.cli import app
-from dloom.registry import Registry, Strategy, get_registry
+from dloom.cli.commands import app
+from dloom.hooks.registry import Registry, Strategy, get_registry
 from dloom.types import ChainState, Verdict
 from dloom_plugins.failfast import FailFast, FailFastDecoder
 

@@ -1,4 +1,4 @@
-"""The typed hook wrappers in :mod:`dloom.hooks`, the timing wrapper, and the hook docs."""
+"""The typed hook wrappers in :mod:`dloom.hooks.calls`, the timing wrapper, and the hook docs."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ import pytest
 import torch
 
 import dloom
-from dloom import hooks, hookspecs
-from dloom.composition import build_plugin_manager, compose
+from dloom.hooks import calls as hooks
+from dloom.hooks import specs as hookspecs
+from dloom.hooks.composition import build_plugin_manager, compose
 from dloom.errors import HookContractError
 from dloom.metrics import HookTimer
-from dloom.registry import DECODING_HOOKS, hooks_implemented_by
+from dloom.hooks.registry import DECODING_HOOKS, hooks_implemented_by
 from dloom.types import BlockSchedule, ChainState, DecodeState, DraftGraph, Verdict, VerificationLayout
 
 B, K, V, L = 2, 4, 7, 6

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dloom.kernel import apply_commit, propose
+from dloom.decode.kernel import apply_commit, propose
 
 MASK = 4
 

@@ -1,4 +1,4 @@
-"""The oracle NFE (dloom.oracle): it reproduces the greedy output in no more forwards than any
+"""The oracle NFE (dloom.decode.oracle): it reproduces the greedy output in no more forwards than any
 commit rule that also reproduces it, and a broken oracle is caught by its output check."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from conftest import EOS_ID, MASK_ID, PAD_ID
 from dloom import DiffusionDecoder, ModelAdapter, hookimpl, load_model
 from dloom.errors import ConfigurationError
 from dloom.evaluation import select_examples
-from dloom.oracle import OracleCommit, OracleMismatchError, oracle_nfe
+from dloom.decode.oracle import OracleCommit, OracleMismatchError, oracle_nfe
 
 RULES = (
     ("quota", {}), ("quota", {"steps": 8}), ("threshold", {"tau": 0.9}), ("threshold", {"tau": 0.5}),
@@ -89,7 +89,7 @@ def test_oracle_refuses_sampling(tiny_adapter):
 def test_eval_reports_the_oracle_nfe_only_when_asked():
     from typer.testing import CliRunner
 
-    from dloom.cli import app
+    from dloom.cli.commands import app
 
     def summary(*extra):
         result = CliRunner().invoke(app, ["eval", "--model", "toy-dllm", "-n", "3", "--json", *extra])
@@ -105,7 +105,7 @@ def test_eval_reports_the_oracle_nfe_only_when_asked():
 def test_eval_refuses_the_oracle_under_sampling_before_decoding():
     from typer.testing import CliRunner
 
-    from dloom.cli import app
+    from dloom.cli.commands import app
 
     args = ["eval", "--model", "toy-dllm", "-n", "3", "--oracle", "--temperature", "0.7"]
     result = CliRunner().invoke(app, args)

@@ -21,10 +21,10 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 import dloom
-from dloom import cli
-from dloom.cli import app
+from dloom.cli import commands as cli
+from dloom.cli.commands import app
 from dloom.errors import PluginLoadError
-from dloom.registry import get_registry, reset_registry
+from dloom.hooks.registry import get_registry, reset_registry
 
 BUILTIN_STRATEGIES = {"quota", "dream", "threshold", "factor", "frechet", "spiffy", "failfast"}
 BUILTIN_PLUGINS = {"baselines", "frechet", "spiffy", "failfast"}

@@ -23,10 +23,10 @@ from typer.testing import CliRunner
 
 from conftest import tiny_model
 from dloom import DiffusionDecoder, ModelAdapter, load_model
-from dloom.checkpoints import native_config, native_layout
-from dloom.cli import app
+from dloom.model.checkpoints import native_config, native_layout
+from dloom.cli.commands import app
 from dloom.errors import ModelError
-from dloom.profiles import (
+from dloom.model.profiles import (
     CAUSAL_LM, DIFFUSION_GEMMA, DREAM, FAMILIES, FAST_DLLM_V2, LLADA, LLADA2, SDAR, SDAR_MOE, TRANSFORMERS,
     ModelProfile, detect_profile,
 )

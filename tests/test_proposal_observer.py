@@ -1,4 +1,4 @@
-"""The engine's public seams for tools that watch a decode (dloom.oracle uses both):
+"""The engine's public seams for tools that watch a decode (dloom.decode.oracle uses both):
 ``DiffusionDecoder(on_proposal=...)`` sees every kernel step's candidates before the commit
 rule, and ``DiffusionDecoder.generated_region`` says where each prompt is decoded."""
 

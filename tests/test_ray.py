@@ -147,7 +147,7 @@ def test_eval_on_ray_grades_as_the_single_process_eval(ray_runtime):
     """``dloom eval --ray 2`` streams the same graded rows and summary as ``dloom eval``."""
     from typer.testing import CliRunner
 
-    from dloom.cli import app
+    from dloom.cli.commands import app
 
     command = ["eval", "-n", "8", "--strategy", "threshold", "--batch-size", "3", "--json"]
     runs = [CliRunner().invoke(app, command + extra) for extra in ([], ["--ray", "2"])]

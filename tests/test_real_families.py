@@ -27,10 +27,10 @@ from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 from dloom import DiffusionDecoder, load_model
-from dloom.attention import block_causal_mask
-from dloom.cli import app
+from dloom.model.attention import block_causal_mask
+from dloom.cli.commands import app
 from dloom.errors import ModelError
-from dloom.kernel import propose
+from dloom.decode.kernel import propose
 from dloom_plugins.baselines import dream_counts
 
 FIXTURES = Path(__file__).parent / "fixtures" / "real-families"
@@ -396,7 +396,7 @@ def sdar_block_decode(prompt: list[int], settings: dict, layout: str = "absolute
     ``layout="absolute"`` is generate.py's: blocks of ``K`` from position 0 over
     ``ceil((P + G) / K) * K`` positions, the prompt's full blocks prefilled by one forward,
     the first decoded block holding the prompt's tail. ``"prompt"`` is dloom's current
-    layout (:func:`dloom.attention.block_causal_mask`): the whole prompt is one block and
+    layout (:func:`dloom.model.attention.block_causal_mask`): the whole prompt is one block and
     ``G / K`` blocks start at ``P``. Each decoded block runs up to ``denoising_steps`` steps
     with ``K / steps`` tokens per step (by step index, not by the block's mask count),
     committing every masked position with confidence above the threshold when there are at

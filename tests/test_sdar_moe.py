@@ -32,7 +32,7 @@ import torch
 from safetensors.torch import save_file
 
 from dloom import DiffusionDecoder, ModelAdapter, load_model
-from dloom.attention import absolute_block_ids, mask_from_block_ids
+from dloom.model.attention import absolute_block_ids, mask_from_block_ids
 from dloom.errors import ModelError
 
 SDAR_FIXTURE = Path(__file__).parent / "fixtures" / "real-families" / "sdar" / "checkpoint"
@@ -325,7 +325,7 @@ def test_greedy_decode_equals_the_directly_built_model(loaded, tensors, cache):
 def test_cli_generates_from_the_checkpoint_without_remote_code(checkpoint, loaded):
     from typer.testing import CliRunner
 
-    from dloom.cli import app
+    from dloom.cli.commands import app
 
     result = CliRunner().invoke(app, ["generate", "--model", str(checkpoint), "--chat", "--gen-length", "8", "--json", "hello"])
     assert result.exit_code == 0, result.output

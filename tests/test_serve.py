@@ -25,9 +25,9 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 import dloom
-from dloom.cli import app as cli_app
+from dloom.cli.commands import app as cli_app
 from dloom.errors import ConfigurationError
-from dloom.running_batch import DecodeSession
+from dloom.decode.session import DecodeSession
 from dloom.serve.app import ServeConfig, create_app
 from dloom.serve.background import BackgroundServer
 from dloom.serve.decoders import DecodeDefaults, DecoderPool
@@ -505,7 +505,7 @@ def test_dloom_serve_runs_the_server(model):
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     process = subprocess.Popen(
-        [sys.executable, "-c", "from dloom.cli import app; app()", "serve", "--port", str(port), "--block-length", str(BLOCK),
+        [sys.executable, "-c", "from dloom.cli.commands import app; app()", "serve", "--port", str(port), "--block-length", str(BLOCK),
          "--strategy", "threshold"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "OMP_NUM_THREADS": "1"},

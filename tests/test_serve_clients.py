@@ -19,9 +19,9 @@ import torch
 from typer.testing import CliRunner
 
 import dloom
-from dloom.cli import app as cli_app
+from dloom.cli.commands import app as cli_app
 from dloom.evaluation import select_examples
-from dloom.running_batch import DecodeSession
+from dloom.decode.session import DecodeSession
 from dloom.serve.app import ServeConfig
 from dloom.serve.background import BackgroundServer
 from dloom.serve.decoders import DecodeDefaults

@@ -24,9 +24,9 @@ import uvicorn
 from typer.testing import CliRunner
 
 import dloom
-from dloom.cli import app as cli_app
+from dloom.cli.commands import app as cli_app
 from dloom.errors import ConfigurationError
-from dloom.registry import Strategy, get_registry
+from dloom.hooks.registry import Strategy, get_registry
 from dloom.serve.app import ServeConfig, create_app
 from dloom.serve.background import BackgroundServer
 from dloom.serve.decoders import DecodeDefaults, DecoderPool

@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from dloom import DiffusionDecoder
 from dloom import hookimpl as dloom_hookimpl
-from dloom.cli import app
-from dloom.composition import compose
+from dloom.cli.commands import app
+from dloom.hooks.composition import compose
 from dloom.errors import ConfigurationError
 from dloom_plugins.spiffy import CalibratedGraph, Spiffy
 from dloom_plugins.spiffy.calibrate import ROOT, calibrate, select_nodes
@@ -443,7 +443,7 @@ def test_spiffy_over_quota_accepts_several_drafts_per_verification():
 def test_node_logits_of_a_node_are_its_spans_outputs(tmp_path):
     """``NodeLogits.of`` reads, for each row, its node's span out of the forward's outputs
     (the materialised ``(B, N + 1, K, V)`` gather it replaces, entry by entry)."""
-    from dloom.speculation import NodeLogits
+    from dloom.decode.speculation import NodeLogits
 
     for layout in ("rows", "packed"):
         plugin = configured(chain_graph(), tmp_path, layout=layout)
@@ -513,7 +513,7 @@ def test_verification_never_builds_every_nodes_logits(tiny_adapter, strategy):
 def test_a_layout_evaluated_in_parts_puts_every_rows_outputs_in_its_place():
     """Parts of ``max_rows`` rows, the last one shorter: row ``r`` of the result is what the
     forward gives layout row ``r`` (a forward that writes each row's own ids and source)."""
-    from dloom.speculation import evaluate_in_parts, rows_layout
+    from dloom.decode.speculation import evaluate_in_parts, rows_layout
 
     spans = torch.arange(3 * 4 * 2).reshape(3, 4, 2)
     evaluated = torch.tensor([[1, 1, 1, 0], [1, 0, 1, 1], [1, 1, 0, 0]], dtype=torch.bool)
@@ -543,8 +543,8 @@ def test_a_verification_forward_runs_no_more_rows_at_once_than_the_batch(sharp_a
     """Rows-layout verification: no model call holds more rows than the batch, while the
     layouts hold more (the control, one call per layout, exceeds it), and the tokens, NFE
     and verification outputs are those of one call over the whole layout, bit for bit."""
-    import dloom.engine
-    from dloom.speculation import evaluate_in_parts
+    import dloom.decode.decoder
+    from dloom.decode.speculation import evaluate_in_parts
 
     compared, counting = [], [True]
 
@@ -558,7 +558,7 @@ def test_a_verification_forward_runs_no_more_rows_at_once_than_the_batch(sharp_a
     prompts = [[5, 6, 7], [8, 9, 10, 11]]
 
     def decode(verifier):
-        monkeypatch.setattr(dloom.engine, "evaluate_in_parts", verifier)
+        monkeypatch.setattr(dloom.decode.decoder, "evaluate_in_parts", verifier)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             decoder = DiffusionDecoder(

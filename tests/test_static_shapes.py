@@ -1,4 +1,4 @@
-"""Static shapes (``DiffusionDecoder(static_shapes=True)``, ``dloom.cache.static_view``).
+"""Static shapes (``DiffusionDecoder(static_shapes=True)``, ``dloom.model.runner.static_view``).
 
 For a fixed set of rows every forward of a kind keeps its shapes across steps and blocks
 (full forwards ``(R, L)``, cached windows ``(R, W)``, a record preallocated once and written
@@ -18,10 +18,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-import dloom.speculation
+import dloom.decode.speculation
 from dloom import DiffusionDecoder, load_model
-from dloom.cache import BlockForward, _static_layer
-from dloom.cli import app
+from dloom.model.runner import BlockForward, _static_layer
+from dloom.cli.commands import app
 from dloom.zoo.tasks import held_out
 
 STRATEGIES = ["quota", "threshold", "frechet"]
@@ -168,7 +168,7 @@ def test_static_parts_have_one_row_count_and_put_every_rows_outputs_in_its_place
     smaller than one call, padded), as many calls as without it, and row ``r`` of the result
     is layout row ``r``'s (a forward that writes each row's own ids and source)."""
     from dloom.errors import HookContractError
-    from dloom.speculation import evaluate_in_parts, rows_layout, static_call_rows
+    from dloom.decode.speculation import evaluate_in_parts, rows_layout, static_call_rows
 
     spans = torch.arange(3 * 4 * 2).reshape(3, 4, 2)
     evaluated = torch.tensor([[1, 1, 1, 0], [1, 0, 1, 1], [1, 1, 0, 0]], dtype=torch.bool)
@@ -195,7 +195,7 @@ def test_a_static_packed_layout_has_its_slots_and_the_default_packed_flag():
     where they are without it; ``packed`` says whether a row holds two real spans (as
     without slots); fewer slots than a row's nodes are refused."""
     from dloom.errors import HookContractError
-    from dloom.speculation import packed_layout
+    from dloom.decode.speculation import packed_layout
 
     spans = torch.arange(2 * 4 * 3).reshape(2, 4, 3)
     evaluated = torch.tensor([[1, 0, 1, 0], [1, 0, 0, 0]], dtype=torch.bool)
@@ -211,7 +211,7 @@ def test_a_static_packed_layout_has_its_slots_and_the_default_packed_flag():
 
 
 def pad_in_front(layout, rows):
-    """Broken :func:`dloom.speculation.pad_layout`: the padding rows first, so that a call's
+    """Broken :func:`dloom.decode.speculation.pad_layout`: the padding rows first, so that a call's
     first outputs (read as the real rows') are the padding's."""
     extra = rows - layout.input_ids.shape[0]
     if extra <= 0:
@@ -227,7 +227,7 @@ def pad_in_front(layout, rows):
 
 
 def unmasked_padding(packed_layout):
-    """Broken :func:`dloom.speculation.packed_layout`: with static slots, the padding spans
+    """Broken :func:`dloom.decode.speculation.packed_layout`: with static slots, the padding spans
     carry node 1's segment, so that node 1's span attends to them (and they to it)."""
 
     def broken(spans, evaluated, slots=None):
@@ -251,7 +251,7 @@ def test_broken_static_padding_is_caught(toy, prompts, strategy, layout, mode, t
     """Negative controls of the identity test above: padding rows whose outputs are read as
     real rows', and padding spans that a real span attends to, both change the decode."""
     default, _ = verification_figures(toy, spiffy_decoder(toy, strategy, mode, False, layout), prompts, monkeypatch)
-    monkeypatch.setattr(dloom.speculation, target, broken(getattr(dloom.speculation, target)))
+    monkeypatch.setattr(dloom.decode.speculation, target, broken(getattr(dloom.decode.speculation, target)))
     static, _ = verification_figures(toy, spiffy_decoder(toy, strategy, mode, True, layout), prompts, monkeypatch)
     assert static != default
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 import dloom
 from dloom import zoo
-from dloom.cli import app
+from dloom.cli.commands import app
 from dloom.zoo.tasks import FAMILIES, held_out
 
 MAX_ZOO_BYTES = 16 * 1024 * 1024

@@ -798,7 +798,7 @@ def _decoder_states(adapter, prompt_ids, tau):
     """The regions dloom's threshold decoder holds after 0, 1, 2, ... forwards on one prompt
     (until the row finishes and leaves the batch)."""
     import dloom
-    from dloom.running_batch import DecodeSession
+    from dloom.decode.session import DecodeSession
 
     session = DecodeSession(dloom.DiffusionDecoder(adapter, "threshold", tau=tau))
     session.admit([prompt_ids])

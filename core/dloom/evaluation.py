@@ -16,7 +16,7 @@ import torch
 from rich.console import Console
 from rich.progress import Progress
 
-from dloom.decoding import Decoder
+from dloom.decode.decoders import Decoder
 from dloom.errors import ConfigurationError, DloomError
 from dloom.metrics import speculation_summary
 from dloom.zoo import long_tasks
@@ -99,8 +99,8 @@ class EvalReport:
 
 def add_oracle(report: EvalReport, decoder: Any, examples: Sequence[Example]) -> None:
     """Set ``report``'s oracle figures for ``examples`` under ``decoder``'s lengths
-    (:func:`dloom.oracle.oracle_nfe`: two greedy decodes per example)."""
-    from dloom.oracle import oracle_nfe
+    (:func:`dloom.decode.oracle.oracle_nfe`: two greedy decodes per example)."""
+    from dloom.decode.oracle import oracle_nfe
 
     result = oracle_nfe(decoder, [e.prompt for e in examples])
     reached = result.nfe[result.reached].float()
@@ -241,7 +241,7 @@ def evaluate(
 ) -> EvalReport:
     """Decode ``examples`` in batches and grade them.
 
-    :param decoder: any :class:`~dloom.decoding.Decoder` over a model with a tokenizer.
+    :param decoder: any :class:`~dloom.decode.decoders.Decoder` over a model with a tokenizer.
     :param examples: task examples (prompts and checkers).
     :param batch_size: prompts per batch.
     :param progress: show a progress bar on stderr.

@@ -2,7 +2,7 @@
 line, the server and Ray.
 
 :func:`build_decoder` loads the models and builds the decoder that a strategy's registration
-names (:func:`dloom.decoding.decoder_kind`); :func:`parse_params` reads ``NAME=VALUE``
+names (:func:`dloom.decode.decoders.decoder_kind`); :func:`parse_params` reads ``NAME=VALUE``
 strategy parameters. Both raise :class:`dloom.errors.DloomError` subclasses on bad input,
 before any model is loaded where they can; each front-end turns those into its own output
 (an exit status and a message, an HTTP error, an error record).
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, List, Optional
 
-from dloom.decoding import AR_TARGET, DIFFUSION, Decoder, decoder_kind, load_ar_target_decoder, strategies_for
+from dloom.decode.decoders import AR_TARGET, DIFFUSION, Decoder, decoder_kind, load_ar_target_decoder, strategies_for
 from dloom.errors import ConfigurationError
 
 DEFAULT_MODEL = "toy-dllm"
@@ -37,7 +37,7 @@ def build_decoder(
     **settings: Any,
 ) -> Decoder:
     """Load the models and build the decoder that ``strategy``'s registration names
-    (:func:`dloom.decoding.decoder_kind`).
+    (:func:`dloom.decode.decoders.decoder_kind`).
 
     ``param``: strategy parameters as ``NAME=VALUE`` strings (:func:`parse_params`).
 
@@ -84,8 +84,8 @@ def _diffusion_decoder(
     target: Optional[str], drafter: Optional[str], **settings: Any,
 ) -> Decoder:
     """A ``"diffusion"`` strategy's :class:`~dloom.DiffusionDecoder` over ``--model``."""
-    from dloom.adapter import load_model
-    from dloom.engine import DiffusionDecoder
+    from dloom.model.adapter import load_model
+    from dloom.decode.decoder import DiffusionDecoder
 
     if target is not None or drafter is not None:
         raise ConfigurationError(
@@ -106,4 +106,4 @@ def _diffusion_decoder(
 
 
 DECODER_BUILDERS = {DIFFUSION: _diffusion_decoder, AR_TARGET: _ar_target_decoder}
-"""How :func:`build_decoder` builds each decoder of :data:`dloom.decoding.DECODERS`."""
+"""How :func:`build_decoder` builds each decoder of :data:`dloom.decode.decoders.DECODERS`."""

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Sequence
 
-from dloom.adapter import ModelAdapter
+from dloom.model.adapter import ModelAdapter
 from dloom.check.resolve import Resolved
-from dloom.engine import DiffusionDecoder
+from dloom.decode.decoder import DiffusionDecoder
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from dloom.adapter import ModelAdapter, load_model
+from dloom.model.adapter import ModelAdapter, load_model
 from dloom.check import tiny
 from dloom.check.bounds import BoundOptions, check_bound
 from dloom.check.greedy import GreedyComparison, compare_greedy
@@ -261,7 +261,7 @@ def check_lossless(
     ``temperature > 0`` and greedy found no difference, the sampling test on ``seeds`` tiny
     enumerable models with ``samples`` samples each (:func:`dloom.check.sampling.sampling_test`).
 
-    :param strategy: a strategy name (``"a+b"``), :class:`~dloom.registry.Strategy`,
+    :param strategy: a strategy name (``"a+b"``), :class:`~dloom.hooks.registry.Strategy`,
         :class:`~dloom.StrategyRegistration` or plugin object; ``params`` are its parameters.
     :param against: the reference, given the same ways, or ``"kernel"``, or ``"target"``
         (a FailFast strategy's AR target: :mod:`dloom.check.target`).

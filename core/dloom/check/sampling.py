@@ -37,7 +37,7 @@ from dloom.check.progress import stage
 from dloom.check.resolve import Resolved
 from dloom.check.stats import pooled_chi_square, power
 from dloom.check.tiny import tiny_dllm, tiny_prompts
-from dloom.engine import DiffusionDecoder
+from dloom.decode.decoder import DiffusionDecoder
 from dloom.errors import ConfigurationError
 
 SETTINGS = (

@@ -1,5 +1,5 @@
 """Checks of a ``lossless against target`` claim: a strategy run in the ``"ar-target"``
-decoder (:mod:`dloom.decoding`; FailFast) must produce the AR target's own output.
+decoder (:mod:`dloom.decode.decoders`; FailFast) must produce the AR target's own output.
 
 * :func:`target_greedy`: the target's greedy decoding, one uncached forward per token (the
   reference of the greedy check).
@@ -24,13 +24,13 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from dloom.adapter import ModelAdapter
+from dloom.model.adapter import ModelAdapter
 from dloom.check import tiny
 from dloom.check.enumerate import Output
 from dloom.check.greedy import GreedyComparison, compare_outputs
 from dloom.check.progress import stage
 from dloom.check.sampling import SamplingOptions, SamplingTest, SeedResult, conclude, seed_result
-from dloom.decoding import Decoder, ar_target_decoder
+from dloom.decode.decoders import Decoder, ar_target_decoder
 from dloom.errors import ConfigurationError
 
 MAX_OUTPUTS = 20_000
@@ -102,7 +102,7 @@ def greedy_pair(prompt_count: int, max_new_tokens: int | None) -> tuple[ModelAda
     the toy zoo's ``toy-ar`` and ``toy-dllm`` in float64 on held-out task prompts when
     installed, else a tiny random pair (:data:`TINY_GREEDY`) on random prompts."""
     if tiny.zoo_installed("toy-ar", "toy-dllm"):
-        from dloom.adapter import load_model
+        from dloom.model.adapter import load_model
         from dloom.zoo.tasks import GEN_LENGTH, held_out
 
         target = load_model("toy-ar", dtype="float64", require_mask=False)
@@ -174,7 +174,7 @@ def target_sampling_test(make_decoder: Callable[..., Decoder], options: Sampling
 
 def ar_target_factory(spec: Any, params: Mapping[str, Any] | None = None) -> Callable[..., Decoder]:
     """``make_decoder`` for a strategy spec that runs in the ``"ar-target"`` decoder (a name
-    or the strategy's object): :func:`dloom.decoding.ar_target_decoder`."""
+    or the strategy's object): :func:`dloom.decode.decoders.ar_target_decoder`."""
 
     def make(target: ModelAdapter, drafter: ModelAdapter, **settings: Any) -> Decoder:
         return ar_target_decoder(target, drafter, spec, params, **settings)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from dloom.errors import ConfigurationError
-from dloom.registry import get_registry
+from dloom.hooks.registry import get_registry
 
 
 def _check_strategy(strategy: str) -> None:
@@ -80,7 +80,7 @@ def server_application(
 
     def build_app():
         """Runs in each replica: load the model there and build the server app."""
-        from dloom.adapter import load_model
+        from dloom.model.adapter import load_model
         from dloom.serve.app import ServeConfig, create_app
 
         adapter = load_model(model, device=device, dtype=dtype)

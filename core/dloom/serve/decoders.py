@@ -17,8 +17,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from dloom.adapter import ModelAdapter
-from dloom.engine import DiffusionDecoder
+from dloom.model.adapter import ModelAdapter
+from dloom.decode.decoder import DiffusionDecoder
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import glob
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from dloom.composition import compose
+from dloom.hooks.composition import compose
 from dloom.errors import ConfigurationError
 
 

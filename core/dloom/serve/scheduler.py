@@ -8,7 +8,7 @@ that keeps a running batch per lane (continuous batching at block boundaries).
 * **Lanes.** Rows whose settings build the same decoder (:class:`~dloom.serve.decoders.
   LaneKey`) wait in one lane; only rows of one lane can share a forward batch.
 * **Continuous batching.** One worker thread owns the device. Each lane with rows has one
-  running batch, a :class:`~dloom.running_batch.DecodeSession`; the worker takes the lanes
+  running batch, a :class:`~dloom.decode.session.DecodeSession`; the worker takes the lanes
   in turn, one step (one forward of the batch) at a time. Before each step the lane's
   waiting rows join its batch, oldest first, up to ``max_batch_size`` rows in it: a row
   joins between two forwards, at its own first block boundary, while the rows already there
@@ -36,8 +36,8 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from dloom.engine import BlockRecord, DiffusionDecoder
-from dloom.running_batch import DecodeSession, FinishedRows
+from dloom.decode.decoder import BlockRecord, DiffusionDecoder
+from dloom.decode.session import DecodeSession, FinishedRows
 from dloom.errors import ConfigurationError, DloomError
 from dloom.serve.decoders import LaneKey, Resolved
 from dloom.serve.metrics import ServerMetrics
@@ -76,7 +76,7 @@ class Finished:
     :ivar forwards: forwards of the batch while the row was in it.
     :ivar speculation: the batch's speculation figures so far (``None`` without speculation).
     :ivar logprobs: with a lane that records them, the generated positions' commit-time
-        log-probabilities, their alternatives' ids and theirs (:mod:`dloom.commit_logprobs`).
+        log-probabilities, their alternatives' ids and theirs (:mod:`dloom.decode.logprobs`).
     """
 
     tokens: list[int]

@@ -22,7 +22,7 @@ from typing import Any, AsyncIterator, cast
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from dloom.adapter import ModelAdapter
+from dloom.model.adapter import ModelAdapter
 from dloom.errors import DloomError, ModelError
 from dloom.serve.decoders import DecodeDefaults, DecoderPool, Resolved
 from dloom.serve.files import ServerFiles

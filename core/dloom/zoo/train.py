@@ -229,7 +229,7 @@ import torch.nn.functional as F
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-from ..attention import model_mask
+from dloom.model.attention import model_mask
 from . import long_tasks
 from . import tokenizer as tok
 from .corpus import TEXT

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from dloom.adapter import ModelAdapter
-from dloom.composition import Composition, compose
-from dloom.decoding import DIFFUSION
-from dloom.engine import DiffusionDecoder
+from dloom.model.adapter import ModelAdapter
+from dloom.hooks.composition import Composition, compose
+from dloom.decode.decoders import DIFFUSION
+from dloom.decode.decoder import DiffusionDecoder
 from dloom.errors import CompositionError, ConfigurationError, UnknownStrategyError
 
 from .settings import FailFastSettings

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from dloom.adapter import ModelAdapter
+from dloom.model.adapter import ModelAdapter
 from dloom.errors import ConfigurationError, ModelError
 
 POLICIES = ("failfast", "naive")

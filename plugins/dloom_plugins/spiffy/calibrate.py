@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from dloom import DiffusionDecoder
-from dloom.engine import StepRecord
+from dloom.decode.decoder import StepRecord
 from dloom.errors import ConfigurationError
 
 from .frame import rank_frame

@@ -1,5 +1,5 @@
 """Spiffy's commands on the ``dloom`` command line: ``dloom calibrate`` (through
-:func:`dloom.hookspecs.dloom_register_commands`; its ``--graph``, ``--budget`` and
+:func:`dloom.hooks.specs.dloom_register_commands`; its ``--graph``, ``--budget`` and
 ``--layout`` options of ``generate``/``eval``/``check`` come from the registration's
 ``options``)."""
 
@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any, List, Optional, cast
 import typer
 from rich.progress import Progress
 
-from dloom import cli as core
-from dloom.cli import (
+from dloom.cli import commands as core
+from dloom.cli.commands import (
     BlockLengthOption,
     DeviceOption,
     DtypeOption,
@@ -30,7 +30,7 @@ from dloom.cli import (
 from dloom.errors import ConfigurationError, DloomError
 
 if TYPE_CHECKING:
-    from dloom.engine import DiffusionDecoder
+    from dloom.decode.decoder import DiffusionDecoder
 
 
 def register_commands(cli: typer.Typer) -> None:
@@ -63,7 +63,7 @@ def calibrate(
     force: bool = typer.Option(False, "--force", help="Overwrite --output if it exists."),
 ) -> None:
     """Record the base strategy's transitions and write a Spiffy draft graph of D nodes."""
-    from dloom.decoding import DIFFUSION, decoder_kind
+    from dloom.decode.decoders import DIFFUSION, decoder_kind
     from dloom.evaluation import select_examples
 
     from .calibrate import calibrate as run_calibration

@@ -17,7 +17,7 @@
   (``budget + 1`` nodes, or one packed row of ``budget + 1`` spans), so that every
   verification model call of a batch has one shape.
 * ``dloom_verify`` follows the graph with the decoder's kernel
-  (:func:`dloom.speculation.follow_graph`): lossless whenever the layout is exact.
+  (:func:`dloom.decode.speculation.follow_graph`): lossless whenever the layout is exact.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import torch
 
 from dloom import hookimpl
 from dloom.errors import ConfigurationError, warn
-from dloom.speculation import follow_graph, layout_drafts
+from dloom.decode.speculation import follow_graph, layout_drafts
 from dloom.types import DecodeState, DraftGraph, NodeLogits, Verdict, VerificationLayout
 
 from .frame import rank_frame
