@@ -12,9 +12,10 @@ An autoregressive target decodes with a strategy that drafts token chains for it
 (``dloom.ARTargetDecoder(target, "failfast", drafter=dllm)``).
 """
 
-from dloom import startup
+from dloom import old_paths, startup
 
 startup.install_startup_handler()  # the `dloom` command only: Ctrl-C while importing exits 130
+old_paths.install()  # the module paths of 0.1's flat layout, for one release
 
 from dloom.hooks.specs import hookimpl
 from dloom.types import (
