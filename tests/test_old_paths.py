@@ -89,6 +89,27 @@ def test_the_old_names_of_renamed_packages():
     assert app is commands_app
 
 
+def test_the_old_trainer_command_runs_the_new_trainer_with_a_warning():
+    old = subprocess.run([sys.executable, "-m", "dloom.zoo.train", "--help"], capture_output=True, text=True,
+                         timeout=120, cwd=ROOT)
+    assert old.returncode == 0, old.stderr
+    assert old.stdout.startswith("usage: python -m dloom_training.train")
+    assert ("DeprecationWarning: python -m dloom.zoo.train moved to `PYTHONPATH=training python -m "
+            "dloom_training.train`") in old.stderr
+    strict = subprocess.run([sys.executable, "-W", "error::DeprecationWarning", "-m", "dloom.zoo.train", "--help"],
+                            capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert strict.returncode == 1 and strict.stdout == ""
+
+
+def test_without_a_checkout_the_old_trainer_path_says_where_it_went(monkeypatch, tmp_path):
+    from dloom import old_paths
+
+    monkeypatch.setattr(old_paths, "TRAINING_DIR", tmp_path)  # an installed wheel: no training/
+    forget("dloom.zoo.train")
+    with pytest.raises(ModuleNotFoundError, match="run it there with `PYTHONPATH=training python -m dloom_training.train`"):
+        importlib.import_module("dloom.zoo.train")
+
+
 def test_importing_dloom_and_its_front_ends_uses_no_old_path():
     code = "import dloom, dloom.serve.app, dloom.ray, dloom.cli, dloom_plugins.spiffy, dloom_plugins.failfast, dloom_plugins.frechet, dloom_plugins.baselines"
     run = subprocess.run([sys.executable, "-W", "error::DeprecationWarning", "-c", code],

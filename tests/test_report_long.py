@@ -18,7 +18,8 @@ import torch
 from dloom import load_model
 from dloom.errors import ConfigurationError
 from dloom.evaluation import select_examples
-from dloom.zoo import long_tasks, train
+from dloom.zoo import long_tasks
+from dloom_training import train
 from dloom.zoo import tokenizer as tok
 from dloom.zoo.tasks import is_held_out
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from dloom.zoo.train import build_model, save_model
+from dloom_training.train import build_model, save_model
 
 SCRIPT = Path(__file__).resolve().parents[1] / "training" / "average.py"
 

@@ -189,7 +189,7 @@ def test_train_stream_refuses_unknown_family():
 def test_training_mix_option_names_bad_families_and_weights():
     import argparse
 
-    from dloom.zoo.train import _family_weights
+    from dloom_training.train import _family_weights
 
     assert _family_weights("lookup=4,lookup3=1.5") == {"lookup": 4.0, "lookup3": 1.5}
     for bad, message in [("lokup=1", "unknown task family 'lokup'"), ("sort=x", "must be a number"),

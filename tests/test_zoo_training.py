@@ -1,4 +1,4 @@
-"""The zoo's training losses (``dloom.zoo.train``): what each position of the loss weighs."""
+"""The zoo's training losses (``dloom_training.train``): what each position of the loss weighs."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 
 from dloom.zoo import tokenizer as tok
 from dloom.zoo.tasks import GEN_LENGTH, Example
-from dloom.zoo.train import build_model, dllm_loss
+from dloom_training.train import build_model, dllm_loss
 
 BATCH = [Example("copy", "copy ab cd efg", "ab cd efg"), Example("sort", "sort 93027185", "01235789")]
 
@@ -31,7 +31,7 @@ def _loss(model, pad_weight):
 
 
 def test_pad_weight_one_is_the_plain_mean_over_masked_positions(monkeypatch):
-    from dloom.zoo import train
+    from dloom_training import train
 
     per_position = []
     cross_entropy = torch.nn.functional.cross_entropy
@@ -81,7 +81,7 @@ def test_t_max_caps_the_mask_ratio():
 
 
 def test_block_masks_keep_earlier_blocks_clean_mask_later_ones_and_score_one_block(monkeypatch):
-    from dloom.zoo import train
+    from dloom_training import train
 
     scored = []
     cross_entropy = torch.nn.functional.cross_entropy
@@ -130,7 +130,7 @@ def test_decoder_rows_leave_masked_the_block_positions_the_model_is_least_sure_o
     itself ranks surest with the block masked, and masks the rest: every revealed position's
     confidence is at least every masked one's (a variant revealing at random, or the least
     sure first, breaks it)."""
-    from dloom.zoo.train import encode_prompts, position_ids, region_logits
+    from dloom_training.train import encode_prompts, position_ids, region_logits
 
     torch.manual_seed(0)
     model = _Calls(build_model("toy-dllm"))
@@ -181,7 +181,7 @@ def test_causal_rows_are_the_causal_stage_s_loss(tmp_path):
     """Rows trained causally see only the tokens before each position: on a dLLM made from a
     causal model, an all-causal batch has that model's own loss (a bidirectional mask on
     those rows would let every position see its answer)."""
-    from dloom.zoo.train import ar_loss, dllm_from_ar, save_model
+    from dloom_training.train import ar_loss, dllm_from_ar, save_model
 
     torch.manual_seed(0)
     causal_model = build_model("toy-dllm-ar")
@@ -197,7 +197,7 @@ def test_causal_rows_are_the_causal_stage_s_loss(tmp_path):
 def test_the_row_mean_weighs_every_row_the_same():
     import torch.nn.functional as F
 
-    from dloom.zoo.train import _weighted_mean
+    from dloom_training.train import _weighted_mean
 
     target = torch.zeros(2, 4, dtype=torch.long)
     logits = torch.zeros(2, 4, 3)
@@ -214,7 +214,7 @@ def test_the_row_mean_weighs_every_row_the_same():
 
 @pytest.mark.parametrize("share", ["prefix_share", "decoder_share"])
 def test_a_block_share_without_block_masks_is_refused(share, tmp_path):
-    from dloom.zoo.train import train_one
+    from dloom_training.train import train_one
 
     with pytest.raises(ValueError, match=f"{share} 0.5 needs block masks, the run's are 'uniform'"):
         train_one("toy-dllm", None, 1, 0, tmp_path, 4, masks="uniform", **{share: 0.5})
@@ -234,7 +234,7 @@ def test_a_block_share_without_block_masks_is_refused(share, tmp_path):
      "--prefix-share 0.6 and --decoder-share 0.5 are shares of the same rows: their sum must be at most 1"),
 ])
 def test_bad_mask_options_are_refused_before_training(argv, message, capsys):
-    from dloom.zoo.train import main
+    from dloom_training.train import main
 
     with pytest.raises(SystemExit):
         main([*argv, "--steps", "1"])
@@ -243,7 +243,7 @@ def test_bad_mask_options_are_refused_before_training(argv, message, capsys):
 
 @pytest.mark.parametrize("bad", ["0", "0.01", "1.5"])
 def test_t_max_outside_its_range_is_refused(bad, capsys):
-    from dloom.zoo.train import main
+    from dloom_training.train import main
 
     with pytest.raises(SystemExit):
         main(["--model", "toy-dllm", "--t-max", bad])
@@ -253,7 +253,7 @@ def test_t_max_outside_its_range_is_refused(bad, capsys):
 def test_reevaluate_replaces_the_accuracy_and_keeps_the_training_record(tmp_path):
     import json
 
-    from dloom.zoo.train import main, save_model
+    from dloom_training.train import main, save_model
 
     torch.manual_seed(0)
     save_model(build_model("toy-ar-small"), tmp_path / "toy-ar-small")
@@ -269,7 +269,7 @@ def test_reevaluate_replaces_the_accuracy_and_keeps_the_training_record(tmp_path
 
 # --- a dLLM initialised from a causal checkpoint (Dream's recipe) ---------------------------
 def _saved(tmp_path, name):
-    from dloom.zoo.train import save_model
+    from dloom_training.train import save_model
 
     torch.manual_seed(0)
     model = build_model(name).eval()
@@ -282,7 +282,7 @@ def _forward(model, ids):
 
 
 def test_dllm_from_ar_keeps_the_weights_and_makes_attention_bidirectional(tmp_path):
-    from dloom.zoo.train import dllm_from_ar
+    from dloom_training.train import dllm_from_ar
 
     ar, path = _saved(tmp_path, "toy-dllm-ar")
     dllm = dllm_from_ar(path, "toy-dllm").eval()
@@ -301,7 +301,7 @@ def test_dllm_from_ar_keeps_the_weights_and_makes_attention_bidirectional(tmp_pa
 
 @pytest.mark.parametrize("source", ["toy-dllm", "toy-ar-small"])
 def test_dllm_from_ar_refuses_a_non_causal_or_differently_shaped_checkpoint(tmp_path, source):
-    from dloom.zoo.train import dllm_from_ar
+    from dloom_training.train import dllm_from_ar
 
     _, path = _saved(tmp_path, source)
     expected = "must have shifted logits" if source == "toy-dllm" else "architecture .* differs"
@@ -310,7 +310,7 @@ def test_dllm_from_ar_refuses_a_non_causal_or_differently_shaped_checkpoint(tmp_
 
 
 def test_a_shifted_dllm_is_scored_on_the_columns_before_the_answer():
-    from dloom.zoo.train import region_logits
+    from dloom_training.train import region_logits
 
     logits = torch.arange(40.0).reshape(1, 40, 1)  # prompt of 8 columns, then 32 answer columns
     plain, shifted = _Fixed(), _Fixed()
@@ -321,7 +321,7 @@ def test_a_shifted_dllm_is_scored_on_the_columns_before_the_answer():
 
 @pytest.mark.parametrize("argv", [["--model", "toy-ar"], ["--model", "toy-dllm", "--resume"]])
 def test_init_from_is_refused_outside_a_new_dllm(argv, tmp_path, capsys):
-    from dloom.zoo.train import main
+    from dloom_training.train import main
 
     with pytest.raises(SystemExit):
         main([*argv, "--init-from", str(tmp_path)])
@@ -342,7 +342,7 @@ def test_init_from_is_refused_outside_a_new_dllm(argv, tmp_path, capsys):
 def test_a_missing_checkpoint_or_a_bad_budget_is_named_before_any_training(argv, message, tmp_path, capsys):
     import re
 
-    from dloom.zoo.train import main
+    from dloom_training.train import main
 
     with pytest.raises(SystemExit):
         main(["--out", str(tmp_path), "--steps", "1", *argv])
@@ -352,7 +352,7 @@ def test_a_missing_checkpoint_or_a_bad_budget_is_named_before_any_training(argv,
 def test_model_all_trains_the_dllm_from_the_causal_model_trained_before_it(tmp_path):
     import json
 
-    from dloom.zoo.train import main
+    from dloom_training.train import main
 
     out, stage = tmp_path / "zoo", tmp_path / "stage"
     main(["--model", "all", "--steps", "2", "--out", str(out), "--init-out", str(stage), "--eval-n", "7",
@@ -377,7 +377,7 @@ def test_model_all_trains_the_dllm_from_the_causal_model_trained_before_it(tmp_p
     ],
 )
 def test_the_time_budget_is_split_by_the_recipe_shares(argv, budgets, monkeypatch, tmp_path):
-    from dloom.zoo import train
+    from dloom_training import train
 
     calls = {}
     monkeypatch.setattr(train, "train_one", lambda name, minutes, *rest: calls.setdefault(name, minutes))
@@ -388,7 +388,7 @@ def test_the_time_budget_is_split_by_the_recipe_shares(argv, budgets, monkeypatc
 # --- the long-answer workload: configs, block decoding, checkpoints and resuming ------------
 def test_long_models_share_one_wide_vocabulary_and_have_the_issue_s_shape():
     from dloom.zoo import long_tasks
-    from dloom.zoo.train import SPECS, build_config, n_params
+    from dloom_training.train import SPECS, build_config, n_params
 
     configs = {name: build_config(name) for name in ("long-dllm-ar", "long-dllm", "long-ar", "long-ar-small")}
     assert {c.vocab_size for c in configs.values()} == {len(long_tasks.ALPHABET) + 3}
@@ -421,7 +421,7 @@ class _Ramp(torch.nn.Module):
 
 
 def test_block_decoding_finishes_each_block_before_the_next():
-    from dloom.zoo.train import decode_dllm
+    from dloom_training.train import decode_dllm
 
     model = _Ramp()
     decode_dllm(model, ["copy ab"])
@@ -432,7 +432,7 @@ def test_block_decoding_finishes_each_block_before_the_next():
 
 
 def test_trace_reports_each_commit_step_in_either_order():
-    from dloom.zoo.train import encode_prompts, trace_dllm
+    from dloom_training.train import encode_prompts, trace_dllm
 
     by_confidence = trace_dllm(_Ramp(), ["copy ab", "copy b"])
     assert by_confidence.step.tolist() == [[3, 2, 1, 0, 7, 6, 5, 4]] * 2  # the surest (rightmost) first
@@ -454,7 +454,7 @@ def _tiny_long_spec(monkeypatch):
     """long-dllm-ar made tiny (one layer of 16, batches of 4) so a run takes seconds."""
     import dataclasses
 
-    from dloom.zoo import train
+    from dloom_training import train
 
     tiny = dataclasses.replace(train.LONG, batch=4, monitor_per_family=1)
     spec = train.ModelSpec("ar", hidden=16, layers=1, heads=2, ffn=32, share=0.1, workload=tiny)
@@ -527,7 +527,7 @@ def test_finish_ends_an_unfinished_run_where_it_stopped_and_evaluates_its_weight
 
 @pytest.mark.parametrize("extra", [["--resume"], ["--eval-only"]])
 def test_finish_takes_one_model_and_no_other_mode(extra, tmp_path, capsys):
-    from dloom.zoo.train import main
+    from dloom_training.train import main
 
     with pytest.raises(SystemExit):
         main(["--model", "long-dllm", "--out", str(tmp_path), "--finish", *extra])
@@ -535,7 +535,7 @@ def test_finish_takes_one_model_and_no_other_mode(extra, tmp_path, capsys):
 
 
 def test_a_continued_run_warms_up_to_its_scheduled_rate():
-    from dloom.zoo.train import WARMUP, _lr
+    from dloom_training.train import WARMUP, _lr
 
     scheduled = _lr(5_000, 0.5, 2e-3)
     assert _lr(5_000, 0.5, 2e-3, start=5_000) == pytest.approx(scheduled / WARMUP)
@@ -544,7 +544,7 @@ def test_a_continued_run_warms_up_to_its_scheduled_rate():
 
 
 def test_weights_outside_the_model_s_workload_are_refused(capsys):
-    from dloom.zoo.train import main
+    from dloom_training.train import main
 
     with pytest.raises(SystemExit):
         main(["--model", "long-dllm-ar", "--weights", "add=2", "--steps", "1"])
@@ -612,7 +612,7 @@ def test_an_averaged_run_checkpoints_the_average_and_resume_continues_both(monke
 
 @pytest.mark.parametrize("decay", ["1", "-0.1"])
 def test_an_ema_decay_outside_its_range_is_refused(decay, capsys):
-    from dloom.zoo.train import main
+    from dloom_training.train import main
 
     with pytest.raises(SystemExit):
         main(["--model", "long-dllm", "--steps", "1", "--ema", decay])
@@ -630,7 +630,7 @@ def test_own_commits_target_the_right_answer_closest_to_the_model_s_guesses():
     own answer (``went``) is replaced by one with the guessed filler (``ran``); guesses no right
     answer fits all of (``sue xxn``) get the closest and are mistakes where they differ from
     it; a family without a listing keeps its answer, its wrong guesses mistakes too."""
-    from dloom.zoo.train import _own_commits, answer_region
+    from dloom_training.train import _own_commits, answer_region
 
     went, ran = _tale("went"), _tale("ran")
     target = answer_region([went.answer, went.answer, "12-3=9"], 128)
@@ -662,7 +662,7 @@ def test_own_commits_target_the_right_answer_closest_to_the_model_s_guesses():
 
 
 def _decoded(region: torch.Tensor) -> str:
-    from dloom.zoo.train import _text
+    from dloom_training.train import _text
 
     return _text(region.tolist())
 
@@ -677,7 +677,7 @@ def test_decoder_rows_filled_by_the_model_hold_its_guesses(monkeypatch):
     """With ``decoder_fill="model"`` the state a decoder row is trained in holds the model's
     guesses at the revealed positions where a right answer fits them (``sue ran`` in the first
     block), and the row's answer with ``"answer"`` (``sue wen``)."""
-    from dloom.zoo import train
+    from dloom_training import train
 
     went, ran = _tale("went"), _tale("ran")
 
@@ -724,7 +724,7 @@ def test_families_list_every_right_answer_and_only_right_ones(family):
 
 
 def test_a_model_fill_without_decoder_rows_is_refused(tmp_path):
-    from dloom.zoo.train import train_one
+    from dloom_training.train import train_one
 
     with pytest.raises(ValueError, match="decoder_fill 'model' fills the decoder rows: it needs a decoder_share"):
         train_one("toy-dllm", None, 1, 0, tmp_path, 4, masks="block", decoder_fill="model")
@@ -740,7 +740,7 @@ def test_decoder_rounds_of_a_block_s_length_reach_the_one_token_per_step_decoder
     tokens instead of the guesses, reaches other states."""
     from dloom.zoo import long_tasks
     from dloom.zoo.tasks import held_out
-    from dloom.zoo.train import _least_confident, answer_region, encode_prompts, trace_dllm
+    from dloom_training.train import _least_confident, answer_region, encode_prompts, trace_dllm
 
     torch.manual_seed(0)
     model = build_model("long-dllm").eval()
@@ -765,7 +765,7 @@ def test_decoder_rounds_of_a_block_s_length_reach_the_one_token_per_step_decoder
 
 
 def test_decoder_rounds_below_one_or_without_decoder_rows_are_refused(tmp_path, capsys):
-    from dloom.zoo.train import main, train_one
+    from dloom_training.train import main, train_one
 
     with pytest.raises(ValueError, match="decoder_rounds 2 is the number of forwards .* needs a decoder_share"):
         train_one("toy-dllm", None, 1, 0, tmp_path, 4, masks="block", decoder_rounds=2)
@@ -781,7 +781,7 @@ def test_decoder_rounds_below_one_or_without_decoder_rows_are_refused(tmp_path, 
 def test_a_checkpoint_saved_without_an_average_drops_an_earlier_run_s_training_weights(tmp_path):
     """A run resumed with ``--ema 0`` after an averaged one saves the optimizer's weights at
     the top level; the averaged run's ``training-weights/`` would be stale, so it goes."""
-    from dloom.zoo import train
+    from dloom_training import train
 
     torch.manual_seed(0)
     model, other = build_model("toy-ar-small"), build_model("toy-ar-small")
@@ -819,7 +819,7 @@ def test_threshold_rows_hold_the_states_dloom_s_threshold_decoder_reaches():
     import dloom
     from dloom.zoo import long_tasks, model_path
     from dloom.zoo.tasks import held_out
-    from dloom.zoo.train import _least_confident, encode_prompts, threshold_rollout
+    from dloom_training.train import _least_confident, encode_prompts, threshold_rollout
 
     adapter = dloom.load_model("long-dllm")
     from transformers import LlamaForCausalLM
@@ -869,7 +869,7 @@ def test_threshold_rows_read_their_own_commits_and_score_the_rest_of_their_block
     block and every later block; ``first_forward_share`` 1 leaves every drawn block fully masked."""
     from dloom.zoo import long_tasks
     from dloom.zoo.tasks import held_out
-    from dloom.zoo.train import answer_region
+    from dloom_training.train import answer_region
 
     torch.manual_seed(0)
     model = _Calls(build_model("long-dllm"))
@@ -924,7 +924,7 @@ def test_label_smoothing_raises_a_sure_prediction_s_loss_and_leaves_a_uniform_on
     ({"label_smoothing": 1.0}, r"label_smoothing 1.0 must be in \[0, 1\)"),
 ])
 def test_bad_parallel_options_are_refused_before_training(options, message, tmp_path):
-    from dloom.zoo.train import train_one
+    from dloom_training.train import train_one
 
     with pytest.raises(ValueError, match=message):
         train_one("long-dllm", None, 1, 0, tmp_path, 4, masks="block", **options)
@@ -939,7 +939,7 @@ def test_bad_parallel_options_are_refused_before_training(options, message, tmp_
     (["--model", "long-ar", "--first-forward-share", "0.3"], "--first-forward-share is a dLLM's training option"),
 ])
 def test_bad_parallel_options_are_named_on_the_command_line(argv, message, capsys):
-    from dloom.zoo.train import main
+    from dloom_training.train import main
 
     with pytest.raises(SystemExit):
         main([*argv, "--steps", "1"])
@@ -948,7 +948,7 @@ def test_bad_parallel_options_are_named_on_the_command_line(argv, message, capsy
 
 def test_a_new_dllm_starts_from_a_shifted_dllm_checkpoint(tmp_path):
     """``--init-from`` a trained dLLM (long-dllm-par from long-dllm): its weights and shift as they are."""
-    from dloom.zoo.train import dllm_from_ar, save_model
+    from dloom_training.train import dllm_from_ar, save_model
 
     torch.manual_seed(0)
     source = build_model("toy-dllm")

@@ -40,7 +40,7 @@ from transformers import LlamaForCausalLM
 from dloom.zoo import long_tasks
 from dloom.zoo import tokenizer as tok
 from dloom.zoo.tasks import Example, held_out
-from dloom.zoo.train import (
+from dloom_training.train import (
     DECODING_ORDERS, _ids, _text, answer_region, encode_prompts, position_ids, region_logits, trace_dllm,
 )
 

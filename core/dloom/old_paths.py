@@ -7,7 +7,9 @@ with a ``DeprecationWarning`` naming the old and the new path, and the old name 
 the new module itself, the same object, so that private names resolve and
 ``mock.patch("dloom.engine.x")`` patches what the code uses. Three old modules became
 package names (``dloom.hooks``, ``dloom.ar``, ``dloom.cli``); their names are found by
-each package's own module ``__getattr__``.
+each package's own module ``__getattr__``. The trainer left the installed package for
+``training/dloom_training/`` of a source checkout; ``python -m dloom.zoo.train`` still runs it
+there (:class:`_Trainer`).
 
 The next release deletes this module and the line of ``dloom/__init__.py`` installing it.
 """
@@ -19,7 +21,8 @@ import importlib.abc
 import importlib.machinery
 import sys
 import warnings
-from types import ModuleType
+from pathlib import Path
+from types import CodeType, ModuleType
 from typing import Sequence
 
 MOVED = {
@@ -51,6 +54,7 @@ MOVED = {
     "dloom.chains": "dloom.ar.chains",
     "dloom.cli_exits": "dloom.cli.exits",
     "dloom.cli_plugins": "dloom.cli.plugins",
+    "dloom.zoo.train": "dloom_training.train",
 }
 """Each old module path and the module now at its place."""
 RENAMED_PACKAGES = {
@@ -60,6 +64,10 @@ RENAMED_PACKAGES = {
 }
 """Old modules whose names are now packages: ``dloom.hooks.select_commit`` is found in
 ``dloom.hooks.calls`` (by the package's ``__getattr__``)."""
+TRAINER = "dloom.zoo.train"
+"""The trainer's old path; its new module lives outside the package, in ``training/``."""
+TRAINING_DIR = Path(__file__).resolve().parents[2] / "training"
+"""``training/`` of the source checkout this package is in (a wheel has none)."""
 
 
 def warn_moved(old: str, new: str, stacklevel: int) -> None:
@@ -84,6 +92,18 @@ class _SameModule(importlib.abc.Loader):
         warn_moved(self.old, self.new, stacklevel=2)
 
 
+class _Trainer(_SameModule):
+    """The old trainer path: imported, it is ``dloom_training.train``; run as
+    ``python -m dloom.zoo.train``, its code warns (from ``__main__``, so the warning shows)
+    and calls the new ``main``."""
+
+    def get_code(self, fullname: str) -> CodeType:
+        message = (f"python -m {self.old} moved to `PYTHONPATH=training python -m {self.new}`; "
+                   "the old command goes in the next dloom release")
+        source = f"import warnings\nwarnings.warn({message!r}, DeprecationWarning)\nfrom {self.new} import main\nmain()\n"
+        return compile(source, f"<{self.old}, forwarding to {self.new}>", "exec")
+
+
 class OldPathFinder(importlib.abc.MetaPathFinder):
     """Finds the old paths of :data:`MOVED` and nothing else."""
 
@@ -93,7 +113,18 @@ class OldPathFinder(importlib.abc.MetaPathFinder):
         new = MOVED.get(fullname)
         if new is None:
             return None
-        return importlib.machinery.ModuleSpec(fullname, _SameModule(fullname, new))
+        if fullname != TRAINER:
+            return importlib.machinery.ModuleSpec(fullname, _SameModule(fullname, new))
+        if not (TRAINING_DIR / "dloom_training" / "train.py").is_file():  # an installed wheel
+            raise ModuleNotFoundError(
+                f"{TRAINER} moved out of the installed package to training/dloom_training/train.py "
+                f"of a dloom source checkout; run it there with `PYTHONPATH=training python -m {new}`",
+                name=fullname,
+            )
+        if str(TRAINING_DIR) not in sys.path:
+            sys.path.append(str(TRAINING_DIR))
+        trainer = TRAINING_DIR / "dloom_training" / "train.py"
+        return importlib.machinery.ModuleSpec(fullname, _Trainer(fullname, new), origin=str(trainer))
 
 
 def install() -> None:

@@ -1,4 +1,4 @@
-"""Train the toy zoo on CPU: ``python -m dloom.zoo.train --model all`` (300 minutes).
+"""Train the toy zoo on CPU: ``PYTHONPATH=training python -m dloom_training.train --model all`` (300 minutes).
 
 Models (``SPECS``), all transformers ``LlamaForCausalLM`` over a character vocabulary.  The
 toy zoo (``toy-*``, workload ``SHORT``: the 54-character alphabet, answers in 32 positions)
@@ -97,11 +97,11 @@ The long-answer zoo (issue 19; :mod:`dloom.zoo.long_tasks`, :mod:`dloom.zoo.corp
   first stage, in the background, one thread, to be continued with ``--resume`` in later
   sessions (240 minutes of wall time in all)::
 
-      OMP_NUM_THREADS=1 nohup python -m dloom.zoo.train --model long-dllm-ar --minutes 240 \
+      OMP_NUM_THREADS=1 PYTHONPATH=training nohup python -m dloom_training.train --model long-dllm-ar --minutes 240 \
           --seed 0 --threads 1 --out training/checkpoints --checkpoint-minutes 5 \
           > training/logs/long-dllm-ar.log 2>&1 &
       # later sessions, after the checkpoint was committed:
-      OMP_NUM_THREADS=1 nohup python -m dloom.zoo.train --model long-dllm-ar --resume \
+      OMP_NUM_THREADS=1 PYTHONPATH=training nohup python -m dloom_training.train --model long-dllm-ar --resume \
           --threads 1 --out training/checkpoints >> training/logs/long-dllm-ar.log 2>&1 &
 
   ``training/checkpoints/long-dllm-ar/progress.json`` records how far it got.
@@ -127,11 +127,11 @@ re-evaluated the shipped checkpoints on the current suite.
 
   Commands::
 
-      python -m dloom.zoo.train --model toy-dllm-ar --minutes 62 --seed 0 --threads 2 \
+      PYTHONPATH=training python -m dloom_training.train --model toy-dllm-ar --minutes 62 --seed 0 --threads 2 \
           --out training/checkpoints
-      python -m dloom.zoo.train --model toy-dllm --init-from training/checkpoints/toy-dllm-ar \
+      PYTHONPATH=training python -m dloom_training.train --model toy-dllm --init-from training/checkpoints/toy-dllm-ar \
           --seed 1 --minutes 21 --lr 1e-3 --threads 2 --out training/checkpoints
-      python -m dloom.zoo.train --model toy-dllm --resume --seed 2 --minutes 55 --lr 1e-3 \
+      PYTHONPATH=training python -m dloom_training.train --model toy-dllm --resume --seed 2 --minutes 55 --lr 1e-3 \
           --threads 2 --out training/checkpoints \
           --weights copy=1.6,sort=1.6,reverse=1.2,story=1.0,lookup=1.0
 
@@ -144,11 +144,11 @@ re-evaluated the shipped checkpoints on the current suite.
   prompts, greedy, one token per step): 80.9 % (add 100, sort 84, reverse 90, copy 98,
   lookup 0, code 98, story 96 %).  Commands::
 
-      OMP_WAIT_POLICY=PASSIVE python -m dloom.zoo.train --model toy-dllm --minutes 88 --seed 0 \
+      OMP_WAIT_POLICY=PASSIVE PYTHONPATH=training python -m dloom_training.train --model toy-dllm --minutes 88 --seed 0 \
           --out core/dloom/zoo/models
-      OMP_WAIT_POLICY=PASSIVE python -m dloom.zoo.train --model toy-dllm --resume --seed 1 \
+      OMP_WAIT_POLICY=PASSIVE PYTHONPATH=training python -m dloom_training.train --model toy-dllm --resume --seed 1 \
           --minutes 70 --lr 1e-3 --threads 1 --out core/dloom/zoo/models
-      python -m dloom.zoo.train --model toy-dllm --resume --seed 3 --minutes 75 --lr 7e-4 \
+      PYTHONPATH=training python -m dloom_training.train --model toy-dllm --resume --seed 3 --minutes 75 --lr 7e-4 \
           --threads 1 --out core/dloom/zoo/models --weights add=1.5,lookup=1.5,lookup2=3,lookup3=2
 
   (``lookup2``/``lookup3``, two and three pairs of the earlier form, are gone; today's
@@ -195,17 +195,17 @@ re-evaluated the shipped checkpoints on the current suite.
   held-out prompts (add 94, sort 82, reverse 94, copy 94, lookup 100, code 100,
   story 100 %)::
 
-      python -m dloom.zoo.train --model toy-ar --seed 0 --minutes 28 --threads 1 --out core/dloom/zoo/models
-      python -m dloom.zoo.train --model toy-ar --resume --seed 1 --minutes 60 --lr 1e-3 \
+      PYTHONPATH=training python -m dloom_training.train --model toy-ar --seed 0 --minutes 28 --threads 1 --out core/dloom/zoo/models
+      PYTHONPATH=training python -m dloom_training.train --model toy-ar --resume --seed 1 --minutes 60 --lr 1e-3 \
           --threads 1 --out core/dloom/zoo/models
-      python -m dloom.zoo.train --model toy-ar --resume --seed 2 --minutes 70 --lr 1.5e-3 \
+      PYTHONPATH=training python -m dloom_training.train --model toy-ar --resume --seed 2 --minutes 70 --lr 1.5e-3 \
           --threads 1 --out core/dloom/zoo/models \
           --weights add=0.5,sort=1.5,reverse=2,copy=1.5,lookup=2.5,code=0.3,story=0.3
 
 * ``toy-ar-small``: 14 minutes, one thread (908 steps, seed 0); on the current suite 32.6 %
   held-out (code 100, story 100, the rest at most 18 %): a weak drafter, as intended::
 
-      python -m dloom.zoo.train --model toy-ar-small --seed 0 --minutes 14 --threads 1 \
+      PYTHONPATH=training python -m dloom_training.train --model toy-ar-small --seed 0 --minutes 14 --threads 1 \
           --out core/dloom/zoo/models
 """
 
@@ -230,10 +230,10 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from dloom.model.attention import model_mask
-from . import long_tasks
-from . import tokenizer as tok
-from .corpus import TEXT
-from .tasks import ALPHABET, FAMILIES, GEN_LENGTH, Example, TaskFamily, held_out, lookup_curriculum, train_stream
+from dloom.zoo import ZOO_DIR, long_tasks
+from dloom.zoo import tokenizer as tok
+from dloom.zoo.corpus import TEXT
+from dloom.zoo.tasks import ALPHABET, FAMILIES, GEN_LENGTH, Example, TaskFamily, held_out, lookup_curriculum, train_stream
 
 __all__ = [
     "LONG", "SHORT", "SPECS", "ModelSpec", "Workload", "build_config", "build_model", "decode_ar", "decode_dllm",
@@ -1423,14 +1423,14 @@ def _family_weights(text: str) -> dict[str, float]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m dloom.zoo.train", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m dloom_training.train", description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=[*SPECS, "all"], default="all")
     parser.add_argument("--minutes", type=float, default=None,
                         help=f"wall-time budget, split by SPECS[...].share for 'all' (default: {ALL_MINUTES:g} "
                         "for 'all', a single model's share of it otherwise)")
     parser.add_argument("--steps", type=int, default=None, help="fixed step count (overrides --minutes)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "models")
+    parser.add_argument("--out", type=Path, default=ZOO_DIR)
     parser.add_argument("--eval-n", type=int, default=350, help="held-out prompts (balanced over families)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--resume", action="store_true",
