@@ -162,6 +162,10 @@ def test_the_checks_see_old_paths():
     ) == ["dloom.engine", "dloom.cli.fail", "dloom.cache", "dloom.kernel"]
 
 
+NOTICES = {"training/README.md: dloom.zoo.train"}
+"""Where an old path is named to say that it is deprecated (the trainer's old command)."""
+
+
 def test_nothing_in_the_repository_uses_an_old_path():
     used = []
     for path in repository_files():
@@ -171,4 +175,4 @@ def test_nothing_in_the_repository_uses_an_old_path():
         if path.suffix == ".py" and "benchmarks" not in path.relative_to(ROOT).parts:
             found += old_paths_in_text(text)
         used += [f"{path.relative_to(ROOT)}: {p}" for p in sorted(set(found))]
-    assert used == []
+    assert sorted(set(used) - NOTICES) == []
