@@ -18,7 +18,7 @@
   that commits more than its sound bound certifies: ``unsound``, with a counterexample that
   really is one.
 
-Positive controls (the same checks pass a correct strategy) are in ``tests/test_check.py``.
+Positive controls (the same checks pass a correct strategy) are in ``tests/check/test_check.py``.
 Everything is seeded: the verdicts are deterministic.
 """
 

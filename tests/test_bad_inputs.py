@@ -39,7 +39,7 @@ from dloom_plugins.failfast import FailFastDecoder, build_failfast_decoder
 from dloom_plugins.spiffy.graph import BUILTIN_DIR, MAX_NODES
 from dloom.hooks.registry import check_plugin_class, get_registry, reset_registry
 from dloom.zoo import model_path
-from test_plugin_loading import FakeSite
+from conftest import FakeSite
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 57  # toy-dllm's vocabulary

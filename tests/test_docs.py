@@ -77,7 +77,7 @@ def collect_test_sources() -> dict[str, str]:
     """Source of every ``test_*`` function under ``tests/`` (this file excepted), by
     ``file::name``."""
     found = {}
-    for path in sorted((ROOT / "tests").glob("test_*.py")):
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
         if path.name == Path(__file__).name:
             continue
         source = path.read_text()
@@ -103,7 +103,7 @@ def test_every_hook_has_a_test(name):
 @pytest.mark.parametrize("name", sorted(specs()))
 def test_the_tests_a_hook_section_names_exist_and_exercise_it(name):
     _, body = hook_sections()[name]
-    named = re.findall(r"`((?:tests|proofs_tests)/test_\w+\.py)`", body)
+    named = re.findall(r"`((?:tests|proofs_tests)/(?:\w+/)?test_\w+\.py)`", body)
     assert named, f"the section of {name} names no test file"
     for path in named:
         assert mentions((ROOT / path).read_text(), name), f"{path} does not exercise {name}"

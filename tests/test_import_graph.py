@@ -215,6 +215,22 @@ def test_the_package_is_laid_out_by_role():
         assert {p.stem for p in (CORE / package).glob("*.py")} == {"__init__", *modules}, package
 
 
+TESTS = Path(__file__).resolve().parent
+TEST_FOLDERS = {"hooks", "model", "decode", "cli", "serve", "ray", "check", "zoo", "training", "plugins"}
+"""``tests/`` mirrors the packages: ``tests/decode/`` tests ``dloom.decode`` (``training/``
+the trainer, ``plugins/`` the built-in strategies); what spans them stays in ``tests/``."""
+
+
+def test_the_tests_mirror_the_packages_with_unique_names():
+    folders = {p.name for p in TESTS.iterdir() if p.is_dir() and p.name not in {"fixtures", "__pycache__"}}
+    assert folders == TEST_FOLDERS
+    assert folders - {"training", "plugins"} <= {*SUBPACKAGES, "check", "zoo", "serve", "ray"}
+    # without __init__.py files pytest imports each test file by its base name: one per name
+    names = [p.name for p in TESTS.rglob("test_*.py")]
+    assert sorted(n for n in set(names) if names.count(n) > 1) == []
+    assert not list(TESTS.rglob("__init__.py"))
+
+
 def test_the_startup_handler_is_library_and_the_cli_a_front_end(graph):
     _, edges, _ = graph
     assert "dloom.startup" in edges["dloom"] and layer("dloom.startup") == 0

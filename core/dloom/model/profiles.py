@@ -11,7 +11,7 @@ arguments and the checkpoint's own files override, and loads the known families 
 
 The facts below come from the released checkpoints' configs and code (``docs/models.md``
 cites the sources) and are checked against the published code on tiny checkpoints in the
-real format (``tests/test_real_families.py``); none was run on real weights here.
+real format (``tests/model/test_real_families.py``); none was run on real weights here.
 """
 
 from __future__ import annotations

@@ -112,7 +112,7 @@ class BlockForward:
     and blocks. A cached query attends to the same keys and values as without static shapes,
     in another order (the window's own entries at their columns, not appended), and a full
     forward's head runs over more columns: logits agree up to floating-point rounding, and
-    the decoded tokens and NFE match on the toy zoo (``tests/test_static_shapes.py``). The
+    the decoded tokens and NFE match on the toy zoo (``tests/decode/test_static_shapes.py``). The
     cost: a prefix window stays ``S`` wide (it does not shrink as blocks advance), and full
     forwards compute ``S`` columns of logits instead of the active blocks'.
 
@@ -684,7 +684,7 @@ def record_view(store: list[tuple[torch.Tensor, torch.Tensor]], rows: torch.Tens
     layout row (rows sharing a batch row's context). Here each layer reads the record: the
     rows' keys and values are gathered only while that layer attends, so at most one layer's
     ``(R, H, L + W, D)`` is alive beyond the record. The attention sees the same values, so
-    the logits are bit-identical (``tests/test_cache.py``).
+    the logits are bit-identical (``tests/model/test_runner.py``).
 
     :param store: per layer, the recorded ``(B, H, L, D)`` keys and values.
     :param rows: ``(R,)`` long, the batch row each forward row reads (repeats allowed), or

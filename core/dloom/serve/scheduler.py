@@ -18,7 +18,7 @@ that keeps a running batch per lane (continuous batching at block boundaries).
 * **Batch invariance.** Under greedy decoding a row's tokens do not depend on the other
   rows of its batch, nor on when it joined (the engine pads on the left, masks the padding,
   and starts a joining row with its own full forward), so every response equals decoding
-  its prompt alone offline; ``tests/test_serve.py`` checks it under load. A sampling row
+  its prompt alone offline; ``tests/serve/test_serve.py`` checks it under load. A sampling row
   draws from its own random stream, keyed to the lane's seed and the row's index in its
   request (:attr:`Job.index`, passed as ``row_offset``), so a seeded request decodes exactly
   as ``generate`` of its own prompts with that seed, whatever shares its batch.

@@ -33,7 +33,7 @@ from dloom.errors import ModelError
 from dloom.decode.kernel import propose
 from dloom_plugins.baselines import dream_counts
 
-FIXTURES = Path(__file__).parent / "fixtures" / "real-families"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "real-families"
 FAMILIES = ("llada", "dream", "sdar", "qwen2")
 ATOL = 1e-4
 

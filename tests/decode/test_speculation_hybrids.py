@@ -22,7 +22,7 @@ from dloom.decode.speculation import follow_graph, layout_drafts
 from dloom.types import DraftGraph
 from dloom_plugins.failfast import FailFastDecoder
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 PAIR = dict(vocab=16, hidden=32, layers=2, init=0.8, context=64)
 PROMPTS = [[5, 6, 7, 8, 5, 6], [9, 3, 9, 3], [3, 4, 5], [7, 8, 9, 10, 7, 8]]
 

@@ -35,7 +35,7 @@ from dloom import DiffusionDecoder, ModelAdapter, load_model
 from dloom.model.attention import absolute_block_ids, mask_from_block_ids
 from dloom.errors import ModelError
 
-SDAR_FIXTURE = Path(__file__).parent / "fixtures" / "real-families" / "sdar" / "checkpoint"
+SDAR_FIXTURE = Path(__file__).parents[1] / "fixtures" / "real-families" / "sdar" / "checkpoint"
 TOKENIZER_FILES = (
     "added_tokens.json", "chat_template.jinja", "merges.txt", "special_tokens_map.json",
     "tokenizer_config.json", "vocab.json",

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from dloom_training.train import build_model, save_model
 
-SCRIPT = Path(__file__).resolve().parents[1] / "training" / "average.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "training" / "average.py"
 
 
 def _module():

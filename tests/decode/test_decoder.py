@@ -365,7 +365,7 @@ def test_engine_benchmark_measures_every_figure(tmp_path):
     import json
     from pathlib import Path
 
-    script = Path(__file__).parents[1] / "benchmarks" / "bench_engine.py"
+    script = Path(__file__).parents[2] / "benchmarks" / "bench_engine.py"
     spec = importlib.util.spec_from_file_location("bench_engine", script)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)

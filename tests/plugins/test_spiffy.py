@@ -349,7 +349,7 @@ def test_the_speculator_example_in_the_plugin_docs_is_lossless(sharp_adapter):
     import re
     from pathlib import Path
 
-    page = (Path(__file__).parents[1] / "docs" / "plugins.md").read_text()
+    page = (Path(__file__).parents[2] / "docs" / "plugins.md").read_text()
     source = next(b for b in re.findall(r"```python\n(.*?)```", page, re.S) if "guess_top_token" in b)
     namespace: dict = {}
     exec(compile(source, "guess_top_token.py", "exec"), namespace)

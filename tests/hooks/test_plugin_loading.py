@@ -11,9 +11,6 @@ from __future__ import annotations
 import importlib
 import json
 import sys
-import textwrap
-import uuid
-from pathlib import Path
 
 import pytest
 import torch
@@ -25,6 +22,8 @@ from dloom.cli import commands as cli
 from dloom.cli.commands import app
 from dloom.errors import PluginLoadError
 from dloom.hooks.registry import get_registry, reset_registry
+
+from conftest import FakeSite
 
 BUILTIN_STRATEGIES = {"quota", "dream", "threshold", "factor", "frechet", "spiffy", "failfast"}
 BUILTIN_PLUGINS = {"baselines", "frechet", "spiffy", "failfast"}
@@ -91,30 +90,6 @@ MISSPELT_HOOK_SOURCE = """
     def dloom_register_strategy(register):
         register(dloom.StrategyRegistration(name="misspelt", plugin_class=QuotaCommit))
 """
-
-
-class FakeSite:
-    """A directory on ``sys.path`` holding fake distributions with ``dloom`` entry points."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.modules: list[str] = []
-
-    def install(self, dist: str, source: str, *, version: str = "0.1", ep_name: str | None = None) -> str:
-        """Install distribution ``dist`` whose entry point ``ep_name`` (default ``dist``) names
-        a fresh module holding ``source``; return that module's name."""
-        module = f"{dist}_mod_{uuid.uuid4().hex[:10]}"
-        info = self.root / f"{dist}-{version}.dist-info"
-        info.mkdir()
-        (info / "METADATA").write_text(
-            f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n"
-        )
-        (info / "entry_points.txt").write_text(f"[dloom]\n{ep_name or dist} = {module}\n")
-        (self.root / f"{module}.py").write_text(textwrap.dedent(source))
-        self.modules.append(module)
-        importlib.invalidate_caches()
-        reset_registry()
-        return module
 
 
 @pytest.fixture

@@ -179,7 +179,7 @@ def test_bad_admissions_and_cancellations_are_refused_before_any_change():
 @pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
 def test_a_join_costs_two_host_syncs_and_a_step_one(monkeypatch, cache):
     """The counts of the module docstring: one sync per step, and per admission one for the
-    padding check and one for the next forward's plan (``tests/test_host_sync.py``'s counter)."""
+    padding check and one for the next forward's plan (``tests/decode/test_host_sync.py``'s counter)."""
     from test_host_sync import SyncCounter
 
     decoder = DiffusionDecoder(adapter(eos_token_ids=()), "threshold", gen_length=GEN, block_length=BLOCK, cache=cache)

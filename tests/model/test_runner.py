@@ -425,7 +425,7 @@ def test_cache_benchmark_reports_every_mode_against_none(tmp_path):
     import importlib.util
     from pathlib import Path
 
-    script = Path(__file__).parents[1] / "benchmarks" / "bench_cache.py"
+    script = Path(__file__).parents[2] / "benchmarks" / "bench_cache.py"
     spec = importlib.util.spec_from_file_location("bench_cache", script)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)

@@ -2,7 +2,7 @@
 
 The released checkpoints are 4-26B parameters and cannot be downloaded here. Every known
 family is loaded onto ``transformers``' own classes without its code; its logits and decodes
-are checked against the published code in ``tests/test_real_families.py`` (tiny real-format
+are checked against the published code in ``tests/model/test_real_families.py`` (tiny real-format
 checkpoints with the reference outputs). This module checks detection, the profile table and
 the decoder-level conventions on small checkpoints saved in each family's format: LLaDA from
 the real-format fixture, Dream and SDAR written here in their on-disk format (the tensor
@@ -31,7 +31,7 @@ from dloom.model.profiles import (
     ModelProfile, detect_profile,
 )
 
-FIXTURES = Path(__file__).parent / "fixtures" / "real-families"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "real-families"
 
 LLADA_CONFIG = json.loads((FIXTURES / "llada" / "checkpoint" / "config.json").read_text())
 DREAM_CONFIG = {
@@ -524,7 +524,7 @@ def test_device_map_without_accelerate(tiny_model_dir, monkeypatch):
 def run_papers_module():
     import importlib.util
 
-    path = Path(__file__).parents[1] / "benchmarks" / "gpu" / "run_papers.py"
+    path = Path(__file__).parents[2] / "benchmarks" / "gpu" / "run_papers.py"
     spec = importlib.util.spec_from_file_location("run_papers", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
