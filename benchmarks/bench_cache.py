@@ -37,8 +37,8 @@ from typing import Any
 import torch
 
 from dloom import DiffusionDecoder, load_model, zoo
-from dloom.model.runner import CACHE_MODES
 from dloom.evaluation import evaluate, select_examples
+from dloom.model.runner import CACHE_MODES
 from dloom.zoo.tasks import FAMILIES, Example
 
 FILLER = " "

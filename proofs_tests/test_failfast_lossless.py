@@ -19,14 +19,20 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dloom.check.sampling import _verdict
-from dloom.check.target import ar_target_factory, sampling_seed, target_distribution, target_greedy
+from dloom.check.target import (
+    ar_target_factory,
+    sampling_seed,
+    target_distribution,
+    target_greedy,
+)
 from dloom.check.tiny import tiny_ar, tiny_dllm
+from dloom.decode.kernel import REMASKING
 from dloom.errors import ConfigurationError
 from dloom_plugins.failfast import FailFastDecoder
-from dloom.decode.kernel import REMASKING
 
 ALPHA = 1e-3
 EPSILON = 0.05

@@ -7,7 +7,6 @@ import importlib.util
 import sys
 import textwrap
 import uuid
-
 from pathlib import Path
 
 import pytest

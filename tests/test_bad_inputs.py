@@ -19,9 +19,10 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
@@ -29,17 +30,21 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 import dloom
+from conftest import FakeSite
 from dloom.cli import commands as cli
 from dloom.cli import exits as cli_exits
 from dloom.cli.commands import app
 from dloom.errors import (
-    ConfigurationError, HookContractError, ModelError, PluginLoadError, UnknownStrategyError,
+    ConfigurationError,
+    HookContractError,
+    ModelError,
+    PluginLoadError,
+    UnknownStrategyError,
 )
-from dloom_plugins.failfast import FailFastDecoder, build_failfast_decoder
-from dloom_plugins.spiffy.graph import BUILTIN_DIR, MAX_NODES
 from dloom.hooks.registry import check_plugin_class, get_registry, reset_registry
 from dloom.zoo import model_path
-from conftest import FakeSite
+from dloom_plugins.failfast import FailFastDecoder, build_failfast_decoder
+from dloom_plugins.spiffy.graph import BUILTIN_DIR, MAX_NODES
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 57  # toy-dllm's vocabulary
@@ -221,7 +226,7 @@ def plugin_raising(where: str, error: str) -> str:
     return f"import sys, dloom\n\n@dloom.hookimpl\ndef dloom_register_strategies(register):\n    {error}\n"
 
 
-def install_raising(env: "Env", where: str, error: str, strict: bool = False) -> Callable[[], Any]:
+def install_raising(env: Env, where: str, error: str, strict: bool = False) -> Callable[[], Any]:
     def call() -> Any:
         env.site.install("hostile", plugin_raising(where, error))
         if strict:

@@ -28,8 +28,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from dloom.hooks import specs as hookspecs
 from dloom.cli.commands import app
+from dloom.hooks import specs as hookspecs
 from dloom.hooks.registry import get_registry, reset_registry
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 import dloom
 from dloom import factory
 from dloom.cli import commands as cli
-from dloom.errors import ConfigurationError
 from dloom.decode.session import DecodeSession, SessionCalls
+from dloom.errors import ConfigurationError
 
 
 def test_the_factory_raises_and_prints_nothing(capsys):
@@ -56,8 +56,7 @@ def test_moved_names_are_found_at_their_old_paths():
     import dloom.ray
     from dloom import evaluation, types
     from dloom.decode import decoders as decoding
-    from dloom.decode import kernel
-    from dloom.decode import speculation
+    from dloom.decode import kernel, speculation
 
     assert (speculation.KernelStep, speculation.eos_clear) == (kernel.KernelStep, kernel.eos_clear)
     assert (decoding.DECODERS, decoding.DIFFUSION, decoding.AR_TARGET) == (types.DECODERS, "diffusion", "ar-target")

@@ -19,9 +19,9 @@ from dloom import load_model
 from dloom.errors import ConfigurationError
 from dloom.evaluation import select_examples
 from dloom.zoo import long_tasks
-from dloom_training import train
 from dloom.zoo import tokenizer as tok
 from dloom.zoo.tasks import is_held_out
+from dloom_training import train
 
 ROOT = Path(__file__).resolve().parents[1]
 START, END = "<!-- report:headline:start -->", "<!-- report:headline:end -->"

@@ -17,7 +17,13 @@ from dloom import old_paths, startup
 startup.install_startup_handler()  # the `dloom` command only: Ctrl-C while importing exits 130
 old_paths.install()  # the module paths of 0.1's flat layout, for one release
 
+from dloom.ar.decoder import ARTargetDecoder
+from dloom.decode.decoder import DiffusionDecoder
+from dloom.hooks.composition import replace
+from dloom.hooks.registry import get_registry
 from dloom.hooks.specs import hookimpl
+from dloom.metrics import GenerationResult
+from dloom.model.adapter import ModelAdapter, load_model
 from dloom.types import (
     BlockSchedule,
     ChainLayout,
@@ -32,12 +38,6 @@ from dloom.types import (
     Verdict,
     VerificationLayout,
 )
-from dloom.model.adapter import ModelAdapter, load_model
-from dloom.decode.decoder import DiffusionDecoder
-from dloom.ar.decoder import ARTargetDecoder
-from dloom.hooks.composition import replace
-from dloom.metrics import GenerationResult
-from dloom.hooks.registry import get_registry
 
 __all__ = [
     "ARTargetDecoder",

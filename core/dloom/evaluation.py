@@ -9,8 +9,9 @@ from __future__ import annotations
 import itertools
 import warnings
 from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, NoReturn, Sequence
+from typing import Any, NoReturn
 
 import torch
 from rich.console import Console
@@ -20,7 +21,14 @@ from dloom.decode.decoders import Decoder
 from dloom.errors import ConfigurationError, DloomError
 from dloom.metrics import speculation_summary
 from dloom.zoo import long_tasks
-from dloom.zoo.tasks import ALPHABET, FAMILIES, Example, TaskFamily, held_out, train_stream
+from dloom.zoo.tasks import (
+    ALPHABET,
+    FAMILIES,
+    Example,
+    TaskFamily,
+    held_out,
+    train_stream,
+)
 
 SUITES: dict[str, dict[str, TaskFamily]] = {"all": FAMILIES, "long": long_tasks.FAMILIES}
 """Task suites by the name ``--tasks`` selects them with: the toy suite and the long-answer one."""

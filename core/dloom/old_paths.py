@@ -21,9 +21,9 @@ import importlib.abc
 import importlib.machinery
 import sys
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from types import CodeType, ModuleType
-from typing import Sequence
 
 MOVED = {
     "dloom.hookspecs": "dloom.hooks.specs",

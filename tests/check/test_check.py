@@ -18,8 +18,14 @@ from typer.testing import CliRunner
 
 import dloom
 from dloom import Claim, DiffusionDecoder, StrategyRegistration
-from dloom.cli import commands as cli
-from dloom.check import KERNEL, TARGET, check_lossless, check_soundness, check_strategy, tiny
+from dloom.check import (
+    KERNEL,
+    TARGET,
+    check_lossless,
+    check_soundness,
+    check_strategy,
+    tiny,
+)
 from dloom.check.enumerate import exact_distribution
 from dloom.check.resolve import commit_rule_of, resolve
 from dloom.check.sampling import SETTINGS, SamplingOptions, sampling_test
@@ -32,6 +38,7 @@ from dloom.check.stats import (
     simulated_p_value,
 )
 from dloom.check.tiny import EOS_ID, MASK_ID, tiny_dllm, tiny_prompts
+from dloom.cli import commands as cli
 from dloom.cli.commands import app
 from dloom.decode.commit import commit_top, sorted_profile
 from dloom.errors import ConfigurationError, HookContractError

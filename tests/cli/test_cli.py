@@ -11,10 +11,9 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
+from conftest import MASK_ID
 from dloom.cli import commands as cli
 from dloom.cli.commands import app
-
-from conftest import MASK_ID
 
 
 @pytest.fixture(autouse=True)

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 
 from conftest import EOS_ID, MASK_ID, PAD_ID
 from dloom import DiffusionDecoder, ModelAdapter
-from dloom.errors import ConfigurationError
 from dloom.decode.kernel import RowStreams
+from dloom.errors import ConfigurationError
 
 
 def llada_generate(model, prompt, *, steps, gen_length, block_length, temperature, remasking, generator):

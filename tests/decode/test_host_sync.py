@@ -19,9 +19,9 @@ device once per forward).
 from __future__ import annotations
 
 import sys
-from types import SimpleNamespace
 from collections import Counter
 from contextlib import contextmanager
+from types import SimpleNamespace
 
 import pytest
 import torch

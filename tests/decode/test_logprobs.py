@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import dloom
-from dloom.errors import ConfigurationError
 from dloom.decode.session import DecodeSession, StepRecord
+from dloom.errors import ConfigurationError
 
 BLOCK = 8
 FIRST = ["add 40 20", "copy eezej spmk"]

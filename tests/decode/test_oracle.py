@@ -10,9 +10,9 @@ import torch
 
 from conftest import EOS_ID, MASK_ID, PAD_ID
 from dloom import DiffusionDecoder, ModelAdapter, hookimpl, load_model
+from dloom.decode.oracle import OracleCommit, OracleMismatchError, oracle_nfe
 from dloom.errors import ConfigurationError
 from dloom.evaluation import select_examples
-from dloom.decode.oracle import OracleCommit, OracleMismatchError, oracle_nfe
 
 RULES = (
     ("quota", {}), ("quota", {"steps": 8}), ("threshold", {"tau": 0.9}), ("threshold", {"tau": 0.5}),

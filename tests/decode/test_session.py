@@ -16,9 +16,9 @@ import pytest
 
 from conftest import EOS_ID, MASK_ID, PAD_ID, sharpen, tiny_model
 from dloom import DiffusionDecoder, ModelAdapter
-from dloom.model.runner import BlockForward
-from dloom.errors import ConfigurationError, ModelError
 from dloom.decode.session import DecodeSession
+from dloom.errors import ConfigurationError, ModelError
+from dloom.model.runner import BlockForward
 
 GEN, BLOCK = 16, 4
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14, 15], [16], [17, 18, 19, 20], [21, 22], [23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33]]

@@ -16,9 +16,9 @@ from dloom import DiffusionDecoder
 from dloom.ar.chains import match_chains
 from dloom.check.target import target_greedy
 from dloom.check.tiny import tiny_ar, tiny_dllm
-from dloom.hooks.composition import compose
-from dloom.errors import CompositionError, ConfigurationError, HookContractError
 from dloom.decode.speculation import follow_graph, layout_drafts
+from dloom.errors import CompositionError, ConfigurationError, HookContractError
+from dloom.hooks.composition import compose
 from dloom.types import DraftGraph
 from dloom_plugins.failfast import FailFastDecoder
 

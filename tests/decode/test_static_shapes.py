@@ -20,8 +20,8 @@ from typer.testing import CliRunner
 
 import dloom.decode.speculation
 from dloom import DiffusionDecoder, load_model
-from dloom.model.runner import BlockForward, _static_layer
 from dloom.cli.commands import app
+from dloom.model.runner import BlockForward, _static_layer
 from dloom.zoo.tasks import held_out
 
 STRATEGIES = ["quota", "threshold", "frechet"]
@@ -167,8 +167,12 @@ def test_static_parts_have_one_row_count_and_put_every_rows_outputs_in_its_place
     """``static_rows``: every call holds exactly that many rows (the last one, or a layout
     smaller than one call, padded), as many calls as without it, and row ``r`` of the result
     is layout row ``r``'s (a forward that writes each row's own ids and source)."""
+    from dloom.decode.speculation import (
+        evaluate_in_parts,
+        rows_layout,
+        static_call_rows,
+    )
     from dloom.errors import HookContractError
-    from dloom.decode.speculation import evaluate_in_parts, rows_layout, static_call_rows
 
     spans = torch.arange(3 * 4 * 2).reshape(3, 4, 2)
     evaluated = torch.tensor([[1, 1, 1, 0], [1, 0, 1, 1], [1, 1, 0, 0]], dtype=torch.bool)
@@ -194,8 +198,8 @@ def test_a_static_packed_layout_has_its_slots_and_the_default_packed_flag():
     """``slots``: every row ``slots`` spans wide, the extra spans segment ``-1``, the nodes
     where they are without it; ``packed`` says whether a row holds two real spans (as
     without slots); fewer slots than a row's nodes are refused."""
-    from dloom.errors import HookContractError
     from dloom.decode.speculation import packed_layout
+    from dloom.errors import HookContractError
 
     spans = torch.arange(2 * 4 * 3).reshape(2, 4, 3)
     evaluated = torch.tensor([[1, 0, 1, 0], [1, 0, 0, 0]], dtype=torch.bool)

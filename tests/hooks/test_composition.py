@@ -7,11 +7,16 @@ import pytest
 
 import dloom
 from dloom import DiffusionDecoder, Parameter, StrategyRegistration
-from dloom.hooks.composition import DEFAULTS_PLUGIN, CoreDefaults, build_plugin_manager, compose
 from dloom.errors import CompositionError, ConfigurationError, UnknownStrategyError
+from dloom.hooks.composition import (
+    DEFAULTS_PLUGIN,
+    CoreDefaults,
+    build_plugin_manager,
+    compose,
+)
+from dloom.hooks.registry import Registry, Strategy, get_registry
 from dloom.metrics import HookTimer
 from dloom_plugins.baselines import FactorCommit, QuotaCommit, ThresholdCommit
-from dloom.hooks.registry import Registry, Strategy, get_registry
 
 
 class CommitAll:

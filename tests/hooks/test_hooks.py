@@ -11,13 +11,20 @@ import pytest
 import torch
 
 import dloom
+from dloom.errors import HookContractError
 from dloom.hooks import calls as hooks
 from dloom.hooks import specs as hookspecs
 from dloom.hooks.composition import build_plugin_manager, compose
-from dloom.errors import HookContractError
-from dloom.metrics import HookTimer
 from dloom.hooks.registry import DECODING_HOOKS, hooks_implemented_by
-from dloom.types import BlockSchedule, ChainState, DecodeState, DraftGraph, Verdict, VerificationLayout
+from dloom.metrics import HookTimer
+from dloom.types import (
+    BlockSchedule,
+    ChainState,
+    DecodeState,
+    DraftGraph,
+    Verdict,
+    VerificationLayout,
+)
 
 B, K, V, L = 2, 4, 7, 6
 MASK = 6

@@ -18,12 +18,11 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 import dloom
+from conftest import FakeSite
 from dloom.cli import commands as cli
 from dloom.cli.commands import app
 from dloom.errors import PluginLoadError
 from dloom.hooks.registry import get_registry, reset_registry
-
-from conftest import FakeSite
 
 BUILTIN_STRATEGIES = {"quota", "dream", "threshold", "factor", "frechet", "spiffy", "failfast"}
 BUILTIN_PLUGINS = {"baselines", "frechet", "spiffy", "failfast"}

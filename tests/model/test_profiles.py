@@ -23,12 +23,22 @@ from typer.testing import CliRunner
 
 from conftest import tiny_model
 from dloom import DiffusionDecoder, ModelAdapter, load_model
-from dloom.model.checkpoints import native_config, native_layout
 from dloom.cli.commands import app
 from dloom.errors import ModelError
+from dloom.model.checkpoints import native_config, native_layout
 from dloom.model.profiles import (
-    CAUSAL_LM, DIFFUSION_GEMMA, DREAM, FAMILIES, FAST_DLLM_V2, LLADA, LLADA2, SDAR, SDAR_MOE, TRANSFORMERS,
-    ModelProfile, detect_profile,
+    CAUSAL_LM,
+    DIFFUSION_GEMMA,
+    DREAM,
+    FAMILIES,
+    FAST_DLLM_V2,
+    LLADA,
+    LLADA2,
+    SDAR,
+    SDAR_MOE,
+    TRANSFORMERS,
+    ModelProfile,
+    detect_profile,
 )
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "real-families"
@@ -434,7 +444,9 @@ def test_diffusion_gemma_structure_behind_the_refusal():
         second = model(input_ids=prompt, decoder_input_ids=canvas, self_conditioning_logits=first.logits)
     assert first.logits.shape == (1, 4, 64)  # logits for the canvas only
     assert not torch.equal(first.logits, second.logits)  # the step's state includes the logits
-    from transformers.models.diffusion_gemma.generation_diffusion_gemma import EntropyBoundSampler
+    from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
+        EntropyBoundSampler,
+    )
 
     assert hasattr(EntropyBoundSampler, "renoise_canvas")
 

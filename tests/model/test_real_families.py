@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -27,10 +27,10 @@ from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 from dloom import DiffusionDecoder, load_model
-from dloom.model.attention import block_causal_mask
 from dloom.cli.commands import app
-from dloom.errors import ModelError
 from dloom.decode.kernel import propose
+from dloom.errors import ModelError
+from dloom.model.attention import block_causal_mask
 from dloom_plugins.baselines import dream_counts
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "real-families"
@@ -42,17 +42,17 @@ def checkpoint(family: str) -> Path:
     return FIXTURES / family / "checkpoint"
 
 
-@lru_cache(maxsize=None)
+@cache
 def reference(family: str) -> dict:
     return json.loads((FIXTURES / family / "reference.json").read_text())
 
 
-@lru_cache(maxsize=None)
+@cache
 def reference_logits(family: str) -> dict[str, torch.Tensor]:
     return load_file(FIXTURES / family / "reference.safetensors")
 
 
-@lru_cache(maxsize=None)
+@cache
 def adapter(family: str):
     return load_model(checkpoint(family), require_mask=family != "qwen2")
 

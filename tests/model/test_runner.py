@@ -20,11 +20,11 @@ from typer.testing import CliRunner
 
 from conftest import EOS_ID, MASK_ID, PAD_ID, sharpen, tiny_model
 from dloom import DiffusionDecoder, ModelAdapter
+from dloom.cli.commands import app
 from dloom.decode import session as running_batch
+from dloom.errors import ConfigurationError, ModelError
 from dloom.model.attention import block_causal_mask, block_ids, model_mask
 from dloom.model.runner import CACHE_MODES, BlockForward, cache_argument
-from dloom.cli.commands import app
-from dloom.errors import ConfigurationError, ModelError
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13], [14], [15, 16, 17, 18]]
 

@@ -32,8 +32,8 @@ import torch
 from safetensors.torch import save_file
 
 from dloom import DiffusionDecoder, ModelAdapter, load_model
-from dloom.model.attention import absolute_block_ids, mask_from_block_ids
 from dloom.errors import ModelError
+from dloom.model.attention import absolute_block_ids, mask_from_block_ids
 
 SDAR_FIXTURE = Path(__file__).parents[1] / "fixtures" / "real-families" / "sdar" / "checkpoint"
 TOKENIZER_FILES = (

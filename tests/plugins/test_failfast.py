@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from dloom import ModelAdapter
@@ -17,9 +18,14 @@ from dloom.check.target import target_greedy
 from dloom.check.tiny import tiny_ar, tiny_dllm
 from dloom.cli.commands import app
 from dloom.errors import ConfigurationError, ModelError, UnknownStrategyError
-from dloom_plugins.failfast import FailFastDecoder, FailFastSettings, check_shared_tokenizer, proposal_length
-from dloom.hooks.specs import SPECULATION_HOOKS
 from dloom.hooks.registry import get_registry
+from dloom.hooks.specs import SPECULATION_HOOKS
+from dloom_plugins.failfast import (
+    FailFastDecoder,
+    FailFastSettings,
+    check_shared_tokenizer,
+    proposal_length,
+)
 
 PAIR = dict(vocab=16, hidden=32, layers=2, init=0.8, context=128)
 PROMPT = [5, 6, 7, 8]  # the tiny target's greedy continuation: 47 tokens (no 15), then EOS

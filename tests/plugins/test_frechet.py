@@ -12,11 +12,11 @@ from typer.testing import CliRunner
 import dloom
 from dloom import BlockSchedule, DiffusionDecoder
 from dloom.cli.commands import app
-from dloom.hooks.composition import compose
 from dloom.errors import CompositionError, ConfigurationError
+from dloom.hooks.composition import compose
+from dloom.hooks.registry import get_registry
 from dloom_plugins.baselines import FactorCommit
 from dloom_plugins.frechet import FrechetCommit, frechet_bounds
-from dloom.hooks.registry import get_registry
 
 
 def commit(rule, confidence, selectable):

@@ -16,13 +16,13 @@ from typer.testing import CliRunner
 from dloom import DiffusionDecoder
 from dloom import hookimpl as dloom_hookimpl
 from dloom.cli.commands import app
-from dloom.hooks.composition import compose
 from dloom.errors import ConfigurationError
+from dloom.hooks.composition import compose
+from dloom.types import DecodeState
 from dloom_plugins.spiffy import CalibratedGraph, Spiffy
 from dloom_plugins.spiffy.calibrate import ROOT, calibrate, select_nodes
 from dloom_plugins.spiffy.frame import rank_frame
 from dloom_plugins.spiffy.graph import GraphNode, default_graph
-from dloom.types import DecodeState
 
 MASK = 9
 

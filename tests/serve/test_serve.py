@@ -26,8 +26,8 @@ from typer.testing import CliRunner
 
 import dloom
 from dloom.cli.commands import app as cli_app
-from dloom.errors import ConfigurationError
 from dloom.decode.session import DecodeSession
+from dloom.errors import ConfigurationError
 from dloom.serve.app import ServeConfig, create_app
 from dloom.serve.background import BackgroundServer
 from dloom.serve.decoders import DecodeDefaults, DecoderPool

@@ -20,8 +20,8 @@ from typer.testing import CliRunner
 
 import dloom
 from dloom.cli.commands import app as cli_app
-from dloom.evaluation import select_examples
 from dloom.decode.session import DecodeSession
+from dloom.evaluation import select_examples
 from dloom.serve.app import ServeConfig
 from dloom.serve.background import BackgroundServer
 from dloom.serve.decoders import DecodeDefaults

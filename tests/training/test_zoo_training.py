@@ -740,7 +740,12 @@ def test_decoder_rounds_of_a_block_s_length_reach_the_one_token_per_step_decoder
     tokens instead of the guesses, reaches other states."""
     from dloom.zoo import long_tasks
     from dloom.zoo.tasks import held_out
-    from dloom_training.train import _least_confident, answer_region, encode_prompts, trace_dllm
+    from dloom_training.train import (
+        _least_confident,
+        answer_region,
+        encode_prompts,
+        trace_dllm,
+    )
 
     torch.manual_seed(0)
     model = build_model("long-dllm").eval()

@@ -233,7 +233,16 @@ from dloom.model.attention import model_mask
 from dloom.zoo import ZOO_DIR, long_tasks
 from dloom.zoo import tokenizer as tok
 from dloom.zoo.corpus import TEXT
-from dloom.zoo.tasks import ALPHABET, FAMILIES, GEN_LENGTH, Example, TaskFamily, held_out, lookup_curriculum, train_stream
+from dloom.zoo.tasks import (
+    ALPHABET,
+    FAMILIES,
+    GEN_LENGTH,
+    Example,
+    TaskFamily,
+    held_out,
+    lookup_curriculum,
+    train_stream,
+)
 
 __all__ = [
     "LONG", "SHORT", "SPECS", "ModelSpec", "Workload", "build_config", "build_model", "decode_ar", "decode_dllm",

@@ -32,22 +32,23 @@ import dataclasses
 import math
 import time
 from collections import Counter, defaultdict
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
-from dloom.hooks import calls as hooks
-from dloom.model.adapter import ModelAdapter
-from dloom.ar.target import ARTarget
-from dloom.ar.result import ARTargetResult
 from dloom.ar.chains import TargetKernel, chain_logits, uncached_tokens
-from dloom.hooks.composition import StrategySpec, build_plugin_manager, compose
-from dloom.errors import ConfigurationError, ModelError
+from dloom.ar.result import ARTargetResult
+from dloom.ar.target import ARTarget
 from dloom.decode.generation import prepare_prompts, token_lists_and_texts
 from dloom.decode.kernel import REMASKING
-from dloom.metrics import HookTimer
 from dloom.decode.prompts import check_lengths
+from dloom.errors import ConfigurationError, ModelError
+from dloom.hooks import calls as hooks
+from dloom.hooks.composition import StrategySpec, build_plugin_manager, compose
 from dloom.hooks.registry import Registry
+from dloom.metrics import HookTimer
+from dloom.model.adapter import ModelAdapter
 from dloom.types import ChainState, DraftChains
 
 DEFAULT_MAX_NEW_TOKENS = 128

@@ -26,9 +26,9 @@ from typing import Any
 
 import torch
 
+from dloom.errors import ModelError
 from dloom.model.adapter import ModelAdapter, output_logits, position_ids_from_mask
 from dloom.model.runner import cache_argument
-from dloom.errors import ModelError
 
 
 class ARTarget:

@@ -25,14 +25,14 @@ the enumeration fills them with the position's top probability.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
-from dloom.hooks import calls as hooks
 from dloom.decode.decoder import DiffusionDecoder, finished_rows
-from dloom.errors import ConfigurationError, HookContractError, NonFiniteLogitsError
 from dloom.decode.kernel import without_mask
+from dloom.errors import ConfigurationError, HookContractError, NonFiniteLogitsError
+from dloom.hooks import calls as hooks
 from dloom.types import BlockSchedule
 
 MAX_VOCAB = 8

@@ -24,7 +24,7 @@ that draw these joints in dloom's own proofs live in ``proofs_tests/joints.py``.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -8,11 +8,12 @@ registered (an author's work in progress, a negative control; composed with its
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
-from dloom.hooks.composition import StrategySpec, compose
 from dloom.errors import ConfigurationError
+from dloom.hooks.composition import StrategySpec, compose
 from dloom.hooks.registry import Strategy, get_registry, hooks_implemented_by
 from dloom.types import Claim, StrategyRegistration
 

@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from dloom.check.enumerate import Output, exact_distribution
 from dloom.check.progress import stage

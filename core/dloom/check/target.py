@@ -19,19 +19,26 @@ Outputs are token tuples up to and including the first EOS (or ``max_new_tokens`
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 
-from dloom.model.adapter import ModelAdapter
 from dloom.check import tiny
 from dloom.check.enumerate import Output
 from dloom.check.greedy import GreedyComparison, compare_outputs
 from dloom.check.progress import stage
-from dloom.check.sampling import SamplingOptions, SamplingTest, SeedResult, conclude, seed_result
+from dloom.check.sampling import (
+    SamplingOptions,
+    SamplingTest,
+    SeedResult,
+    conclude,
+    seed_result,
+)
 from dloom.decode.decoders import Decoder, ar_target_decoder
 from dloom.errors import ConfigurationError
+from dloom.model.adapter import ModelAdapter
 
 MAX_OUTPUTS = 20_000
 TINY_GREEDY = {"vocab": 16, "hidden": 32, "layers": 2, "init": 0.8, "context": 64}

@@ -14,9 +14,10 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, List, Optional, TextIO
+from typing import Any, TextIO
 
 import typer
 from rich.console import Console
@@ -96,8 +97,8 @@ def batches(items: list[Any], size: int) -> Iterator[list[Any]]:
         yield items[start : start + size]
 
 
-def plan_batches(decoder: Any, prompts: list[Any], batch_size: int, max_batch_tokens: Optional[int],
-                 sources: Optional[list[str]] = None) -> int:
+def plan_batches(decoder: Any, prompts: list[Any], batch_size: int, max_batch_tokens: int | None,
+                 sources: list[str] | None = None) -> int:
     """Check every prompt against the decoder's model (before any decoding) and return the
     batch size that fits ``max_batch_tokens`` or the memory budget, saying so when it is
     smaller than ``batch_size``."""
@@ -114,7 +115,7 @@ def plan_batches(decoder: Any, prompts: list[Any], batch_size: int, max_batch_to
     return plan.size
 
 
-def named_table(*columns: str, names: list[str], title: Optional[str] = None) -> Table:
+def named_table(*columns: str, names: list[str], title: str | None = None) -> Table:
     """A table whose first column (strategy or task names) is never cut, even at 80 columns."""
     table = Table(title=title)
     width = max([len(columns[0]), *map(len, names)])
@@ -124,7 +125,7 @@ def named_table(*columns: str, names: list[str], title: Optional[str] = None) ->
     return table
 
 
-def write_jsonl(records: list[dict[str, Any]], out: Optional[TextIO] = None) -> None:
+def write_jsonl(records: list[dict[str, Any]], out: TextIO | None = None) -> None:
     """Write records as JSON lines to ``out`` (default ``sys.stdout``) in one write and
     flush, so what finished survives.
 
@@ -156,7 +157,7 @@ class JsonlStream:
     """The rows of ``--json``, written as their batch finishes and counted, so that after
     Ctrl-C the rows finished but not yet written can be added (:meth:`catch_up`)."""
 
-    def __init__(self, out: Optional[TextIO] = None) -> None:
+    def __init__(self, out: TextIO | None = None) -> None:
         self.written = 0
         self.out = out
 
@@ -209,31 +210,31 @@ DrafterOption = typer.Option(None, "--drafter", help="dLLM drafter of an AR-targ
 
 @app.command(cls=StrategyOptionsCommand)
 def generate(
-    prompt: Optional[List[str]] = typer.Argument(None, help="Prompt texts."),
+    prompt: list[str] | None = typer.Argument(None, help="Prompt texts."),
     model: str = ModelOption,
     strategy: str = StrategyOption,
-    param: List[str] = ParamOption,
-    prompts_file: Optional[Path] = typer.Option(None, "--prompts", help="JSONL file of prompts.", exists=True, dir_okay=False),
-    gen_length: Optional[int] = GenLengthOption,
-    block_length: Optional[int] = BlockLengthOption,
-    steps: Optional[int] = StepsOption,
+    param: list[str] = ParamOption,
+    prompts_file: Path | None = typer.Option(None, "--prompts", help="JSONL file of prompts.", exists=True, dir_okay=False),
+    gen_length: int | None = GenLengthOption,
+    block_length: int | None = BlockLengthOption,
+    steps: int | None = StepsOption,
     temperature: float = TemperatureOption,
-    seed: Optional[int] = typer.Option(None, help="Seed of the sampler."),
+    seed: int | None = typer.Option(None, help="Seed of the sampler."),
     remasking: str = RemaskingOption,
     cache: str = CacheOption,
-    cache_refresh: Optional[int] = CacheRefreshOption,
+    cache_refresh: int | None = CacheRefreshOption,
     static_shapes: bool = StaticShapesOption,
     batch_size: int = typer.Option(8, min=1, help="Prompts per forward batch."),
-    max_batch_tokens: Optional[int] = MaxBatchTokensOption,
-    mask_token_id: Optional[int] = typer.Option(None, help="Override the model's mask token id."),
+    max_batch_tokens: int | None = MaxBatchTokensOption,
+    mask_token_id: int | None = typer.Option(None, help="Override the model's mask token id."),
     trust_remote_code: bool = typer.Option(False, help="Allow the checkpoint's own modelling code."),
     chat: bool = typer.Option(False, "--chat", help="Wrap each text prompt in the tokenizer's chat template."),
     device: str = DeviceOption,
     dtype: str = DtypeOption,
-    device_map: Optional[str] = typer.Option(None, help="from_pretrained device_map, e.g. auto (overrides --device)."),
+    device_map: str | None = typer.Option(None, help="from_pretrained device_map, e.g. auto (overrides --device)."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per prompt."),
-    target: Optional[str] = TargetOption,
-    drafter: Optional[str] = DrafterOption,
+    target: str | None = TargetOption,
+    drafter: str | None = DrafterOption,
 ) -> None:
     """Decode prompts with a strategy and print the texts and metrics.
 
@@ -307,30 +308,30 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
 def eval_command(
     model: str = ModelOption,
     strategy: str = StrategyOption,
-    param: List[str] = ParamOption,
+    param: list[str] = ParamOption,
     tasks: str = typer.Option(
         "auto", help="'auto' (the suite the model's tokenizer writes: 'long' for the long-answer zoo, "
         "else 'all'), 'all' (the toy suite), 'long', or comma-separated task families of one suite.",
     ),
     n: int = typer.Option(100, "-n", help="Held-out examples (balanced over families)."),
     seed: int = typer.Option(0, help="Seeds the example selection and the sampler."),
-    gen_length: Optional[int] = GenLengthOption,
-    block_length: Optional[int] = BlockLengthOption,
-    steps: Optional[int] = StepsOption,
+    gen_length: int | None = GenLengthOption,
+    block_length: int | None = BlockLengthOption,
+    steps: int | None = StepsOption,
     temperature: float = TemperatureOption,
     remasking: str = RemaskingOption,
     cache: str = CacheOption,
-    cache_refresh: Optional[int] = CacheRefreshOption,
+    cache_refresh: int | None = CacheRefreshOption,
     static_shapes: bool = StaticShapesOption,
     batch_size: int = typer.Option(32, min=1, help="Prompts per forward batch."),
-    max_batch_tokens: Optional[int] = MaxBatchTokensOption,
+    max_batch_tokens: int | None = MaxBatchTokensOption,
     device: str = DeviceOption,
     dtype: str = DtypeOption,
     outputs: bool = typer.Option(False, help="Include every decoded output in the JSON."),
     as_json: bool = JsonOption,
-    target: Optional[str] = TargetOption,
-    drafter: Optional[str] = DrafterOption,
-    ray_actors: Optional[int] = typer.Option(
+    target: str | None = TargetOption,
+    drafter: str | None = DrafterOption,
+    ray_actors: int | None = typer.Option(
         None, "--ray", min=1,
         help="Decode on Ray with N actors, one model replica each (pip install -e \".[ray]\" in a clone of dloom).",
     ),
@@ -345,11 +346,16 @@ def eval_command(
     the examples that finished, and after an error in a later batch, which is reported after
     the summary of the batches before it, with status 2).
     """
-    from dloom.model.adapter import load_tokenizer
-    from dloom.evaluation import (
-        EvaluationFailed, EvaluationInterrupted, add_oracle, evaluate, select_examples, workload_suite,
-    )
     from dloom.decode.oracle import check_decoder
+    from dloom.evaluation import (
+        EvaluationFailed,
+        EvaluationInterrupted,
+        add_oracle,
+        evaluate,
+        select_examples,
+        workload_suite,
+    )
+    from dloom.model.adapter import load_tokenizer
 
     examples: list[Any] = []
     stream = JsonlStream(sys.stdout)  # taken now: Ray's messages go to stderr while it runs
@@ -368,7 +374,6 @@ def eval_command(
             if oracle:
                 raise ConfigurationError("--oracle decodes in this process; it does not combine with --ray")
             from dloom.ray import DecodeSpec, evaluate_on_ray
-
             from dloom.ray.batch import driver_prints_to_stderr
 
             spec = DecodeSpec(model, strategy, tuple(params), settings, device, dtype, target, drafter)
@@ -403,7 +408,7 @@ def eval_command(
     print_report(report, as_json, outputs, None if decoder is None else decoder.totals())
 
 
-def print_report(report: Any, as_json: bool, outputs: bool, totals: Optional[dict[str, Any]]) -> None:
+def print_report(report: Any, as_json: bool, outputs: bool, totals: dict[str, Any] | None) -> None:
     """The summary of ``dloom eval``: a JSON line, or the tables (``totals``: the
     decoder's own counts, :meth:`dloom.decode.decoders.Decoder.totals`, under ``"totals"``)."""
     if as_json:
@@ -556,7 +561,7 @@ def plugins(as_json: bool = typer.Option(False, "--json", help="Machine-readable
 @app.command()
 def strategies(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
-    compose_spec: Optional[str] = typer.Option(
+    compose_spec: str | None = typer.Option(
         None, "--compose", metavar="SPEC",
         help="Show who answers each decoding hook in the composition SPEC (e.g. "
         "'spiffy+quota+myprune@prune': NAME@HOOK replaces that hook of the other strategies).",
@@ -617,20 +622,20 @@ def strategies(
 @app.command(cls=StrategyOptionsCommand)
 def check(
     strategy: str = typer.Option(..., "--strategy", "-s", help="Strategy name(s), joined with '+'."),
-    against: Optional[str] = typer.Option(
+    against: str | None = typer.Option(
         None, help="Reference strategy (or 'kernel'); default: the one the claim declares."
     ),
-    model: Optional[str] = typer.Option(
+    model: str | None = typer.Option(
         None, "--model", "-m",
         help="Model of the greedy check (zoo name or directory; default toy-dllm, else a tiny random model).",
     ),
-    param: List[str] = ParamOption,
-    prompts_file: Optional[Path] = typer.Option(
+    param: list[str] = ParamOption,
+    prompts_file: Path | None = typer.Option(
         None, "--prompts", help="JSONL prompts for the greedy check.", exists=True, dir_okay=False
     ),
     n: int = typer.Option(32, "-n", min=1, help="Prompts of the greedy check (default set)."),
-    gen_length: Optional[int] = typer.Option(None, help="Generated positions in the greedy check."),
-    block_length: Optional[int] = typer.Option(None, help="Block length in the greedy check."),
+    gen_length: int | None = typer.Option(None, help="Generated positions in the greedy check."),
+    block_length: int | None = typer.Option(None, help="Block length in the greedy check."),
     temperature: float = typer.Option(1.0, help="Temperature of the sampling test (0: greedy only)."),
     samples: int = typer.Option(20_000, min=1, help="Samples per tiny model in the sampling test."),
     seeds: int = typer.Option(3, min=1, help="Tiny models (seeds) in the sampling test."),

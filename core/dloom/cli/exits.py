@@ -14,7 +14,8 @@
 from __future__ import annotations
 
 import os
-from typing import Callable, TextIO, TypeVar
+from collections.abc import Callable
+from typing import TextIO, TypeVar
 
 from dloom.startup import EXIT_INTERRUPTED
 

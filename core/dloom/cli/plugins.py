@@ -27,10 +27,10 @@ from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
 from dloom.cli.exits import end_quietly
-from dloom.startup import hand_interrupts_to_commands
 from dloom.errors import DloomError, PluginLoadError
-from dloom.hooks.specs import PROJECT_NAME
 from dloom.hooks.registry import Registry, get_registry, real_interrupts, report_failure
+from dloom.hooks.specs import PROJECT_NAME
+from dloom.startup import hand_interrupts_to_commands
 
 PARAM_OPTION = "param"
 """The ``--param`` option's parameter name: commands with it take strategy options."""

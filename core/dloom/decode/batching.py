@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dloom.errors import ConfigurationError
 from dloom.decode.prompts import vocabulary_size
+from dloom.errors import ConfigurationError
 
 DEFAULT_MEMORY_BUDGET = 2 * 1024**3
 BYTES_PER_VOCAB_ENTRY = 24

@@ -30,26 +30,42 @@ from __future__ import annotations
 import functools
 import math
 import time
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 
+from dloom.decode.decoders import DIFFUSION
+from dloom.decode.generation import Prompts, prepare_prompts, token_lists_and_texts
+from dloom.decode.kernel import REMASKING, KernelStep
+from dloom.decode.prompts import check_lengths, check_special_ids, vocabulary_size
+from dloom.decode.session import (  # noqa: F401 - re-exported: dloom.decode.decoder is where users find them
+    BlockRecord,
+    DecodeSession,
+    FinishedRows,
+    SessionCalls,
+    StepRecord,
+    finished_rows,
+    generated_lengths,
+)
+from dloom.decode.speculation import (
+    NodeLogits,
+    evaluate_in_parts,
+    layout_is_exact,
+    static_call_rows,
+)
+from dloom.errors import (
+    ConfigurationError,
+    HookContractError,
+    ModelError,
+    NonFiniteLogitsError,
+)
 from dloom.hooks import calls as hooks
+from dloom.hooks.composition import StrategySpec, build_plugin_manager, compose
+from dloom.hooks.registry import Registry
+from dloom.metrics import ForwardClock, GenerationResult, HookTimer
 from dloom.model.adapter import ModelAdapter, position_ids_from_mask
 from dloom.model.runner import CACHE_MODES, BlockForward, cache_argument, check_refresh
-from dloom.hooks.composition import StrategySpec, build_plugin_manager, compose
-from dloom.decode.decoders import DIFFUSION
-from dloom.errors import ConfigurationError, HookContractError, ModelError, NonFiniteLogitsError
-from dloom.decode.kernel import REMASKING
-from dloom.decode.generation import Prompts, prepare_prompts, token_lists_and_texts
-from dloom.metrics import ForwardClock, GenerationResult, HookTimer
-from dloom.decode.prompts import check_lengths, check_special_ids, vocabulary_size
-from dloom.hooks.registry import Registry
-from dloom.decode.session import (  # noqa: F401 - re-exported: dloom.decode.decoder is where users find them
-    BlockRecord, DecodeSession, FinishedRows, SessionCalls, StepRecord, finished_rows, generated_lengths,
-)
-from dloom.decode.kernel import KernelStep
-from dloom.decode.speculation import NodeLogits, evaluate_in_parts, layout_is_exact, static_call_rows
 from dloom.types import DecodeState
 
 DEFAULT_GEN_LENGTH = 128

@@ -14,14 +14,15 @@ one of :data:`DECODERS`:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_checkable
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import torch
 
-    from dloom.model.adapter import ModelAdapter
-    from dloom.metrics import GenerationResult
     from dloom.hooks.registry import Registry
+    from dloom.metrics import GenerationResult
+    from dloom.model.adapter import ModelAdapter
 
 from dloom.types import AR_TARGET, DECODERS, DIFFUSION
 

@@ -3,14 +3,15 @@ random stream per prompt, and turning generated ids into token lists and texts."
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
-from dloom.model.adapter import ModelAdapter, left_pad_prompts
-from dloom.errors import ConfigurationError
 from dloom.decode.kernel import RowStreams
 from dloom.decode.prompts import check_prompts
+from dloom.errors import ConfigurationError
+from dloom.model.adapter import ModelAdapter, left_pad_prompts
 
 Prompts = Sequence[str] | Sequence[Sequence[int]] | torch.Tensor
 """What a decoder's ``generate`` takes: texts, token-id lists, or a ``(B, P)`` left-padded tensor."""

@@ -9,7 +9,7 @@ step for every row of a batch.
 from __future__ import annotations
 
 import secrets
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

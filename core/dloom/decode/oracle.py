@@ -32,9 +32,9 @@ import torch
 from dloom import hookimpl
 from dloom.decode.commit import commit_top, sorted_profile
 from dloom.decode.decoder import DiffusionDecoder, Prompts, StepRecord
-from dloom.errors import ConfigurationError, DloomError
 from dloom.decode.prompts import check_prompts
 from dloom.decode.speculation import selectable_positions
+from dloom.errors import ConfigurationError, DloomError
 
 
 class OracleMismatchError(DloomError):

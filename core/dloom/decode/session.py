@@ -35,21 +35,22 @@ admission (whether any row is padded) and per cancellation (how many rows it rem
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import Protocol
 
 import pluggy
 import torch
 
+from dloom.decode.generation import Prompts, row_streams
+from dloom.decode.kernel import KernelStep, RowStreams, eos_clear
+from dloom.decode.logprobs import CommitLogprobs, RowLogprobs
+from dloom.decode.prompts import check_prompts
+from dloom.errors import ConfigurationError, ModelError
+from dloom.metrics import ForwardClock, HookTimer, speculation_summary
 from dloom.model.adapter import ModelAdapter, left_pad_prompts, padding_or_none
 from dloom.model.attention import absolute_block_ids, block_ids
 from dloom.model.runner import BlockForward
-from dloom.decode.logprobs import CommitLogprobs, RowLogprobs
-from dloom.errors import ConfigurationError, ModelError
-from dloom.decode.generation import Prompts, row_streams
-from dloom.decode.kernel import KernelStep, RowStreams, eos_clear
-from dloom.metrics import ForwardClock, HookTimer, speculation_summary
-from dloom.decode.prompts import check_prompts
 
 
 def finished_rows(generated: torch.Tensor, mask_token_id: int, eos_ids: torch.Tensor) -> torch.Tensor:

@@ -13,12 +13,12 @@ reference distribution (and, with one row and the same seed, the very same rando
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
-from dloom.errors import HookContractError
 from dloom.decode.kernel import KernelStep, eos_clear, selectable_positions  # noqa: F401 - re-exported: their old home
+from dloom.errors import HookContractError
 from dloom.types import DecodeState, DraftGraph, NodeLogits, Verdict, VerificationLayout
 
 

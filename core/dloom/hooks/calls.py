@@ -7,8 +7,9 @@ naming the plugin and the hook (the plugin's own exception is its ``__cause__``)
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any, Callable, Mapping, cast, overload
+from typing import Any, cast, overload
 
 import pluggy
 import torch

@@ -16,20 +16,27 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence, Union
+from typing import Any, Union
 
 import pluggy
 import torch
 
-from dloom.hooks import specs as hookspecs
 from dloom.errors import CompositionError, ConfigurationError, warn
+from dloom.hooks import specs as hookspecs
 from dloom.hooks.calls import DEFAULTS_PLUGIN
+from dloom.hooks.registry import (
+    DECODING_HOOKS,
+    Registry,
+    Strategy,
+    get_registry,
+    hooks_implemented_by,
+)
 from dloom.hooks.specs import PROJECT_NAME, hookimpl
-from dloom.hooks.registry import DECODING_HOOKS, Registry, Strategy, get_registry, hooks_implemented_by
 from dloom.types import BlockSchedule, DraftGraph
 
-StrategySpec = Union[str, object, Sequence[Union[str, object]]]
+StrategySpec = Union[str, object, Sequence[str | object]]
 
 
 @dataclass(frozen=True)

@@ -24,15 +24,16 @@ import inspect
 import os
 import signal
 import threading
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import pluggy
 
-from dloom.hooks import specs as hookspecs
 from dloom.errors import PluginLoadError, UnknownStrategyError, warn
+from dloom.hooks import specs as hookspecs
 from dloom.hooks.specs import PROJECT_NAME
 from dloom.types import DECODERS, Claim, Parameter, StrategyRegistration
 

@@ -24,7 +24,8 @@ decoders call) and :data:`SPECULATION_HOOKS` (the decoding hooks a speculator im
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 

@@ -13,19 +13,26 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
 from dloom.errors import ModelError
 from dloom.model.checkpoints import native_config, native_layout
 from dloom.model.config_limits import check_size_against_weights, check_token_ids
-from dloom.model.json_files import MAX_TOKENIZER_BYTES, read_json, read_json_object
 from dloom.model.files import check_model_files, tensor_headers
+from dloom.model.json_files import MAX_TOKENIZER_BYTES, read_json, read_json_object
+from dloom.model.profiles import (
+    BLOCK_ALIGNMENTS,
+    ModelProfile,
+    config_dict,
+    detect_profile,
+    needs_remote_code,
+)
 from dloom.model.tensor_check import check_tensors
-from dloom.model.profiles import BLOCK_ALIGNMENTS, ModelProfile, config_dict, detect_profile, needs_remote_code
 
 ATTENTION_KINDS = ("bidirectional", "block-causal", "causal")
 DTYPES = {

@@ -21,8 +21,9 @@ are never imported.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from dloom.errors import ModelError
 

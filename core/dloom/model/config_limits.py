@@ -21,9 +21,10 @@ files hold.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from dloom.errors import ModelError
 from dloom.model.json_files import read_json_object

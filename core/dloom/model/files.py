@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from dloom.model.config_limits import check_config
 from dloom.errors import ModelError
+from dloom.model.config_limits import check_config
 from dloom.model.json_files import parse_json, read_json_object
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")

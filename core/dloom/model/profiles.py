@@ -16,10 +16,10 @@ real format (``tests/model/test_real_families.py``); none was run on real weight
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Mapping
-
+from typing import Any
 
 BLOCK_ALIGNMENTS = ("prompt", "absolute")
 

@@ -37,9 +37,9 @@ import inspect
 
 import torch
 
+from dloom.errors import ConfigurationError, ModelError
 from dloom.model.adapter import ModelAdapter, output_logits
 from dloom.model.attention import mask_from_block_ids, model_mask
-from dloom.errors import ConfigurationError, ModelError
 from dloom.types import VerificationLayout
 
 CACHE_MODES = ("none", "prefix", "dual")

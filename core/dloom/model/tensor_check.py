@@ -24,7 +24,8 @@ offending tensors.
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from dloom.errors import ModelError
 from dloom.model.files import FLOAT_DTYPES, TensorHeader

@@ -13,7 +13,8 @@ whichever replica serves it.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from dloom.errors import ConfigurationError
 from dloom.hooks.registry import get_registry
@@ -66,9 +67,8 @@ def server_application(
     :raises ConfigurationError: for a replica count below 1.
     :raises UnknownStrategyError: for a default strategy no plugin registers.
     """
-    from ray import serve
-
     from dloom.serve.decoders import DecodeDefaults
+    from ray import serve
 
     if autoscaling_config is None and num_replicas < 1:
         raise ConfigurationError(f"num_replicas is {num_replicas}; allowed: >= 1")

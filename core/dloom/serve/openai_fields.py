@@ -12,10 +12,15 @@ token's commit-time log-probability (:mod:`dloom.decode.logprobs`).
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from dloom.errors import ConfigurationError
-from dloom.serve.schemas import ChatCompletionRequest, CompletionRequest, GenerationFields
+from dloom.serve.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerationFields,
+)
 
 
 def requested_logprobs(body: GenerationFields) -> int | None:

@@ -33,8 +33,9 @@ import math
 import threading
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from dloom.decode.decoder import BlockRecord, DiffusionDecoder
 from dloom.decode.session import DecodeSession, FinishedRows

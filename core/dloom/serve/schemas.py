@@ -85,7 +85,7 @@ class CompletionRequest(GenerationFields):
     logprobs: int | None = Field(None, ge=0, le=20, description="alternatives per token (0..20)")
     echo: bool = Field(False, description="the prompt's text before the completion")
 
-    prompt: Union[str, list[str], list[int], list[list[int]]] = Field(
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(
         description="a text, texts, token ids, or lists of token ids"
     )
 

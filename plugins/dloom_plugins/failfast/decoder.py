@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
-from dloom.model.adapter import ModelAdapter
 from dloom.ar.decoder import ARTargetDecoder, load_ar_target_decoder
-from dloom.hooks.composition import StrategySpec, compose
 from dloom.errors import ConfigurationError
+from dloom.hooks.composition import StrategySpec, compose
 from dloom.hooks.registry import Registry
+from dloom.model.adapter import ModelAdapter
 
 from .plugin import FailFast
 from .settings import FailFastSettings

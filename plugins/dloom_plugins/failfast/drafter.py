@@ -20,11 +20,15 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import DynamicCache
 
-from dloom.model.adapter import ModelAdapter, output_logits, padding_or_none, position_ids_from_mask
-from dloom.model.runner import BlockForward, cache_argument, record_view
+from dloom.decode.kernel import KernelStep, RowStreams, without_mask
 from dloom.errors import HookContractError, NonFiniteLogitsError
-from dloom.decode.kernel import RowStreams, without_mask
-from dloom.decode.kernel import KernelStep
+from dloom.model.adapter import (
+    ModelAdapter,
+    output_logits,
+    padding_or_none,
+    position_ids_from_mask,
+)
+from dloom.model.runner import BlockForward, cache_argument, record_view
 from dloom.types import ChainState, DraftChains, VerificationLayout
 
 if TYPE_CHECKING:

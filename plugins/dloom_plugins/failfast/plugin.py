@@ -13,14 +13,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
 from dloom import hookimpl
-from dloom.model.runner import cache_argument
 from dloom.ar.chains import TargetKernel, chain_layout, match_chains
 from dloom.errors import ConfigurationError, ModelError
+from dloom.model.runner import cache_argument
 from dloom.types import ChainLayout, ChainState, ChainVerdict, DraftChains
 
 from .drafter import DraftingRound

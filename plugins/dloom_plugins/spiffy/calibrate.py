@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import time
 from collections import Counter, defaultdict
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 

@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, List, Optional, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import typer
 from rich.progress import Progress
@@ -41,20 +41,20 @@ def register_commands(cli: typer.Typer) -> None:
 def calibrate(
     model: str = ModelOption,
     strategy: str = StrategyOption,
-    param: List[str] = ParamOption,
+    param: list[str] = ParamOption,
     budget: int = typer.Option(10, "--budget", "-D", min=1, help="D: draft nodes to keep."),
     output: Path = typer.Option(..., "--output", "-o", help="Where to write the graph (JSON)."),
     tasks: str = typer.Option("all", help="'all' or comma-separated task families (training split)."),
     n: int = typer.Option(70, "-n", help="Task prompts to calibrate on."),
-    prompts_file: Optional[Path] = typer.Option(
+    prompts_file: Path | None = typer.Option(
         None, "--prompts", help="JSONL prompts instead of the task suite.", exists=True, dir_okay=False
     ),
     seed: int = typer.Option(0, help="Seeds the example selection and the sampler."),
     token_ranks: int = typer.Option(4, min=1, help="Vocabulary ranks a draft formula may use."),
     score: str = typer.Option("own", help="Node selection score: own or own+parents (the paper's)."),
-    gen_length: Optional[int] = GenLengthOption,
-    block_length: Optional[int] = BlockLengthOption,
-    steps: Optional[int] = StepsOption,
+    gen_length: int | None = GenLengthOption,
+    block_length: int | None = BlockLengthOption,
+    steps: int | None = StepsOption,
     temperature: float = TemperatureOption,
     remasking: str = RemaskingOption,
     batch_size: int = typer.Option(16, min=1, help="Prompts per forward batch."),

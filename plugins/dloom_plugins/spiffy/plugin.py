@@ -23,17 +23,24 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
 from dloom import hookimpl
-from dloom.errors import ConfigurationError, warn
 from dloom.decode.speculation import follow_graph, layout_drafts
+from dloom.errors import ConfigurationError, warn
 from dloom.types import DecodeState, DraftGraph, NodeLogits, Verdict, VerificationLayout
 
 from .frame import rank_frame
-from .graph import CalibratedGraph, GraphTemplate, calibrate_command, default_graph, find_builtin
+from .graph import (
+    CalibratedGraph,
+    GraphTemplate,
+    calibrate_command,
+    default_graph,
+    find_builtin,
+)
 
 LAYOUTS = ("rows", "packed")
 CALL_TOKENS = 2048
