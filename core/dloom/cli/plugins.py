@@ -19,7 +19,7 @@ Both are read from the registry when the command line is built (once per invocat
 from __future__ import annotations
 
 import inspect
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -67,10 +67,10 @@ def strategy_options(registry: Registry) -> list[tuple[str, str, Any]]:
 
 def _option_params(options: list[tuple[str, str, Any]]) -> list[Any]:
     """The options as command-line parameters, built by typer from a signature of
-    ``Optional[str]`` keywords (the value is parsed by the strategy's parameter)."""
+    ``str | None`` keywords (the value is parsed by the strategy's parameter)."""
     signature = inspect.Signature([
         inspect.Parameter(
-            f"option_{index}", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
+            f"option_{index}", inspect.Parameter.KEYWORD_ONLY, annotation=str | None,
             default=typer.Option(
                 None, flag, metavar=_metavar(parameter),
                 help=f"{strategy}: {parameter.help}.",

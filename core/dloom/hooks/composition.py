@@ -18,7 +18,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 import pluggy
 import torch
@@ -36,7 +36,7 @@ from dloom.hooks.registry import (
 from dloom.hooks.specs import PROJECT_NAME, hookimpl
 from dloom.types import BlockSchedule, DraftGraph
 
-StrategySpec = Union[str, object, Sequence[str | object]]
+StrategySpec = str | object | Sequence[str | object]
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,11 @@ is refused), a string is not a boolean (``stream: "yes"``), a float is not an in
 
 from __future__ import annotations
 
-from typing import Literal, Union, cast
+from typing import Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-ParamValue = Union[bool, int, float, str]
+ParamValue = bool | int | float | str
 MAX_CACHE_REFRESH = 1 << 20
 """The largest ``cache_refresh`` a request may give (beyond a block's forwards it is the same
 as none)."""
