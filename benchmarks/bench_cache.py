@@ -37,8 +37,8 @@ from typing import Any
 import torch
 
 from dloom import DiffusionDecoder, load_model, zoo
-from dloom.cache import CACHE_MODES
 from dloom.evaluation import evaluate, select_examples
+from dloom.model.runner import CACHE_MODES
 from dloom.zoo.tasks import FAMILIES, Example
 
 FILLER = " "
@@ -47,7 +47,7 @@ FILLER = " "
 def random_toy_model(directory: Path) -> Path:
     """Save an untrained model with toy-dllm's architecture and the zoo tokenizer."""
     from dloom.zoo import tokenizer
-    from dloom.zoo.train import build_model
+    from dloom_training.train import build_model
 
     torch.manual_seed(0)
     build_model("toy-dllm").save_pretrained(directory)

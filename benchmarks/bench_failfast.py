@@ -44,15 +44,16 @@ import platform
 import statistics
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from dloom import load_model
-from dloom.ar import ARTarget
-from dloom_plugins.failfast import FailFastDecoder
+from dloom.ar.target import ARTarget
 from dloom.zoo.tasks import FAMILIES, held_out
+from dloom_plugins.failfast import FailFastDecoder
 
 MAX_NEW_TOKENS = 32
 

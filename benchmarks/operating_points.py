@@ -40,26 +40,42 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the report's sibling modules
 
-from dloom import DiffusionDecoder, load_model  # noqa: E402
-from dloom.errors import ConfigurationError, ModelError  # noqa: E402
-from dloom.evaluation import select_examples  # noqa: E402
-
 from report import partner_defaults, shown_path, workload_tasks  # noqa: E402
 from report_failfast import check_models  # noqa: E402
 from report_jobs import Context, Job, Runner, calibration_job, row_job  # noqa: E402
-from report_measure import BASELINE, CACHES, Config, cached, compare, drop_texts, spiffy_over  # noqa: E402
+from report_measure import (  # noqa: E402
+    BASELINE,
+    CACHES,
+    Config,
+    cached,
+    compare,
+    drop_texts,
+    spiffy_over,
+)
 from report_operating_points import (  # noqa: E402
-    GRIDS, TOLERANCE, choose, curves, equal_accuracy, grid_configs, pareto_front, setting_name,
+    GRIDS,
+    TOLERANCE,
+    choose,
+    curves,
+    equal_accuracy,
+    grid_configs,
+    pareto_front,
+    setting_name,
 )
 from report_store import MeasurementStore, run_identity  # noqa: E402
 from report_tables import replace_marked  # noqa: E402
+
+from dloom import DiffusionDecoder, load_model  # noqa: E402
+from dloom.errors import ConfigurationError, ModelError  # noqa: E402
+from dloom.evaluation import select_examples  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "operating-points.json"

@@ -68,29 +68,52 @@ import platform
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the report's sibling modules
 
+from report_failfast import check_models  # noqa: E402
+from report_jobs import Context, Job, Runner, calibration_job, row_job  # noqa: E402
+from report_measure import (  # noqa: E402
+    BASELINE,
+    CACHES,
+    CONFIGS,
+    DELTAS,
+    Config,
+    base_rules,
+    cached,
+    compare,
+    drop_texts,
+    frechet,
+    same_outputs,
+    spiffy_over,
+)
+from report_plots import (  # noqa: E402
+    plot_acceptance,
+    plot_accuracy_nfe,
+    plot_calibration,
+    plot_speedup,
+)
+from report_store import MeasurementStore, run_identity  # noqa: E402
+from report_tables import (  # noqa: E402,F401  (headline_table, oracle_table, micro_table: the tests' API)
+    CALIBRATION_PLOT,
+    PLOTS,
+    headline_table,
+    micro_table,
+    oracle_table,
+    replace_marked,
+    report_page,
+)
+from report_targets import checklist, choose_delta  # noqa: E402
+
 from dloom import DiffusionDecoder, load_model  # noqa: E402
 from dloom.errors import ConfigurationError, ModelError  # noqa: E402
 from dloom.evaluation import SUITES, select_examples, workload_suite  # noqa: E402
-
-from report_jobs import Context, Job, Runner, calibration_job, row_job  # noqa: E402
-from report_measure import (  # noqa: E402
-    BASELINE, CACHES, CONFIGS, DELTAS, Config, base_rules, cached, compare, drop_texts, frechet, same_outputs, spiffy_over,
-)
-from report_failfast import check_models  # noqa: E402
-from report_plots import plot_acceptance, plot_accuracy_nfe, plot_calibration, plot_speedup  # noqa: E402
-from report_tables import (  # noqa: E402,F401  (headline_table, oracle_table, micro_table: the tests' API)
-    CALIBRATION_PLOT, PLOTS, headline_table, micro_table, oracle_table, replace_marked, report_page,
-)
-from report_store import MeasurementStore, run_identity  # noqa: E402
-from report_targets import checklist, choose_delta  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MATRICES = ("auto", "headline", "full")

@@ -10,8 +10,11 @@ graphs of a growing calibration size (:func:`calibrate_sizes`) see ever more of 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
+
+from report_measure import Config
 
 from dloom import DiffusionDecoder
 from dloom.errors import ConfigurationError
@@ -19,8 +22,6 @@ from dloom.evaluation import select_examples
 from dloom.zoo.tasks import Example, is_held_out
 from dloom_plugins.spiffy.calibrate import calibrate
 from dloom_plugins.spiffy.graph import CalibratedGraph
-
-from report_measure import Config
 
 MAX_ATTEMPTS = 8
 """Calibrations tried per graph before giving up on reaching the wanted paths."""

@@ -25,17 +25,17 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
+from bench_failfast import ar_decode, cut
 
 from dloom import load_model
-from dloom.ar import ARTarget
+from dloom.ar.target import ARTarget
 from dloom.errors import ModelError
 from dloom.zoo.tasks import Example, TaskFamily
 from dloom_plugins.failfast import FailFastDecoder
-
-from bench_failfast import ar_decode, cut
 
 Method = Callable[[list[int]], list[int]]
 

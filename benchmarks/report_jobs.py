@@ -20,19 +20,19 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
-
-from dloom import load_model
-from dloom.evaluation import SUITES
-
 from report_calibration import calibrate_sizes, calibration_examples
 from report_measure import Config, measure, measure_oracle
 from report_store import MeasurementStore, file_digest, model_digest
+
+from dloom import load_model
+from dloom.evaluation import SUITES
 
 
 @dataclass

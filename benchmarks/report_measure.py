@@ -11,15 +11,16 @@ ratios against the baseline (the first row), the oracle and each speculative row
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
 from dloom import DiffusionDecoder, hookimpl
+from dloom.decode.oracle import oracle_nfe
 from dloom.evaluation import evaluate
-from dloom.oracle import oracle_nfe
-from dloom.registry import get_registry
+from dloom.hooks.registry import get_registry
 
 HOOKS = ("forward", "select_commit", "draft", "prune", "build_mask", "verify")
 CACHES = ("none", "prefix", "dual")

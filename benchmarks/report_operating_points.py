@@ -19,7 +19,8 @@ No figure is written here: every function reads rows a run measured.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from report_measure import Config
 

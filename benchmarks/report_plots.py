@@ -7,12 +7,10 @@ from typing import Any
 
 import matplotlib
 import matplotlib.ticker
-
 from report_tables import guarantee
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
-
 
 GUARANTEE_MARKERS = {
     "reference": "s", "approximate": "^", "bound": "D", "lossless": "o", "near-lossless": "X",

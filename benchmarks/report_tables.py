@@ -11,7 +11,7 @@ from typing import Any
 
 from report_measure import HOOKS, rule_alone
 
-from dloom.registry import get_registry
+from dloom.hooks.registry import get_registry
 
 ROOT = Path(__file__).resolve().parents[1]
 PLOTS = {

@@ -4,7 +4,8 @@ issue 19's targets as a checklist, each with its measured figure (no figure is w
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 MATCHED_ACCURACY = 0.01
 """Fréchet's δ is chosen among the δ whose accuracy is at most this far (one point) below

@@ -23,11 +23,12 @@ import warnings
 import pytest
 import torch
 
-from dloom import BlockSchedule, DiffusionDecoder, ModelAdapter, hookimpl, hookspecs, load_model
-from dloom_plugins.spiffy import Spiffy
-from dloom.registry import get_registry
+from dloom import BlockSchedule, DiffusionDecoder, ModelAdapter, hookimpl, load_model
+from dloom.hooks import specs as hookspecs
+from dloom.hooks.registry import get_registry
 from dloom.zoo import model_path
 from dloom.zoo.tasks import held_out
+from dloom_plugins.spiffy import Spiffy
 
 COMMIT_RULES = ["quota", "threshold", "factor", "frechet"]
 SPECULATION_HOOKS = [hook.removeprefix("dloom_") for hook in hookspecs.SPECULATION_HOOKS]

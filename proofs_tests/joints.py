@@ -7,7 +7,7 @@ The joints themselves and the bound check live in the package, :mod:`dloom.check
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import scipy.optimize

@@ -21,8 +21,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from dloom import DiffusionDecoder, ModelAdapter, running_batch
-from dloom.cache import BlockForward
+from dloom import DiffusionDecoder, ModelAdapter
+from dloom.decode import session as running_batch
+from dloom.model.runner import BlockForward
 
 VOCAB, MASK_ID, EOS_ID, PAD_ID = 40, 39, 2, 0
 GEN_LENGTH = 16

@@ -18,7 +18,7 @@
   that commits more than its sound bound certifies: ``unsound``, with a counterexample that
   really is one.
 
-Positive controls (the same checks pass a correct strategy) are in ``tests/test_check.py``.
+Positive controls (the same checks pass a correct strategy) are in ``tests/check/test_check.py``.
 Everything is seeded: the verdicts are deterministic.
 """
 
@@ -27,24 +27,23 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
-import dloom
-from dloom import Claim, Parameter, StrategyRegistration
-from dloom.check import check_lossless, check_strategy, tiny
-from dloom.check import joints as J
-from dloom.commit import commit_top, sorted_profile
-from dloom.chains import GUMBEL_TAG
-from dloom.kernel import gumbel_argmax
-from dloom_plugins.failfast import plugin as failfast_plugin
-from dloom_plugins.failfast.verification import verify_ratio
-from dloom_plugins.frechet import FrechetCommit, frechet_bounds
-
 from test_frechet_bound import (
     assuming_independence,
     rival_bound_from_the_most_confident,
     without_the_n_minus_one_term,
 )
 from test_spiffy_lossless import ReusesAMismatchedDraft
+
+import dloom
+from dloom import Claim, Parameter, StrategyRegistration
+from dloom.ar.chains import GUMBEL_TAG
+from dloom.check import check_lossless, check_strategy, tiny
+from dloom.check import joints as J
+from dloom.decode.commit import commit_top, sorted_profile
+from dloom.decode.kernel import gumbel_argmax
+from dloom_plugins.failfast import plugin as failfast_plugin
+from dloom_plugins.failfast.verification import verify_ratio
+from dloom_plugins.frechet import FrechetCommit, frechet_bounds
 
 
 @pytest.fixture(autouse=True)

@@ -19,14 +19,20 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dloom.check.sampling import _verdict
-from dloom.check.target import ar_target_factory, sampling_seed, target_distribution, target_greedy
+from dloom.check.target import (
+    ar_target_factory,
+    sampling_seed,
+    target_distribution,
+    target_greedy,
+)
 from dloom.check.tiny import tiny_ar, tiny_dllm
+from dloom.decode.kernel import REMASKING
 from dloom.errors import ConfigurationError
 from dloom_plugins.failfast import FailFastDecoder
-from dloom.kernel import REMASKING
 
 ALPHA = 1e-3
 EPSILON = 0.05
@@ -115,7 +121,7 @@ ZOO = pytest.mark.skipif(not _zoo_installed(), reason="toy-ar / toy-dllm weights
 
 
 def _zoo_pair():
-    from dloom.adapter import load_model
+    from dloom.model.adapter import load_model
 
     target = load_model("toy-ar", dtype="float64", require_mask=False)
     return target, load_model("toy-dllm", dtype="float64")
@@ -136,7 +142,7 @@ def test_greedy_output_on_the_toy_zoo_is_the_targets():
 @pytest.mark.slow
 def test_greedy_output_on_the_toy_zoo_is_the_zoos_own_ar_decoding():
     from dloom.zoo.tasks import GEN_LENGTH, held_out
-    from dloom.zoo.train import decode_ar
+    from dloom_training.train import decode_ar
 
     target, drafter = _zoo_pair()
     prompts = [e.prompt for e in held_out(28)]

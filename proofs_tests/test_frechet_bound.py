@@ -25,12 +25,6 @@ import pytest
 import torch
 from hypothesis import assume, example, find, given, settings
 from hypothesis import strategies as st
-
-from dloom import BlockSchedule
-from dloom.commit import sorted_profile
-from dloom_plugins.baselines import FactorCommit
-from dloom_plugins.frechet import FrechetCommit, frechet_bounds
-
 from joints import (
     frechet_extremal_joint,
     greedy,
@@ -42,6 +36,11 @@ from joints import (
     prefix_bound_violations,
     tuple_and_best_rival,
 )
+
+from dloom import BlockSchedule
+from dloom.decode.commit import sorted_profile
+from dloom_plugins.baselines import FactorCommit
+from dloom_plugins.frechet import FrechetCommit, frechet_bounds
 
 
 def proof(examples: int):

@@ -3,7 +3,7 @@
 Claim (``docs/concepts.md``, "The decode loop"): at temperature T > 0 the candidate of every
 position is a draw from ``softmax(logits / T)`` with the mask token excluded; dloom's
 log-space Gumbel-max equals LLaDA's ``argmax(exp(l) / (-log u) ** T)`` draw for draw. The
-decoder's counter-based per-prompt streams (:class:`dloom.kernel.RowStreams`) are such a
+decoder's counter-based per-prompt streams (:class:`dloom.decode.kernel.RowStreams`) are such a
 source of uniforms across a block's positions, across rows (prompts) and across the steps of
 one prompt.
 """
@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from dloom.kernel import RowStreams, propose
+from dloom.decode.kernel import RowStreams, propose
 
 SAMPLES = 20_000
 ALPHA = 1e-4  # per example; examples are derandomized, so the run is deterministic

@@ -31,10 +31,10 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from dloom import DiffusionDecoder, ModelAdapter, hookimpl
 from dloom.check.report import check_lossless
-from dloom_plugins.spiffy import Spiffy
-from dloom_plugins.spiffy.calibrate import calibrate
 from dloom.types import Verdict
 from dloom.zoo import model_path
+from dloom_plugins.spiffy import Spiffy
+from dloom_plugins.spiffy.calibrate import calibrate
 
 torch.set_num_threads(1)
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import sys
-
+import textwrap
+import uuid
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from dloom import ModelAdapter
-from dloom.registry import reset_registry
+from dloom.hooks.registry import reset_registry
 
 # Tiny forwards run fastest on one thread, and do not stall when the machine is busy.
 torch.set_num_threads(1)
@@ -96,3 +98,27 @@ def report_module():
     """``benchmarks/report.py`` loaded as a module (it puts benchmarks/ on sys.path for the
     sibling modules)."""
     return load_script(Path(__file__).resolve().parents[1] / "benchmarks" / "report.py", "dloom_benchmark_report")
+
+
+class FakeSite:
+    """A directory on ``sys.path`` holding fake distributions with ``dloom`` entry points."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.modules: list[str] = []
+
+    def install(self, dist: str, source: str, *, version: str = "0.1", ep_name: str | None = None) -> str:
+        """Install distribution ``dist`` whose entry point ``ep_name`` (default ``dist``) names
+        a fresh module holding ``source``; return that module's name."""
+        module = f"{dist}_mod_{uuid.uuid4().hex[:10]}"
+        info = self.root / f"{dist}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n"
+        )
+        (info / "entry_points.txt").write_text(f"[dloom]\n{ep_name or dist} = {module}\n")
+        (self.root / f"{module}.py").write_text(textwrap.dedent(source))
+        self.modules.append(module)
+        importlib.invalidate_caches()
+        reset_registry()
+        return module

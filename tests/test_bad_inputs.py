@@ -19,9 +19,10 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
@@ -29,16 +30,21 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 import dloom
-from dloom import cli, cli_exits
-from dloom.cli import app
+from conftest import FakeSite
+from dloom.cli import commands as cli
+from dloom.cli import exits as cli_exits
+from dloom.cli.commands import app
 from dloom.errors import (
-    ConfigurationError, HookContractError, ModelError, PluginLoadError, UnknownStrategyError,
+    ConfigurationError,
+    HookContractError,
+    ModelError,
+    PluginLoadError,
+    UnknownStrategyError,
 )
+from dloom.hooks.registry import check_plugin_class, get_registry, reset_registry
+from dloom.zoo import model_path
 from dloom_plugins.failfast import FailFastDecoder, build_failfast_decoder
 from dloom_plugins.spiffy.graph import BUILTIN_DIR, MAX_NODES
-from dloom.registry import check_plugin_class, get_registry, reset_registry
-from dloom.zoo import model_path
-from test_plugin_loading import FakeSite
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 57  # toy-dllm's vocabulary
@@ -220,7 +226,7 @@ def plugin_raising(where: str, error: str) -> str:
     return f"import sys, dloom\n\n@dloom.hookimpl\ndef dloom_register_strategies(register):\n    {error}\n"
 
 
-def install_raising(env: "Env", where: str, error: str, strict: bool = False) -> Callable[[], Any]:
+def install_raising(env: Env, where: str, error: str, strict: bool = False) -> Callable[[], Any]:
     def call() -> Any:
         env.site.install("hostile", plugin_raising(where, error))
         if strict:
@@ -648,7 +654,7 @@ def test_generate_json_writes_one_row_per_prompt_as_batches_finish(tmp_path, mon
 
 
 def test_eval_interrupted_by_sigint_keeps_the_finished_rows_and_a_summary(tmp_path):
-    command = [sys.executable, "-c", "import sys; from dloom.cli import app; sys.argv[0] = 'dloom'; app()", "eval", "-n", "200", "--batch-size", "2", "--json",
+    command = [sys.executable, "-c", "import sys; from dloom.cli.commands import app; sys.argv[0] = 'dloom'; app()", "eval", "-n", "200", "--batch-size", "2", "--json",
                "--strategy", "quota"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with open(tmp_path / "stderr", "w") as errors:
@@ -743,7 +749,7 @@ def test_batch_size_is_fitted_to_max_batch_tokens_and_said():
 
 
 def test_the_memory_budget_caps_a_huge_batch(toy_adapter):
-    from dloom.batching import plan_batch_size
+    from dloom.decode.batching import plan_batch_size
 
     plan = plan_batch_size(toy_adapter, 100_000, 48)
     assert 1 <= plan.size < 100_000 and plan.size * 48 * plan.bytes_per_token <= 2 * 1024**3
@@ -881,7 +887,7 @@ def test_an_absurd_layer_count_is_refused_in_well_under_a_second(tmp_path):
 
 
 DLOOM_SCRIPT = """import sys
-from dloom.cli import app
+from dloom.cli.commands import app
 if __name__ == '__main__':
     sys.exit(app())
 """

@@ -1,6 +1,6 @@
 """The documentation kept honest by tests.
 
-* every hook in ``dloom.hookspecs`` has a section in ``docs/hooks.md`` whose heading is its
+* every hook in ``dloom.hooks.specs`` has a section in ``docs/hooks.md`` whose heading is its
   exact signature, and a test under ``tests/`` that exercises it;
 * every built-in strategy has a page or section that names each of its parameters;
 * every page is in the mkdocs navigation;
@@ -28,9 +28,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from dloom import hookspecs
-from dloom.cli import app
-from dloom.registry import get_registry, reset_registry
+from dloom.cli.commands import app
+from dloom.hooks import specs as hookspecs
+from dloom.hooks.registry import get_registry, reset_registry
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -41,7 +41,7 @@ SIGNATURE_HEADING = re.compile(r"^## (dloom_\w+)\(([^)]*)\)$", re.M)
 
 
 def specs() -> dict[str, object]:
-    """Every hook specification, by name (:data:`dloom.hookspecs.HOOKS`)."""
+    """Every hook specification, by name (:data:`dloom.hooks.specs.HOOKS`)."""
     return {name: getattr(hookspecs, name) for name in hookspecs.HOOKS}
 
 
@@ -77,7 +77,7 @@ def collect_test_sources() -> dict[str, str]:
     """Source of every ``test_*`` function under ``tests/`` (this file excepted), by
     ``file::name``."""
     found = {}
-    for path in sorted((ROOT / "tests").glob("test_*.py")):
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
         if path.name == Path(__file__).name:
             continue
         source = path.read_text()
@@ -103,7 +103,7 @@ def test_every_hook_has_a_test(name):
 @pytest.mark.parametrize("name", sorted(specs()))
 def test_the_tests_a_hook_section_names_exist_and_exercise_it(name):
     _, body = hook_sections()[name]
-    named = re.findall(r"`((?:tests|proofs_tests)/test_\w+\.py)`", body)
+    named = re.findall(r"`((?:tests|proofs_tests)/(?:\w+/)?test_\w+\.py)`", body)
     assert named, f"the section of {name} names no test file"
     for path in named:
         assert mentions((ROOT / path).read_text(), name), f"{path} does not exercise {name}"

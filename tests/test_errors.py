@@ -7,7 +7,12 @@ import torch
 
 from conftest import EOS_ID, MASK_ID, PAD_ID, tiny_model
 from dloom import DiffusionDecoder, ModelAdapter, hookimpl, load_model
-from dloom.errors import ConfigurationError, HookContractError, ModelError, NonFiniteLogitsError
+from dloom.errors import (
+    ConfigurationError,
+    HookContractError,
+    ModelError,
+    NonFiniteLogitsError,
+)
 
 
 def test_gen_length_not_multiple_of_block(tiny_adapter):

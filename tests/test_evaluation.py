@@ -10,8 +10,8 @@ import torch
 from typer.testing import CliRunner
 
 from conftest import tiny_model
-from dloom.cli import app
-from dloom.decoding import Decoder
+from dloom.cli.commands import app
+from dloom.decode.decoders import Decoder
 from dloom.errors import ConfigurationError
 from dloom.evaluation import evaluate, select_examples
 from dloom.metrics import GenerationResult
@@ -37,7 +37,7 @@ def char_model_dir(tmp_path: Path) -> Path:
 
 
 class ScriptedDecoder:
-    """A :class:`dloom.decoding.Decoder` that answers every other example correctly, two
+    """A :class:`dloom.decode.decoders.Decoder` that answers every other example correctly, two
     forwards per row, 4 tokens per row."""
 
     model = None

@@ -11,9 +11,10 @@ import torch
 from typer.testing import CliRunner
 
 import dloom
-from dloom import cli, factory
+from dloom import factory
+from dloom.cli import commands as cli
+from dloom.decode.session import DecodeSession, SessionCalls
 from dloom.errors import ConfigurationError
-from dloom.running_batch import DecodeSession, SessionCalls
 
 
 def test_the_factory_raises_and_prints_nothing(capsys):
@@ -53,7 +54,9 @@ def test_the_serve_command_itself_raises():
 
 def test_moved_names_are_found_at_their_old_paths():
     import dloom.ray
-    from dloom import decoding, evaluation, kernel, speculation, types
+    from dloom import evaluation, types
+    from dloom.decode import decoders as decoding
+    from dloom.decode import kernel, speculation
 
     assert (speculation.KernelStep, speculation.eos_clear) == (kernel.KernelStep, kernel.eos_clear)
     assert (decoding.DECODERS, decoding.DIFFUSION, decoding.AR_TARGET) == (types.DECODERS, "diffusion", "ar-target")
@@ -112,7 +115,7 @@ def test_a_named_bound_comes_from_the_claim_that_supplies_it():
     """``dloom check`` finds ``frechet`` through the frechet strategy's claim, not a name in
     the core, and a third-party claim's bound by its own name."""
     from dloom.check.bounds import known_bounds, resolve_bound
-    from dloom.registry import Registry, Strategy, get_registry
+    from dloom.hooks.registry import Registry, Strategy, get_registry
     from dloom.types import Claim, StrategyRegistration
 
     base = get_registry()

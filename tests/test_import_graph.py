@@ -1,5 +1,5 @@
-"""The shape of the ``dloom`` package: no import cycles, the library below its front-ends,
-and no plugin named by the core.
+"""The shape of the ``dloom`` package: subpackages by role, no import cycles, the library
+below its front-ends, and no plugin named by the core.
 
 The graph is read from the source with :mod:`ast`, so every import counts: module-level
 ones, those inside functions and ``try`` blocks, and those under ``if TYPE_CHECKING:`` (an
@@ -16,8 +16,7 @@ annotation naming a module depends on it as much as a call does). The rules:
   never on import, and are not edges.
 * Layers, lowest first: the library, then the front-ends ``dloom.serve`` (the HTTP server),
   ``dloom.ray`` (scale-out; its Ray Serve deployment wraps the HTTP server) and
-  ``dloom.cli``/``dloom.cli_plugins`` (the command line, which mounts ``dloom serve`` and
-  ``--ray``). A module imports only modules of its own layer or lower ones.
+  ``dloom.cli`` (the command line, which mounts ``dloom serve`` and ``--ray``). A module imports only modules of its own layer or lower ones.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ from pathlib import Path
 import pytest
 
 CORE = Path(__file__).resolve().parents[1] / "core" / "dloom"
-FRONT_ENDS = {"dloom.serve": 1, "dloom.ray": 2, "dloom.cli": 3, "dloom.cli_plugins": 3}
+FRONT_ENDS = {"dloom.serve": 1, "dloom.ray": 2, "dloom.cli": 3}
 """Each front-end's layer; every other module of ``dloom`` is the library, layer 0."""
 PLUGIN_PACKAGE = "dloom_plugins"
 
@@ -180,6 +179,20 @@ def upward_imports(edges: Edges) -> list[str]:
     ]
 
 
+SUBPACKAGES = {
+    "hooks": {"specs", "calls", "registry", "composition"},
+    "model": {"adapter", "runner", "profiles", "checkpoints", "files", "attention", "tensor_check",
+              "config_limits", "json_files"},
+    "decode": {"decoder", "decoders", "session", "kernel", "speculation", "generation", "prompts",
+               "commit", "logprobs", "batching", "oracle"},
+    "ar": {"target", "decoder", "result", "chains"},
+    "cli": {"commands", "exits", "plugins"},
+}
+"""The library's subpackages by role and the command line, with their modules."""
+TOP_LEVEL = {"__init__", "types", "errors", "metrics", "factory", "evaluation", "startup", "old_paths"}
+"""The only modules directly in ``dloom/``: the public API and what every role shares."""
+
+
 @pytest.fixture(scope="module")
 def graph() -> tuple[dict[str, Path], Edges, Edges]:
     return import_graph(CORE, "dloom")
@@ -187,10 +200,42 @@ def graph() -> tuple[dict[str, Path], Edges, Edges]:
 
 def test_the_graph_sees_the_package_and_its_lazy_imports(graph):
     names, edges, _ = graph
-    assert {"dloom", "dloom.cli", "dloom.engine", "dloom.serve.app", "dloom.check.bounds"} <= set(names)
+    assert {"dloom", "dloom.cli", "dloom.cli.commands", "dloom.decode.decoder", "dloom.serve.app",
+            "dloom.check.bounds"} <= set(names)
     # `dloom eval` imports the evaluation inside its command: a lazy import is an edge
-    assert "dloom.evaluation" in edges["dloom.cli"]
-    assert "dloom.engine" in edges["dloom"]  # a package __init__ importing its modules
+    assert "dloom.evaluation" in edges["dloom.cli.commands"]
+    assert "dloom.decode.decoder" in edges["dloom"]  # a package __init__ importing its modules
+
+
+def test_the_package_is_laid_out_by_role():
+    packages = {p.parent.name for p in CORE.glob("*/__init__.py")}
+    assert packages == {*SUBPACKAGES, "check", "zoo", "serve", "ray"}
+    assert {p.stem for p in CORE.glob("*.py")} == TOP_LEVEL
+    for package, modules in SUBPACKAGES.items():
+        assert {p.stem for p in (CORE / package).glob("*.py")} == {"__init__", *modules}, package
+
+
+TESTS = Path(__file__).resolve().parent
+TEST_FOLDERS = {"hooks", "model", "decode", "cli", "serve", "ray", "check", "zoo", "training", "plugins"}
+"""``tests/`` mirrors the packages: ``tests/decode/`` tests ``dloom.decode`` (``training/``
+the trainer, ``plugins/`` the built-in strategies); what spans them stays in ``tests/``."""
+
+
+def test_the_tests_mirror_the_packages_with_unique_names():
+    folders = {p.name for p in TESTS.iterdir() if p.is_dir() and p.name not in {"fixtures", "__pycache__"}}
+    assert folders == TEST_FOLDERS
+    assert folders - {"training", "plugins"} <= {*SUBPACKAGES, "check", "zoo", "serve", "ray"}
+    # without __init__.py files pytest imports each test file by its base name: one per name
+    names = [p.name for p in TESTS.rglob("test_*.py")]
+    assert sorted(n for n in set(names) if names.count(n) > 1) == []
+    assert not list(TESTS.rglob("__init__.py"))
+
+
+def test_the_startup_handler_is_library_and_the_cli_a_front_end(graph):
+    _, edges, _ = graph
+    assert "dloom.startup" in edges["dloom"] and layer("dloom.startup") == 0
+    assert all(layer(m) == 3 for m in edges if m.startswith("dloom.cli"))
+    assert [m for m in edges["dloom"] if layer(m)] == []  # `import dloom` loads no front-end
 
 
 def test_dloom_has_no_import_cycles(graph):
@@ -247,8 +292,9 @@ def test_the_checker_reports_lazy_and_type_checking_cycles_and_skips_aliases(tmp
 
 def test_the_checker_reports_a_library_module_importing_a_front_end(tmp_path):
     root = write_package(tmp_path, {
-        "__init__.py": "", "cli.py": "from dloom.engine import run\n", "engine.py": "def run():\n    import dloom.cli\n",
+        "__init__.py": "", "cli/__init__.py": "", "cli/commands.py": "from dloom.decode.decoder import run\n",
+        "decode/__init__.py": "", "decode/decoder.py": "def run():\n    import dloom.cli.commands\n",
     })
     _, edges, _ = import_graph(root, "dloom")
-    assert upward_imports(edges) == ["dloom.engine (layer 0) imports dloom.cli (layer 3) at line 2"]
-    assert cycles(edges) == [["dloom.cli", "dloom.engine", "dloom.cli"]]
+    assert upward_imports(edges) == ["dloom.decode.decoder (layer 0) imports dloom.cli.commands (layer 3) at line 2"]
+    assert cycles(edges) == [["dloom.cli.commands", "dloom.decode.decoder", "dloom.cli.commands"]]

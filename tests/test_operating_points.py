@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from dloom import cli
+from dloom.cli import commands as cli
 from dloom.errors import ConfigurationError
 from dloom.evaluation import select_examples
 from dloom.zoo import long_tasks

@@ -18,9 +18,10 @@ import torch
 from dloom import load_model
 from dloom.errors import ConfigurationError
 from dloom.evaluation import select_examples
-from dloom.zoo import long_tasks, train
+from dloom.zoo import long_tasks
 from dloom.zoo import tokenizer as tok
 from dloom.zoo.tasks import is_held_out
+from dloom_training import train
 
 ROOT = Path(__file__).resolve().parents[1]
 START, END = "<!-- report:headline:start -->", "<!-- report:headline:end -->"
@@ -136,7 +137,7 @@ def test_failfast_is_timed_interleaved_and_modelled_with_costs_measured_in_the_r
     assert result["repeats"] == 2 and result["chosen_by"] == "wall time"
     assert latency["target"] > 0 and latency["drafter"] > 0 and latency["assistant"] > 0
     assert latency["ratio"] == pytest.approx(latency["drafter"] / latency["target"])
-    for name, m in methods.items():
+    for m in methods.values():
         helper = m["helper"]
         assert m["modelled_seconds"] == pytest.approx(
             m["target_forwards"] * latency["target"] + (m["helper_forwards"] * latency[helper] if helper else 0))

@@ -40,8 +40,15 @@ from transformers import LlamaForCausalLM
 from dloom.zoo import long_tasks
 from dloom.zoo import tokenizer as tok
 from dloom.zoo.tasks import Example, held_out
-from dloom.zoo.train import (
-    DECODING_ORDERS, _ids, _text, answer_region, encode_prompts, position_ids, region_logits, trace_dllm,
+from dloom_training.train import (
+    DECODING_ORDERS,
+    _ids,
+    _text,
+    answer_region,
+    encode_prompts,
+    position_ids,
+    region_logits,
+    trace_dllm,
 )
 
 _EQUATION = re.compile(r"(\d+)([+-])(\d+)=(\d+)")

@@ -111,8 +111,8 @@ def build(name: str, smoke: bool, device, dtype):
     import transformers
 
     from dloom import ModelAdapter
-    from dloom.checkpoints import native_config, native_layout
-    from dloom.profiles import detect_profile
+    from dloom.model.checkpoints import native_config, native_layout
+    from dloom.model.profiles import detect_profile
 
     raw = family_config(name, smoke)
     profile = detect_profile(raw)

@@ -12,11 +12,18 @@ An autoregressive target decodes with a strategy that drafts token chains for it
 (``dloom.ARTargetDecoder(target, "failfast", drafter=dllm)``).
 """
 
-from dloom import cli_exits
+from dloom import old_paths, startup
 
-cli_exits.install_startup_handler()  # the `dloom` command only: Ctrl-C while importing exits 130
+startup.install_startup_handler()  # the `dloom` command only: Ctrl-C while importing exits 130
+old_paths.install()  # the module paths of 0.1's flat layout, for one release
 
-from dloom.hookspecs import hookimpl
+from dloom.ar.decoder import ARTargetDecoder
+from dloom.decode.decoder import DiffusionDecoder
+from dloom.hooks.composition import replace
+from dloom.hooks.registry import get_registry
+from dloom.hooks.specs import hookimpl
+from dloom.metrics import GenerationResult
+from dloom.model.adapter import ModelAdapter, load_model
 from dloom.types import (
     BlockSchedule,
     ChainLayout,
@@ -31,12 +38,6 @@ from dloom.types import (
     Verdict,
     VerificationLayout,
 )
-from dloom.adapter import ModelAdapter, load_model
-from dloom.engine import DiffusionDecoder
-from dloom.ar_decoder import ARTargetDecoder
-from dloom.composition import replace
-from dloom.metrics import GenerationResult
-from dloom.registry import get_registry
 
 __all__ = [
     "ARTargetDecoder",

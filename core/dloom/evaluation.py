@@ -9,18 +9,28 @@ from __future__ import annotations
 import itertools
 import warnings
 from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, NoReturn, Sequence
+from typing import Any, NoReturn
 
 import torch
 from rich.console import Console
 from rich.progress import Progress
 
-from dloom.decoding import Decoder
+from dloom.decode.decoders import Decoder
 from dloom.errors import ConfigurationError, DloomError
 from dloom.metrics import speculation_summary
 from dloom.zoo import long_tasks
-from dloom.zoo.tasks import ALPHABET, EVALUATED, FAMILIES, Example, TaskFamily, dev, held_out, train_stream
+from dloom.zoo.tasks import (
+    ALPHABET,
+    EVALUATED,
+    FAMILIES,
+    Example,
+    TaskFamily,
+    dev,
+    held_out,
+    train_stream,
+)
 
 SUITES: dict[str, dict[str, TaskFamily]] = {"all": FAMILIES, "long": long_tasks.FAMILIES}
 """Task suites by the name ``--tasks`` selects them with: the toy suite and the long-answer one."""
@@ -99,8 +109,8 @@ class EvalReport:
 
 def add_oracle(report: EvalReport, decoder: Any, examples: Sequence[Example]) -> None:
     """Set ``report``'s oracle figures for ``examples`` under ``decoder``'s lengths
-    (:func:`dloom.oracle.oracle_nfe`: two greedy decodes per example)."""
-    from dloom.oracle import oracle_nfe
+    (:func:`dloom.decode.oracle.oracle_nfe`: two greedy decodes per example)."""
+    from dloom.decode.oracle import oracle_nfe
 
     result = oracle_nfe(decoder, [e.prompt for e in examples])
     reached = result.nfe[result.reached].float()
@@ -257,7 +267,7 @@ def evaluate(
 ) -> EvalReport:
     """Decode ``examples`` in batches and grade them.
 
-    :param decoder: any :class:`~dloom.decoding.Decoder` over a model with a tokenizer.
+    :param decoder: any :class:`~dloom.decode.decoders.Decoder` over a model with a tokenizer.
     :param examples: task examples (prompts and checkers).
     :param batch_size: prompts per batch.
     :param progress: show a progress bar on stderr.

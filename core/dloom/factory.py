@@ -2,7 +2,7 @@
 line, the server and Ray.
 
 :func:`build_decoder` loads the models and builds the decoder that a strategy's registration
-names (:func:`dloom.decoding.decoder_kind`); :func:`parse_params` reads ``NAME=VALUE``
+names (:func:`dloom.decode.decoders.decoder_kind`); :func:`parse_params` reads ``NAME=VALUE``
 strategy parameters. Both raise :class:`dloom.errors.DloomError` subclasses on bad input,
 before any model is loaded where they can; each front-end turns those into its own output
 (an exit status and a message, an HTTP error, an error record).
@@ -10,16 +10,23 @@ before any model is loaded where they can; each front-end turns those into its o
 
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import Any
 
-from dloom.decoding import AR_TARGET, DIFFUSION, Decoder, decoder_kind, load_ar_target_decoder, strategies_for
+from dloom.decode.decoders import (
+    AR_TARGET,
+    DIFFUSION,
+    Decoder,
+    decoder_kind,
+    load_ar_target_decoder,
+    strategies_for,
+)
 from dloom.errors import ConfigurationError
 
 DEFAULT_MODEL = "toy-dllm"
 """The diffusion model a front-end decodes with when given none."""
 
 
-def parse_params(pairs: List[str]) -> dict[str, str]:
+def parse_params(pairs: list[str]) -> dict[str, str]:
     """``["tau=0.8", "spiffy.budget=3"]`` -> ``{"tau": "0.8", "spiffy.budget": "3"}``."""
     params = {}
     for pair in pairs:
@@ -31,13 +38,13 @@ def parse_params(pairs: List[str]) -> dict[str, str]:
 
 
 def build_decoder(
-    model: Optional[str], strategy: str, param: List[str], *, mask_token_id: Optional[int] = None,
+    model: str | None, strategy: str, param: list[str], *, mask_token_id: int | None = None,
     trust_remote_code: bool = False, device: str = "cpu", dtype: str = "float32",
-    device_map: Optional[str] = None, target: Optional[str] = None, drafter: Optional[str] = None,
+    device_map: str | None = None, target: str | None = None, drafter: str | None = None,
     **settings: Any,
 ) -> Decoder:
     """Load the models and build the decoder that ``strategy``'s registration names
-    (:func:`dloom.decoding.decoder_kind`).
+    (:func:`dloom.decode.decoders.decoder_kind`).
 
     ``param``: strategy parameters as ``NAME=VALUE`` strings (:func:`parse_params`).
 
@@ -59,8 +66,8 @@ def build_decoder(
 
 
 def _ar_target_decoder(
-    model: Optional[str], strategy: str, params: dict[str, str], *, device_map: Optional[str],
-    target: Optional[str], drafter: Optional[str], **settings: Any,
+    model: str | None, strategy: str, params: dict[str, str], *, device_map: str | None,
+    target: str | None, drafter: str | None, **settings: Any,
 ) -> Decoder:
     """An ``"ar-target"`` strategy's decoder: ``--target`` (default ``toy-ar``) decodes,
     ``--drafter`` (default ``toy-dllm``) drafts."""
@@ -79,13 +86,13 @@ def _ar_target_decoder(
 
 
 def _diffusion_decoder(
-    model: Optional[str], strategy: str, params: dict[str, str], *, mask_token_id: Optional[int],
-    trust_remote_code: bool, device: str, dtype: str, device_map: Optional[str],
-    target: Optional[str], drafter: Optional[str], **settings: Any,
+    model: str | None, strategy: str, params: dict[str, str], *, mask_token_id: int | None,
+    trust_remote_code: bool, device: str, dtype: str, device_map: str | None,
+    target: str | None, drafter: str | None, **settings: Any,
 ) -> Decoder:
     """A ``"diffusion"`` strategy's :class:`~dloom.DiffusionDecoder` over ``--model``."""
-    from dloom.adapter import load_model
-    from dloom.engine import DiffusionDecoder
+    from dloom.decode.decoder import DiffusionDecoder
+    from dloom.model.adapter import load_model
 
     if target is not None or drafter is not None:
         raise ConfigurationError(
@@ -106,4 +113,4 @@ def _diffusion_decoder(
 
 
 DECODER_BUILDERS = {DIFFUSION: _diffusion_decoder, AR_TARGET: _ar_target_decoder}
-"""How :func:`build_decoder` builds each decoder of :data:`dloom.decoding.DECODERS`."""
+"""How :func:`build_decoder` builds each decoder of :data:`dloom.decode.decoders.DECODERS`."""

@@ -13,18 +13,19 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from dloom.hookspecs import DECODING_HOOKS, PROJECT_NAME, hookimpl
+from dloom.hooks.specs import DECODING_HOOKS, PROJECT_NAME, hookimpl
 
 
 class HookTimer:
     """A ``wrapper=True`` plugin that adds up the wall time of every decoding hook call, by
     the hook's name without its ``dloom_`` prefix (one wrapper per
-    :data:`dloom.hookspecs.DECODING_HOOKS`)."""
+    :data:`dloom.hooks.specs.DECODING_HOOKS`)."""
 
     def __init__(self, synchronize: Callable[[], None] | None = None) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
@@ -43,7 +44,7 @@ class HookTimer:
 
 class ForwardClock:
     """The wall time of a decoder's model forwards, added up (what a result reports as
-    ``hook_seconds["forward"]``). A :class:`dloom.running_batch.DecodeSession` resets it when
+    ``hook_seconds["forward"]``). A :class:`dloom.decode.session.DecodeSession` resets it when
     it starts and the decoder reads it back.
 
     :param synchronize: called before and after each timed call (``torch.cuda.synchronize``
@@ -113,7 +114,7 @@ class GenerationResult:
     :ivar model_calls: model calls those steps made: a step with a cache takes two when some
         rows start a block (a full forward for them, a cached one for the others), and a
         verification one per ``B`` rows of its layout
-        (:func:`dloom.speculation.evaluate_in_parts`; still one step and one NFE per row).
+        (:func:`dloom.decode.speculation.evaluate_in_parts`; still one step and one NFE per row).
     :ivar row_forwards: rows in those calls, summed (batch rows, not verification layout
         rows); ``1 - sum(nfe) / row_forwards`` is the share of row-forwards spent on rows
         that took no step.

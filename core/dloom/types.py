@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -178,13 +179,13 @@ class VerificationLayout:
         ``max(B, call_tokens // Q)`` rows, ``Q`` the tokens its forward computes per row (the
         sequence without a cache, the window with one); ``0``: ``B`` rows, so that a
         verification holds no more rows at once than a plain step
-        (:func:`dloom.speculation.evaluate_in_parts`).
+        (:func:`dloom.decode.speculation.evaluate_in_parts`).
     :ivar row_bound: the most layout rows per batch row that any layout of this verification
-        kind holds, stated for static shapes (:func:`dloom.speculation.layout_drafts` with
+        kind holds, stated for static shapes (:func:`dloom.decode.speculation.layout_drafts` with
         ``nodes``: the nodes one row may evaluate for a rows layout, 1 for a packed one);
         ``0``: not stated, then ``N + 1``. With ``static_shapes`` the decoder pads every model
         call of a verification to the same row count, at most ``B * row_bound``
-        (:func:`dloom.speculation.static_call_rows`).
+        (:func:`dloom.decode.speculation.static_call_rows`).
     """
 
     input_ids: torch.Tensor
@@ -272,9 +273,9 @@ class ChainState:
         int: columns before it never change again.
     :ivar cached: columns the target's KV cache holds (the same for every row, ``<
         shared``); a layout feeds each row's accepted tokens from there on.
-    :ivar streams: the rows' random streams (:class:`dloom.kernel.RowStreams`, one per
+    :ivar streams: the rows' random streams (:class:`dloom.decode.kernel.RowStreams`, one per
         prompt) or ``None`` when nothing samples. A drafter draws with tags 0 and 1 (those of
-        :func:`dloom.kernel.propose`) and advances the rows that took a drafter step; the
+        :func:`dloom.decode.kernel.propose`) and advances the rows that took a drafter step; the
         verification draws with tags 2 to 4 and the decoder advances every active row after it.
     :ivar temperature: the target's (and by default the drafter's) sampling temperature.
     :ivar draft: ``None`` on a round's first ``dloom_draft`` call; on later calls of the
@@ -552,7 +553,7 @@ DIFFUSION = "diffusion"
 AR_TARGET = "ar-target"
 DECODERS = (DIFFUSION, AR_TARGET)
 """The decoders a strategy registration may name (:attr:`StrategyRegistration.decoder`);
-:mod:`dloom.decoding` says what each one is and dispatches on them."""
+:mod:`dloom.decode.decoders` says what each one is and dispatches on them."""
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 
 from dloom import BlockSchedule, Claim, Parameter, StrategyRegistration, hookimpl
-from dloom.commit import commit_top, sorted_profile
+from dloom.decode.commit import commit_top, sorted_profile
 
 
 def frechet_bounds(
@@ -49,7 +49,7 @@ def frechet_bounds(
     largest passing prefix.
 
     :param sorted_confidence: ``(B, K)`` each row sorted descending, ``-inf`` past its
-        selectable positions (as :func:`dloom.commit.sorted_profile` returns it).
+        selectable positions (as :func:`dloom.decode.commit.sorted_profile` returns it).
     :return: ``L``, ``U``, ``G``, each ``(B, K)`` float64. Past the selectable positions
         ``L = 0``, ``U = inf`` and ``G = -inf``, so those prefixes never pass.
     """

@@ -25,18 +25,19 @@ counterexample reported is the failing joint with the fewest cells.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 
-from dloom import hooks
 from dloom.check import joints as J
 from dloom.check.resolve import Resolved
-from dloom.composition import build_plugin_manager, compose
 from dloom.errors import ConfigurationError
-from dloom.registry import Registry, get_registry
+from dloom.hooks import calls as hooks
+from dloom.hooks.composition import build_plugin_manager, compose
+from dloom.hooks.registry import Registry, get_registry
 from dloom.types import BlockSchedule
 
 RANDOM_KINDS = ("dirichlet", "near_degenerate", "product", "circular")

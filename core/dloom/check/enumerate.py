@@ -5,12 +5,12 @@ generated region (plus the step index within the active block, which quota rules
 From each state one forward gives the active block's logits; every masked position draws its
 candidate independently from ``softmax(logits / T)`` with the mask token excluded (the
 argmax when ``T == 0``), its confidence is the candidate's untempered probability (as
-:func:`dloom.kernel.propose` computes it for ``low_confidence`` remasking), the decoder's
-commit rule (``dloom_select_commit``, called through :func:`dloom.hooks.select_commit` with
+:func:`dloom.decode.kernel.propose` computes it for ``low_confidence`` remasking), the decoder's
+commit rule (``dloom_select_commit``, called through :func:`dloom.hooks.calls.select_commit` with
 the :class:`~dloom.types.BlockSchedule` the engine would pass) picks positions, and those
 take their candidates. :func:`exact_distribution` follows every candidate tuple (``V^m``
 for ``m`` masked positions) and adds up the probability of each final output, stopping a
-path where the engine stops a row (:func:`dloom.engine.finished_rows`: an EOS with nothing
+path where the engine stops a row (:func:`dloom.decode.decoder.finished_rows`: an EOS with nothing
 masked before it, or nothing masked). An output is the generated tokens up to and including
 the first EOS, as in :attr:`dloom.GenerationResult.token_lists`.
 
@@ -25,14 +25,14 @@ the enumeration fills them with the position's top probability.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
-from dloom import hooks
-from dloom.engine import DiffusionDecoder, finished_rows
+from dloom.decode.decoder import DiffusionDecoder, finished_rows
+from dloom.decode.kernel import without_mask
 from dloom.errors import ConfigurationError, HookContractError, NonFiniteLogitsError
-from dloom.kernel import without_mask
+from dloom.hooks import calls as hooks
 from dloom.types import BlockSchedule
 
 MAX_VOCAB = 8

@@ -9,12 +9,13 @@ can part ways on a near-tie, which is rounding, not a broken strategy.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
-from dloom.adapter import ModelAdapter
 from dloom.check.resolve import Resolved
-from dloom.engine import DiffusionDecoder
+from dloom.decode.decoder import DiffusionDecoder
+from dloom.model.adapter import ModelAdapter
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ that draw these joints in dloom's own proofs live in ``proofs_tests/joints.py``.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -178,7 +178,7 @@ def prefix_bound_violations(joint: Joint, bounds, tolerance: float = 1e-12) -> l
     """Where ``bounds`` fails on ``joint``: an empty list when it is sound.
 
     For every ``n``, the ``n`` positions with the most confident greedy tokens (stable order,
-    as :func:`dloom.commit.sorted_profile` sorts) must hold their greedy tokens together with
+    as :func:`dloom.decode.commit.sorted_profile` sorts) must hold their greedy tokens together with
     probability at least ``L_n``, and no other tuple of those positions may be likelier than
     ``U_n``.
 

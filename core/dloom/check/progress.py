@@ -4,9 +4,9 @@ listens with :func:`listen`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Callable, Iterator
 
 _LISTENER: ContextVar[Callable[[str], None] | None] = ContextVar("dloom_check_progress", default=None)
 

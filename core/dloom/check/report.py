@@ -19,13 +19,13 @@ The checks take their options as keywords: the fields of :class:`GreedyOptions`,
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from functools import partial
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 
-from dloom.adapter import ModelAdapter, load_model
 from dloom.check import tiny
 from dloom.check.bounds import BoundOptions, check_bound
 from dloom.check.greedy import GreedyComparison, compare_greedy
@@ -33,6 +33,7 @@ from dloom.check.progress import stage
 from dloom.check.resolve import Resolved, reference, resolve
 from dloom.check.sampling import SamplingOptions, SamplingTest, sampling_test
 from dloom.errors import ConfigurationError
+from dloom.model.adapter import ModelAdapter, load_model
 
 REFUTED = ("not lossless", "unsound")
 EXIT_CODES = {"not lossless": 1, "unsound": 1, "inconclusive": 3}
@@ -261,7 +262,7 @@ def check_lossless(
     ``temperature > 0`` and greedy found no difference, the sampling test on ``seeds`` tiny
     enumerable models with ``samples`` samples each (:func:`dloom.check.sampling.sampling_test`).
 
-    :param strategy: a strategy name (``"a+b"``), :class:`~dloom.registry.Strategy`,
+    :param strategy: a strategy name (``"a+b"``), :class:`~dloom.hooks.registry.Strategy`,
         :class:`~dloom.StrategyRegistration` or plugin object; ``params`` are its parameters.
     :param against: the reference, given the same ways, or ``"kernel"``, or ``"target"``
         (a FailFast strategy's AR target: :mod:`dloom.check.target`).

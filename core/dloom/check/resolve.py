@@ -1,19 +1,20 @@
 """Turn what a user hands ``dloom check`` into decoder specs and the claim to test.
 
 A strategy may be given as a registered name (``"threshold"``, ``"spiffy+frechet"``), a
-:class:`~dloom.registry.Strategy`, a :class:`~dloom.types.StrategyRegistration` that was never
+:class:`~dloom.hooks.registry.Strategy`, a :class:`~dloom.types.StrategyRegistration` that was never
 registered (an author's work in progress, a negative control; composed with its
 ``default_commit_rule`` as a registered one would be), or a bare plugin object.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
-from dloom.composition import StrategySpec, compose
 from dloom.errors import ConfigurationError
-from dloom.registry import Strategy, get_registry, hooks_implemented_by
+from dloom.hooks.composition import StrategySpec, compose
+from dloom.hooks.registry import Strategy, get_registry, hooks_implemented_by
 from dloom.types import Claim, StrategyRegistration
 
 KERNEL = "kernel"

@@ -29,15 +29,16 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from dloom.check.enumerate import Output, exact_distribution
 from dloom.check.progress import stage
 from dloom.check.resolve import Resolved
 from dloom.check.stats import pooled_chi_square, power
 from dloom.check.tiny import tiny_dllm, tiny_prompts
-from dloom.engine import DiffusionDecoder
+from dloom.decode.decoder import DiffusionDecoder
 from dloom.errors import ConfigurationError
 
 SETTINGS = (

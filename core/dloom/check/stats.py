@@ -19,8 +19,9 @@ dloom's tests compare these with ``scipy.stats``.
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
-from typing import Any, Hashable, Mapping
+from typing import Any
 
 import numpy as np
 import torch

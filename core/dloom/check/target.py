@@ -1,5 +1,5 @@
 """Checks of a ``lossless against target`` claim: a strategy run in the ``"ar-target"``
-decoder (:mod:`dloom.decoding`; FailFast) must produce the AR target's own output.
+decoder (:mod:`dloom.decode.decoders`; FailFast) must produce the AR target's own output.
 
 * :func:`target_greedy`: the target's greedy decoding, one uncached forward per token (the
   reference of the greedy check).
@@ -19,19 +19,26 @@ Outputs are token tuples up to and including the first EOS (or ``max_new_tokens`
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 
-from dloom.adapter import ModelAdapter
 from dloom.check import tiny
 from dloom.check.enumerate import Output
 from dloom.check.greedy import GreedyComparison, compare_outputs
 from dloom.check.progress import stage
-from dloom.check.sampling import SamplingOptions, SamplingTest, SeedResult, conclude, seed_result
-from dloom.decoding import Decoder, ar_target_decoder
+from dloom.check.sampling import (
+    SamplingOptions,
+    SamplingTest,
+    SeedResult,
+    conclude,
+    seed_result,
+)
+from dloom.decode.decoders import Decoder, ar_target_decoder
 from dloom.errors import ConfigurationError
+from dloom.model.adapter import ModelAdapter
 
 MAX_OUTPUTS = 20_000
 TINY_GREEDY = {"vocab": 16, "hidden": 32, "layers": 2, "init": 0.8, "context": 64}
@@ -102,7 +109,7 @@ def greedy_pair(prompt_count: int, max_new_tokens: int | None) -> tuple[ModelAda
     the toy zoo's ``toy-ar`` and ``toy-dllm`` in float64 on held-out task prompts when
     installed, else a tiny random pair (:data:`TINY_GREEDY`) on random prompts."""
     if tiny.zoo_installed("toy-ar", "toy-dllm"):
-        from dloom.adapter import load_model
+        from dloom.model.adapter import load_model
         from dloom.zoo.tasks import GEN_LENGTH, held_out
 
         target = load_model("toy-ar", dtype="float64", require_mask=False)
@@ -174,7 +181,7 @@ def target_sampling_test(make_decoder: Callable[..., Decoder], options: Sampling
 
 def ar_target_factory(spec: Any, params: Mapping[str, Any] | None = None) -> Callable[..., Decoder]:
     """``make_decoder`` for a strategy spec that runs in the ``"ar-target"`` decoder (a name
-    or the strategy's object): :func:`dloom.decoding.ar_target_decoder`."""
+    or the strategy's object): :func:`dloom.decode.decoders.ar_target_decoder`."""
 
     def make(target: ModelAdapter, drafter: ModelAdapter, **settings: Any) -> Decoder:
         return ar_target_decoder(target, drafter, spec, params, **settings)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from dloom.adapter import ModelAdapter
+from dloom.model.adapter import ModelAdapter
 
 PAD_ID = 0
 MASK_ID = 1

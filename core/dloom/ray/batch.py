@@ -23,10 +23,11 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from dloom import errors
 from dloom.errors import ConfigurationError, DloomError

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from dloom.evaluation import EvalReport, evaluate_rows
 from dloom.ray.batch import DecodeSpec, iter_decoded

@@ -13,10 +13,11 @@ whichever replica serves it.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from dloom.errors import ConfigurationError
-from dloom.registry import get_registry
+from dloom.hooks.registry import get_registry
 
 
 def _check_strategy(strategy: str) -> None:
@@ -66,9 +67,8 @@ def server_application(
     :raises ConfigurationError: for a replica count below 1.
     :raises UnknownStrategyError: for a default strategy no plugin registers.
     """
-    from ray import serve
-
     from dloom.serve.decoders import DecodeDefaults
+    from ray import serve
 
     if autoscaling_config is None and num_replicas < 1:
         raise ConfigurationError(f"num_replicas is {num_replicas}; allowed: >= 1")
@@ -80,7 +80,7 @@ def server_application(
 
     def build_app():
         """Runs in each replica: load the model there and build the server app."""
-        from dloom.adapter import load_model
+        from dloom.model.adapter import load_model
         from dloom.serve.app import ServeConfig, create_app
 
         adapter = load_model(model, device=device, dtype=dtype)

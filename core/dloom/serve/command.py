@@ -8,28 +8,26 @@ it prints them.
 
 from __future__ import annotations
 
-from typing import List, Optional
-
 import typer
 
 
 def serve(
     model: str = typer.Option("toy-dllm", "--model", "-m", help="Toy-zoo name or local checkpoint directory."),
     strategy: str = typer.Option("quota", "--strategy", "-s", help="Default strategy (a request may name another)."),
-    param: List[str] = typer.Option([], "--param", "-p", help="Default strategy parameter NAME=VALUE (repeatable)."),
+    param: list[str] = typer.Option([], "--param", "-p", help="Default strategy parameter NAME=VALUE (repeatable)."),
     host: str = typer.Option("127.0.0.1", help="Address to listen on."),
     port: int = typer.Option(8000, help="Port to listen on."),
-    gen_length: Optional[int] = typer.Option(None, help="Generated positions per prompt (default: the model's, else 128); the most max_tokens may ask."),
-    block_length: Optional[int] = typer.Option(None, help="Positions per block: the granularity of streaming."),
-    steps: Optional[int] = typer.Option(None, help="Step budget for quota rules (default gen_length)."),
+    gen_length: int | None = typer.Option(None, help="Generated positions per prompt (default: the model's, else 128); the most max_tokens may ask."),
+    block_length: int | None = typer.Option(None, help="Positions per block: the granularity of streaming."),
+    steps: int | None = typer.Option(None, help="Step budget for quota rules (default gen_length)."),
     remasking: str = typer.Option("low_confidence", help="low_confidence, random, margin or entropy."),
     cache: str = typer.Option("none", "--cache", help="Default KV cache: none, prefix or dual."),
-    cache_refresh: Optional[int] = typer.Option(None, "--cache-refresh", help="With --cache: a full forward every N forwards of a block."),
+    cache_refresh: int | None = typer.Option(None, "--cache-refresh", help="With --cache: a full forward every N forwards of a block."),
     max_batch_size: int = typer.Option(16, min=1, help="Rows decoded together, at most."),
     max_queued_tokens: int = typer.Option(65536, min=1, help="Token budget of admitted rows (prompt + gen_length each); beyond it requests get 429."),
     plain_chat: bool = typer.Option(False, "--plain-chat", help="Without a chat template, join chat messages with spaces instead of refusing."),
     max_body_bytes: int = typer.Option(4 * 1024 * 1024, min=1, help="Longest request body taken, in bytes; a longer one gets 413."),
-    graph_dir: List[str] = typer.Option([], "--graph-dir", help="Directory whose files requests may name in path parameters such as a draft graph (repeatable); requests never name paths."),
+    graph_dir: list[str] = typer.Option([], "--graph-dir", help="Directory whose files requests may name in path parameters such as a draft graph (repeatable); requests never name paths."),
     device: str = typer.Option("cpu", help="torch device, e.g. cpu or cuda."),
     dtype: str = typer.Option("float32", help="float32, float64, bfloat16 or float16."),
 ) -> None:

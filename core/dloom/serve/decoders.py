@@ -14,11 +14,12 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
-from dloom.adapter import ModelAdapter
-from dloom.engine import DiffusionDecoder
+from dloom.decode.decoder import DiffusionDecoder
+from dloom.model.adapter import ModelAdapter
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ OUTCOMES`). The service's own refusals are mapped in :mod:`dloom.serve.app`.
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Mapping, Sequence, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError

@@ -12,12 +12,12 @@ requested value is compared with the allowed directories' listings, never looked
 from __future__ import annotations
 
 import glob
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
-from dloom.composition import compose
 from dloom.errors import ConfigurationError
-
+from dloom.hooks.composition import compose
 
 SHOWN = 20
 """Offered names a refusal lists, at most."""

@@ -18,7 +18,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 from dloom.errors import ModelError
 from dloom.serve.responses import error_body

@@ -6,16 +6,21 @@ the field and what is allowed (HTTP 400). The rest is honoured as documented in
 ``docs/serving.md``: ``user`` is accepted and ignored, ``top_p`` below 1 is honoured when
 greedy (the most likely token is always in the nucleus), ``ignore_eos`` decodes each row's
 whole region past its EOS, ``n`` decodes each choice as its own row, ``echo`` puts the prompt's text first, and ``logprobs`` reports each generated
-token's commit-time log-probability (:mod:`dloom.commit_logprobs`).
+token's commit-time log-probability (:mod:`dloom.decode.logprobs`).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from dloom.errors import ConfigurationError
-from dloom.serve.schemas import ChatCompletionRequest, CompletionRequest, GenerationFields
+from dloom.serve.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerationFields,
+)
 
 
 def requested_logprobs(body: GenerationFields) -> int | None:

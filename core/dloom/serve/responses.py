@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from dloom.engine import DiffusionDecoder
+from dloom.decode.decoder import DiffusionDecoder
 from dloom.serve.scheduler import Finished
 
 

@@ -8,7 +8,7 @@ that keeps a running batch per lane (continuous batching at block boundaries).
 * **Lanes.** Rows whose settings build the same decoder (:class:`~dloom.serve.decoders.
   LaneKey`) wait in one lane; only rows of one lane can share a forward batch.
 * **Continuous batching.** One worker thread owns the device. Each lane with rows has one
-  running batch, a :class:`~dloom.running_batch.DecodeSession`; the worker takes the lanes
+  running batch, a :class:`~dloom.decode.session.DecodeSession`; the worker takes the lanes
   in turn, one step (one forward of the batch) at a time. Before each step the lane's
   waiting rows join its batch, oldest first, up to ``max_batch_size`` rows in it: a row
   joins between two forwards, at its own first block boundary, while the rows already there
@@ -18,7 +18,7 @@ that keeps a running batch per lane (continuous batching at block boundaries).
 * **Batch invariance.** Under greedy decoding a row's tokens do not depend on the other
   rows of its batch, nor on when it joined (the engine pads on the left, masks the padding,
   and starts a joining row with its own full forward), so every response equals decoding
-  its prompt alone offline; ``tests/test_serve.py`` checks it under load. A sampling row
+  its prompt alone offline; ``tests/serve/test_serve.py`` checks it under load. A sampling row
   draws from its own random stream, keyed to the lane's seed and the row's index in its
   request (:attr:`Job.index`, passed as ``row_offset``), so a seeded request decodes exactly
   as ``generate`` of its own prompts with that seed, whatever shares its batch.
@@ -33,11 +33,12 @@ import math
 import threading
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
-from dloom.engine import BlockRecord, DiffusionDecoder
-from dloom.running_batch import DecodeSession, FinishedRows
+from dloom.decode.decoder import BlockRecord, DiffusionDecoder
+from dloom.decode.session import DecodeSession, FinishedRows
 from dloom.errors import ConfigurationError, DloomError
 from dloom.serve.decoders import LaneKey, Resolved
 from dloom.serve.metrics import ServerMetrics
@@ -76,7 +77,7 @@ class Finished:
     :ivar forwards: forwards of the batch while the row was in it.
     :ivar speculation: the batch's speculation figures so far (``None`` without speculation).
     :ivar logprobs: with a lane that records them, the generated positions' commit-time
-        log-probabilities, their alternatives' ids and theirs (:mod:`dloom.commit_logprobs`).
+        log-probabilities, their alternatives' ids and theirs (:mod:`dloom.decode.logprobs`).
     """
 
     tokens: list[int]

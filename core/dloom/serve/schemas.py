@@ -14,11 +14,11 @@ is refused), a string is not a boolean (``stream: "yes"``), a float is not an in
 
 from __future__ import annotations
 
-from typing import Literal, Union, cast
+from typing import Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-ParamValue = Union[bool, int, float, str]
+ParamValue = bool | int | float | str
 MAX_CACHE_REFRESH = 1 << 20
 """The largest ``cache_refresh`` a request may give (beyond a block's forwards it is the same
 as none)."""
@@ -85,7 +85,7 @@ class CompletionRequest(GenerationFields):
     logprobs: int | None = Field(None, ge=0, le=20, description="alternatives per token (0..20)")
     echo: bool = Field(False, description="the prompt's text before the completion")
 
-    prompt: Union[str, list[str], list[int], list[list[int]]] = Field(
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(
         description="a text, texts, token ids, or lists of token ids"
     )
 

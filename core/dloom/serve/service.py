@@ -16,22 +16,37 @@ import asyncio
 import dataclasses
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, cast
+from typing import Any, cast
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from dloom.adapter import ModelAdapter
 from dloom.errors import DloomError, ModelError
+from dloom.model.adapter import ModelAdapter
 from dloom.serve.decoders import DecodeDefaults, DecoderPool, Resolved
 from dloom.serve.files import ServerFiles
-from dloom.serve.limits import MAX_BODY_BYTES, TextLimit, check_stops, longest_token_chars
+from dloom.serve.limits import (
+    MAX_BODY_BYTES,
+    TextLimit,
+    check_stops,
+    longest_token_chars,
+)
 from dloom.serve.metrics import ServerMetrics
-from dloom.serve.openai_fields import chat_logprobs, check_openai_fields, completion_logprobs, requested_logprobs
+from dloom.serve.openai_fields import (
+    chat_logprobs,
+    check_openai_fields,
+    completion_logprobs,
+    requested_logprobs,
+)
 from dloom.serve.responses import error_body, sse, usage
 from dloom.serve.scheduler import BlockTokens, Failed, Finished, Job, Scheduler
-from dloom.serve.schemas import ChatCompletionRequest, CompletionRequest, GenerationFields
+from dloom.serve.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerationFields,
+)
 from dloom.serve.text import StreamText, Visible, visible_output
 
 POLL_SECONDS = 0.5  # how often a waiting response checks that its client is still there

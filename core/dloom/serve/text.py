@@ -7,8 +7,8 @@ decoded them; nothing runs per token inside the decoding loop.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 REPLACEMENT_CHARACTER = "\ufffd"
 

@@ -47,7 +47,7 @@ The ``long-*`` models follow the same contract with the 99-token tokenizer of
 ``long_tasks.ALPHABET`` (the same ids for the characters the two share), ``gen_length`` 128
 decoded in blocks of ``block_length`` 32 (both in their ``dloom`` config entry), answers of at
 most 127 characters graded by ``long_tasks.FAMILIES[f].check``.  They are trained by
-``python -m dloom.zoo.train --model long-…`` into ``training/checkpoints/`` of the source
+``PYTHONPATH=training python -m dloom_training.train --model long-…`` into ``training/checkpoints/`` of the source
 repository, and loaded from there (``training/README.md`` has the commands).
 """
 
@@ -103,7 +103,7 @@ def locate(name: str) -> Path:
             f"zoo model {name!r} is not in the installed package: it lives in "
             f"training/checkpoints/{name}/ of the dloom source repository, and {path} holds no "
             f"checkpoint; run from a clone of the repository, or pass the checkpoint's directory "
-            f"instead of the name (train it with `python -m dloom.zoo.train --model {name} "
+            f"instead of the name (train it with `PYTHONPATH=training python -m dloom_training.train --model {name} "
             "--out training/checkpoints`)"
         )
     return path
@@ -135,7 +135,7 @@ def load(
         model_path(str(name_or_path))  # raises the ValueError listing known names
         raise AssertionError("unreachable")
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"no checkpoint in {path} (run `python -m dloom.zoo.train`)")
+        raise FileNotFoundError(f"no checkpoint in {path} (run `PYTHONPATH=training python -m dloom_training.train`)")
     model = AutoModelForCausalLM.from_pretrained(
         path, local_files_only=True, dtype=torch.float32 if dtype is None else dtype
     )

@@ -194,7 +194,7 @@ def _lookup_generator(pairs: int) -> Callable[[random.Random], tuple[str, str]]:
     it by matching the key's content (an induction-head step); where the key sits in the
     context is random, so retrieving by position scores about ``(1/pairs) ** 3``.  (An
     earlier ``k=31`` form, two-digit values behind ``=``, needs a second matching step; the
-    zoo's models did not learn it in 2,000 lookup-only steps, see ``dloom.zoo.train``.)
+    zoo's models did not learn it in 2,000 lookup-only steps, see ``dloom_training.train``.)
     """
 
     def generate(rng: random.Random) -> tuple[str, str]:

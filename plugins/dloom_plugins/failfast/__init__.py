@@ -1,6 +1,6 @@
 """FailFast: a dLLM drafts for an autoregressive target, losslessly (arXiv 2512.20573;
 ``docs/strategies/failfast.md``). It runs in the core's ``"ar-target"`` decoder
-(:class:`dloom.ar_decoder.ARTargetDecoder`) through four hooks (:mod:`.plugin`).
+(:class:`dloom.ar.decoder.ARTargetDecoder`) through four hooks (:mod:`.plugin`).
 
 Each round, per row:
 
@@ -11,7 +11,7 @@ Each round, per row:
    its composition (``drafter_strategy``: any composition a diffusion decoder takes, a
    commit rule such as threshold, quota, factor, frechet, or a speculating one such as
    ``spiffy+threshold``) with block length ``small_block``: the engine's kernel step
-   (:class:`dloom.kernel.KernelStep`), or its speculative step
+   (:class:`dloom.decode.kernel.KernelStep`), or its speculative step
    (:meth:`dloom.DiffusionDecoder.speculative_step`: Spiffy's draft, prune, build_mask and
    verify over the small block, lossless against its base rule). Each committed token's
    confidence (its probability under the drafter's softmax) is recorded. The length policy (``dloom_prune``,
@@ -52,7 +52,7 @@ Batches: rows draft and verify together, vectorised (no Python loop over rows). 
 its own accepted length; the drafter canvas is column-aligned (prompt left-padded), each row
 denoises its own small blocks after its own prefix; the ar-target decoder crops the target's
 cache to the shortest row's accepted prefix and the other rows feed their extra accepted
-tokens again in the next verification forward (:func:`dloom.chains.chain_layout`). A finished row (EOS or ``max_new_tokens``) stays in the batch
+tokens again in the next verification forward (:func:`dloom.ar.chains.chain_layout`). A finished row (EOS or ``max_new_tokens``) stays in the batch
 with nothing to do (its slots are padding) until every row is finished.
 
 Drafter KV cache (``drafter_cache``): ``"none"`` recomputes the whole canvas at every

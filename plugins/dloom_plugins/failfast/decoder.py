@@ -1,15 +1,16 @@
-"""FailFast's decoder: the core's :class:`~dloom.ar_decoder.ARTargetDecoder` with the
+"""FailFast's decoder: the core's :class:`~dloom.ar.decoder.ARTargetDecoder` with the
 ``failfast`` strategy and a dLLM drafter, under the names FailFast's papers and scripts use."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
-from dloom.adapter import ModelAdapter
-from dloom.ar_decoder import ARTargetDecoder, load_ar_target_decoder
-from dloom.composition import StrategySpec, compose
+from dloom.ar.decoder import ARTargetDecoder, load_ar_target_decoder
 from dloom.errors import ConfigurationError
-from dloom.registry import Registry
+from dloom.hooks.composition import StrategySpec, compose
+from dloom.hooks.registry import Registry
+from dloom.model.adapter import ModelAdapter
 
 from .plugin import FailFast
 from .settings import FailFastSettings
@@ -24,7 +25,7 @@ class FailFastDecoder(ARTargetDecoder):
         replacing FailFast's: :func:`dloom.replace`), or a :class:`~.settings.FailFastSettings`.
     :param unsafe_ratio_out_of_order: allow ``verification="ratio"`` with ``small_block >
         1`` (biased: for negative controls only).
-    :param settings: everything else :class:`~dloom.ar_decoder.ARTargetDecoder` takes
+    :param settings: everything else :class:`~dloom.ar.decoder.ARTargetDecoder` takes
         (``params``, ``max_new_tokens``, ``temperature``, ``remasking``, ``seed``,
         ``drafter_cache``, ``draft_budget``), and strategy parameters as keywords.
     :raises ConfigurationError: parameters passed next to a ``FailFastSettings``, and
@@ -67,5 +68,5 @@ def build_failfast_decoder(
     params: Mapping[str, Any] | None = None, **settings: Any,
 ) -> ARTargetDecoder:
     """Load both models by zoo name or directory and build FailFast's decoder, taking the
-    diffusion decoder's setting names (:func:`dloom.ar_decoder.load_ar_target_decoder`)."""
+    diffusion decoder's setting names (:func:`dloom.ar.decoder.load_ar_target_decoder`)."""
     return load_ar_target_decoder(target, drafter, strategy, params, **settings)

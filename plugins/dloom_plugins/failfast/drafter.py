@@ -4,7 +4,7 @@ accepted tokens, one step of the drafter's own diffusion decoder
 ``small_block``) per call.
 
 A step is the engine's: a plain step (one forward of the canvas, then the engine's kernel
-step, :class:`dloom.kernel.KernelStep`, with the drafter's commit rule), or, for a
+step, :class:`dloom.decode.kernel.KernelStep`, with the drafter's commit rule), or, for a
 drafter composition that speculates (``spiffy+threshold``), the engine's speculative step
 (:meth:`dloom.DiffusionDecoder.speculative_step`: the composition's draft, prune,
 build_mask and verify over every row's small block, one verification forward, the kernel
@@ -20,15 +20,19 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import DynamicCache
 
-from dloom.adapter import ModelAdapter, output_logits, padding_or_none, position_ids_from_mask
-from dloom.cache import BlockForward, cache_argument, record_view
+from dloom.decode.kernel import KernelStep, RowStreams, without_mask
 from dloom.errors import HookContractError, NonFiniteLogitsError
-from dloom.kernel import RowStreams, without_mask
-from dloom.kernel import KernelStep
+from dloom.model.adapter import (
+    ModelAdapter,
+    output_logits,
+    padding_or_none,
+    position_ids_from_mask,
+)
+from dloom.model.runner import BlockForward, cache_argument, record_view
 from dloom.types import ChainState, DraftChains, VerificationLayout
 
 if TYPE_CHECKING:
-    from dloom.engine import DiffusionDecoder
+    from dloom.decode.decoder import DiffusionDecoder
 
 
 class DrafterKernel(KernelStep):
@@ -36,7 +40,7 @@ class DrafterKernel(KernelStep):
 
     :param decoder: the drafter's :class:`~dloom.DiffusionDecoder` (commit rule, temperature,
         remasking, mask id, steps per block).
-    :param streams: the rows' random streams (:class:`~dloom.kernel.RowStreams`) or ``None``.
+    :param streams: the rows' random streams (:class:`~dloom.decode.kernel.RowStreams`) or ``None``.
     :param eos_ids: ``(E,)`` long, the target's end tokens (a block holding one with nothing
         masked before it takes no more steps: the length policy has closed that row).
     :param rows: ``B``.
@@ -86,7 +90,7 @@ class DrafterKernel(KernelStep):
 
 class PrefixForward:
     """The drafter's forwards with FailFast's prefix cache, in the interface the engine's
-    steps call (that of :class:`dloom.cache.BlockForward`).
+    steps call (that of :class:`dloom.model.runner.BlockForward`).
 
     The keys and values of the columns every row has accepted (before ``stable - shift``)
     are kept across steps and rounds; each forward recomputes the columns after them, and
@@ -164,7 +168,7 @@ class PrefixForward:
 
     def evaluate(self, tokens: torch.Tensor, layout: VerificationLayout, first_window: int = 0) -> torch.Tensor:
         """One forward over a verification layout, reading the kept prefix; the raw outputs
-        at the layout's columns (as :meth:`dloom.cache.BlockForward.evaluate`). A packed
+        at the layout's columns (as :meth:`dloom.model.runner.BlockForward.evaluate`). A packed
         layout is evaluated span by span, one layout row each (exact: no span sees another).
 
         :return: ``(R, S, V)``; the first ``K`` columns of a span are its block's logits.
@@ -217,7 +221,7 @@ class DraftingRound:
 
     :param decoder: the drafter's :class:`~dloom.DiffusionDecoder`.
     :param state: the generation's first :class:`~dloom.types.ChainState`.
-    :param mode: the drafter's cache mode (``"none"``: a :class:`~dloom.cache.BlockForward`
+    :param mode: the drafter's cache mode (``"none"``: a :class:`~dloom.model.runner.BlockForward`
         recomputing the canvas; ``"prefix"``: :class:`PrefixForward`).
     :param keep_probs: record the drafter's tempered distributions (ratio verification).
     """

@@ -13,13 +13,14 @@ of ``K``) fits it.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
-from dloom.adapter import ModelAdapter
-from dloom.composition import Composition, compose
-from dloom.decoding import DIFFUSION
-from dloom.engine import DiffusionDecoder
+from dloom.decode.decoder import DiffusionDecoder
+from dloom.decode.decoders import DIFFUSION
 from dloom.errors import CompositionError, ConfigurationError, UnknownStrategyError
+from dloom.hooks.composition import Composition, compose
+from dloom.model.adapter import ModelAdapter
 
 from .settings import FailFastSettings
 

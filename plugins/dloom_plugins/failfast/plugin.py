@@ -5,22 +5,23 @@
   row is open.
 * ``dloom_prune``: the length policy (:func:`~.policy.prune_chains`): fail fast, win big
   (or a fixed naive length) closes a row once its proposal length is decided.
-* ``dloom_build_mask``: the core's chain layout (:func:`dloom.chains.chain_layout`).
-* ``dloom_verify``: sample-and-match (:func:`dloom.chains.match_chains`, exact for any
+* ``dloom_build_mask``: the core's chain layout (:func:`dloom.ar.chains.chain_layout`).
+* ``dloom_verify``: sample-and-match (:func:`dloom.ar.chains.match_chains`, exact for any
   drafter), or ratio-based rejection sampling (:func:`~.verification.verify_ratio`, exact
   only for left-to-right drafts: refused otherwise when the decoder is built).
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
 from dloom import hookimpl
-from dloom.cache import cache_argument
-from dloom.chains import TargetKernel, chain_layout, match_chains
+from dloom.ar.chains import TargetKernel, chain_layout, match_chains
 from dloom.errors import ConfigurationError, ModelError
+from dloom.model.runner import cache_argument
 from dloom.types import ChainLayout, ChainState, ChainVerdict, DraftChains
 
 from .drafter import DraftingRound

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from dloom.adapter import ModelAdapter
+
 from dloom.errors import ConfigurationError, ModelError
+from dloom.model.adapter import ModelAdapter
 
 POLICIES = ("failfast", "naive")
 VERIFICATIONS = ("match", "ratio")

@@ -1,12 +1,12 @@
 """Ratio-based verification of a draft against the target (speculative rejection sampling);
-sample-and-match verification is the core's :func:`dloom.chains.match_chains`."""
+sample-and-match verification is the core's :func:`dloom.ar.chains.match_chains`."""
 
 from __future__ import annotations
 
 import torch
 
-from dloom.chains import ACCEPT_TAG, RESAMPLE_TAG
-from dloom.kernel import RowStreams, gumbel_argmax, uniform_noise
+from dloom.ar.chains import ACCEPT_TAG, RESAMPLE_TAG
+from dloom.decode.kernel import RowStreams, gumbel_argmax, uniform_noise
 
 
 def verify_ratio(

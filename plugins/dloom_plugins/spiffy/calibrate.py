@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import time
 from collections import Counter, defaultdict
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 
 from dloom import DiffusionDecoder
-from dloom.engine import StepRecord
+from dloom.decode.decoder import StepRecord
 from dloom.errors import ConfigurationError
 
 from .frame import rank_frame

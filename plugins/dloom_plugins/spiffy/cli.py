@@ -1,18 +1,18 @@
 """Spiffy's commands on the ``dloom`` command line: ``dloom calibrate`` (through
-:func:`dloom.hookspecs.dloom_register_commands`; its ``--graph``, ``--budget`` and
+:func:`dloom.hooks.specs.dloom_register_commands`; its ``--graph``, ``--budget`` and
 ``--layout`` options of ``generate``/``eval``/``check`` come from the registration's
 ``options``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, List, Optional, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import typer
 from rich.progress import Progress
 
-from dloom import cli as core
-from dloom.cli import (
+from dloom.cli import commands as core
+from dloom.cli.commands import (
     BlockLengthOption,
     DeviceOption,
     DtypeOption,
@@ -30,7 +30,7 @@ from dloom.cli import (
 from dloom.errors import ConfigurationError, DloomError
 
 if TYPE_CHECKING:
-    from dloom.engine import DiffusionDecoder
+    from dloom.decode.decoder import DiffusionDecoder
 
 
 def register_commands(cli: typer.Typer) -> None:
@@ -41,20 +41,20 @@ def register_commands(cli: typer.Typer) -> None:
 def calibrate(
     model: str = ModelOption,
     strategy: str = StrategyOption,
-    param: List[str] = ParamOption,
+    param: list[str] = ParamOption,
     budget: int = typer.Option(10, "--budget", "-D", min=1, help="D: draft nodes to keep."),
     output: Path = typer.Option(..., "--output", "-o", help="Where to write the graph (JSON)."),
     tasks: str = typer.Option("all", help="'all' or comma-separated task families (training split)."),
     n: int = typer.Option(70, "-n", help="Task prompts to calibrate on."),
-    prompts_file: Optional[Path] = typer.Option(
+    prompts_file: Path | None = typer.Option(
         None, "--prompts", help="JSONL prompts instead of the task suite.", exists=True, dir_okay=False
     ),
     seed: int = typer.Option(0, help="Seeds the example selection and the sampler."),
     token_ranks: int = typer.Option(4, min=1, help="Vocabulary ranks a draft formula may use."),
     score: str = typer.Option("own", help="Node selection score: own or own+parents (the paper's)."),
-    gen_length: Optional[int] = GenLengthOption,
-    block_length: Optional[int] = BlockLengthOption,
-    steps: Optional[int] = StepsOption,
+    gen_length: int | None = GenLengthOption,
+    block_length: int | None = BlockLengthOption,
+    steps: int | None = StepsOption,
     temperature: float = TemperatureOption,
     remasking: str = RemaskingOption,
     batch_size: int = typer.Option(16, min=1, help="Prompts per forward batch."),
@@ -63,7 +63,7 @@ def calibrate(
     force: bool = typer.Option(False, "--force", help="Overwrite --output if it exists."),
 ) -> None:
     """Record the base strategy's transitions and write a Spiffy draft graph of D nodes."""
-    from dloom.decoding import DIFFUSION, decoder_kind
+    from dloom.decode.decoders import DIFFUSION, decoder_kind
     from dloom.evaluation import select_examples
 
     from .calibrate import calibrate as run_calibration

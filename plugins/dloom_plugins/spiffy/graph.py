@@ -26,9 +26,10 @@ from __future__ import annotations
 import json
 import math
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 

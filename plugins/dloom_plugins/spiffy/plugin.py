@@ -17,23 +17,30 @@
   (``budget + 1`` nodes, or one packed row of ``budget + 1`` spans), so that every
   verification model call of a batch has one shape.
 * ``dloom_verify`` follows the graph with the decoder's kernel
-  (:func:`dloom.speculation.follow_graph`): lossless whenever the layout is exact.
+  (:func:`dloom.decode.speculation.follow_graph`): lossless whenever the layout is exact.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
 from dloom import hookimpl
+from dloom.decode.speculation import follow_graph, layout_drafts
 from dloom.errors import ConfigurationError, warn
-from dloom.speculation import follow_graph, layout_drafts
 from dloom.types import DecodeState, DraftGraph, NodeLogits, Verdict, VerificationLayout
 
 from .frame import rank_frame
-from .graph import CalibratedGraph, GraphTemplate, calibrate_command, default_graph, find_builtin
+from .graph import (
+    CalibratedGraph,
+    GraphTemplate,
+    calibrate_command,
+    default_graph,
+    find_builtin,
+)
 
 LAYOUTS = ("rows", "packed")
 CALL_TOKENS = 2048

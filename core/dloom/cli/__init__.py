@@ -1,0 +1,20 @@
+"""The ``dloom`` command line, on top of the library, the server and Ray.
+
+* :mod:`dloom.cli.commands`: the Typer application :data:`app` and its commands (the
+  ``dloom`` console script is ``dloom.cli:app``).
+* :mod:`dloom.cli.plugins`: the command group that adds the plugins' commands and strategy
+  options.
+* :mod:`dloom.cli.exits`: how a command ends on Ctrl-C or on results it cannot write.
+"""
+
+from dloom.cli.commands import app
+
+__all__ = ["app"]
+
+
+def __getattr__(name: str) -> object:
+    """A name of the old module ``dloom.cli`` (now :mod:`dloom.cli.commands`), found here for one release
+    with a ``DeprecationWarning`` (:func:`dloom.old_paths.old_attribute`)."""
+    from dloom.old_paths import old_attribute
+
+    return old_attribute(__name__, name)

@@ -1,0 +1,488 @@
+"""The diffusion decoder: semi-autoregressive block decoding with the transition kernel.
+
+The sequence is ``prompt + gen_length`` mask tokens, split into blocks of ``block_length``
+decoded left to right. Each step of a row's active block runs one forward, proposes a
+candidate and a confidence per position (:func:`dloom.decode.kernel.propose`), asks the strategy's
+commit rule which positions to unmask, and commits them.
+
+Per-row block progression: every row decodes its own active block. A row whose block is
+done moves on to its next block in the next forward, instead of waiting for the slowest row
+of the batch; a row that has finished (an EOS with nothing masked before it, or nothing
+masked) leaves the batch at once, its tokens final and its NFE no longer counted. So each
+row takes exactly the steps it takes when decoded alone, and no forward is spent on a row
+with nothing to decode. The loop synchronises with the host once per forward (to check the
+step's contracts, learn which rows left and which need a full forward); never per token or
+per row.
+
+The loop itself is :class:`dloom.decode.session.DecodeSession`, a running batch that rows
+may also join between forwards (continuous batching: ``dloom serve`` keeps one per decoder
+settings); :meth:`DiffusionDecoder.generate` is one session with every prompt admitted at
+once, stepped until it is empty.
+
+Every forward goes through the generation's :class:`dloom.model.runner.BlockForward`, which keeps
+each row's block columns and, with ``cache="prefix"`` or ``"dual"``, its keys and values
+(:mod:`dloom.model.runner`). For a block-causal model the decoder gives it every position's block
+(:mod:`dloom.model.attention`), laid out per the model's ``block_alignment``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from dloom.decode.decoders import DIFFUSION
+from dloom.decode.generation import Prompts, prepare_prompts, token_lists_and_texts
+from dloom.decode.kernel import REMASKING, KernelStep
+from dloom.decode.prompts import check_lengths, check_special_ids, vocabulary_size
+from dloom.decode.session import (  # noqa: F401 - re-exported: dloom.decode.decoder is where users find them
+    BlockRecord,
+    DecodeSession,
+    FinishedRows,
+    SessionCalls,
+    StepRecord,
+    finished_rows,
+    generated_lengths,
+)
+from dloom.decode.speculation import (
+    NodeLogits,
+    evaluate_in_parts,
+    layout_is_exact,
+    static_call_rows,
+)
+from dloom.errors import (
+    ConfigurationError,
+    HookContractError,
+    ModelError,
+    NonFiniteLogitsError,
+)
+from dloom.hooks import calls as hooks
+from dloom.hooks.composition import StrategySpec, build_plugin_manager, compose
+from dloom.hooks.registry import Registry
+from dloom.metrics import ForwardClock, GenerationResult, HookTimer
+from dloom.model.adapter import ModelAdapter, position_ids_from_mask
+from dloom.model.runner import CACHE_MODES, BlockForward, cache_argument, check_refresh
+from dloom.types import DecodeState
+
+DEFAULT_GEN_LENGTH = 128
+DEFAULT_BLOCK_LENGTH = 32
+
+
+class DiffusionDecoder:
+    """Decode a dLLM with a strategy composition.
+
+    :param model: the model adapter (:func:`dloom.load_model`).
+    :param strategy: a registered name, ``"a+b"``, a plugin object or a list of those.
+    :param gen_length: generated positions per row (default: the checkpoint's, else 128).
+    :param block_length: positions per block; must divide ``gen_length`` (default: the
+        block size the model was trained with, for block-causal models; else
+        ``min(32, gen_length)``).
+    :param steps: step budget over all blocks, a multiple of the number of blocks; quota
+        rules spread each block's masks over ``steps / blocks`` steps (default
+        ``gen_length``: one token per step).
+    :param temperature: 0 for greedy, > 0 samples with float64 Gumbel-max.
+    :param remasking: confidence kind, one of :data:`dloom.decode.kernel.REMASKING`.
+    :param seed: seeds every prompt's random stream (:class:`dloom.decode.kernel.RowStreams`; ``None``: nondeterministic).
+    :param cache: KV cache mode, one of :data:`dloom.model.runner.CACHE_MODES`: ``"none"``,
+        ``"prefix"`` (reuse the keys and values before the active block) or ``"dual"`` (also
+        those after it); exact for block-causal models, approximate for bidirectional ones.
+    :param cache_refresh: with a cache, rebuild it with a full forward every
+        ``cache_refresh`` forwards of a block (``None``: once per block). Bounds the drift of
+        a bidirectional model's cached decoding; plain steps only, so speculative
+        strategies refuse it.
+    :param static_shapes: ``True`` gives every forward of a fixed set of rows the same shapes
+        across steps and blocks (a preallocated record written in place, fixed windows, a
+        4-D mask over the whole record: :class:`dloom.model.runner.BlockForward`'s "Static
+        shapes"), so that a model compiled with ``torch.compile`` (or captured in a CUDA
+        graph) reuses one graph per shape. The same tokens and NFE as ``False`` on the toy
+        zoo; logits agree up to floating-point rounding. Costs some compute (a prefix window
+        stays as wide as the generated region; full forwards compute the whole region's
+        logits). A speculative strategy's verification forwards are padded to one row count
+        per batch (:func:`dloom.decode.speculation.static_call_rows`; padding rows whose outputs
+        are dropped) and, packed, to one span count per row, in the same model calls.
+    :param draft_budget: the most drafts per row one verification forward may evaluate
+        (speculative strategies; ``None``: the strategy's own budget).
+    :param params: strategy parameters by name (``"tau"``) or by component (``"spiffy.budget"``).
+    :param sync_timing: synchronise the device around timed sections (exact per-hook times
+        on a GPU at some cost).
+    :param on_proposal: an observer of every kernel step's proposal, called before the commit
+        rule with the candidates and confidences, both ``(B, K)``
+        (:class:`~dloom.decode.kernel.KernelStep`; :mod:`dloom.decode.oracle` reads the candidates).
+    :param strategy_params: more strategy parameters as keyword arguments.
+    :raises ConfigurationError: for inconsistent lengths, steps or parameters, or an unknown
+        cache mode.
+    :raises ModelError: for a model without a mask token, with causal attention, or (with a
+        cache) whose forward takes no ``transformers`` cache.
+    :raises CompositionError: when the strategies cannot be combined.
+    """
+
+    def __init__(
+        self,
+        model: ModelAdapter,
+        strategy: StrategySpec = "quota",
+        *,
+        gen_length: int | None = None,
+        block_length: int | None = None,
+        steps: int | None = None,
+        temperature: float = 0.0,
+        remasking: str = "low_confidence",
+        seed: int | None = None,
+        cache: str = "none",
+        cache_refresh: int | None = None,
+        static_shapes: bool = False,
+        draft_budget: int | None = None,
+        params: Mapping[str, Any] | None = None,
+        sync_timing: bool = False,
+        registry: Registry | None = None,
+        on_proposal: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
+        **strategy_params: Any,
+    ) -> None:
+        if model.mask_token_id is None:
+            raise ModelError(f"model {model.name!r} has no mask token; it cannot be a dLLM")
+        if model.attention == "causal":
+            raise ModelError(
+                f"model {model.name!r} has causal attention; a diffusion decoder needs "
+                "'bidirectional' or 'block-causal' (pass attention=... to load_model if the "
+                "config is wrong)"
+            )
+        check_lengths(gen_length=gen_length, block_length=block_length, steps=steps)
+        self.model = model
+        self.mask_token_id: int = model.mask_token_id  # the model's, known to be set
+        self.gen_length = gen_length or model.default_gen_length or DEFAULT_GEN_LENGTH
+        self.block_length = (
+            block_length or model.default_block_length or min(DEFAULT_BLOCK_LENGTH, self.gen_length)
+        )
+        self.steps = steps or self.gen_length
+        self.temperature = float(temperature)
+        self.remasking = remasking
+        self.seed = seed
+        self.cache = cache
+        self.cache_refresh = cache_refresh
+        self.static_shapes = static_shapes
+        self.draft_budget = draft_budget
+        self.on_proposal = on_proposal
+        self._validate()
+        self.composition = compose(strategy, {**(params or {}), **strategy_params}, registry)
+        self.guarantees = self.composition.guarantees_under(self.temperature, self.remasking)
+        for component in self.composition.components:
+            kind = component.strategy.registration.decoder if component.strategy is not None else DIFFUSION
+            if kind != DIFFUSION:
+                raise ConfigurationError(
+                    f"strategy {component.name!r} runs in the {kind!r} decoder, not in a diffusion "
+                    f"decoder: use dloom.ARTargetDecoder(target, {component.name!r}, drafter=...), "
+                    f"or `dloom generate --strategy {component.name} --target ... --drafter ...`"
+                )
+        if self.composition.provider("dloom_select_commit") is None:
+            raise ConfigurationError(
+                f"strategy {self.composition.name!r} has no commit rule (dloom_select_commit); "
+                "add one, for example 'quota', 'threshold' or 'factor'"
+            )
+        self._sync = (
+            torch.cuda.synchronize if sync_timing and model.device.type == "cuda" else None
+        )
+        self.timer = HookTimer(self._sync)
+        self.forward_clock = ForwardClock(self._sync)  # the model forwards of the last session (it resets the clock)
+        self.pm = build_plugin_manager(self.composition, self.timer)
+        self._speculates = self.composition.provider("dloom_draft") is not None
+        if self._speculates and self.cache_refresh is not None:
+            raise ConfigurationError(
+                f"cache_refresh={self.cache_refresh} applies to plain steps; speculative strategy "
+                f"{self.composition.name!r} verifies drafts on the block-start cache (use cache_refresh=None)"
+            )
+        hooks.configure(self.pm, self.setup)
+
+    def _validate(self) -> None:
+        check_special_ids(self.model)
+        g, k, s = self.gen_length, self.block_length, self.steps
+        if g <= 0 or k <= 0 or s <= 0:
+            raise ConfigurationError(
+                f"gen_length, block_length and steps must be positive; got {g}, {k}, {s}"
+            )
+        if g % k:
+            raise ConfigurationError(
+                f"gen_length {g} is not a multiple of block_length {k}; allowed block lengths "
+                "divide gen_length"
+            )
+        blocks = g // k
+        if s % blocks:
+            raise ConfigurationError(
+                f"steps {s} do not divide over {blocks} blocks (gen_length {g} / block_length "
+                f"{k}); allowed: a multiple of {blocks}"
+            )
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ConfigurationError(f"temperature is {self.temperature!r}; allowed: >= 0")
+        if self.remasking not in REMASKING:
+            raise ConfigurationError(
+                f"remasking is {self.remasking!r}; allowed: {', '.join(REMASKING)}"
+            )
+        if self.draft_budget is not None and self.draft_budget < 0:
+            raise ConfigurationError(f"draft_budget is {self.draft_budget!r}; allowed: >= 0 or None")
+        if self.cache not in CACHE_MODES:
+            raise ConfigurationError(f"cache is {self.cache!r}; allowed: {', '.join(CACHE_MODES)}")
+        check_refresh(self.cache, self.cache_refresh)
+        if not isinstance(self.static_shapes, bool):
+            raise ConfigurationError(f"static_shapes is {self.static_shapes!r}; allowed: True or False")
+        if self.cache != "none" and cache_argument(self.model.model) is None:
+            raise ModelError(
+                f"cache {self.cache!r} needs a model whose forward takes a transformers cache; "
+                f"model {self.model.name!r} takes none (use cache='none')"
+            )
+
+    @property
+    def setup(self) -> dict[str, Any]:
+        """What :func:`dloom.hooks.specs.dloom_configure` receives."""
+        commit_rule = self.composition.provider("dloom_select_commit")
+        return {
+            **self.config,
+            "tokenizer_sha256": self.model.tokenizer_sha256,
+            "commit_rule": commit_rule,
+            "commit_params": self.composition.params().get(commit_rule, {}) if commit_rule else {},
+            "steps_per_block": self.steps // (self.gen_length // self.block_length),
+            "attention": self.model.attention,
+            "shift_logits": self.model.shift_logits,
+            "takes_attention_mask": self.model.can_pad,
+            "vocab_size": vocabulary_size(self.model),
+        }
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The settings, JSON-ready (recorded in every result)."""
+        return {
+            "model": self.model.name,
+            "strategy": self.composition.name,
+            "params": self.composition.params(),
+            "gen_length": self.gen_length,
+            "block_length": self.block_length,
+            "steps": self.steps,
+            "temperature": self.temperature,
+            "remasking": self.remasking,
+            "seed": self.seed,
+            "cache": self.cache,
+            "cache_refresh": self.cache_refresh,
+            "static_shapes": self.static_shapes,
+            "draft_budget": self.draft_budget,
+            "guarantees": self.guarantees,
+            "dtype": str(self.model.dtype).removeprefix("torch."),
+            "device": str(self.model.device),
+        }
+
+    @property
+    def name(self) -> str:
+        """The strategy's name, its composition's (:class:`dloom.decode.decoders.Decoder`)."""
+        return self.composition.name
+
+    @property
+    def forward_seconds(self) -> float:
+        """Seconds spent in model forwards since the last session started (what
+        :meth:`generate` reports as ``hook_seconds["forward"]``)."""
+        return self.forward_clock.seconds
+
+    def totals(self) -> None:
+        """``None``: every figure of this decoder is in each result
+        (:class:`dloom.decode.decoders.Decoder`)."""
+        return None
+
+    def session_calls(self) -> SessionCalls:
+        """What a :class:`~dloom.decode.session.DecodeSession` of this decoder calls on it: its
+        sequence layout, forward clock, hook timer, step check and, for a strategy that
+        drafts, its speculative step."""
+        return SessionCalls(
+            layout=self._layout, check=self._check, clock=self.forward_clock, timer=self.timer,
+            speculative_step=self.speculative_step if self._speculates else None,
+        )
+
+    def _verification_step(
+        self, state: DecodeState, graph, forward: BlockForward, kernel: KernelStep, first_window: int
+    ):
+        """Prune, lay out, run one forward over the roots and the drafts, and verify.
+
+        :return: the :class:`~dloom.types.Verdict` and whether the layout gave exact draft
+            distributions.
+        """
+        graph = hooks.prune(self.pm, graph, self.draft_budget)
+        layout = hooks.build_mask(self.pm, state, graph)
+        query = forward.query_width(first_window)
+        call_rows = max(state.tokens.shape[0], layout.call_tokens // query)  # a rows layout has a row per draft
+        run = evaluate_in_parts
+        if self.static_shapes:  # every model call of the verification one shape
+            run = functools.partial(evaluate_in_parts, static_rows=static_call_rows(layout, call_rows))
+        outputs = self.forward_clock.timed(run, forward.evaluate, state.tokens, layout, first_window, call_rows)
+        verdict = hooks.verify(self.pm, state, graph, NodeLogits(outputs, layout, self.block_length), kernel)
+        return verdict, layout_is_exact(layout, self.cache, self.model.attention)
+
+    def _check(self, forward: int, non_finite: int, idle: int, blocks: torch.Tensor) -> None:
+        """Raise for the contract violations the step's synchronisation found (``blocks``:
+        each row's block index, read only to name the earliest in the message)."""
+        if non_finite:
+            raise NonFiniteLogitsError(
+                f"model {self.model.name!r} returned NaN or inf logits at block "
+                f"{int(blocks.min())}, forward {forward}; try dtype='float32' or check the checkpoint"
+            )
+        if idle:
+            raise HookContractError(
+                f"commit rule {self.composition.provider('dloom_select_commit')!r} "
+                f"committed no position in a row that had masked positions "
+                f"(block {int(blocks.min())}, forward {forward}); every step must commit at least one"
+            )
+
+    def _layout(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor):
+        """The sequences to decode and where each row's blocks lie.
+
+        :param prompt_ids: / :param prompt_mask: ``(B, P)`` left-padded prompts.
+        :return: ``tokens`` ``(B, L)`` (prompt, then masks over each row's generated region,
+            then padding), its padding mask and position ids ``(B, L)``, each row's first
+            block column ``(B,)`` and the end of its generated region ``(B,)``. With
+            ``block_alignment="absolute"`` blocks sit at multiples of ``K`` from each row's
+            position 0: the first holds the prompt's last partial block, and the last is
+            completed to ``K`` positions (as SDAR's ``generate.py`` does), so a row decodes
+            up to ``K - 1`` positions more than ``gen_length``; ``L = P + gen_length + K - 1``.
+        """
+        batch, prompt_len = prompt_ids.shape
+        width, device = self.block_length, prompt_ids.device
+        if self.model.block_alignment == "absolute":
+            start = prompt_len - prompt_mask.sum(-1) % width
+            region_end = start + (prompt_len + self.gen_length - start + width - 1) // width * width
+            gen_end = prompt_len + self.gen_length + width - 1
+        else:
+            start = torch.full((batch,), prompt_len, dtype=torch.long, device=device)
+            region_end = start + self.gen_length
+            gen_end = prompt_len + self.gen_length
+        columns = torch.arange(prompt_len, gen_end, device=device).expand(batch, -1)
+        decoded = columns < region_end.unsqueeze(1)
+        tokens = torch.cat(
+            [prompt_ids, torch.where(decoded, self.mask_token_id, self.model.pad_token_id)], dim=1
+        )
+        full_mask = torch.cat([prompt_mask, decoded.long()], dim=1)
+        positions = position_ids_from_mask(full_mask)
+        return tokens, full_mask, positions, start, region_end
+
+    def generated_region(
+        self, prompts: Prompts, attention_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Where :meth:`generate` decodes each prompt: the columns of its result's
+        ``sequences`` from ``start`` to ``end``, a whole number of blocks (block ``j`` of row
+        ``i`` is ``start[i] + j K`` to ``start[i] + (j + 1) K``).
+
+        :param prompts: / :param attention_mask: as for :meth:`generate`.
+        :return: ``start`` and ``end``, both ``(B,)`` long. With ``block_alignment="absolute"``
+            the first block also holds the prompt's last partial block.
+        :raises ModelError: for empty prompts.
+        """
+        prompt_ids, prompt_mask, _ = prepare_prompts(self.model, prompts, attention_mask, 0, None, False)
+        _, _, _, start, end = self._layout(prompt_ids, prompt_mask)
+        return start, end
+
+    def generate(
+        self,
+        prompts: Prompts,
+        attention_mask: torch.Tensor | None = None,
+        observer: Callable[[StepRecord], None] | None = None,
+        on_block: Callable[[BlockRecord], None] | None = None,
+        *,
+        row_offset: int | Sequence[int] | torch.Tensor = 0,
+    ) -> GenerationResult:
+        """Decode a batch of prompts.
+
+        :param prompts: texts, token-id lists (left-padded here), or a ``(B, P)`` tensor of
+            left-padded ids with its ``attention_mask``.
+        :param observer: called after every plain step with a :class:`StepRecord` (the
+            reference process as it runs; ``dloom calibrate`` records it).
+        :param on_block: called after every step in which some rows finished a block, plain
+            or speculative, with a :class:`BlockRecord` of those rows' final block tokens
+            (``dloom serve`` streams them). Costs no host synchronisation unless given.
+        :param row_offset: each prompt's random stream (:class:`dloom.decode.kernel.RowStreams`), so
+            that a prompt's sample depends on the seed and its stream, not on the batch it is
+            decoded in. An int is the index of the first prompt in the whole request (prompt
+            ``i`` samples from stream ``row_offset + i``); a sequence or ``(B,)`` tensor gives
+            one stream per prompt (``dloom serve`` batches prompts of different requests,
+            each with its index in its own request).
+        :return: the decoded batch with its metrics.
+        :raises ModelError: for empty prompts or a sequence beyond the model's context.
+        :raises ConfigurationError: for a negative ``row_offset`` or one whose length is not
+            the number of prompts.
+        :raises NonFiniteLogitsError: when the model returns NaN or inf.
+        """
+        start_time = time.perf_counter()
+        session = DecodeSession(self, observer, on_block)
+        batch = len(session.admit(prompts, attention_mask, row_offset=row_offset))
+        width = session.width
+        sequences = session.x.clone()
+        nfe = torch.zeros(batch, dtype=torch.long, device=sequences.device)
+        lengths = torch.zeros_like(nfe)
+        while session.size:
+            done = session.step()
+            if done is not None:
+                sequences.index_copy_(0, done.rows, done.sequences)
+                nfe.index_copy_(0, done.rows, done.nfe)
+                lengths.index_copy_(0, done.rows, done.lengths)
+        model = self.model
+        generated = sequences[:, width:]
+        token_lists, texts = token_lists_and_texts(model, generated, lengths)
+        hook_seconds = {"forward": self.forward_clock.seconds, **self.timer.seconds}
+        tallies = session.tallies
+        return GenerationResult(
+            sequences=sequences,
+            generated=generated,
+            generated_lengths=lengths,
+            nfe=nfe,
+            forwards=tallies.forwards,
+            verifications=tallies.verifications,
+            accepted_drafts=tallies.accepted,
+            layout_exact=tallies.exact,
+            wall_seconds=time.perf_counter() - start_time,
+            hook_seconds=hook_seconds,
+            config=self.config,
+            texts=texts,
+            token_lists=token_lists,
+            row_forwards=session.row_forwards,
+            model_calls=session.model_calls,
+            verification_forwards=tallies.verification_forwards,
+        )
+
+    def speculative_step(
+        self, x, attention_mask, block, decoding, known, previous, forward, kernel, plan, counters,
+    ):
+        """One step of a speculative composition: rows due a full forward (block start with a
+        cache) take a plain step on it; the others are verified in one forward over their
+        roots and drafts (rows without a known distribution evaluate their root only).
+
+        The one speculative dLLM step: :class:`~dloom.decode.session.DecodeSession` runs it,
+        and so does FailFast's drafter over each row's small block (its ``forward`` has the
+        :class:`~dloom.model.runner.BlockForward` interface: ``run``, ``evaluate``, ``start``,
+        ``window_start``, ``shift``; ``kernel`` is a :class:`~dloom.decode.kernel.KernelStep`;
+        ``counters`` has ``verification_forwards`` and ``record_layout(exact)``).
+
+        :return: the new ``(B, K)`` blocks, each row's last distribution ``(B, K, V)`` and the
+            drafts each row accepted ``(B,)`` (``None`` when no graph was drafted).
+        """
+        n_full, first_window, last_window = plan
+        full_logits, full_rows = None, torch.zeros_like(decoding)
+        if self.cache != "none" and n_full:
+            full_logits, full_rows = self.forward_clock.timed(forward.run, x, n_full, first_window, last_window, False)
+        state = DecodeState(
+            tokens=x, attention_mask=attention_mask, block_start=forward.start,
+            block_end=forward.start + self.block_length, mask_token_id=self.model.mask_token_id,
+            active=decoding & ~full_rows, logits=previous, span_start=forward.window_start,
+            known=known & ~full_rows, width=self.block_length, span_lead=forward.shift,
+        )
+        graph = hooks.draft(self.pm, state)
+        if graph is None:
+            rest, _ = self.forward_clock.timed(forward.run, x, 0, first_window, last_window)
+            logits = rest if full_logits is None else torch.where(full_rows[:, None, None], full_logits, rest)
+            return kernel(block, logits, decoding), logits, None
+        verdict, exact = self._verification_step(state, graph, forward, kernel, first_window)
+        counters.record_layout(exact)
+        counters.verification_forwards += 1
+        if full_logits is None:
+            return verdict.block, verdict.logits, verdict.accepted
+        stepped = kernel(block, full_logits, full_rows & decoding)
+        wide = full_rows[:, None, None]
+        return (
+            torch.where(full_rows[:, None], stepped, verdict.block),
+            torch.where(wide, full_logits, verdict.logits),
+            verdict.accepted,
+        )

@@ -1,0 +1,118 @@
+"""What every dloom decoder offers (:class:`Decoder`), and which decoder a strategy runs in.
+
+A strategy's registration names its decoder (:attr:`dloom.StrategyRegistration.decoder`),
+one of :data:`DECODERS`:
+
+* ``"diffusion"``: :class:`dloom.DiffusionDecoder` decodes a dLLM; the strategy's hooks
+  choose the commits and speculate on the dLLM's own future states.
+* ``"ar-target"``: an autoregressive target decodes, a dLLM drafter proposes token chains
+  and the target verifies them (:func:`ar_target_decoder`).
+
+:func:`decoder_kind` reads the kind off a strategy spec, so the command line, evaluation and
+``dloom check`` dispatch on the registration, never on a strategy's name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+
+    from dloom.hooks.registry import Registry
+    from dloom.metrics import GenerationResult
+    from dloom.model.adapter import ModelAdapter
+
+from dloom.types import AR_TARGET, DECODERS, DIFFUSION
+
+__all__ = ["AR_TARGET", "DECODERS", "DIFFUSION", "Decoder", "ar_target_decoder", "decoder_kind",
+           "load_ar_target_decoder", "strategies_for"]
+
+
+@runtime_checkable
+class Decoder(Protocol):
+    """The interface :func:`dloom.evaluation.evaluate`, the command line and ``dloom check``
+    use, whatever the decoder.
+
+    :ivar model: the adapter of the model whose outputs are produced (tokenizer, padding,
+        chat template, context length): the dLLM, or the AR target.
+    """
+
+    model: ModelAdapter
+
+    @property
+    def name(self) -> str:
+        """The strategy's name as reports show it (a composition's ``a+b``)."""
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The decoder's settings, JSON-ready; ``gen_length`` is the most generated tokens
+        per row."""
+
+    def generate(
+        self, prompts: Sequence[str] | Sequence[Sequence[int]] | torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        row_offset: int | Sequence[int] | torch.Tensor = 0,
+    ) -> GenerationResult:
+        """Decode a batch of prompts (texts, id lists, or a ``(B, P)`` left-padded tensor
+        with its ``(B, P)`` ``attention_mask``); ``row_offset`` gives each prompt's random
+        stream (:class:`dloom.decode.kernel.RowStreams`)."""
+
+    def totals(self) -> dict[str, Any] | None:
+        """Counts the decoder adds up over its :meth:`generate` calls, JSON-ready, or
+        ``None`` when every figure is already in each result."""
+
+
+def decoder_kind(strategy: Any, registry: Registry | None = None) -> str:
+    """The decoder (one of :data:`DECODERS`) that the strategy spec ``strategy`` runs in.
+
+    A string spec (``"a+b"``) is looked up in the registry: a component whose registration
+    names a decoder other than ``"diffusion"`` decides it (that decoder then refuses the
+    components it cannot run). Plugin objects run in the diffusion decoder.
+
+    :raises UnknownStrategyError: for a name no plugin registered.
+    """
+    if not isinstance(strategy, str):
+        return DIFFUSION
+    from dloom.hooks.registry import get_registry
+
+    registry = registry or get_registry()
+    kinds = [registry.get(part.strip()).registration.decoder for part in strategy.split("+") if part.strip()]
+    return next((kind for kind in kinds if kind != DIFFUSION), DIFFUSION)
+
+
+def strategies_for(kind: str, registry: Registry | None = None) -> list[str]:
+    """The registered strategies whose registration names the decoder ``kind``."""
+    from dloom.hooks.registry import get_registry
+
+    registry = registry or get_registry()
+    return sorted(s.name for s in registry.strategies.values() if s.registration.decoder == kind)
+
+
+def ar_target_decoder(
+    target: ModelAdapter, drafter: ModelAdapter | None, strategy: Any,
+    params: Mapping[str, Any] | None = None, **settings: Any,
+) -> Decoder:
+    """The ``"ar-target"`` decoder of ``strategy`` over loaded models: ``target`` (an AR
+    model) decodes, ``drafter`` (a dLLM sharing its tokenizer) drafts.
+
+    :param settings: ``max_new_tokens``, ``temperature``, ``remasking``, ``seed``,
+        ``drafter_cache``, ``draft_budget``.
+    """
+    from dloom.ar.decoder import ARTargetDecoder
+
+    return ARTargetDecoder(target, strategy, drafter=drafter, params=dict(params or {}), **settings)
+
+
+def load_ar_target_decoder(
+    target: str, drafter: str | None, strategy: str, params: Mapping[str, Any] | None = None,
+    **settings: Any,
+) -> Decoder:
+    """:func:`ar_target_decoder` with both models loaded by zoo name or directory, taking
+    the diffusion decoder's setting names (what ``dloom generate`` passes): ``gen_length``
+    is ``max_new_tokens``, ``cache`` the drafter's cache, ``mask_token_id`` the drafter's."""
+    from dloom.ar.decoder import load_ar_target_decoder as load
+
+    return load(target, drafter, strategy, params, **settings)

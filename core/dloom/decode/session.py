@@ -1,0 +1,563 @@
+"""A running batch of the diffusion decoder: rows join between forwards, and leave when they
+finish or are cancelled (continuous batching at block boundaries).
+
+:class:`DecodeSession` holds the state of a batch that :class:`~dloom.DiffusionDecoder`
+decodes; :meth:`DiffusionDecoder.generate <dloom.DiffusionDecoder.generate>` is one
+session with every prompt admitted at once, stepped until it is empty, so there is one
+decode loop. A server keeps a session per decoder settings and, between two steps,
+admits waiting rows (:meth:`DecodeSession.admit`) and withdraws cancelled ones
+(:meth:`DecodeSession.cancel`).
+
+Why a row may join at any step. Rows already progress through their blocks independently
+(per-row block progression): each row decodes its own active block with its own step count,
+cache state and random stream, and leaves the batch as soon as it has finished. A joining
+row starts at its own first block boundary: its first forward is a full one (with a cache,
+it records the row's keys and values: the prefill), its kernel counters and its random
+stream start at zero. Nothing of it reaches the other rows: attention never crosses rows,
+and padding columns are masked out. So, under greedy decoding, every row's tokens and NFE
+are those of decoding its prompt alone (batch invariance, as for rows of one ``generate``
+call), and a sampling row with its stream index draws what ``generate`` of its own request
+draws, whenever it joined. This holds for every commit rule, for the cache modes ``none``,
+``prefix`` and ``dual``, and for speculative strategies (Spiffy): a joining row has no
+previous distribution, so it is not drafted for until its first step (the rule of a row at
+a block start).
+
+Widths. All rows share one sequence width ``L = P + G`` (``P`` prompt columns, left-padded;
+``G`` the generated region). A joining prompt longer than ``P`` widens the batch: every row
+gets padding columns on the left, and its recorded keys and values move with it
+(:meth:`dloom.model.runner.BlockForward.join`); position ids ignore left padding, so no row's
+forward changes. When the batch empties, the next admission starts at its own width.
+
+Host synchronisation: one per step, as in ``generate`` (the step's status read), one more
+(the plan of the next forward) after an admission or a cancellation, and one per
+admission (whether any row is padded) and per cancellation (how many rows it removes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import pluggy
+import torch
+
+from dloom.decode.generation import Prompts, row_streams
+from dloom.decode.kernel import KernelStep, RowStreams, eos_clear
+from dloom.decode.logprobs import CommitLogprobs, RowLogprobs
+from dloom.decode.prompts import check_prompts
+from dloom.errors import ConfigurationError, ModelError
+from dloom.metrics import ForwardClock, HookTimer, speculation_summary
+from dloom.model.adapter import ModelAdapter, left_pad_prompts, padding_or_none
+from dloom.model.attention import absolute_block_ids, block_ids
+from dloom.model.runner import BlockForward
+
+
+def finished_rows(generated: torch.Tensor, mask_token_id: int, eos_ids: torch.Tensor) -> torch.Tensor:
+    """Rows whose output is final: an EOS with nothing masked before it, or nothing masked.
+
+    :param generated: ``(B, G)`` long, the generated region.
+    :param eos_ids: ``(E,)`` long.
+    :return: ``(B,)`` bool.
+    """
+    return eos_clear(generated, mask_token_id, eos_ids) | ~(generated == mask_token_id).any(-1)
+
+
+def generated_lengths(generated: torch.Tensor, eos_ids: torch.Tensor) -> torch.Tensor:
+    """``(B,)`` tokens up to and including the first EOS (``G`` when there is none)."""
+    is_eos = torch.isin(generated, eos_ids)
+    width = generated.shape[1]
+    index = torch.arange(width, device=generated.device).expand_as(generated)
+    first = torch.where(is_eos, index, torch.full_like(index, width)).min(-1).values
+    return torch.clamp(first + 1, max=width)
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One plain step of the reference process, as an observer of
+    ``generate`` (or a :class:`DecodeSession`) sees it (``B`` rows of the block, ``K``, ``V``).
+
+    :ivar block: ``(B,)`` long, each row's block index (rows progress independently).
+    :ivar rows: ``(B,)`` long, the rows' ids (for ``generate``: their indices in the batch).
+    :ivar before: ``(B, K)`` long, the block before the step.
+    :ivar logits: ``(B, K, V)``, the distribution the step sampled from.
+    :ivar after: ``(B, K)`` long, the block after it.
+    """
+
+    block: torch.Tensor
+    rows: torch.Tensor
+    before: torch.Tensor
+    logits: torch.Tensor
+    after: torch.Tensor
+
+
+@dataclass(frozen=True)
+class BlockRecord:
+    """Blocks that rows finished in one step, as the ``on_block`` callback of
+    ``generate`` (or a :class:`DecodeSession`) sees them (``B`` rows, ``K = block_length``). Rows
+    advance through their blocks independently, so each row names its own block.
+
+    :ivar blocks: ``(B,)`` long, each row's finished block (its index among that row's
+        blocks, from 0).
+    :ivar rows: ``(B,)`` long, the rows' ids (for ``generate``: their indices in the batch).
+    :ivar tokens: ``(B, K)`` long, the blocks' final tokens (a later step never changes
+        them; positions after a row's EOS may stay masked).
+    :ivar generated: ``(B, K)`` bool, which of those positions are generated ones (with
+        ``block_alignment="absolute"`` a row's first block also holds the prompt's tail, and
+        its last one may run into padding).
+    """
+
+    blocks: torch.Tensor
+    rows: torch.Tensor
+    tokens: torch.Tensor
+    generated: torch.Tensor
+
+
+@dataclass(frozen=True)
+class FinishedRows:
+    """Rows that left the batch in one step, their outputs final (``R`` rows).
+
+    :ivar rows: ``(R,)`` long, the rows' ids (as :meth:`DecodeSession.admit` returned them).
+    :ivar sequences: ``(R, L)`` long, prompt (left-padded to the batch's width) and
+        generated region as decoded; positions a finished row never needed stay masked.
+    :ivar prompt_width: ``P``, the prompt columns of ``sequences``.
+    :ivar lengths: ``(R,)`` long, generated tokens up to and including the first EOS (the
+        whole region when there is none).
+    :ivar nfe: ``(R,)`` long, forwards in which each row was decoding.
+    :ivar logprobs: the rows' commit-time log-probabilities, columns as ``sequences``
+        (``None`` unless the session records them).
+    """
+
+    rows: torch.Tensor
+    sequences: torch.Tensor
+    prompt_width: int
+    lengths: torch.Tensor
+    nfe: torch.Tensor
+    logprobs: RowLogprobs | None = None
+
+    @property
+    def generated(self) -> torch.Tensor:
+        """``(R, G)`` long, the generated region alone."""
+        return self.sequences[:, self.prompt_width:]
+
+    def token_lists(self) -> list[list[int]]:
+        """Each row's generated tokens up to and including the first EOS (two host reads)."""
+        lengths = self.lengths.tolist()
+        return [row[:n] for row, n in zip(self.generated.tolist(), lengths)]
+
+
+class _Tallies:
+    """Figures of a session over all its steps."""
+
+    def __init__(self, speculative: bool) -> None:
+        self.forwards = 0
+        self.model_calls = 0  # of the batches the session has emptied
+        self.row_forwards = 0  # rows in model calls, of the batches the session has emptied
+        self.verification_forwards = 0
+        self.verifications = 0  # row-verifications: rows decoding in a verification forward
+        self.accepted = 0  # drafts accepted, over all rows
+        # whether every verification layout was exact (vacuously so before the first one);
+        # None for a strategy that never speculates
+        self.exact: bool | None = True if speculative else None
+
+    def record_layout(self, exact: bool) -> None:
+        assert self.exact is not None, "a verification in a run without a draft hook"
+        self.exact = self.exact and exact
+
+
+@dataclass(frozen=True)
+class SessionCalls:
+    """What a :class:`DecodeSession` calls on its decoder, besides reading its public
+    settings (:meth:`dloom.DiffusionDecoder.session_calls` hands it over).
+
+    :ivar layout: ``(prompt_ids, prompt_mask)``, ``(B, P)`` left-padded, to the sequences to
+        decode ``(B, L)``, their padding mask and position ids ``(B, L)``, each row's first
+        block column ``(B,)`` and the end of its generated region ``(B,)``.
+    :ivar check: ``(forward, non_finite, idle, blocks)``: raises for the contract violations
+        a step's synchronisation found (``blocks``: each row's block index ``(B,)``).
+    :ivar clock: times the model forwards; the session resets it when it starts.
+    :ivar timer: times the decoding hooks; the session clears it when it starts.
+    :ivar speculative_step: the decoder's speculative step
+        (:meth:`dloom.DiffusionDecoder.speculative_step`), or ``None`` for a strategy that
+        never drafts.
+    """
+
+    layout: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]
+    check: Callable[[int, int, int, torch.Tensor], None]
+    clock: ForwardClock
+    timer: HookTimer
+    speculative_step: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] | None
+
+
+class SessionDecoder(Protocol):
+    """The decoder a :class:`DecodeSession` runs (:class:`dloom.DiffusionDecoder`): its
+    settings, its plugin manager, and :meth:`session_calls` for the rest."""
+
+    model: ModelAdapter
+    mask_token_id: int
+    gen_length: int
+    block_length: int
+    steps: int
+    temperature: float
+    remasking: str
+    seed: int | None
+    cache: str
+    cache_refresh: int | None
+    static_shapes: bool
+    pm: pluggy.PluginManager
+    on_proposal: Callable[[torch.Tensor, torch.Tensor], None] | None
+
+    @property
+    def name(self) -> str:
+        """The strategy's name (for messages)."""
+        ...
+
+    def session_calls(self) -> SessionCalls:
+        """What the session calls on the decoder (:class:`SessionCalls`)."""
+        ...
+
+
+class DecodeSession:
+    """A running batch of ``decoder``: admit rows, step, collect finished rows.
+
+    Not thread-safe: one thread admits, cancels and steps (a server's worker). One session
+    of a decoder at a time: the decoder's hook timer and forward time are the session's.
+
+    :param decoder: the decoder whose settings, strategy and model every row shares.
+    :param observer: called after every plain step with a :class:`StepRecord`.
+    :param on_block: called after every step in which some rows finished a block, with a
+        :class:`BlockRecord` (rows named by their ids). Costs no host
+        synchronisation unless given.
+    :param logprobs: record each committed token's log-probability and this many
+        alternatives (:mod:`dloom.decode.logprobs`; ``None``: record nothing). Tokens and
+        NFE are the same either way. Not for a speculative strategy, whose verified
+        tokens are committed from drafts' distributions.
+    :param ignore_eos: rows do not end at an EOS: each decodes its whole generated region
+        (EOS ids are committed like any token; ``lengths`` are the whole region). Up to
+        and including its first EOS, a row's tokens are those of a decode without it (the
+        steps before that EOS is clear are the same steps).
+
+    :ivar on_block: the callback above; a caller may set or clear it between steps.
+    :ivar size: rows in the batch now (a host int).
+    :ivar forwards: steps taken (each one forward of the batch, or a verification).
+    """
+
+    def __init__(
+        self,
+        decoder: SessionDecoder,
+        observer: Callable[[StepRecord], None] | None = None,
+        on_block: Callable[[BlockRecord], None] | None = None,
+        logprobs: int | None = None,
+        ignore_eos: bool = False,
+    ) -> None:
+        calls = decoder.session_calls()
+        if logprobs is not None and calls.speculative_step is not None:
+            raise ConfigurationError(
+                f"strategy {decoder.name!r} speculates; commit-time log-probabilities "
+                "are recorded for plain (non-speculative) strategies only"
+            )
+        self.logprobs = None if logprobs is None else CommitLogprobs(logprobs, decoder.mask_token_id)
+        self.decoder = decoder
+        self.model = decoder.model
+        self.observer, self.on_block = observer, on_block
+        self._mask_id = decoder.mask_token_id
+        eos_ids = [] if ignore_eos else self.model.eos_token_ids
+        self._eos = torch.tensor(eos_ids, dtype=torch.long, device=self.model.device)
+        self._samples = decoder.temperature > 0 or decoder.remasking == "random"
+        self._steps_per_block = decoder.steps // (decoder.gen_length // decoder.block_length)
+        self.calls = calls
+        self.tallies = _Tallies(self.calls.speculative_step is not None)
+        self.size = 0
+        self._next_id = 0
+        self._plan: list[int] | None = None
+        self._can_draft = False
+        self.forward: BlockForward | None = None
+        self.calls.timer.seconds.clear()
+        self.calls.clock.reset()
+
+    @property
+    def forwards(self) -> int:
+        return self.tallies.forwards
+
+    @property
+    def model_calls(self) -> int:
+        """Model calls over the session (a step may make two: full and cached rows)."""
+        return self.tallies.model_calls + (self.forward.calls if self.forward is not None else 0)
+
+    @property
+    def row_forwards(self) -> int:
+        """Rows in model calls, over the session."""
+        return self.tallies.row_forwards + (self.forward.row_forwards if self.forward is not None else 0)
+
+    @property
+    def speculation(self) -> dict | None:
+        """Acceptance figures so far (``None`` for a strategy that never speculates)."""
+        if self.tallies.exact is None:
+            return None
+        return speculation_summary(self.tallies.verifications, self.tallies.accepted, self.tallies.exact)
+
+    # --- rows in ----------------------------------------------------------------------
+
+    def admit(
+        self,
+        prompts: Prompts,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        row_offset: int | Sequence[int] | torch.Tensor = 0,
+    ) -> range:
+        """Add rows to the batch; they take their first step in the next :meth:`step`.
+
+        :param prompts: / :param attention_mask: as in
+            :meth:`~dloom.DiffusionDecoder.generate`.
+        :param row_offset: each prompt's random stream, as in ``generate``.
+        :return: the new rows' ids, consecutive from 0 over the session's life (a fresh
+            session's first ``B`` rows are ``0 .. B-1``).
+        :raises ModelError: for empty prompts or a prompt beyond the model's context.
+        :raises ConfigurationError: for a bad ``row_offset``.
+        """
+        decoder, model = self.decoder, self.model
+        prompts = check_prompts(model, prompts, attention_mask)
+        prompt_ids, prompt_mask = left_pad_prompts(model, prompts, attention_mask)
+        joining, prompt_len = prompt_ids.shape
+        if model.max_context is not None and prompt_len + decoder.gen_length > model.max_context:
+            raise ModelError(
+                f"prompt of {prompt_len} tokens + gen_length {decoder.gen_length} = "
+                f"{prompt_len + decoder.gen_length} exceeds the model's context of {model.max_context} tokens"
+            )
+        streams = row_streams(row_offset, joining, prompt_ids.device)
+        ids = torch.arange(self._next_id, self._next_id + joining, device=prompt_ids.device)
+        if self.forward is None:
+            self._start(prompt_ids, prompt_mask, streams, ids)
+        else:
+            self._join(prompt_ids, prompt_mask, streams, ids)
+        self._plan = None
+        self.size += joining
+        self._next_id += joining
+        return range(self._next_id - joining, self._next_id)
+
+    def _block_ids(self) -> torch.Tensor | None:
+        """Every position's block index for a block-causal model (:mod:`dloom.model.attention`)."""
+        if self.model.attention != "block-causal":
+            return None
+        width = self.decoder.block_length
+        if self.model.block_alignment == "absolute":
+            return absolute_block_ids(self.positions, width)
+        ids = block_ids(self.x.shape[1], self.width, width, self.x.device)
+        return ids.expand(self.x.shape[0], -1)
+
+    def _start(self, prompt_ids, prompt_mask, streams, ids) -> None:
+        """The first rows of an empty batch."""
+        decoder = self.decoder
+        self.x, self.full_mask, self.positions, start, self.region_end = self.calls.layout(prompt_ids, prompt_mask)
+        self.width = prompt_ids.shape[1]
+        self.rows = ids
+        if self.logprobs is not None:
+            self.logprobs.start(self.x)
+        self.block_index = torch.zeros_like(ids)
+        self.nfe = torch.zeros_like(ids)
+        self.known = torch.zeros(len(ids), dtype=torch.bool, device=ids.device)
+        self.previous: torch.Tensor | None = None  # (B, K, V): each row's last step's distribution
+        self.forward = BlockForward(
+            self.model, decoder.cache, padding_or_none(self.full_mask), self.positions, start,
+            decoder.block_length, decoder.cache_refresh, self._block_ids(), self._static_width(),
+        )
+        generator = RowStreams(decoder.seed, streams) if self._samples else None
+        self.kernel = KernelStep(
+            decoder.pm, decoder.temperature, decoder.remasking, generator, self._mask_id, self._eos,
+            self._steps_per_block, self._masked(self.x, self.forward.block_columns), decoder.on_proposal,
+        )
+
+    def _static_width(self) -> int | None:
+        """With ``static_shapes``, the columns every window lies in: the generated region, a
+        block before it when the first block may start in the prompt (absolute alignment), and
+        the column before it for a shifted model; ``None`` without."""
+        if not self.decoder.static_shapes:
+            return None
+        lead = self.decoder.block_length - 1 if self.model.block_alignment == "absolute" else 0
+        return self.x.shape[1] - self.width + lead + int(self.model.shift_logits)
+
+    def _masked(self, tokens: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+        """``(B,)`` masked positions of the blocks at ``columns`` ``(B, K)``."""
+        return (torch.gather(tokens, 1, columns) == self._mask_id).sum(-1)
+
+    def _join(self, prompt_ids, prompt_mask, streams, ids) -> None:
+        """Rows joining a running batch (see the module docstring, "Widths")."""
+        decoder, pad = self.decoder, self.model.pad_token_id
+        widened = max(0, prompt_ids.shape[1] - self.width)
+        if widened:
+            self.width += widened
+            self.x = _pad_left(self.x, widened, pad)
+            self.full_mask = _pad_left(self.full_mask, widened, 0)
+            self.positions = _pad_left(self.positions, widened, 0)
+            self.region_end = self.region_end + widened
+        short = self.width - prompt_ids.shape[1]
+        tokens, mask, positions, start, region_end = self.calls.layout(
+            _pad_left(prompt_ids, short, pad), _pad_left(prompt_mask, short, 0)
+        )
+        if self.logprobs is not None:
+            self.logprobs.join(widened, tokens)
+        self.x = torch.cat([self.x, tokens])
+        self.full_mask = torch.cat([self.full_mask, mask])
+        self.positions = torch.cat([self.positions, positions])
+        self.region_end = torch.cat([self.region_end, region_end])
+        self.rows = torch.cat([self.rows, ids])
+        self.block_index = torch.cat([self.block_index, torch.zeros_like(ids)])
+        self.nfe = torch.cat([self.nfe, torch.zeros_like(ids)])
+        self.known = torch.cat([self.known, torch.zeros(len(ids), dtype=torch.bool, device=ids.device)])
+        if self.previous is not None:
+            self.previous = torch.cat([self.previous, self.previous.new_zeros(len(ids), *self.previous.shape[1:])])
+        self._running_forward().join(
+            padding_or_none(self.full_mask), self.positions, start, self._block_ids(), widened
+        )
+        columns = start.unsqueeze(1) + torch.arange(decoder.block_length, device=start.device)
+        self.kernel.join(self._masked(tokens, columns), streams)
+
+    # --- rows out ---------------------------------------------------------------------
+
+    def cancel(self, rows: Sequence[int]) -> None:
+        """Withdraw rows now, between two steps: they take no further forward and are not
+        reported as finished. A row that has already finished is left as it is.
+
+        :raises ConfigurationError: for an id this session never gave out.
+        """
+        unknown = [row for row in rows if not 0 <= row < self._next_id]
+        if unknown:
+            raise ConfigurationError(
+                f"cannot cancel rows {unknown}: this session's rows are 0..{self._next_id - 1}"
+            )
+        if not rows or self.forward is None:
+            return
+        cancelled = torch.tensor(sorted(set(rows)), dtype=torch.long, device=self.rows.device)
+        dropped = torch.isin(self.rows, cancelled)
+        count = int(dropped.sum())
+        if count == self.size:
+            self._empty()
+        elif count:
+            self._keep(torch.argsort(dropped.long(), stable=True)[: self.size - count])
+            self._plan = None
+
+    def _running_forward(self) -> BlockForward:
+        """The running batch's forward (called only while the batch holds rows)."""
+        assert self.forward is not None, "no running batch"
+        return self.forward
+
+    def _keep(self, index: torch.Tensor) -> None:
+        """Keep the rows ``index`` (``(B',)`` long), in that order."""
+        self.x, self.rows, self.known = self.x[index], self.rows[index], self.known[index]
+        self.block_index, self.nfe = self.block_index[index], self.nfe[index]
+        self.full_mask, self.positions = self.full_mask[index], self.positions[index]
+        self.region_end = self.region_end[index]
+        if self.logprobs is not None:
+            self.logprobs.keep(index)
+        if self.previous is not None:
+            self.previous = self.previous[index]
+        self._running_forward().select(index)
+        self.kernel.select(index)
+        self.size = len(index)
+
+    def _empty(self) -> None:
+        """Drop the batch's state (the next admission starts a new batch at its own width)."""
+        forward = self._running_forward()
+        self.tallies.model_calls += forward.calls
+        self.tallies.row_forwards += forward.row_forwards
+        self.forward = None
+        self.size = 0
+        self._plan = None
+        self._can_draft = False
+
+    # --- stepping ---------------------------------------------------------------------
+
+    def step(self) -> FinishedRows | None:
+        """One step of every row (one forward, or a verification): the rows that finished
+        in it, or ``None`` when none did (or the batch is empty).
+
+        :raises NonFiniteLogitsError: when the model returns NaN or inf.
+        :raises HookContractError: when the commit rule commits nothing in a decoding row.
+        """
+        if self.forward is None:
+            return None
+        decoder, forward, kernel = self.decoder, self.forward, self.kernel
+        mask_id, eos_ids = self._mask_id, self._eos
+        if self._plan is None:
+            self._plan = forward.plan().tolist()
+        n_full, first_window, last_window = self._plan
+        x = self.x
+        columns = forward.block_columns
+        block = torch.gather(x, 1, columns)
+        # aligned at position 0, a row's first block also holds the prompt's last partial block
+        generated = columns >= self.width if self.model.block_alignment == "absolute" else None
+        kernel.generated = generated
+        # Every row here has a position to decode: a finished row left the batch at the end of
+        # the step that finished it, and a row that moved on holds a fresh, fully masked block.
+        decoding = torch.ones(len(block), dtype=torch.bool, device=block.device)
+        accepted = None
+        speculative_step = self.calls.speculative_step
+        if speculative_step is not None and self._can_draft:
+            new_block, self.previous, accepted = speculative_step(
+                x, self.full_mask, block, decoding, self.known, self.previous, forward, kernel,
+                (n_full, first_window, last_window), self.tallies,
+            )
+        else:
+            logits, _ = self.calls.clock.timed(forward.run, x, n_full, first_window, last_window)
+            new_block = kernel(block, logits, decoding)
+            self.previous = logits
+            if self.logprobs is not None:
+                self.logprobs.record(columns, block, logits, new_block)
+            if self.observer is not None:
+                self.observer(StepRecord(self.block_index.clone(), self.rows.clone(), block.clone(), logits, new_block.clone()))
+        x.scatter_(1, columns, new_block)
+        self.nfe = self.nfe + 1
+        # Earlier blocks are complete and hold no EOS, later ones are all masks: the row's
+        # output is final (finished_rows of its generated region) exactly when its block has
+        # an EOS with nothing masked before it, or has nothing masked and is its last block.
+        eos = eos_clear(new_block, mask_id, eos_ids, generated)
+        unmasked = ~(new_block == mask_id).any(-1)
+        block_done = eos | unmasked
+        finished = eos | (unmasked & (forward.start + decoder.block_length >= self.region_end))
+        moving = block_done & ~finished
+        forward.advance(moving)
+        kernel.start_block(moving, torch.gather(x, 1, forward.block_columns))
+        done_block = self.block_index
+        self.block_index = self.block_index + moving
+        self.known = decoding & ~moving
+        status = [
+            kernel.non_finite, kernel.idle, finished.sum(),
+            forward.plan(~finished), (self.known & ~finished).any(),
+        ]
+        if accepted is not None:
+            status += [accepted.sum(), decoding.sum()]
+        if self.on_block is not None:
+            status.append((block_done | finished).sum())
+        values = torch.cat([v.view(-1) for v in status]).tolist()  # the step's one sync (long: promoted)
+        self.calls.check(self.tallies.forwards, values[0], values[1], self.block_index)
+        leaving = values[2]
+        self._plan = values[3:6]
+        self._can_draft = bool(values[6])
+        if accepted is not None:
+            self.tallies.accepted += values[7]
+            self.tallies.verifications += values[8]
+        self.tallies.forwards += 1
+        if self.on_block is not None and values[-1]:
+            done = block_done | finished
+            generated_columns = (columns >= self.width) & (torch.gather(self.full_mask, 1, columns) == 1)
+            self.on_block(BlockRecord(done_block[done], self.rows[done], new_block[done], generated_columns[done]))
+        if not leaving:
+            return None
+        order = torch.argsort(finished.long(), stable=True)
+        gone = order[self.size - leaving:]
+        region = x[gone, self.width:]
+        lengths = torch.minimum(generated_lengths(region, eos_ids), self.region_end[gone] - self.width)
+        logprobs = self.logprobs.take(gone) if self.logprobs is not None else None
+        result = FinishedRows(self.rows[gone], x[gone], self.width, lengths, self.nfe[gone], logprobs)
+        if leaving == self.size:
+            self._empty()
+        else:
+            self._keep(order[: self.size - leaving])
+        return result
+
+
+def _pad_left(values: torch.Tensor, columns: int, fill: int) -> torch.Tensor:
+    """``(B, columns + N)``: ``values`` ``(B, N)`` after ``columns`` columns of ``fill``."""
+    if not columns:
+        return values
+    return torch.cat([values.new_full((values.shape[0], columns), fill), values], dim=1)

@@ -1,0 +1,15 @@
+"""The hooks: what a strategy can implement and how the core calls it.
+
+* :mod:`dloom.hooks.specs`: the hook specifications and the ``hookimpl`` marker.
+* :mod:`dloom.hooks.calls`: typed calls of each hook, with the answer's type checked.
+* :mod:`dloom.hooks.registry`: the strategies registered by plugins (entry points).
+* :mod:`dloom.hooks.composition`: one plugin manager per strategy, composed from plugins.
+"""
+
+
+def __getattr__(name: str) -> object:
+    """A name of the old module ``dloom.hooks`` (now :mod:`dloom.hooks.calls`), found here for one release
+    with a ``DeprecationWarning`` (:func:`dloom.old_paths.old_attribute`)."""
+    from dloom.old_paths import old_attribute
+
+    return old_attribute(__name__, name)

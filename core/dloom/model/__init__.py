@@ -1,0 +1,12 @@
+"""The model side: loading checkpoints and calling the model.
+
+* :mod:`dloom.model.adapter`: :class:`~dloom.model.adapter.ModelAdapter` (what the decoder
+  needs to know about a Hugging Face model) and :func:`~dloom.model.adapter.load_model`.
+* :mod:`dloom.model.runner`: the model runner, block forwards over ``transformers`` KV caches
+  (Fast-dLLM's prefix and dual cache).
+* :mod:`dloom.model.profiles`: model families, the conventions a checkpoint's config implies.
+* :mod:`dloom.model.checkpoints`, :mod:`dloom.model.files`, :mod:`dloom.model.json_files`,
+  :mod:`dloom.model.config_limits`, :mod:`dloom.model.tensor_check`: reading and checking a
+  checkpoint's files, config and tensors before loading it.
+* :mod:`dloom.model.attention`: the attention masks the models are called with.
+"""

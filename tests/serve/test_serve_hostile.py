@@ -1,0 +1,501 @@
+"""``dloom serve`` against hostile clients and plugins, on a real uvicorn server (loopback).
+
+Each row names the exact status code and words of the answer, checks that it is OpenAI's
+error object and that ``/metrics`` counted its outcome. A hook raising ``SystemExit`` or
+``KeyboardInterrupt`` fails its own batch only; oversized bodies, texts and stop sequences
+are refused before any work; a request never names a server path; types are strict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import shutil
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import torch
+import uvicorn
+from typer.testing import CliRunner
+
+import dloom
+from dloom.cli.commands import app as cli_app
+from dloom.errors import ConfigurationError
+from dloom.hooks.registry import Strategy, get_registry
+from dloom.serve.app import ServeConfig, create_app
+from dloom.serve.background import BackgroundServer
+from dloom.serve.decoders import DecodeDefaults, DecoderPool
+from dloom.serve.files import ServerFiles
+from dloom.serve.limits import MAX_BODY_BYTES
+from dloom.serve.metrics import ServerMetrics
+from dloom.serve.scheduler import Job, Scheduler
+from dloom.types import Parameter
+from dloom_plugins.spiffy.graph import BUILTIN_DIR
+
+MODEL = "toy-dllm"
+BLOCK = 8
+PROMPTS = ["add 40 20", "sort 29796252137", "rev iprmgsqepy4rxu", "copy eezej spmk", "copy hello world abc"]
+BODY_LIMIT = 1 << 20  # the module server's, small so that oversized bodies are cheap to send
+GRAPH = "toy-dllm__quota__b8.json"  # a built-in graph, offered by the operator under another name
+
+
+@pytest.fixture(scope="module")
+def model():
+    return dloom.load_model(MODEL)
+
+
+@pytest.fixture(scope="module")
+def graph_dir(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("graphs")
+    shutil.copy(BUILTIN_DIR / GRAPH, directory / "offered.json")
+    return directory
+
+
+@pytest.fixture(scope="module")
+def served(model, graph_dir):
+    config = ServeConfig(
+        model, DecodeDefaults(block_length=BLOCK), plain_chat=True, max_body_bytes=BODY_LIMIT,
+        graph_dirs=(str(graph_dir),),
+    )
+    with BackgroundServer(config) as server:
+        yield server
+
+
+def client_of(server: BackgroundServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=30)
+
+
+def metrics_of(server: BackgroundServer) -> dict[str, float]:
+    values = {}
+    for line in httpx.get(f"{server.url}/metrics").text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            values[name] = float(value)
+    return values
+
+
+def outcome(server: BackgroundServer, name: str) -> float:
+    return metrics_of(server)[f'dloom_requests_total{{outcome="{name}"}}']
+
+
+def offline(model, prompt, strategy="quota", params=None):
+    """The text of ``prompt`` decoded alone by a fresh decoder."""
+    result = dloom.DiffusionDecoder(model, strategy, params=params or {}, block_length=BLOCK).generate([prompt])
+    return model.decode([t for t in result.token_lists[0] if t not in model.eos_token_ids])
+
+
+def assert_error_object(answer: httpx.Response, status: int, words: str) -> dict:
+    assert answer.status_code == status, answer.text
+    error = answer.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert words in error["message"], error["message"]
+    return error
+
+
+# --- strict types, limits and server files: one row per hostile body --------------------
+
+HOSTILE_BODIES = [
+    ({"prompt": [True, 3, 4]}, 422, "prompt: got [True, 3, 4]; allowed: str | list[str] | list[int] | list[list[int]]"),
+    ({"prompt": [[5, 6], [7, 1.0]]}, 422, "allowed: str | list[str] | list[int] | list[list[int]]"),
+    ({"params": {"tau": [0.5]}}, 422, "params.tau: got [0.5]; allowed: bool | int | float | str"),
+    ({"stream": "yes"}, 422, "stream: Input should be a valid boolean"),
+    ({"max_tokens": 4.0}, 422, "max_tokens: Input should be a valid integer"),
+    ({"seed": True, "temperature": 1.0}, 422, "seed: Input should be a valid integer"),
+    ({"strategy": "spiffy", "params": {"spiffy.budget": 2.7}}, 400,
+     "parameter 'budget' of strategy 'spiffy' must be a int, got 2.7; allowed: [0, inf)"),
+    ({"strategy": "threshold", "params": {"tau": True}}, 400,
+     "parameter 'tau' of strategy 'threshold' must be a float, got True"),
+    ({"strategy": "spiffy", "params": {"layout": 1}}, 400, "parameter 'layout' of strategy 'spiffy' must be a str, got 1"),
+    ({"cache": "prefix", "cache_refresh": 1e21}, 422, "cache_refresh: Input should be a valid integer"),
+    ({"cache": "prefix", "cache_refresh": 10**21}, 422, "cache_refresh: Input should be less than or equal to 1048576"),
+    ({"stop": "x" * 257}, 400, "stop sequence 0 has 257 characters; allowed: at most 256"),
+    ({"stop": ["ok", "y" * 10_000]}, 400, "stop sequence 1 has 10000 characters; allowed: at most 256"),
+    ({"prompt": "a" * 900_000}, 400,
+     "prompt 0 has 900000 characters; allowed: at most 576 (the model's context of 128 tokens minus gen_length 32, "
+     "at most 6 characters per token of this tokenizer)"),
+    ({"prompt": ["add 1 2", "b" * 600]}, 400, "prompt 1 has 600 characters; allowed: at most 576"),
+    ({"strategy": "spiffy", "params": {"spiffy.graph": "/dev/zero"}}, 400,
+     "parameter 'spiffy.graph' is '/dev/zero'; a request may not name a path on the server, only one of the files "
+     "this server offers: 'offered.json', 'toy-dllm__factor-1__b32.json', "),
+    ({"strategy": "spiffy+threshold", "params": {"graph": "../offered.json"}}, 400,
+     "parameter 'graph' is '../offered.json'; a request may not name a path on the server"),
+    ({"strategy": "spiffy", "params": {"spiffy.graph": 5}}, 400,
+     "parameter 'spiffy.graph' is 5; a request may not name a path on the server"),
+]
+
+
+@pytest.mark.parametrize("overrides, status, words", HOSTILE_BODIES, ids=[w[:60] for _, _, w in HOSTILE_BODIES])
+def test_a_hostile_body_is_refused_before_any_work(served, overrides, status, words):
+    before = outcome(served, "invalid")
+    answer = httpx.post(f"{served.url}/v1/completions", json={"model": MODEL, "prompt": PROMPTS[0], **overrides}, timeout=30)
+    error = assert_error_object(answer, status, words)
+    assert error["type"] == "invalid_request_error"
+    assert outcome(served, "invalid") == before + 1
+    assert metrics_of(served)["dloom_admitted_tokens"] == 0  # nothing was queued
+
+
+def test_a_path_refusal_says_nothing_about_the_server_files(served):
+    """An existing file, a missing one and a directory get the same words: the value is
+    compared with the offered names, never looked up."""
+    messages = []
+    for path in ("/etc/hostname", "/no/such/file.json", "/tmp", str(Path(__file__))):
+        answer = httpx.post(f"{served.url}/v1/completions", json={
+            "model": MODEL, "prompt": PROMPTS[0], "strategy": "spiffy", "params": {"spiffy.graph": path},
+        })
+        messages.append(assert_error_object(answer, 400, "may not name a path")["message"].replace(repr(path), "PATH"))
+    assert len(set(messages)) == 1
+
+
+@pytest.mark.parametrize("name", ["offered.json", GRAPH])
+def test_an_offered_or_built_in_graph_is_named_by_its_file_name(model, served, graph_dir, name):
+    path = graph_dir / name if name == "offered.json" else BUILTIN_DIR / name
+    answer = client_of(served).completions.create(
+        model=MODEL, prompt=PROMPTS[4], extra_body={"strategy": "spiffy+quota", "params": {"spiffy.graph": name}},
+    )
+    assert answer.choices[0].text == offline(model, PROMPTS[4], "spiffy+quota", {"graph": str(path)})
+
+
+def test_any_strategys_path_parameter_is_guarded_not_only_spiffys(tmp_path):
+    """The guard reads ``Parameter.path`` from the registry: a plugin's own file parameter
+    is refused the same way, and an offered file's name becomes its path."""
+
+    class ReadsAFile:
+        def __init__(self, table: str = "") -> None:
+            self.table = table
+
+        @dloom.hookimpl
+        def dloom_select_commit(self, confidence, selectable, schedule):
+            return selectable
+
+    shipped, operators = tmp_path / "shipped", tmp_path / "operators"
+    shipped.mkdir(), operators.mkdir()
+    (shipped / "builtin.txt").write_text("4 5 6")
+    (operators / "table.txt").write_text("1 2 3")
+    (shipped / "notes.md").write_text("not a table")
+    parameter = Parameter("table", "", str, "a lookup table", path=True, path_files=(str(shipped / "*.txt"),))
+    registration = dloom.StrategyRegistration("reads-a-file", ReadsAFile, parameters=(parameter,), guarantee="none")
+    get_registry().strategies["reads-a-file"] = Strategy("reads-a-file", "tests", registration)
+    files = ServerFiles([operators])
+    with pytest.raises(ConfigurationError, match=(
+        "parameter 'table' is '/etc/passwd'; a request may not name a path on the server, only one of the files "
+        "this server offers: 'table.txt', 'builtin.txt'; or ''"
+    )):
+        files.resolve("reads-a-file", {"table": "/etc/passwd"})
+    assert files.resolve("reads-a-file", {"reads-a-file.table": "table.txt"}) == {"reads-a-file.table": str(operators / "table.txt")}
+    assert files.resolve("reads-a-file", {"table": "builtin.txt"}) == {"table": str(shipped / "builtin.txt")}
+    assert files.resolve("reads-a-file", {"table": ""}) == {"table": ""}
+    assert files.resolve("quota", {}) == {} and files.resolve("quota", None) is None
+    for index in range(30):
+        (operators / f"t{index:02d}.txt").write_text("")
+    with pytest.raises(ConfigurationError, match=r"is '/{76}\.\.\.; .* 't19.txt', and 12 more; or ''"):
+        files.resolve("reads-a-file", {"table": "/" * 5000})
+
+
+def test_parameters_take_cli_strings_and_values_of_their_own_type_only():
+    budget, tau, flag = Parameter("budget", 1, int, low=0), Parameter("tau", 0.9, float), Parameter("on", False, bool)
+    assert [budget.coerce("3", "s"), tau.coerce("0.5", "s"), flag.coerce("yes", "s")] == [3, 0.5, True]  # the CLI's
+    assert [budget.coerce(3, "s"), tau.coerce(1, "s"), flag.coerce(False, "s")] == [3, 1.0, False]
+    for parameter, value in ((budget, 2.7), (budget, True), (budget, "2.7"), (tau, True), (flag, 1), (flag, 0.0)):
+        with pytest.raises(ConfigurationError, match=f"must be a {parameter.kind.__name__}, got {value!r}"):
+            parameter.coerce(value, "s")
+
+
+# --- the HTTP layer: OpenAI error objects for what FastAPI answers itself ---------------
+
+HTTP_CASES = [
+    ("POST", "/v1/completions", {"content": b'{"model": "toy-dllm", "prompt":', "headers": {"content-type": "application/json"}},
+     400, "the request body is not valid JSON", "invalid"),
+    ("POST", "/v1/completions", {"content": b"[1, 2]", "headers": {"content-type": "application/json"}},
+     422, "the request body must be a JSON object", "invalid"),
+    ("GET", "/v1/engines", {}, 404, "no endpoint answers GET /v1/engines", "unrouted"),
+    ("GET", "/v1/completions", {}, 405, "GET /v1/completions: method GET is not allowed; allowed: POST", "unrouted"),
+    ("POST", "/v1/completions", {"content": b"x" * (BODY_LIMIT + 1), "headers": {"content-type": "application/json"}},
+     413, f"the request body has {BODY_LIMIT + 1} bytes; allowed: at most {BODY_LIMIT} bytes (dloom serve --max-body-bytes)",
+     "too_large"),
+    ("POST", "/v1/chat/completions", {"content": (b"y" * 65536 for _ in range(17)), "headers": {"content-type": "application/json"}},
+     413, f"the request body passed {BODY_LIMIT} bytes; allowed: at most {BODY_LIMIT} bytes", "too_large"),  # chunked: no length
+]
+
+
+@pytest.mark.parametrize("method, path, sent, status, words, counted", HTTP_CASES, ids=[c[4][:50] for c in HTTP_CASES])
+def test_fastapis_own_refusals_are_openai_error_objects_and_counted(served, method, path, sent, status, words, counted):
+    before = outcome(served, counted)
+    answer = httpx.request(method, f"{served.url}{path}", timeout=30, **sent)
+    assert_error_object(answer, status, words)
+    assert outcome(served, counted) == before + 1
+
+
+def test_an_unexpected_error_is_a_500_error_object_and_the_server_goes_on(model, served, monkeypatch):
+    def overflowing(*args):
+        raise OverflowError("Python int too large to convert to C long")
+
+    before = outcome(served, "failed")
+    monkeypatch.setattr(served.service, "prepare", overflowing)
+    answer = httpx.post(f"{served.url}/v1/completions", json={"model": MODEL, "prompt": PROMPTS[0]})
+    error = assert_error_object(answer, 500, "the server failed on this request: OverflowError: Python int too large")
+    assert error["type"] == "server_error" and outcome(served, "failed") == before + 1
+    monkeypatch.undo()
+    assert client_of(served).completions.create(model=MODEL, prompt=PROMPTS[0]).choices[0].text == offline(model, PROMPTS[0])
+
+
+def test_the_openai_client_reads_the_413_and_422_messages(served):
+    client = client_of(served)
+    with pytest.raises(openai.APIStatusError, match="allowed: at most 1048576 bytes") as raised:
+        client.completions.create(model=MODEL, prompt="z" * BODY_LIMIT)
+    assert raised.value.status_code == 413
+    with pytest.raises(openai.UnprocessableEntityError, match="stream_options.include_usage: Input should be a valid boolean"):
+        client.completions.create(model=MODEL, prompt=PROMPTS[0], extra_body={"stream_options": {"include_usage": "yes"}})
+
+
+def test_huge_prompts_at_once_are_refused_fast_and_the_server_goes_on(model, served):
+    """Three near-limit texts at once, as completions and as a chat: each refused before
+    tokenizing (the tokenizer's own count would say 'exceeds the model's context'), quickly,
+    and the server answers the next request."""
+    text = "copy " * (BODY_LIMIT // 6)
+    bodies = [
+        ("/v1/completions", {"model": MODEL, "prompt": text}),
+        ("/v1/completions", {"model": MODEL, "prompt": [PROMPTS[0], text]}),
+        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": text}]}),
+    ]
+    started = time.perf_counter()
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        answers = list(pool.map(lambda b: httpx.post(f"{served.url}{b[0]}", json=b[1], timeout=30), bodies))
+    seconds = time.perf_counter() - started
+    for answer, index in zip(answers, (0, 1, 0)):
+        assert_error_object(answer, 400, f"prompt {index} has ")
+        assert "characters; allowed: at most 576" in answer.json()["error"]["message"]
+    assert seconds < 10, f"refusing three big texts took {seconds:.1f} s"
+    assert client_of(served).completions.create(model=MODEL, prompt=PROMPTS[0]).choices[0].text == offline(model, PROMPTS[0])
+
+
+def test_a_chat_templates_raise_exception_is_a_400_with_its_message(model):
+    templated = dataclasses.replace(model, tokenizer=__import__("copy").deepcopy(model.tokenizer))
+    templated.tokenizer.chat_template = (
+        "{% for m in messages %}{% if m['role'] == 'system' %}"
+        "{{ raise_exception('system messages are not supported by this template') }}"
+        "{% endif %}{{ m['content'] }} {% endfor %}"
+    )
+    with BackgroundServer(ServeConfig(templated, DecodeDefaults(block_length=BLOCK))) as server:
+        client = client_of(server)
+        with pytest.raises(openai.BadRequestError, match=(
+            "the model's chat template refused the conversation: system messages are not supported by this template"
+        )):
+            client.chat.completions.create(model=MODEL, messages=[{"role": "system", "content": "x"}])
+        assert outcome(server, "invalid") == 1 and outcome(server, "failed") == 0
+        answer = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "copy abc"}])
+        assert answer.choices[0].message.content == offline(model, "copy abc ")
+
+
+# --- hooks that raise SystemExit or KeyboardInterrupt ----------------------------------
+
+
+def hostile(name: str, error: BaseException, hook: str = "dloom_select_commit") -> None:
+    """Register strategy ``name``: a commit rule whose ``hook`` raises ``error``."""
+
+    class Hostile:
+        @dloom.hookimpl
+        def dloom_select_commit(self, confidence, selectable, schedule):
+            if hook == "dloom_select_commit":
+                raise error
+            return torch.zeros_like(selectable)
+
+        @dloom.hookimpl
+        def dloom_configure(self, config):
+            if hook == "dloom_configure":
+                raise error
+
+    registration = dloom.StrategyRegistration(name, Hostile, guarantee="none")
+    get_registry().strategies[name] = Strategy(name, "tests", registration)
+
+
+def test_a_hook_raising_systemexit_or_keyboardinterrupt_fails_its_batch_only(model, served):
+    """While good requests of two lanes decode, batches whose commit hook raises SystemExit
+    or KeyboardInterrupt fail with 500 (or an error event in a stream); every good request
+    gets its offline output and the worker lives on."""
+    hostile("exits", SystemExit(3))
+    hostile("interrupts", KeyboardInterrupt())
+    good = [(PROMPTS[i % len(PROMPTS)], ("quota", "threshold")[i % 2]) for i in range(6)]
+    expected = [offline(model, prompt, strategy) for prompt, strategy in good]
+    before = metrics_of(served)
+    client = client_of(served)
+    start = threading.Barrier(len(good) + 3)
+
+    def ask_good(case):
+        start.wait()
+        return client.completions.create(model=MODEL, prompt=case[0], extra_body={"strategy": case[1]}).choices[0].text
+
+    def ask_hostile(strategy, stream=False):
+        start.wait()
+        try:
+            if stream:
+                return list(client.completions.create(model=MODEL, prompt=PROMPTS[1], stream=True, extra_body={"strategy": strategy}))
+            return client.completions.create(model=MODEL, prompt=[PROMPTS[0], PROMPTS[2]], extra_body={"strategy": strategy})
+        except openai.APIError as error:
+            return error
+
+    with ThreadPoolExecutor(len(good) + 3) as pool:
+        texts = [pool.submit(ask_good, case) for case in good]
+        exits, interrupts = pool.submit(ask_hostile, "exits"), pool.submit(ask_hostile, "interrupts")
+        streamed = pool.submit(ask_hostile, "exits", True)
+        assert [t.result(timeout=60) for t in texts] == expected
+        exited, interrupted, stream_error = exits.result(timeout=60), interrupts.result(timeout=60), streamed.result(timeout=60)
+    assert isinstance(exited, openai.InternalServerError) and "decoding failed: SystemExit: 3" in str(exited)
+    assert isinstance(interrupted, openai.InternalServerError) and "decoding failed: KeyboardInterrupt" in str(interrupted)
+    assert isinstance(stream_error, openai.APIError) and "decoding failed: SystemExit: 3" in str(stream_error)
+    after = metrics_of(served)
+    assert after['dloom_requests_total{outcome="failed"}'] - before['dloom_requests_total{outcome="failed"}'] == 3
+    assert after["dloom_admitted_tokens"] == 0 and after["dloom_running_rows"] == 0
+    health = httpx.get(f"{served.url}/health")
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+    assert served.service.scheduler.alive
+
+
+def test_a_hook_raising_systemexit_while_the_decoder_is_built_fails_that_request(model, served):
+    hostile("exits-early", SystemExit("no configuration for you"), hook="dloom_configure")
+    before = outcome(served, "failed")
+    with pytest.raises(openai.InternalServerError, match="the server failed on this request: SystemExit: no configuration for you"):
+        client_of(served).completions.create(model=MODEL, prompt=PROMPTS[0], extra_body={"strategy": "exits-early"})
+    assert outcome(served, "failed") == before + 1
+    assert client_of(served).completions.create(model=MODEL, prompt=PROMPTS[3]).choices[0].text == offline(model, PROMPTS[3])
+
+
+def test_a_dead_worker_fails_its_rows_and_health_says_why(model):
+    """Should the worker thread itself die, its rows fail at once (no wedge), /health
+    answers 503 with the reason, and new requests get 503 rather than waiting for ever."""
+    with BackgroundServer(ServeConfig(model, DecodeDefaults(block_length=BLOCK))) as server:
+        scheduler = server.service.scheduler
+
+        def broken_turn():
+            raise SystemExit(7)
+
+        scheduler._next_lane = broken_turn  # the worker's own code fails, outside any batch
+        client = client_of(server)
+        with pytest.raises(openai.InternalServerError, match="decoding failed: SystemExit: 7"):
+            client.completions.create(model=MODEL, prompt=PROMPTS[0])
+        health = httpx.get(f"{server.url}/health")
+        assert health.status_code == 503
+        assert health.json()["status"] == "error" and health.json()["reason"] == "SystemExit: 7"
+        answer = httpx.post(f"{server.url}/v1/completions", json={"model": MODEL, "prompt": PROMPTS[0]})
+        assert_error_object(answer, 503, "the server's decoding worker has stopped: SystemExit: 7")
+        assert outcome(server, "unavailable") == 1 and metrics_of(server)["dloom_admitted_tokens"] == 0
+
+
+# --- back-pressure ----------------------------------------------------------------------
+
+
+def test_a_429_says_when_to_retry(model):
+    """The ``Retry-After`` of a full server: its estimate from the queue and recent rows."""
+    cost = len(model.encode([PROMPTS[0]])[0]) + 32
+    with BackgroundServer(ServeConfig(model, DecodeDefaults(block_length=BLOCK), max_queued_tokens=cost)) as server:
+        client = client_of(server)
+        client.completions.create(model=MODEL, prompt=PROMPTS[0])  # a finished row: the estimate's basis
+        scheduler = server.service.scheduler
+        scheduler.stop()  # the next row stays queued
+        with httpx.stream("POST", f"{server.url}/v1/completions", timeout=30,
+                          json={"model": MODEL, "prompt": PROMPTS[0], "stream": True}) as waiting:
+            assert waiting.status_code == 200
+            deadline = time.monotonic() + 10
+            while metrics_of(server)["dloom_queue_depth"] != 1:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            with pytest.raises(openai.RateLimitError, match="the server is full") as raised:
+                client.completions.create(model=MODEL, prompt=PROMPTS[0])
+            with scheduler._ready:
+                expected = scheduler.retry_after()
+        retry = raised.value.response.headers["retry-after"]
+        assert retry == str(expected) and int(retry) >= 1
+        assert f"retry after {retry} s" in str(raised.value)
+        scheduler.start()
+
+
+def test_retry_after_grows_with_the_queue_and_is_bounded(model):
+    scheduler = Scheduler(32, max_batch_size=4, max_tokens=10**6, metrics=ServerMetrics(4))
+    resolved = DecoderPool(model, DecodeDefaults(block_length=BLOCK)).default
+    assert scheduler.retry_after() == 1  # no row has finished yet
+    scheduler._row_seconds = 2.5
+    assert scheduler.retry_after() == 3  # the batch decoding now
+    scheduler.submit(resolved, [Job([5, 6], False, lambda event: None) for _ in range(10)])
+    assert scheduler.retry_after() == math.ceil((1 + 10 / 4) * 2.5)
+    scheduler._row_seconds = 100.0
+    assert scheduler.retry_after() == 60
+
+
+# --- configuration ----------------------------------------------------------------------
+
+
+def test_a_body_limit_below_one_byte_is_refused(model):
+    with pytest.raises(ConfigurationError, match="max_body_bytes is 0; allowed: >= 1"):
+        create_app(ServeConfig(model, max_body_bytes=0))
+
+
+def test_the_limits_are_configured_on_the_command_line(tmp_path, monkeypatch):
+    assert ServeConfig.__dataclass_fields__["max_body_bytes"].default == MAX_BODY_BYTES == 4 * 1024 * 1024
+    result = CliRunner().invoke(cli_app, ["serve", "--graph-dir", str(tmp_path / "missing")])
+    assert result.exit_code == 2 and f"--graph-dir '{tmp_path / 'missing'}' is not a directory" in " ".join(result.output.split())
+    result = CliRunner().invoke(cli_app, ["serve", "--max-body-bytes", "0"])
+    assert result.exit_code == 2 and "--max-body-bytes" in result.output
+    served = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: served.append(app))
+    result = CliRunner().invoke(cli_app, ["serve", "--max-body-bytes", "1234", "--graph-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    config = served[0].state.service.config
+    assert (config.max_body_bytes, config.graph_dirs) == (1234, (str(tmp_path),))
+
+
+@pytest.mark.slow
+def test_128_clients_with_disconnects_and_a_systemexit_hook_keep_every_other_lane_correct(model, served):
+    """128 concurrent clients on two lanes (quota, threshold): a seeded fifth of them stream and
+    hang up after their first event, eight send a strategy whose hook raises SystemExit. Every
+    client that stays gets exactly its offline output, each hostile one a 500 naming SystemExit,
+    and the server ends idle and healthy."""
+    import random
+
+    hostile("exits-under-load", SystemExit(7))
+    chooser = random.Random(41)
+    cases = []
+    for index in range(128):
+        kind = "hostile" if index % 16 == 5 else ("leaves" if chooser.random() < 0.2 else "stays")
+        cases.append((kind, PROMPTS[index % len(PROMPTS)], ("quota", "threshold")[index % 2]))
+    expected = {(p, s): offline(model, p, s) for _, p, s in cases}
+    client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", max_retries=20, timeout=120)
+    start = threading.Barrier(len(cases))
+
+    def ask(case):
+        kind, prompt, strategy = case
+        start.wait()
+        if kind == "leaves":
+            body = {"model": MODEL, "prompt": prompt, "stream": True, "strategy": strategy}
+            with httpx.stream("POST", f"{served.url}/v1/completions", json=body, timeout=120) as answer:
+                if answer.status_code == 429:
+                    return "refused"
+                for _ in answer.iter_lines():
+                    return "left"
+            return "left"
+        if kind == "hostile":
+            try:
+                client.completions.create(model=MODEL, prompt=prompt, extra_body={"strategy": "exits-under-load"})
+            except openai.InternalServerError as error:
+                return str(error)
+            return "decoded"
+        return client.completions.create(model=MODEL, prompt=prompt, extra_body={"strategy": strategy}).choices[0].text
+
+    with ThreadPoolExecutor(len(cases)) as pool:
+        answers = list(pool.map(ask, cases, timeout=600))
+    for (kind, prompt, strategy), answer in zip(cases, answers):
+        if kind == "stays":
+            assert answer == expected[(prompt, strategy)]
+        elif kind == "hostile":
+            assert "decoding failed: SystemExit: 7" in answer
+        else:
+            assert answer in ("left", "refused")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (metrics_of(served)["dloom_running_rows"] or metrics_of(served)["dloom_admitted_tokens"]):
+        time.sleep(0.2)
+    after = metrics_of(served)
+    assert after["dloom_admitted_tokens"] == 0 and after["dloom_running_rows"] == 0
+    assert httpx.get(f"{served.url}/health").status_code == 200 and served.service.scheduler.alive

@@ -1,0 +1,176 @@
+"""The shipped zoo: offline loading, sizes, recorded accuracy, smoke decodes and the demo command."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import dloom
+from dloom import zoo
+from dloom.cli.commands import app
+from dloom.zoo.tasks import FAMILIES, held_out
+
+MAX_ZOO_BYTES = 16 * 1024 * 1024
+"""The three toy models' files (about 12 MB of float16 weights and tokenizers) ride in the
+wheel; the long ones stay in the repository's training/checkpoints/."""
+LONG = ("long-dllm", "long-ar", "long-ar-small")
+BARS = {"long-dllm": (0.85, 0.70), "long-ar": (0.85, 0.0), "long-ar-small": (0.0, 0.0)}
+"""Issue 19's bars on 500 held-out prompts: (overall, each family's) greedy accuracy."""
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Any attempt to open a socket fails the test."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the zoo tried to use the network")
+
+    monkeypatch.setattr(socket, "socket", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+
+
+def test_dllm_loads_offline_from_package_data(no_network):
+    model, tokenizer = zoo.load("toy-dllm")
+    assert model.config.mask_token_id == tokenizer.mask_token_id == 1
+    assert tokenizer.decode(tokenizer("copy ab c")["input_ids"]) == "copy ab c"
+    adapter = dloom.load_model("toy-dllm")
+    assert adapter.attention == "bidirectional" and adapter.default_gen_length == 32
+    assert adapter.shift_logits  # made from a causal model, Dream-style: the output at i predicts i + 1
+
+
+def n_params(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("name", ["toy-ar", "toy-ar-small"])
+def test_ar_models_load_offline_with_the_dllms_tokenizer(no_network, name):
+    model, tokenizer = zoo.load(name)
+    _, dllm_tokenizer = zoo.load("toy-dllm")
+    assert model.config.dloom["kind"] == "ar" and model.config.dloom["attention"] == "causal"
+    assert tokenizer.get_vocab() == dllm_tokenizer.get_vocab()
+    assert dloom.load_model(name).tokenizer_sha256 == dloom.load_model("toy-dllm").tokenizer_sha256
+
+
+def test_ar_sizes_bracket_the_dllm():
+    """toy-ar is the target (2-4x the dLLM), toy-ar-small the smaller AR drafter."""
+    dllm, ar, small = (n_params(zoo.load(name)[0]) for name in ("toy-dllm", "toy-ar", "toy-ar-small"))
+    assert 2 * dllm <= ar <= 4 * dllm
+    assert small < dllm
+
+
+def test_ar_smoke_decode_answers_easy_families():
+    from dloom_training.train import decode_ar
+
+    model, _ = zoo.load("toy-ar")
+    examples = held_out(14, families=["code", "story"])
+    texts = decode_ar(model, [e.prompt for e in examples])
+    assert sum(FAMILIES[e.family].check(e.prompt, t) for e, t in zip(examples, texts)) >= 12
+
+
+def test_ar_decode_with_its_kv_cache_equals_recomputing_the_sequence():
+    """``decode_ar`` feeds one token a step with the KV cache; a greedy loop that recomputes the
+    whole sequence every step (how it decoded before) gives the same answers."""
+    from dloom.zoo import tokenizer as tok
+    from dloom_training.train import _text, decode_ar, encode_prompts, position_ids
+
+    model, _ = zoo.load("toy-ar")
+    prompts = [e.prompt for e in held_out(14)]
+    x, mask = encode_prompts(prompts)
+    steps = []
+    with torch.no_grad():
+        for _ in range(model.config.dloom["gen_length"]):
+            logits = model(input_ids=x, attention_mask=mask, position_ids=position_ids(mask)).logits[:, -1]
+            logits[:, [tok.PAD_ID, tok.MASK_ID]] = -float("inf")
+            steps.append(logits.argmax(-1))
+            x, mask = torch.cat([x, steps[-1][:, None]], 1), torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+    expected = [_text(row) for row in torch.stack(steps, 1).tolist()]
+    assert decode_ar(model, prompts) == expected
+    assert len(set(expected)) > 7  # different answers, not one degenerate string
+
+
+def test_zoo_fits_the_size_budget():
+    total = sum(f.stat().st_size for f in zoo.ZOO_DIR.rglob("*") if f.is_file())
+    assert total <= MAX_ZOO_BYTES
+
+
+def test_only_the_toy_models_are_in_the_package():
+    assert sorted(p.name for p in zoo.ZOO_DIR.iterdir() if p.is_dir()) == sorted(zoo.SHIPPED)
+    assert set(zoo.SHIPPED) | set(LONG) == set(zoo.MODEL_NAMES) and not set(zoo.SHIPPED) & set(LONG)
+    for name in LONG:  # a source checkout loads them from training/checkpoints/
+        assert zoo.model_path(name) == zoo.CHECKOUT_DIR / name
+        assert (zoo.locate(name) / "model.safetensors").is_file()
+
+
+def test_a_long_model_outside_a_checkout_is_a_model_error_saying_where_it_lives(monkeypatch, tmp_path):
+    from dloom.errors import ModelError
+
+    monkeypatch.setattr(zoo, "CHECKOUT_DIR", tmp_path / "site-packages")
+    with pytest.raises(ModelError, match=r"'long-dllm' is not in the installed package: it lives in "
+                       r"training/checkpoints/long-dllm/ .* pass the checkpoint's directory"):
+        dloom.load_model("long-dllm")
+    with pytest.raises(ModelError, match="'long-ar-small' is not in the installed package"):
+        zoo.load("long-ar-small")
+    assert dloom.load_model("toy-ar-small").name == "toy-ar-small"  # the shipped ones need no checkout
+
+
+def test_dllm_smoke_decode_answers_easy_families():
+    decoder = dloom.DiffusionDecoder(dloom.load_model("toy-dllm"), "threshold")
+    examples = held_out(14, families=["copy", "code"])
+    result = decoder.generate([e.prompt for e in examples])
+    correct = [FAMILIES[e.family].check(e.prompt, t) for e, t in zip(examples, result.texts)]
+    assert sum(correct) >= 10
+    assert result.tpf > 1.0
+
+
+def test_demo_command_runs():
+    result = CliRunner().invoke(app, ["demo", "-n", "7", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = {row["strategy"]: row for row in json.loads(result.stdout)["rows"]}
+    assert rows["quota"]["identical_to_baseline"] == 1.0
+    assert {"threshold", "factor", "frechet"} <= set(rows)
+    assert rows["spiffy+quota"]["identical_to_baseline"] == 1.0  # lossless
+    assert rows["spiffy+threshold"]["identical_to_commit_rule"] == 1.0
+    assert rows["spiffy+quota"]["nfe_mean"] < rows["quota"]["nfe_mean"]
+
+
+@pytest.mark.parametrize("name", LONG)
+def test_long_models_load_offline_with_one_tokenizer_and_the_long_layout(no_network, name):
+    adapter = dloom.load_model(name)
+    kind = "dllm" if name == "long-dllm" else "ar"
+    assert adapter.model.config.dloom["kind"] == kind
+    assert adapter.attention == ("bidirectional" if kind == "dllm" else "causal")
+    assert (adapter.default_gen_length, adapter.default_block_length) == (128, 32)
+    assert adapter.tokenizer_sha256 == dloom.load_model("long-dllm").tokenizer_sha256  # FailFast's shared vocabulary
+    toy_vocab, long_vocab = zoo.load("toy-dllm")[1].get_vocab(), zoo.load(name)[1].get_vocab()
+    assert all(long_vocab[token] == i for token, i in toy_vocab.items())  # the toy ids, kept
+
+
+def test_long_ar_sizes_bracket_the_long_dllm():
+    dllm, ar, small = (n_params(zoo.load(name)[0]) for name in LONG)
+    assert 2 * dllm <= ar <= 4 * dllm
+    assert small < dllm
+
+
+@pytest.mark.parametrize("name", LONG)
+def test_long_models_record_their_bar_on_500_held_out_prompts(name):
+    record = json.loads((zoo.model_path(name) / "eval.json").read_text())
+    overall, each = BARS[name]
+    assert record["n"] == 500 and set(record["per_family"]) == {"chain", "word", "tale", "prog"}
+    assert record["overall"] >= overall and min(record["per_family"].values()) >= each
+    assert record["model"] == name and record["workload"] == "long"
+
+
+def test_long_dllm_smoke_decode_answers_held_out_prompts_one_token_per_step():
+    from dloom.evaluation import select_examples
+    from dloom.zoo.long_tasks import FAMILIES as LONG_FAMILIES
+
+    decoder = dloom.DiffusionDecoder(dloom.load_model("long-dllm"), "quota")
+    examples = select_examples("long", 8)
+    result = decoder.generate([e.prompt for e in examples])
+    correct = [LONG_FAMILIES[e.family].check(e.prompt, t) for e, t in zip(examples, result.texts)]
+    assert sum(correct) >= 6
+    assert min(len(t) for t in result.texts) >= 40  # long answers, over several blocks
