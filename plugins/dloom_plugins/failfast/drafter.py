@@ -283,7 +283,7 @@ class DraftingRound:
             streams.offset = forward.start - self.first
         kernel.clear(*block.shape)
         if self.speculates and self.previous is not None:
-            new_block, self.previous, _ = self.decoder.speculative_step(
+            new_block, self.previous, _, _ = self.decoder.speculative_step(
                 canvas, state.attention_mask, block, drafting, self.known, self.previous, forward,
                 kernel, self.plan, self.counters,
             )

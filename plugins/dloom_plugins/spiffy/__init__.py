@@ -40,6 +40,9 @@ def dloom_register_strategies(register) -> None:
                           choices=LAYOUTS),
                 Parameter("call_tokens", CALL_TOKENS, int, "query tokens one verification model call may hold "
                           "beyond the batch's rows (0 = the batch's rows: a plain step's peak memory)", low=0),
+                Parameter("first_forward", True, bool, "draft a block's first forward: a verification that "
+                          "completes a block in a drafted state hands on that state's next-block logits "
+                          "(layout=rows without a cache; elsewhere off)"),
             ),
             guarantee=GUARANTEE,
             summary="speculates the dLLM's own future states from a calibrated draft graph",

@@ -60,7 +60,12 @@ class Spiffy:
         verifications that are large anyway. The outputs are the same either way.
     """
 
-    def __init__(self, graph: str = "", budget: int = 10, layout: str = "rows", call_tokens: int = CALL_TOKENS) -> None:
+    def __init__(
+        self, graph: str = "", budget: int = 10, layout: str = "rows", call_tokens: int = CALL_TOKENS,
+        first_forward: bool = True,
+    ) -> None:
+        if not isinstance(first_forward, bool):
+            raise ConfigurationError(f"first_forward is {first_forward!r}; allowed: True or False")
         if layout not in LAYOUTS:
             raise ConfigurationError(f"layout is {layout!r}; allowed: {', '.join(LAYOUTS)}")
         if isinstance(call_tokens, bool) or not isinstance(call_tokens, int) or call_tokens < 0:
@@ -69,9 +74,12 @@ class Spiffy:
         self.budget = budget
         self.layout = layout
         self.call_tokens = call_tokens
+        self.first_forward = first_forward
+        self._next_block = False  # verifications carry next-block logits (set by dloom_configure)
         self.graph: CalibratedGraph | None = None
         self._templates: dict[torch.device, GraphTemplate] = {}
-        self._longest = 0  # the graph's longest path from the root
+        self._longest = 0  # the most steps of any path from the root (not the depth: a node
+        # with several parents may be reached by a longer path than its fewest steps)
         self._order: list[int] = []  # nodes deepest first (children before parents)
         self._static_nodes: int | None = None  # with static shapes, the root and the kept drafts
 
@@ -116,6 +124,8 @@ class Spiffy:
             )
         self.graph = graph
         self._templates.clear()
+        # a block's first forward is drafted where the verification sees the next block
+        self._next_block = self.first_forward and self.layout == "rows" and config.get("cache", "none") == "none"
         # static shapes: every verification is laid out for the most nodes a row may evaluate
         budget = config.get("draft_budget")
         keep = self.budget if budget is None else min(self.budget, budget)
@@ -130,7 +140,7 @@ class Spiffy:
         if device not in self._templates:
             template = self.graph.template(device)  # depth on the host: read once here
             self._templates[device] = template
-            self._longest = int(template.depth.max())
+            self._longest = longest_path(template.parents.cpu())
             self._order = torch.argsort(template.depth, descending=True, stable=True).tolist()
         return self._templates[device]
 
@@ -196,8 +206,18 @@ class Spiffy:
     @hookimpl
     def dloom_build_mask(self, state: DecodeState, graph: DraftGraph) -> VerificationLayout:
         layout = layout_drafts(state, graph, packed=self.layout == "packed", nodes=self._static_nodes)
-        return dataclasses.replace(layout, call_tokens=self.call_tokens)
+        return dataclasses.replace(layout, call_tokens=self.call_tokens, next_block=self._next_block)
 
     @hookimpl
     def dloom_verify(self, state: DecodeState, graph: DraftGraph, logits: NodeLogits, kernel) -> Verdict:
         return follow_graph(graph, logits, kernel)
+
+
+def longest_path(parents: torch.Tensor) -> int:
+    """The most kernel steps of any path from the root through ``parents`` (``(N + 1, N + 1)``
+    bool on the host, parents before children): what the verifier must walk so that no row
+    is still on the graph when it stops (a node's depth counts its fewest steps)."""
+    steps = [0] * parents.shape[0]
+    for child, row in enumerate(parents.tolist()):
+        steps[child] = max((steps[p] + 1 for p, edge in enumerate(row) if edge), default=0)
+    return max(steps)
