@@ -36,6 +36,7 @@ from .frame import rank_frame
 from .graph import CalibratedGraph, GraphTemplate, calibrate_command, default_graph, find_builtin
 
 LAYOUTS = ("rows", "packed")
+PRUNE_SCORES = ("rule", "confidence")
 CALL_TOKENS = 2048
 """The default ``call_tokens``: a verification's model call holds ``B`` rows or this many
 query tokens, whichever is more."""
@@ -62,8 +63,10 @@ class Spiffy:
 
     def __init__(
         self, graph: str = "", budget: int = 10, layout: str = "rows", call_tokens: int = CALL_TOKENS,
-        first_forward: bool = True,
+        first_forward: bool = True, prune: str = "rule",
     ) -> None:
+        if prune not in PRUNE_SCORES:
+            raise ConfigurationError(f"prune is {prune!r}; allowed: {', '.join(PRUNE_SCORES)}")
         if not isinstance(first_forward, bool):
             raise ConfigurationError(f"first_forward is {first_forward!r}; allowed: True or False")
         if layout not in LAYOUTS:
@@ -75,6 +78,8 @@ class Spiffy:
         self.layout = layout
         self.call_tokens = call_tokens
         self.first_forward = first_forward
+        self.prune = prune
+        self._log_prior: dict[torch.device, torch.Tensor] = {}  # (N,) per device, "rule" scores
         self._next_block = False  # verifications carry next-block logits (set by dloom_configure)
         self.graph: CalibratedGraph | None = None
         self._templates: dict[torch.device, GraphTemplate] = {}
@@ -124,6 +129,7 @@ class Spiffy:
             )
         self.graph = graph
         self._templates.clear()
+        self._log_prior.clear()
         # a block's first forward is drafted where the verification sees the next block
         self._next_block = self.first_forward and self.layout == "rows" and config.get("cache", "none") == "none"
         # static shapes: every verification is laid out for the most nodes a row may evaluate
@@ -140,6 +146,7 @@ class Spiffy:
         if device not in self._templates:
             template = self.graph.template(device)  # depth on the host: read once here
             self._templates[device] = template
+            self._log_prior[device] = rule_prior(self.graph, device)
             self._longest = longest_path(template.parents.cpu())
             self._order = torch.argsort(template.depth, descending=True, stable=True).tolist()
         return self._templates[device]
@@ -166,7 +173,10 @@ class Spiffy:
         drafts = block.unsqueeze(1).expand(-1, real.shape[0], -1).clone()
         drafts.scatter_(2, positions, tokens)
         fillable = ((template.position_rank < frame.masked[:, None, None]) | ~real).all(-1)
-        score = torch.exp((log_probs * real).sum(-1) / real.sum(-1))
+        if self.prune == "rule":  # the path's probability: the rule's, then this row's tokens'
+            score = torch.exp(self._log_prior[block.device] + (log_probs * real).sum(-1))
+        else:  # the geometric mean of the tokens' probabilities
+            score = torch.exp((log_probs * real).sum(-1) / real.sum(-1))
         one = torch.ones_like(score[:, :1])
         # Rows at the start of their block have no predecessor distribution: no drafts.
         drafting = state.active if state.known is None else state.active & state.known
@@ -186,13 +196,14 @@ class Spiffy:
         valid = graph.valid
         log_own = torch.log(graph.score.clamp_min(1e-300))
         combined = log_own.clone()
-        # Children before parents: deepest first (a child is always deeper than its parent).
-        own = any(graph.depth is t.depth for t in self._templates.values())
-        order = self._order if own else torch.argsort(graph.depth, descending=True, stable=True).tolist()
-        for node in order[:-1]:
-            children = graph.parents[:, node].to(log_own.dtype) * valid  # (B, N + 1)
-            total = log_own[:, node] + (children * combined).sum(-1)
-            combined[:, node] = total / (1 + children.sum(-1))
+        if self.prune == "confidence":
+            # Children before parents: deepest first (a child is always deeper than its parent).
+            own = any(graph.depth is t.depth for t in self._templates.values())
+            order = self._order if own else torch.argsort(graph.depth, descending=True, stable=True).tolist()
+            for node in order[:-1]:
+                children = graph.parents[:, node].to(log_own.dtype) * valid  # (B, N + 1)
+                total = log_own[:, node] + (children * combined).sum(-1)
+                combined[:, node] = total / (1 + children.sum(-1))
         kept = torch.zeros_like(valid)
         kept[:, 0] = valid[:, 0]
         parents = graph.parents.unsqueeze(0)
@@ -221,3 +232,15 @@ def longest_path(parents: torch.Tensor) -> int:
     for child, row in enumerate(parents.tolist()):
         steps[child] = max((steps[p] + 1 for p, edge in enumerate(row) if edge), default=0)
     return max(steps)
+
+
+def rule_prior(graph: CalibratedGraph, device: torch.device) -> torch.Tensor:
+    """``(N,)`` float64 on ``device``: each draft's log-probability that the commit rule
+    reaches it from a root, as calibration counted it (``log frequency / paths``; a graph
+    without counts, the uncalibrated default, gets ``0`` for every node: the row's token
+    probabilities alone then rank them)."""
+    counts = torch.tensor([node.frequency for node in graph.nodes], dtype=torch.float64)
+    if not bool((counts > 0).all()):
+        return torch.zeros_like(counts).to(device)
+    paths = max(float(graph.calibration.get("paths", 0) or 0), float(counts.max()))
+    return torch.log(counts / paths).to(device)
