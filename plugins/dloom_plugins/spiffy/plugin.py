@@ -4,10 +4,14 @@
   distribution (the current state's predecessor's): every draft is the current block with
   its pairs' positions set to their ranked tokens (:mod:`dloom_plugins.spiffy.frame`). A
   draft is valid in a row when that row has enough masked positions for its pairs.
-* ``dloom_prune`` scores each draft by the geometric mean of the probabilities of the tokens
-  it sets, combines that with its children's combined scores by a geometric mean (a draft
-  that leads to likely drafts is worth more), and keeps the ``budget`` best drafts of each
-  row while every kept draft stays reachable from the root through kept drafts.
+* ``dloom_prune`` keeps the ``budget`` best drafts of each row while every kept draft stays
+  reachable from the root through kept drafts. ``prune="rule"`` (the default) ranks a draft
+  by the probability that the commit rule takes the path to it: its calibrated reach
+  (:func:`rule_prior`, how often the rule reached it from a root) times the row's
+  probabilities of the tokens it sets. ``prune="confidence"`` ranks it by the geometric
+  mean of those probabilities combined with its children's (a draft that leads to likely
+  drafts is worth more), which ignores the rule: pruning a large graph that way accepts
+  fewer drafts than a small calibrated graph (``docs/strategies/spiffy.md``, "Pruning").
 * ``dloom_build_mask`` lays the root and the kept drafts out as batch rows (``"rows"``:
   exact for every model and cache mode; the decoder evaluates them in model calls of the
   batch's row count, or of ``call_tokens`` query tokens if more) or packed into one sequence per row behind a block
@@ -18,6 +22,20 @@
   verification model call of a batch has one shape.
 * ``dloom_verify`` follows the graph with the decoder's kernel
   (:func:`dloom.speculation.follow_graph`): lossless whenever the layout is exact.
+
+A block's first forward (``first_forward``, on by default). The distribution of a block's
+first forward is a forward on the canvas with the previous block complete. The forward that
+commits the previous block's last tokens runs on the state *before* them, so its next-block
+logits are not that distribution; but a draft that completes the block is that canvas, and
+in a rows layout without a cache every draft row is a forward over the whole sequence. So
+the layout asks for the next block's logits too (``next_block``), and when a kernel step
+completes the block in a state equal to a draft, the verdict hands that draft's next-block
+logits on and the decoder takes the next block's first step from them, without a forward
+(lossless: it is the reference's distribution, sampled by the reference's kernel). With a
+prefix or dual cache it is off: the reference's first forward of a block is a full forward
+that records the keys and values its later steps read (and on a bidirectional model the
+earlier blocks' keys change with the completed block), which no verification forward of
+the previous block computes; a packed layout computes the block's columns only.
 """
 
 from __future__ import annotations
@@ -50,6 +68,9 @@ class Spiffy:
         uncalibrated default graph (:func:`~dloom_plugins.spiffy.graph.default_graph`).
     :param budget: ``D*``, the most drafts per row one verification forward evaluates.
     :param layout: one of :data:`LAYOUTS`.
+    :param first_forward: draft a block's first forward (module docstring); in effect with
+        ``layout="rows"`` and no cache, inert elsewhere.
+    :param prune: how dynamic pruning ranks drafts, one of :data:`PRUNE_SCORES`.
     :param call_tokens: how many query tokens one model call of a verification may hold
         beyond the batch's ``B`` rows (the layout's
         :attr:`~dloom.types.VerificationLayout.call_tokens`: rows of ``Q`` query tokens are
