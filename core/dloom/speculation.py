@@ -30,11 +30,6 @@ def follow_graph(graph: DraftGraph, node_logits: NodeLogits, kernel: KernelStep)
     step of the rows still on the graph (the others take no step, so their random streams
     do not advance: every row draws exactly what the reference process draws).
 
-    :param graph: the evaluated graph; ``graph.tokens[:, 0]`` is the root's block.
-    :param node_logits: every node's distribution from the forward (:class:`NodeLogits`;
-        read for one node per row per step).
-    :param kernel: the decoder's :class:`KernelStep` (the ``kernel`` argument of
-        ``dloom_verify``).
     A block's first forward (``node_logits.has_next``: every node was evaluated with the
     next block's logits, :attr:`~dloom.types.VerificationLayout.next_block`): when a row's
     step completes its block in a state that *equals* a draft, that draft's next-block
@@ -43,6 +38,11 @@ def follow_graph(graph: DraftGraph, node_logits: NodeLogits, kernel: KernelStep)
     takes that block's first step from them without its forward. A completed block that
     equals no draft primes nothing.
 
+    :param graph: the evaluated graph; ``graph.tokens[:, 0]`` is the root's block.
+    :param node_logits: every node's distribution from the forward (:class:`NodeLogits`;
+        read for one node per row per step).
+    :param kernel: the decoder's :class:`KernelStep` (the ``kernel`` argument of
+        ``dloom_verify``).
     :return: the new block (the first state that was no draft, or the finished block), the
         distribution its last step sampled from, the drafts each row accepted and, with
         next-block logits, the rows primed for their next block and those logits.
