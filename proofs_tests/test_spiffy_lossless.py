@@ -297,6 +297,23 @@ def test_first_forward_drafting_saves_forwards_on_calibrated_graphs(attention, g
     assert saved > 0
 
 
+def test_seeded_sampling_with_first_forward_drafting_draws_the_base_rules_tokens():
+    """One row, same seed, temperature 0.3: a primed step samples from the reference's
+    distribution with the reference's random draw, so the sampled tokens are the base
+    rule's; and priming happens (fewer forwards than with it off), so this is evidence."""
+    model = tiny("bidirectional")
+    nfe = {False: 0, True: 0}
+    for prompt in PROMPTS:
+        options = dict(temperature=0.3, seed=11)
+        reference = decoder(model, "quota", **options).generate([prompt])
+        for flag in (False, True):
+            result = first_forward_run(model, "quota", {}, [prompt], first_forward=flag, **options)
+            assert result.token_lists == reference.token_lists, (prompt, flag)
+            assert int(result.nfe.sum()) + result.accepted_drafts == int(reference.nfe.sum())
+            nfe[flag] += int(result.nfe.sum())
+    assert nfe[True] < nfe[False], nfe
+
+
 class PrimesFromTheStaleForward(Spiffy):
     """Broken on purpose: a completed block primes its next block with the next-block logits
     of the forward it was completed *from* (the root's: the finished block not yet in it),
