@@ -504,17 +504,15 @@ class DecodeSession:
         # Every row here has a position to decode: a finished row left the batch at the end of
         # the step that finished it, and a row that moved on holds a fresh, fully masked block.
         decoding = torch.ones(len(block), dtype=torch.bool, device=block.device)
-        primed = None
         if self._primed_any:
             # A primed row's first step in this block samples from the distribution the
             # verification that completed its last block read off the completed state (the
             # forward the reference runs here): a kernel step without a forward. The forward
             # below then serves its next state; a row with nothing left to decode sits it out.
             assert self.previous is not None
-            primed = self.primed
-            block = kernel(block, self.previous, primed)
+            block = kernel(block, self.previous, self.primed)
             x.scatter_(1, columns, block)
-            decoding = ~primed | selectable_positions(block, mask_id, eos_ids, generated).any(-1)
+            decoding = ~self.primed | selectable_positions(block, mask_id, eos_ids, generated).any(-1)
         accepted = None
         priming = None
         speculative_step = self.calls.speculative_step
