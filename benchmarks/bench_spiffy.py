@@ -5,7 +5,10 @@ workload (the task suite follows the model's tokenizer unless ``--tasks`` names 
 
 For each base rule (quota one token per step, threshold 0.9, Fréchet), calibrate draft
 graphs of ``D`` nodes on training prompts, then decode held-out prompts with the base alone
-and with Spiffy over it (every ``D``, and ``D = max`` pruned to a few ``D*``). The full
+and with Spiffy over it (every ``D``, and ``D = max`` pruned to a few ``D*``), each with a
+block's first forward drafted and not (``first_forward``), and the pruned ones also with the
+old confidence-only pruning score (``prune=confidence``; the default ranks drafts by the
+probability that the commit rule takes them). The full
 stack (threshold or Fréchet + dual cache + Spiffy, packed layout, exact under the dual
 cache) is compared with quota one token per step, no cache. Every Spiffy run is checked to
 give the base's outputs (``identical``). Writes one JSON file::
@@ -78,6 +81,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="task suite (auto: the one the model's tokenizer writes, else all)")
     parser.add_argument("--block-length", type=int, default=8)
     parser.add_argument("--bases", default=",".join(BASES))
+    parser.add_argument("--tau", type=float, default=BASES["threshold"]["tau"], help="the threshold base's tau")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
@@ -93,8 +97,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                               "block_length": args.block_length, "score": args.score,
                               "torch_threads": args.threads, "bases": {}}
     workdir = Path(tempfile.mkdtemp(prefix="dloom-spiffy-"))
+    bases = {**BASES, "threshold": {"tau": args.tau}}
+    report["threshold_tau"] = args.tau
     for name in args.bases.split(","):
-        params = BASES[name]
+        params = bases[name]
         base = run(model, name, examples, params=params, block_length=args.block_length)
         rows = []
         for budget in budgets:
@@ -104,11 +110,18 @@ def main(argv: Sequence[str] | None = None) -> None:
             path = workdir / f"{name}-D{budget}.json"
             graph.save(path)
             for keep in [budget] + ([p for p in pruned if p < budget] if budget == max(budgets) else []):
-                result = run(model, f"spiffy+{name}", examples, block_length=args.block_length,
-                             params={**params, "graph": str(path), "budget": keep})
-                rows.append({"D": budget, "D*": keep, **compare(result, base)})
-                print(f"{name:9s} D={budget:2d} D*={keep:2d} NFE x{rows[-1]['nfe_ratio']:.2f} "
-                      f"TPS x{rows[-1]['tps_ratio']:.2f} identical {rows[-1]['identical']:.0%}", flush=True)
+                variants = [(False, "rule"), (True, "rule")] + ([(True, "confidence")] if keep < budget else [])
+                for first_forward, prune in variants:
+                    result = run(model, f"spiffy+{name}", examples, block_length=args.block_length,
+                                 params={**params, "graph": str(path), "budget": keep,
+                                         "first_forward": first_forward, "prune": prune})
+                    rows.append({"D": budget, "D*": keep, "first_forward": first_forward, "prune": prune,
+                                 **compare(result, base)})
+                    spec = rows[-1]["speculation"] or {}
+                    print(f"{name:9s} D={budget:2d} D*={keep:2d} first_forward={first_forward!s:5s} "
+                          f"prune={prune:10s} NFE x{rows[-1]['nfe_ratio']:.2f} "
+                          f"accepted/verification {spec.get('accepted_per_verification', float('nan')):.3f} "
+                          f"TPS x{rows[-1]['tps_ratio']:.2f} identical {rows[-1]['identical']:.0%}", flush=True)
         base.pop("texts")
         report["bases"][name] = {"base": base, "spiffy": rows, "graph_dir": str(workdir)}
     # The full stack against one token per step.
@@ -117,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for name in ("threshold", "frechet"):
         if name not in report["bases"]:
             continue
-        params = BASES[name]
+        params = bases[name]
         alone = run(model, name, examples, params=params, cache="dual", block_length=args.block_length)
         path = workdir / f"{name}-D{max(budgets)}.json"
         full = run(model, f"spiffy+{name}", examples, cache="dual", block_length=args.block_length,

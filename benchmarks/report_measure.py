@@ -124,10 +124,12 @@ class AcceptanceRecorder:
 
 
 class BlockFloor:
-    """A ``dloom_select_commit`` wrapper counting, per row, the steps that are among the first
-    two of their block: ``sum over blocks of min(steps, 2)``, the fewest forwards a
-    speculative strategy over this commit rule could take (a block's first forward is plain;
-    at best one verification then completes the block). Device tensors, read once."""
+    """A ``dloom_select_commit`` wrapper counting the steps that are the second of their
+    block; with one forward per row added (:meth:`total` of ``rows``), the fewest forwards
+    a speculative strategy over this commit rule could take: a row's first block takes its
+    first forward plain, a later block's first step can be taken from the forward that
+    completed the block before it (Spiffy's ``first_forward``), and at best one verification
+    then completes the block. Device tensors, read once."""
 
     def __init__(self) -> None:
         self._steps: list[torch.Tensor] = []
@@ -135,11 +137,12 @@ class BlockFloor:
     @hookimpl(wrapper=True)
     def dloom_select_commit(self, confidence, selectable, schedule):
         commit = yield
-        self._steps.append((selectable.any(-1) & (schedule.step_in_block < 2)).sum())
+        self._steps.append((selectable.any(-1) & (schedule.step_in_block == 1)).sum())
         return commit
 
-    def total(self) -> int:
-        return int(torch.stack(self._steps).sum()) if self._steps else 0
+    def total(self, rows: int) -> int:
+        """The floor's forwards over ``rows`` decoded rows."""
+        return rows + (int(torch.stack(self._steps).sum()) if self._steps else 0)
 
 
 def measure(model, config: Config, examples, batch_size: int) -> dict[str, Any]:
@@ -156,7 +159,7 @@ def measure(model, config: Config, examples, batch_size: int) -> dict[str, Any]:
     report = evaluate(decoder, examples, batch_size=batch_size, progress=False)
     rule = decoder.composition.provider("dloom_select_commit")
     claim = get_registry().get(rule).claim
-    floor_mean = None if speculative else floor.total() / len(examples)
+    floor_mean = None if speculative else floor.total(len(examples)) / len(examples)
     return {
         "name": config.name,
         "label": config.label,
@@ -185,7 +188,7 @@ def measure(model, config: Config, examples, batch_size: int) -> dict[str, Any]:
 
 
 def measure_oracle(model, examples) -> dict[str, Any]:
-    """The oracle NFE of ``examples`` under the baseline's lengths (:func:`dloom.oracle.oracle_nfe`)."""
+    """The oracle NFE of ``examples`` under the baseline's lengths (:func:`dloom.decode.oracle.oracle_nfe`)."""
     result = oracle_nfe(DiffusionDecoder(model, BASELINE.strategy), [e.prompt for e in examples])
     reached = result.nfe[result.reached]
     return {

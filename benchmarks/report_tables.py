@@ -109,13 +109,15 @@ def oracle_table(report: dict[str, Any]) -> str:
     out = [
         "## Distance to the limit", "",
         f"The oracle commits, at every forward, each masked position whose argmax is already "
-        f"the final greedy token (the engine's own layout, `dloom.oracle`): "
+        f"the final greedy token (the engine's own layout, `dloom.decode.oracle`): "
         f"**{oracle['nfe_mean']:.2f} forwards per prompt**, on the "
         f"{oracle['reached_share']:.0%} of prompts where it reproduces the greedy output (the "
         "others meet a dead end); *NFE ÷ oracle* compares NFE on those prompts. *Spiffy could "
-        "save at most* is the commit rule alone in NFE over the sum, over its blocks, of "
-        "min(steps, 2): a block's first forward is plain and at best one verification "
-        "completes it (for a Spiffy row: over its rule's; *Spiffy saves* is what it measured). "
+        "save at most* is the commit rule alone in NFE over one forward per prompt plus one per "
+        "block of two steps or more: a row's first forward is plain, a later block's first "
+        "step can come from the forward that completed the block before it, and at best one "
+        "verification completes a block (for a Spiffy row: over its rule's; *Spiffy saves* is "
+        "what it measured). "
         "*Padding share*: generated positions after the first EOS.", "",
         "| configuration | cache | accuracy | NFE | oracle NFE | NFE ÷ oracle | NFE / answer token "
         "| padding share | tokens / forward | TPS | Spiffy could save at most | Spiffy saves |",

@@ -107,7 +107,7 @@ def spiffy_item(report: Mapping[str, Any], rule: str, goal: float) -> dict[str, 
     met = ratio >= goal and identical == 1.0
     ceiling = spiffy.get("spiffy_max_saving")
     detail = (f"{alone['nfe_mean']:.2f} → {spiffy['nfe_mean']:.2f} NFE (no cache); "
-              f"at most {ceiling:.2f}× possible (a block's first forward is plain)" if ceiling else
+              f"at most {ceiling:.2f}× possible (a row's first forward is plain, one per block after)" if ceiling else
               f"{alone['nfe_mean']:.2f} → {spiffy['nfe_mean']:.2f} NFE (no cache)")
     if ratio < goal:
         detail += f"; {goal / ratio:.2f}× short; {_spiffy_why(report, rule, spiffy)}"

@@ -22,15 +22,20 @@ Checked here:
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from functools import cache
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from dloom import DiffusionDecoder, ModelAdapter, hookimpl
 from dloom.check.report import check_lossless
+from dloom.decode.speculation import follow_graph
+from dloom.errors import HookContractError
 from dloom.types import Verdict
 from dloom.zoo import model_path
 from dloom_plugins.spiffy import Spiffy
@@ -229,3 +234,173 @@ def test_packed_layout_on_a_bidirectional_model_without_cache_is_detected_and_la
     packed = decoder(model, "spiffy", {"layout": "packed"}).generate(PROMPTS)
     assert packed.speculation["guarantee"] == "near-lossless"
     assert packed.token_lists != reference.token_lists
+
+
+# --- a block's first forward (first_forward) -----------------------------------------------
+#
+# Without a cache, a verification forward sees the whole canvas, so a draft whose block is
+# complete is evaluated on exactly the canvas the reference's next forward reads (the next
+# block's first). When a step completes the block in a state that equals such a draft, its
+# next-block logits take the next block's first step without a forward. Checked: token
+# identity and the exact NFE account (every saved forward is an accepted draft) over random
+# settings, forwards actually saved, and two broken variants caught.
+
+
+def first_forward_run(model, base, params, prompts, first_forward=True, plugin=None, **options):
+    """Spiffy over ``base`` without a cache (rows layout), first-forward drafting as asked."""
+    budget = options.pop("budget", 5)
+    spiffy = plugin if plugin is not None else Spiffy(budget=budget, first_forward=first_forward)
+    settings = {"gen_length": GEN_LENGTH, "block_length": BLOCK_LENGTH, **options}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return DiffusionDecoder(model, [spiffy, base], params=params, **settings).generate(prompts)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    attention=st.sampled_from(["bidirectional", "block-causal"]), shift=st.booleans(),
+    base=st.sampled_from(list(BASES)), budget=st.integers(1, 8),
+    block_length=st.sampled_from([2, 4, 8]), blocks=st.integers(2, 4),
+    prompts=st.lists(st.lists(st.integers(3, 30), min_size=1, max_size=6), min_size=1, max_size=4),
+)
+def test_first_forward_drafting_keeps_the_base_rules_tokens_and_accounts_every_saved_forward(
+    attention, shift, base, budget, block_length, blocks, prompts
+):
+    model = tiny(attention, shift) if attention == "bidirectional" else tiny(attention)
+    options = dict(gen_length=block_length * blocks, block_length=block_length)
+    reference = decoder(model, base, BASES[base], **options).generate(prompts)
+    result = first_forward_run(model, base, BASES[base], prompts, budget=budget, **options)
+    assert result.token_lists == reference.token_lists
+    assert torch.equal(result.sequences, reference.sequences)
+    assert result.speculation["guarantee"] == "lossless"
+    # exact: every forward the reference runs is either run here or an accepted draft
+    assert int(result.nfe.sum()) + result.accepted_drafts == int(reference.nfe.sum())
+
+
+@pytest.mark.parametrize("attention", ["bidirectional", "block-causal"])
+def test_first_forward_drafting_saves_forwards_on_calibrated_graphs(attention, graph_dir):
+    """Same graphs, first-forward drafting off then on: the same tokens, strictly fewer
+    forwards with it, and the difference is accepted (primed) drafts."""
+    model = tiny(attention)
+    saved = 0
+    for base, params in BASES.items():
+        graph = graph_file(attention, base, graph_dir)
+        off, on = (
+            first_forward_run(model, base, params, PROMPTS,
+                              plugin=Spiffy(graph=graph, budget=5, first_forward=flag))
+            for flag in (False, True)
+        )
+        reference = decoder(model, base, params).generate(PROMPTS)
+        assert on.token_lists == off.token_lists == reference.token_lists, base
+        for result in (off, on):
+            assert int(result.nfe.sum()) + result.accepted_drafts == int(reference.nfe.sum()), base
+        saved += int(off.nfe.sum() - on.nfe.sum())
+    assert saved > 0
+
+
+def test_seeded_sampling_with_first_forward_drafting_draws_the_base_rules_tokens():
+    """One row, same seed, temperature 0.3: a primed step samples from the reference's
+    distribution with the reference's random draw, so the sampled tokens are the base
+    rule's; and priming happens (fewer forwards than with it off), so this is evidence."""
+    model = tiny("bidirectional")
+    nfe = {False: 0, True: 0}
+    for prompt in PROMPTS:
+        options = dict(temperature=0.3, seed=11)
+        reference = decoder(model, "quota", **options).generate([prompt])
+        for flag in (False, True):
+            result = first_forward_run(model, "quota", {}, [prompt], first_forward=flag, **options)
+            assert result.token_lists == reference.token_lists, (prompt, flag)
+            assert int(result.nfe.sum()) + result.accepted_drafts == int(reference.nfe.sum())
+            nfe[flag] += int(result.nfe.sum())
+    assert nfe[True] < nfe[False], nfe
+
+
+class PrimesFromTheStaleForward(Spiffy):
+    """Broken on purpose: a completed block primes its next block with the next-block logits
+    of the forward it was completed *from* (the root's: the finished block not yet in it),
+    "the logits the model already produced" taken without a draft of the completed state."""
+
+    @hookimpl
+    def dloom_verify(self, state, graph, logits, kernel) -> Verdict:
+        verdict = follow_graph(graph, logits, kernel)
+        complete = ~(verdict.block == state.mask_token_id).any(-1)
+        root = torch.zeros_like(complete, dtype=torch.long)
+        return dataclasses.replace(verdict, primed=complete, next_logits=logits.next_of(root))
+
+
+class PrimesFromAnUncheckedDraft(Spiffy):
+    """Broken on purpose: a completed block primes from the likeliest valid draft that fills
+    its block, whether or not the completed block equals it."""
+
+    @hookimpl
+    def dloom_verify(self, state, graph, logits, kernel) -> Verdict:
+        verdict = follow_graph(graph, logits, kernel)
+        complete = ~(verdict.block == state.mask_token_id).any(-1)
+        full_drafts = graph.valid & ~(graph.tokens == state.mask_token_id).any(-1)
+        likeliest = torch.where(full_drafts, graph.score, -torch.inf).argmax(-1)
+        return dataclasses.replace(
+            verdict, primed=complete & full_drafts.any(-1), next_logits=logits.next_of(likeliest)
+        )
+
+
+@pytest.mark.parametrize("broken", [PrimesFromTheStaleForward, PrimesFromAnUncheckedDraft])
+def test_a_verifier_priming_without_checking_the_completed_state_is_caught(broken, graph_dir):
+    """Each broken variant changes some output (and so does not pass the identity above),
+    while the correct verifier on the same runs keeps them all."""
+    differs = False
+    for attention in ("bidirectional", "block-causal"):
+        model = tiny(attention)
+        for base, params in BASES.items():
+            graph = graph_file(attention, base, graph_dir)
+            reference = decoder(model, base, params).generate(PROMPTS)
+            wrong = first_forward_run(model, base, params, PROMPTS, plugin=broken(graph=graph, budget=5))
+            right = first_forward_run(model, base, params, PROMPTS, plugin=Spiffy(graph=graph, budget=5))
+            assert right.token_lists == reference.token_lists
+            differs |= wrong.token_lists != reference.token_lists
+    assert differs
+
+
+@pytest.mark.parametrize("mode", ["prefix", "dual"])
+def test_with_a_cache_first_forward_drafting_is_off_and_a_next_block_layout_is_refused(mode, graph_dir):
+    """With a cache the verification forward does not hold the reference's next-block
+    forward (that one is a full forward recording the next block's keys and values, and on
+    a bidirectional model the earlier blocks' keys change with the completed block): the
+    option is inert (same NFE as off), and a layout asking for next-block logits is refused."""
+    model = tiny("bidirectional")
+    graph = graph_file("bidirectional", "quota", graph_dir)
+    off, on = (
+        first_forward_run(model, "quota", {}, PROMPTS, cache=mode,
+                          plugin=Spiffy(graph=graph, budget=5, first_forward=flag))
+        for flag in (False, True)
+    )
+    assert on.token_lists == off.token_lists and torch.equal(on.nfe, off.nfe)
+
+    class AsksForTheNextBlock(Spiffy):
+        @hookimpl
+        def dloom_build_mask(self, state, graph):
+            return dataclasses.replace(super().dloom_build_mask(state, graph), next_block=True)
+
+    with pytest.raises(HookContractError, match=f"next-block logits with cache {mode!r}"):
+        first_forward_run(model, "quota", {}, PROMPTS, cache=mode, plugin=AsksForTheNextBlock(graph=graph))
+
+
+@pytest.mark.skipif(not TOY_INSTALLED, reason="toy-dllm not installed")
+@pytest.mark.parametrize("base", ["quota", "threshold"])
+def test_first_forward_drafting_on_the_toy_dllm(base):
+    from dloom import load_model
+    from dloom.zoo.tasks import held_out
+
+    model = load_model("toy-dllm", dtype="float64")
+    texts = [example.prompt for example in held_out(14)]
+    params = {"quota": {}, "threshold": {"tau": 0.9}}[base]
+    reference = DiffusionDecoder(model, base, params=params, block_length=8).generate(texts)
+    results = {}
+    for flag in (False, True):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the built-in graph fits
+            results[flag] = DiffusionDecoder(
+                model, f"spiffy+{base}", params={**params, "first_forward": flag}, block_length=8
+            ).generate(texts)
+        assert results[flag].token_lists == reference.token_lists
+        assert int(results[flag].nfe.sum()) + results[flag].accepted_drafts == int(reference.nfe.sum())
+    assert results[True].nfe.sum() < results[False].nfe.sum()

@@ -32,8 +32,11 @@ def test_measures_spiffy_over_its_base_on_the_models_suite(bench, tmp_path, mode
     report = json.loads(out.read_text())
     assert report["tasks"] == suite
     base = report["bases"]["threshold"]["base"]
-    (spiffy,) = report["bases"]["threshold"]["spiffy"]
-    assert (spiffy["D"], spiffy["identical"]) == (3, 1.0)
-    assert spiffy["nfe_ratio"] == pytest.approx(base["nfe_mean"] / spiffy["nfe_mean"])
+    rows = report["bases"]["threshold"]["spiffy"]
+    assert [(r["D"], r["D*"], r["first_forward"], r["prune"]) for r in rows] == [
+        (3, 3, False, "rule"), (3, 3, True, "rule")]
+    for spiffy in rows:
+        assert spiffy["identical"] == 1.0
+        assert spiffy["nfe_ratio"] == pytest.approx(base["nfe_mean"] / spiffy["nfe_mean"])
     assert [row["label"] for row in report["full_stack"]["rows"]] == [
         "threshold + dual", "threshold + dual + spiffy"]

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from dloom.errors import ConfigurationError
+from dloom.errors import ConfigurationError, HookContractError
 
 
 @dataclass(frozen=True)
@@ -186,6 +186,11 @@ class VerificationLayout:
         ``0``: not stated, then ``N + 1``. With ``static_shapes`` the decoder pads every model
         call of a verification to the same row count, at most ``B * row_bound``
         (:func:`dloom.decode.speculation.static_call_rows`).
+    :ivar next_block: every evaluated node's outputs also hold the next block's logits (the
+        ``K`` columns after its span's block: the distribution a forward on that node's
+        state gives the positions of the following block). Only a rows layout without a
+        cache computes them (:meth:`dloom.model.runner.BlockForward.evaluate` sees the whole
+        canvas there); a drafter asks for them to draft a block's first forward.
     """
 
     input_ids: torch.Tensor
@@ -197,6 +202,7 @@ class VerificationLayout:
     packed: bool
     call_tokens: int = 0
     row_bound: int = 0
+    next_block: bool = False
 
 
 class NodeLogits:
@@ -218,6 +224,7 @@ class NodeLogits:
         self.rows = layout.node_rows.clamp(min=0)  # nodes not evaluated read some other output
         self.offsets = layout.node_offsets
         self.span = torch.arange(block_length, device=outputs.device)
+        self.has_next = layout.next_block
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -227,9 +234,20 @@ class NodeLogits:
     def of(self, node: torch.Tensor) -> torch.Tensor:
         """``(B, K, V)``: row ``b``'s logits of its node ``node[b]`` (``(B,)`` long);
         meaningless for a node that was not evaluated."""
+        return self._columns(node, 0)
+
+    def next_of(self, node: torch.Tensor) -> torch.Tensor:
+        """``(B, K, V)``: row ``b``'s logits of the block after the active one on its node
+        ``node[b]``'s state (a layout with :attr:`VerificationLayout.next_block` only)."""
+        if not self.has_next:
+            raise HookContractError("next_of: the verification layout carries no next-block logits")
+        return self._columns(node, self.span.shape[0])
+
+    def _columns(self, node: torch.Tensor, skip: int) -> torch.Tensor:
+        """``(B, K, V)``: the ``K`` output columns ``skip`` after each row's node's span start."""
         index = node.unsqueeze(1)
         rows = torch.gather(self.rows, 1, index)  # (B, 1)
-        columns = torch.gather(self.offsets, 1, index) + self.span  # (B, K)
+        columns = torch.gather(self.offsets, 1, index) + self.span + skip  # (B, K)
         return self.outputs[rows.expand_as(columns), columns]
 
 
@@ -242,11 +260,18 @@ class Verdict:
     :ivar logits: ``(B, K, V)``, the distribution the last kernel step sampled from (that of
         the new state's predecessor); the next drafts are filled from it.
     :ivar accepted: ``(B,)`` long, drafts accepted per row (kernel steps taken minus one).
+    :ivar primed: ``(B,)`` bool or ``None``: rows whose last step completed the block in a
+        drafted state evaluated with its next block's logits (:attr:`next_logits`): the
+        decoder takes the next block's first step from them, without its forward.
+    :ivar next_logits: ``(B, K, V)`` or ``None``: those rows' next-block distribution, the
+        one a forward on the completed state gives (meaningless where ``primed`` is off).
     """
 
     block: torch.Tensor
     logits: torch.Tensor
     accepted: torch.Tensor
+    primed: torch.Tensor | None = None
+    next_logits: torch.Tensor | None = None
 
 
 # --- speculation against an autoregressive target: token chains -----------------------------

@@ -22,7 +22,8 @@ from typer.testing import CliRunner
 from dloom import ARTargetDecoder, StrategyRegistration, hookimpl
 from dloom.check.target import target_greedy
 from dloom.check.tiny import tiny_ar, tiny_dllm
-from dloom.cli.commands import app
+from dloom.cli import app
+from dloom.errors import HookContractError
 from dloom.hooks.registry import Registry, Strategy, get_registry
 from dloom.types import ChainState, Verdict
 from dloom_plugins.failfast import FailFast, FailFastDecoder
@@ -195,3 +196,19 @@ def test_cli_runs_failfast_with_a_calibrated_spiffy_drafter(tmp_path):
     assert rows[0]["config"]["params"]["failfast"]["drafter_params"] == f"spiffy.graph={graph}"
     assert texts["spiffy"] == texts["plain"]
     assert forwards["spiffy"] < forwards["plain"], forwards
+
+
+@pytest.mark.filterwarnings("ignore:no built-in draft graph")
+def test_the_drafters_spiffy_drafts_no_first_forward_and_a_forced_one_is_refused_with_the_prefix_cache(pair, reference):
+    """The drafting round takes no next-block priming, so FailFast turns Spiffy's
+    ``first_forward`` off; forced on, it is harmless without a cache and refused, naming the
+    fix, with the drafter's prefix cache (whose forward computes no next-block logits)."""
+    target, dllm = pair
+    decoder = FailFastDecoder(target, dllm, max_new_tokens=NEW, drafter_strategy="spiffy+quota")
+    failfast = next(c.plugin for c in decoder.composition.components if isinstance(c.plugin, FailFast))
+    spiffy = next(c for c in failfast.drafter_decoder.composition.components if c.name == "spiffy")
+    assert spiffy.plugin.first_forward is False
+    forced = dict(max_new_tokens=NEW, drafter_strategy="spiffy+quota", drafter_params="spiffy.first_forward=true")
+    assert FailFastDecoder(target, dllm, drafter_cache="none", **forced).generate(PROMPTS).token_lists == reference
+    with pytest.raises(HookContractError, match="spiffy.first_forward=false"):
+        FailFastDecoder(target, dllm, drafter_cache="prefix", **forced).generate(PROMPTS)

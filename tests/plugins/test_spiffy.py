@@ -6,6 +6,7 @@ Losslessness itself is proved in ``proofs_tests/test_spiffy_lossless.py``.
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from collections import Counter
 
@@ -19,10 +20,12 @@ from dloom.cli.commands import app
 from dloom.errors import ConfigurationError
 from dloom.hooks.composition import compose
 from dloom.types import DecodeState
+from dloom.zoo import model_path
 from dloom_plugins.spiffy import CalibratedGraph, Spiffy
 from dloom_plugins.spiffy.calibrate import ROOT, calibrate, select_nodes
 from dloom_plugins.spiffy.frame import rank_frame
 from dloom_plugins.spiffy.graph import GraphNode, default_graph
+from dloom_plugins.spiffy.plugin import longest_path, rule_prior
 
 MASK = 9
 
@@ -241,6 +244,63 @@ def test_prune_keeps_the_best_reachable_drafts_per_row(tmp_path):
     assert plugin.dloom_prune(graph, 0).valid.sum(-1).tolist() == [1, 1]
 
 
+def test_rule_pruning_ranks_drafts_by_the_rules_calibrated_reach_times_the_rows_tokens(tmp_path):
+    """Row: {(0,0)}'s token is likelier than {(0,1)}'s, but calibration saw the rule take
+    {(0,1)} 9 times in 10 and {(0,0)} once: "rule" keeps {(0,1)}, "confidence" {(0,0)}."""
+    nodes = (GraphNode(((0, 0),), (0,), frequency=1), GraphNode(((0, 1),), (0,), frequency=9))
+    graph = chain_graph(nodes=nodes, calibration={"paths": 10})
+    block = torch.full((1, 4), MASK)
+    logits = torch.zeros(1, 4, 10)
+    logits[0, :, 3], logits[0, :, 8] = 2.0, 1.0  # rank 0 token 3 (p ~ 0.49), rank 1 token 8 (p ~ 0.18)
+    kept = {}
+    for prune in ("rule", "confidence"):
+        plugin = configured(graph, tmp_path, budget=1, prune=prune)
+        drafts = plugin.dloom_draft(drafting_state(block, logits))
+        kept[prune] = plugin.dloom_prune(drafts, None).valid[0].tolist()
+    assert kept == {"rule": [True, False, True], "confidence": [True, True, False]}
+    prior = rule_prior(graph, torch.device("cpu"))
+    assert prior.tolist() == pytest.approx([math.log(0.1), math.log(0.9)])
+    assert rule_prior(default_graph(config()), torch.device("cpu")).tolist() == [0.0] * len(default_graph(config()).nodes)
+
+
+def test_bad_first_forward_and_prune_name_the_allowed_values():
+    with pytest.raises(ConfigurationError, match="first_forward is 'yes'; allowed: True or False"):
+        Spiffy(first_forward="yes")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="prune is 'depth'; allowed: rule, confidence"):
+        Spiffy(prune="depth")
+    with pytest.raises(ConfigurationError, match="allowed: one of 'rule', 'confidence'"):
+        compose("spiffy", {"prune": "depth"})
+
+
+@pytest.mark.parametrize("cache, layout, first_forward, asks", [
+    ("none", "rows", True, True), ("none", "rows", False, False), ("prefix", "rows", True, False),
+    ("dual", "rows", True, False), ("none", "packed", True, False),
+])
+def test_a_layout_asks_for_next_block_logits_only_where_the_forward_sees_the_next_block(
+    tmp_path, cache, layout, first_forward, asks
+):
+    path = tmp_path / "graph.json"
+    chain_graph().save(path)
+    plugin = Spiffy(graph=str(path), layout=layout, first_forward=first_forward)
+    plugin.dloom_configure(config(cache=cache))
+    block = torch.full((1, 4), MASK)
+    state = drafting_state(block, torch.zeros(1, 4, 10))
+    layout_ = plugin.dloom_build_mask(state, plugin.dloom_prune(plugin.dloom_draft(state), None))
+    assert layout_.next_block is asks
+
+
+def test_the_verifier_walks_the_graphs_longest_path_not_its_depth():
+    """Node 3 has the root as a parent (depth 1) and is also three steps down the chain: a
+    walk bounded by the depth would stop on the graph, one step short."""
+    nodes = (
+        GraphNode(((0, 0),), (0,)), GraphNode(((0, 0), (1, 0)), (1,)),
+        GraphNode(((0, 0), (1, 0), (2, 0)), (0, 2)),
+    )
+    graph = chain_graph(nodes=nodes)
+    assert int(graph.template().depth.max()) == 2
+    assert longest_path(graph.template().parents) == 3
+
+
 @pytest.mark.parametrize("layout", ["rows", "packed"])
 def test_layouts_place_every_evaluated_node(tmp_path, layout):
     plugin = configured(chain_graph(), tmp_path, layout=layout)
@@ -400,7 +460,8 @@ def test_cli_graph_budget_and_layout_options_reach_spiffy(tmp_path):
     ])
     assert ok.exit_code == 0, ok.output
     report = json.loads(ok.stdout.splitlines()[-1])  # the summary line
-    assert report["config"]["params"]["spiffy"] == {"graph": "", "budget": 2, "layout": "packed", "call_tokens": 2048}
+    assert report["config"]["params"]["spiffy"] == {"graph": "", "budget": 2, "layout": "packed", "call_tokens": 2048,
+                                                  "first_forward": True, "prune": "rule"}
     assert report["speculation"]["guarantee"] == "lossless"
     wrong = runner.invoke(app, ["generate", "copy: ab", "--strategy", "threshold", "--budget", "2"])
     assert wrong.exit_code == 2 and "names strategy 'spiffy', which is not part of" in wrong.output.replace("\n", " ")
@@ -611,3 +672,26 @@ def test_call_tokens_sets_the_rows_per_call_with_the_same_outputs(sharp_adapter)
     assert whole.model_calls < wide.model_calls < narrow.model_calls
     for result in (wide, whole):
         assert torch.equal(result.sequences, narrow.sequences) and torch.equal(result.nfe, narrow.nfe)
+
+
+@pytest.mark.skipif(not (model_path("toy-dllm") / "model.safetensors").exists(), reason="toy-dllm not installed")
+def test_dynamic_pruning_by_the_rules_reach_beats_confidence_pruning_on_the_toy_dllm(tmp_path):
+    """A graph of D = 30 pruned to D* = 5 per row: ranking by the probability that quota takes
+    the path accepts more drafts (fewer forwards) than the tokens' geometric mean (the audit's
+    D 100 -> 10 regression), same tokens."""
+    from dloom import load_model
+    from dloom.evaluation import select_examples
+
+    model = load_model("toy-dllm", dtype="float64")
+    calibration = [e.prompt for e in select_examples("all", 20, split="train")]
+    prompts = [e.prompt for e in select_examples("all", 10)]
+    calibrate(DiffusionDecoder(model, "quota", block_length=8), calibration, 30).save(tmp_path / "g.json")
+    reference = DiffusionDecoder(model, "quota", block_length=8).generate(prompts)
+    nfe = {}
+    for prune in ("rule", "confidence"):
+        result = DiffusionDecoder(model, "spiffy+quota", params={
+            "graph": str(tmp_path / "g.json"), "budget": 5, "prune": prune, "first_forward": False,
+        }, block_length=8).generate(prompts)
+        assert result.token_lists == reference.token_lists
+        nfe[prune] = int(result.nfe.sum())
+    assert nfe["rule"] < nfe["confidence"], nfe

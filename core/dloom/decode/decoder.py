@@ -456,8 +456,10 @@ class DiffusionDecoder:
         ``window_start``, ``shift``; ``kernel`` is a :class:`~dloom.decode.kernel.KernelStep`;
         ``counters`` has ``verification_forwards`` and ``record_layout(exact)``).
 
-        :return: the new ``(B, K)`` blocks, each row's last distribution ``(B, K, V)`` and the
-            drafts each row accepted ``(B,)`` (``None`` when no graph was drafted).
+        :return: the new ``(B, K)`` blocks, each row's last distribution ``(B, K, V)``, the
+            drafts each row accepted ``(B,)`` (``None`` when no graph was drafted) and the
+            verdict's next-block priming (:class:`~dloom.types.Verdict`'s ``primed`` and
+            ``next_logits``; ``None`` when the verification carried no next-block logits).
         """
         n_full, first_window, last_window = plan
         full_logits, full_rows = None, torch.zeros_like(decoding)
@@ -473,16 +475,18 @@ class DiffusionDecoder:
         if graph is None:
             rest, _ = self.forward_clock.timed(forward.run, x, 0, first_window, last_window)
             logits = rest if full_logits is None else torch.where(full_rows[:, None, None], full_logits, rest)
-            return kernel(block, logits, decoding), logits, None
+            return kernel(block, logits, decoding), logits, None, None
         verdict, exact = self._verification_step(state, graph, forward, kernel, first_window)
         counters.record_layout(exact)
         counters.verification_forwards += 1
+        priming = None if verdict.primed is None else (verdict.primed, verdict.next_logits)
         if full_logits is None:
-            return verdict.block, verdict.logits, verdict.accepted
+            return verdict.block, verdict.logits, verdict.accepted, priming
         stepped = kernel(block, full_logits, full_rows & decoding)
         wide = full_rows[:, None, None]
         return (
             torch.where(full_rows[:, None], stepped, verdict.block),
             torch.where(wide, full_logits, verdict.logits),
             verdict.accepted,
+            None,  # next-block logits come from a verification without a cache only
         )

@@ -22,6 +22,13 @@ draws, whenever it joined. This holds for every commit rule, for the cache modes
 previous distribution, so it is not drafted for until its first step (the rule of a row at
 a block start).
 
+A block's first forward. A row whose verification completed its block in a drafted state
+evaluated with the next block's logits (:class:`~dloom.types.Verdict`'s ``primed``: Spiffy
+without a cache) moves on *primed*: its next block's first kernel step samples from those
+logits, the very distribution the reference's first forward on that block gives, without a
+forward; the step's forward then serves the state after it. Such a step counts one NFE,
+and the used draft one accepted draft.
+
 Widths. All rows share one sequence width ``L = P + G`` (``P`` prompt columns, left-padded;
 ``G`` the generated region). A joining prompt longer than ``P`` widens the batch: every row
 gets padding columns on the left, and its recorded keys and values move with it
@@ -37,13 +44,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import pluggy
 import torch
 
 from dloom.decode.generation import Prompts, row_streams
-from dloom.decode.kernel import KernelStep, RowStreams, eos_clear
+from dloom.decode.kernel import KernelStep, RowStreams, eos_clear, selectable_positions
 from dloom.decode.logprobs import CommitLogprobs, RowLogprobs
 from dloom.decode.prompts import check_prompts
 from dloom.errors import ConfigurationError, ModelError
@@ -178,15 +185,16 @@ class SessionCalls:
     :ivar clock: times the model forwards; the session resets it when it starts.
     :ivar timer: times the decoding hooks; the session clears it when it starts.
     :ivar speculative_step: the decoder's speculative step
-        (:meth:`dloom.DiffusionDecoder.speculative_step`), or ``None`` for a strategy that
-        never drafts.
+        (:meth:`dloom.DiffusionDecoder.speculative_step`: new blocks, last distributions,
+        accepted drafts and the next-block priming), or ``None`` for a strategy that never
+        drafts.
     """
 
     layout: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]
     check: Callable[[int, int, int, torch.Tensor], None]
     clock: ForwardClock
     timer: HookTimer
-    speculative_step: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] | None
+    speculative_step: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, Any]] | None
 
 
 class SessionDecoder(Protocol):
@@ -271,6 +279,7 @@ class DecodeSession:
         self._next_id = 0
         self._plan: list[int] | None = None
         self._can_draft = False
+        self._primed_any = False  # some row is primed (read at the last step's sync)
         self.forward: BlockForward | None = None
         self.calls.timer.seconds.clear()
         self.calls.clock.reset()
@@ -356,6 +365,9 @@ class DecodeSession:
         self.block_index = torch.zeros_like(ids)
         self.nfe = torch.zeros_like(ids)
         self.known = torch.zeros(len(ids), dtype=torch.bool, device=ids.device)
+        # rows whose block's first distribution is known (``previous``), from the verification
+        # that completed their last block: their first step takes no forward
+        self.primed = torch.zeros_like(self.known)
         self.previous: torch.Tensor | None = None  # (B, K, V): each row's last step's distribution
         self.forward = BlockForward(
             self.model, decoder.cache, padding_or_none(self.full_mask), self.positions, start,
@@ -404,6 +416,7 @@ class DecodeSession:
         self.block_index = torch.cat([self.block_index, torch.zeros_like(ids)])
         self.nfe = torch.cat([self.nfe, torch.zeros_like(ids)])
         self.known = torch.cat([self.known, torch.zeros(len(ids), dtype=torch.bool, device=ids.device)])
+        self.primed = torch.cat([self.primed, torch.zeros(len(ids), dtype=torch.bool, device=ids.device)])
         if self.previous is not None:
             self.previous = torch.cat([self.previous, self.previous.new_zeros(len(ids), *self.previous.shape[1:])])
         self._running_forward().join(
@@ -444,6 +457,7 @@ class DecodeSession:
     def _keep(self, index: torch.Tensor) -> None:
         """Keep the rows ``index`` (``(B',)`` long), in that order."""
         self.x, self.rows, self.known = self.x[index], self.rows[index], self.known[index]
+        self.primed = self.primed[index]
         self.block_index, self.nfe = self.block_index[index], self.nfe[index]
         self.full_mask, self.positions = self.full_mask[index], self.positions[index]
         self.region_end = self.region_end[index]
@@ -464,6 +478,7 @@ class DecodeSession:
         self.size = 0
         self._plan = None
         self._can_draft = False
+        self._primed_any = False
 
     # --- stepping ---------------------------------------------------------------------
 
@@ -490,10 +505,20 @@ class DecodeSession:
         # Every row here has a position to decode: a finished row left the batch at the end of
         # the step that finished it, and a row that moved on holds a fresh, fully masked block.
         decoding = torch.ones(len(block), dtype=torch.bool, device=block.device)
+        if self._primed_any:
+            # A primed row's first step in this block samples from the distribution the
+            # verification that completed its last block read off the completed state (the
+            # forward the reference runs here): a kernel step without a forward. The forward
+            # below then serves its next state; a row with nothing left to decode sits it out.
+            assert self.previous is not None
+            block = kernel(block, self.previous, self.primed)
+            x.scatter_(1, columns, block)
+            decoding = ~self.primed | selectable_positions(block, mask_id, eos_ids, generated).any(-1)
         accepted = None
+        priming = None
         speculative_step = self.calls.speculative_step
         if speculative_step is not None and self._can_draft:
-            new_block, self.previous, accepted = speculative_step(
+            new_block, self.previous, accepted, priming = speculative_step(
                 x, self.full_mask, block, decoding, self.known, self.previous, forward, kernel,
                 (n_full, first_window, last_window), self.tallies,
             )
@@ -506,7 +531,7 @@ class DecodeSession:
             if self.observer is not None:
                 self.observer(StepRecord(self.block_index.clone(), self.rows.clone(), block.clone(), logits, new_block.clone()))
         x.scatter_(1, columns, new_block)
-        self.nfe = self.nfe + 1
+        self.nfe = self.nfe + decoding.long()
         # Earlier blocks are complete and hold no EOS, later ones are all masks: the row's
         # output is final (finished_rows of its generated region) exactly when its block has
         # an EOS with nothing masked before it, or has nothing masked and is its last block.
@@ -520,12 +545,20 @@ class DecodeSession:
         done_block = self.block_index
         self.block_index = self.block_index + moving
         self.known = decoding & ~moving
+        if priming is not None:  # rows moving on with their next block's first distribution
+            self.primed = priming[0] & moving
+            self.known = self.known | self.primed
+            assert self.previous is not None and accepted is not None
+            self.previous = torch.where(self.primed[:, None, None], priming[1], self.previous)
+            accepted = accepted + self.primed.long()  # the completed draft's forward is used
+        elif self._primed_any:
+            self.primed = torch.zeros_like(self.primed)
         status = [
             kernel.non_finite, kernel.idle, finished.sum(),
             forward.plan(~finished), (self.known & ~finished).any(),
         ]
         if accepted is not None:
-            status += [accepted.sum(), decoding.sum()]
+            status += [accepted.sum(), decoding.sum(), (self.primed & ~finished).any()]
         if self.on_block is not None:
             status.append((block_done | finished).sum())
         values = torch.cat([v.view(-1) for v in status]).tolist()  # the step's one sync (long: promoted)
@@ -536,6 +569,7 @@ class DecodeSession:
         if accepted is not None:
             self.tallies.accepted += values[7]
             self.tallies.verifications += values[8]
+        self._primed_any = accepted is not None and bool(values[9])
         self.tallies.forwards += 1
         if self.on_block is not None and values[-1]:
             done = block_done | finished

@@ -30,13 +30,22 @@ def follow_graph(graph: DraftGraph, node_logits: NodeLogits, kernel: KernelStep)
     step of the rows still on the graph (the others take no step, so their random streams
     do not advance: every row draws exactly what the reference process draws).
 
+    A block's first forward (``node_logits.has_next``: every node was evaluated with the
+    next block's logits, :attr:`~dloom.types.VerificationLayout.next_block`): when a row's
+    step completes its block in a state that *equals* a draft, that draft's next-block
+    logits are those of the forward the reference runs first on the next block (the same
+    canvas), so the verdict hands them on (``primed``, ``next_logits``) and the decoder
+    takes that block's first step from them without its forward. A completed block that
+    equals no draft primes nothing.
+
     :param graph: the evaluated graph; ``graph.tokens[:, 0]`` is the root's block.
     :param node_logits: every node's distribution from the forward (:class:`NodeLogits`;
         read for one node per row per step).
     :param kernel: the decoder's :class:`KernelStep` (the ``kernel`` argument of
         ``dloom_verify``).
     :return: the new block (the first state that was no draft, or the finished block), the
-        distribution its last step sampled from, and the drafts each row accepted.
+        distribution its last step sampled from, the drafts each row accepted and, with
+        next-block logits, the rows primed for their next block and those logits.
     """
     rows = torch.arange(graph.tokens.shape[0], device=graph.tokens.device)
     node = torch.zeros_like(rows)
@@ -44,6 +53,8 @@ def follow_graph(graph: DraftGraph, node_logits: NodeLogits, kernel: KernelStep)
     logits = node_logits.of(node)
     on_graph = graph.valid[:, 0].clone()
     accepted = torch.zeros_like(rows)
+    primed = torch.zeros_like(on_graph)
+    completion = torch.zeros_like(rows)  # the draft each primed row's block completed as
     longest = graph.longest_path
     if longest is None:
         longest = int(graph.depth.max()) if graph.num_nodes else 0
@@ -53,12 +64,19 @@ def follow_graph(graph: DraftGraph, node_logits: NodeLogits, kernel: KernelStep)
         same = (graph.tokens == block.unsqueeze(1)).all(-1)
         hits = children & same
         still_masked = selectable_positions(block, kernel.mask_token_id, kernel.eos_ids, kernel.generated).any(-1)
+        if node_logits.has_next:
+            completed = on_graph & hits.any(-1) & ~(block == kernel.mask_token_id).any(-1)
+            completion = torch.where(completed, hits.long().argmax(-1), completion)
+            primed = primed | completed
         on_graph = on_graph & hits.any(-1) & still_masked
         node = torch.where(on_graph, hits.long().argmax(-1), node)
         logits = node_logits.of(node)  # rows off the graph keep their node, so their logits
         # stay those their last step sampled from
         accepted = accepted + on_graph.long()
-    return Verdict(block=block, logits=logits, accepted=accepted)
+    if not node_logits.has_next:
+        return Verdict(block=block, logits=logits, accepted=accepted)
+    return Verdict(block=block, logits=logits, accepted=accepted, primed=primed,
+                   next_logits=node_logits.next_of(completion))
 
 
 def evaluate_in_parts(

@@ -37,7 +37,7 @@ import inspect
 
 import torch
 
-from dloom.errors import ConfigurationError, ModelError
+from dloom.errors import ConfigurationError, HookContractError, ModelError
 from dloom.model.adapter import ModelAdapter, output_logits
 from dloom.model.attention import mask_from_block_ids, model_mask
 from dloom.types import VerificationLayout
@@ -539,7 +539,9 @@ class BlockForward:
             (:class:`~dloom.types.VerificationLayout`).
         :param first_window: the second entry of :meth:`plan`.
         :return: ``(R, S, V)``, the outputs at every layout column: the first ``K`` columns
-            of a span are its block's logits.
+            of a span are its block's logits; with ``layout.next_block`` (a rows layout
+            without a cache) ``K`` more columns follow each row's span, the next block's
+            logits on that row's state.
 
         With static shapes (``static_width``) a rows layout's windows read and write a copy
         of the static record (:func:`static_view`) and a packed layout reads the record
@@ -549,6 +551,12 @@ class BlockForward:
         source = layout.source
         span = self.window_start[source].unsqueeze(1) + torch.arange(width, device=tokens.device)
         primary = tokens[source].scatter(1, span, layout.input_ids[:, :width])
+        if layout.next_block and (layout.packed or self.mode != "none"):
+            raise HookContractError(
+                f"a verification layout asked for next-block logits with cache {self.mode!r}"
+                f"{' and packed spans' if layout.packed else ''}; only a rows layout without a "
+                "cache computes them (the whole canvas is in its forward)"
+            )
         if not layout.packed:
             if self.mode == "none":
                 self._count(primary)
@@ -559,6 +567,9 @@ class BlockForward:
                         **self._uncached,
                     )
                 raw = output_logits(out)
+                if layout.next_block:  # and the next block's K columns (clamped at the end)
+                    further = span[:, -1:] + torch.arange(1, self.block_length + 1, device=tokens.device)
+                    span = torch.cat([span, further.clamp(max=self.length - 1)], dim=1)
                 return torch.take_along_dim(raw, span.unsqueeze(-1), dim=1)
             return self._window_forward(primary, source, first_window)[:, :width]
         return self._packed(primary, layout, width, span, first_window)

@@ -172,7 +172,14 @@ class PrefixForward:
         layout is evaluated span by span, one layout row each (exact: no span sees another).
 
         :return: ``(R, S, V)``; the first ``K`` columns of a span are its block's logits.
+        :raises HookContractError: for a layout that asks for next-block logits (the kept
+            prefix's forward computes none; Spiffy's ``first_forward`` off gives none).
         """
+        if layout.next_block:
+            raise HookContractError(
+                "the FailFast drafter's prefix cache computes no next-block logits; pass "
+                "drafter_params 'spiffy.first_forward=false' (the default) or drafter_cache 'none'"
+            )
         width = self.block_length + self.shift
         source, ids = layout.source, layout.input_ids
         slots = ids.shape[1] // width
@@ -287,7 +294,7 @@ class DraftingRound:
             streams.offset = forward.start - self.first
         kernel.clear(*block.shape)
         if self.speculates and self.previous is not None:
-            new_block, self.previous, _ = self.decoder.speculative_step(
+            new_block, self.previous, _, _ = self.decoder.speculative_step(
                 canvas, state.attention_mask, block, drafting, self.known, self.previous, forward,
                 kernel, self.plan, self.counters,
             )

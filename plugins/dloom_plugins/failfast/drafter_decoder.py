@@ -46,7 +46,9 @@ def parse_drafter_params(text: str) -> dict[str, str]:
 
 def drafter_composition(settings: FailFastSettings, registry: Any = None) -> Composition:
     """The validated drafter composition with its parameters: ``drafter_tau`` as ``tau`` when
-    a component declares one, then ``drafter_params`` (which win).
+    a component declares one, ``first_forward`` off when one declares it (Spiffy's
+    next-block priming: the drafting round's steps do not take it), then
+    ``drafter_params`` (which win).
 
     :raises UnknownStrategyError: / :raises CompositionError: / :raises ConfigurationError:
         naming ``drafter_strategy`` (an unknown name, components that clash, an unknown
@@ -56,9 +58,8 @@ def drafter_composition(settings: FailFastSettings, registry: Any = None) -> Com
     extra = parse_drafter_params(settings.drafter_params)
     try:
         bare = compose(name, {}, registry)
-        declares_tau = any(
-            p.name == "tau" for c in bare.components if c.strategy is not None for p in c.strategy.parameters
-        )
+        declared = {p.name for c in bare.components if c.strategy is not None for p in c.strategy.parameters}
+        declares_tau = "tau" in declared
         for component in bare.components:
             kind = component.strategy.registration.decoder if component.strategy is not None else DIFFUSION
             if kind != DIFFUSION:
@@ -67,7 +68,9 @@ def drafter_composition(settings: FailFastSettings, registry: Any = None) -> Com
                     "drafter of an AR target); allowed: a dLLM decoder composition, e.g. "
                     "'threshold', 'frechet' or 'spiffy+threshold'"
                 )
-        params = {"tau": settings.drafter_tau} if declares_tau else {}
+        params: dict[str, Any] = {"tau": settings.drafter_tau} if declares_tau else {}
+        if "first_forward" in declared:  # the drafter's small blocks take no next-block priming
+            params["first_forward"] = False
         return compose(name, {**params, **extra}, registry)
     except (UnknownStrategyError, CompositionError, ConfigurationError) as error:
         raise type(error)(f"failfast drafter_strategy {name!r}: {error}") from None

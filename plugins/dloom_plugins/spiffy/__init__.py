@@ -14,7 +14,7 @@ from __future__ import annotations
 from dloom import Claim, Parameter, StrategyRegistration, hookimpl
 
 from .graph import BUILTIN_DIR, CalibratedGraph
-from .plugin import CALL_TOKENS, LAYOUTS, Spiffy
+from .plugin import CALL_TOKENS, LAYOUTS, PRUNE_SCORES, Spiffy
 
 __all__ = ["CalibratedGraph", "Spiffy", "dloom_register_commands", "dloom_register_strategies"]
 
@@ -40,6 +40,12 @@ def dloom_register_strategies(register) -> None:
                           choices=LAYOUTS),
                 Parameter("call_tokens", CALL_TOKENS, int, "query tokens one verification model call may hold "
                           "beyond the batch's rows (0 = the batch's rows: a plain step's peak memory)", low=0),
+                Parameter("prune", "rule", str, "how dynamic pruning ranks drafts: 'rule' (the probability "
+                          "that the commit rule takes the path: calibrated reach times the row's token "
+                          "probabilities) or 'confidence' (tokens' geometric mean)", choices=PRUNE_SCORES),
+                Parameter("first_forward", True, bool, "draft a block's first forward: a verification that "
+                          "completes a block in a drafted state hands on that state's next-block logits "
+                          "(layout=rows without a cache; elsewhere off)"),
             ),
             guarantee=GUARANTEE,
             summary="speculates the dLLM's own future states from a calibrated draft graph",

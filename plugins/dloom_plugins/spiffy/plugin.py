@@ -4,10 +4,14 @@
   distribution (the current state's predecessor's): every draft is the current block with
   its pairs' positions set to their ranked tokens (:mod:`dloom_plugins.spiffy.frame`). A
   draft is valid in a row when that row has enough masked positions for its pairs.
-* ``dloom_prune`` scores each draft by the geometric mean of the probabilities of the tokens
-  it sets, combines that with its children's combined scores by a geometric mean (a draft
-  that leads to likely drafts is worth more), and keeps the ``budget`` best drafts of each
-  row while every kept draft stays reachable from the root through kept drafts.
+* ``dloom_prune`` keeps the ``budget`` best drafts of each row while every kept draft stays
+  reachable from the root through kept drafts. ``prune="rule"`` (the default) ranks a draft
+  by the probability that the commit rule takes the path to it: its calibrated reach
+  (:func:`rule_prior`, how often the rule reached it from a root) times the row's
+  probabilities of the tokens it sets. ``prune="confidence"`` ranks it by the geometric
+  mean of those probabilities combined with its children's (a draft that leads to likely
+  drafts is worth more), which ignores the rule: pruning a large graph that way accepts
+  fewer drafts than a small calibrated graph (``docs/strategies/spiffy.md``, "Pruning").
 * ``dloom_build_mask`` lays the root and the kept drafts out as batch rows (``"rows"``:
   exact for every model and cache mode; the decoder evaluates them in model calls of the
   batch's row count, or of ``call_tokens`` query tokens if more) or packed into one sequence per row behind a block
@@ -18,6 +22,20 @@
   verification model call of a batch has one shape.
 * ``dloom_verify`` follows the graph with the decoder's kernel
   (:func:`dloom.decode.speculation.follow_graph`): lossless whenever the layout is exact.
+
+A block's first forward (``first_forward``, on by default). The distribution of a block's
+first forward is a forward on the canvas with the previous block complete. The forward that
+commits the previous block's last tokens runs on the state *before* them, so its next-block
+logits are not that distribution; but a draft that completes the block is that canvas, and
+in a rows layout without a cache every draft row is a forward over the whole sequence. So
+the layout asks for the next block's logits too (``next_block``), and when a kernel step
+completes the block in a state equal to a draft, the verdict hands that draft's next-block
+logits on and the decoder takes the next block's first step from them, without a forward
+(lossless: it is the reference's distribution, sampled by the reference's kernel). With a
+prefix or dual cache it is off: the reference's first forward of a block is a full forward
+that records the keys and values its later steps read (and on a bidirectional model the
+earlier blocks' keys change with the completed block), which no verification forward of
+the previous block computes; a packed layout computes the block's columns only.
 """
 
 from __future__ import annotations
@@ -43,6 +61,7 @@ from .graph import (
 )
 
 LAYOUTS = ("rows", "packed")
+PRUNE_SCORES = ("rule", "confidence")
 CALL_TOKENS = 2048
 """The default ``call_tokens``: a verification's model call holds ``B`` rows or this many
 query tokens, whichever is more."""
@@ -56,6 +75,9 @@ class Spiffy:
         uncalibrated default graph (:func:`~dloom_plugins.spiffy.graph.default_graph`).
     :param budget: ``D*``, the most drafts per row one verification forward evaluates.
     :param layout: one of :data:`LAYOUTS`.
+    :param first_forward: draft a block's first forward (module docstring); in effect with
+        ``layout="rows"`` and no cache, inert elsewhere.
+    :param prune: how dynamic pruning ranks drafts, one of :data:`PRUNE_SCORES`.
     :param call_tokens: how many query tokens one model call of a verification may hold
         beyond the batch's ``B`` rows (the layout's
         :attr:`~dloom.types.VerificationLayout.call_tokens`: rows of ``Q`` query tokens are
@@ -67,7 +89,14 @@ class Spiffy:
         verifications that are large anyway. The outputs are the same either way.
     """
 
-    def __init__(self, graph: str = "", budget: int = 10, layout: str = "rows", call_tokens: int = CALL_TOKENS) -> None:
+    def __init__(
+        self, graph: str = "", budget: int = 10, layout: str = "rows", call_tokens: int = CALL_TOKENS,
+        first_forward: bool = True, prune: str = "rule",
+    ) -> None:
+        if prune not in PRUNE_SCORES:
+            raise ConfigurationError(f"prune is {prune!r}; allowed: {', '.join(PRUNE_SCORES)}")
+        if not isinstance(first_forward, bool):
+            raise ConfigurationError(f"first_forward is {first_forward!r}; allowed: True or False")
         if layout not in LAYOUTS:
             raise ConfigurationError(f"layout is {layout!r}; allowed: {', '.join(LAYOUTS)}")
         if isinstance(call_tokens, bool) or not isinstance(call_tokens, int) or call_tokens < 0:
@@ -76,9 +105,14 @@ class Spiffy:
         self.budget = budget
         self.layout = layout
         self.call_tokens = call_tokens
+        self.first_forward = first_forward
+        self.prune = prune
+        self._log_prior: dict[torch.device, torch.Tensor] = {}  # (N,) per device, "rule" scores
+        self._next_block = False  # verifications carry next-block logits (set by dloom_configure)
         self.graph: CalibratedGraph | None = None
         self._templates: dict[torch.device, GraphTemplate] = {}
-        self._longest = 0  # the graph's longest path from the root
+        self._longest = 0  # the most steps of any path from the root (not the depth: a node
+        # with several parents may be reached by a longer path than its fewest steps)
         self._order: list[int] = []  # nodes deepest first (children before parents)
         self._static_nodes: int | None = None  # with static shapes, the root and the kept drafts
 
@@ -123,6 +157,9 @@ class Spiffy:
             )
         self.graph = graph
         self._templates.clear()
+        self._log_prior.clear()
+        # a block's first forward is drafted where the verification sees the next block
+        self._next_block = self.first_forward and self.layout == "rows" and config.get("cache", "none") == "none"
         # static shapes: every verification is laid out for the most nodes a row may evaluate
         budget = config.get("draft_budget")
         keep = self.budget if budget is None else min(self.budget, budget)
@@ -137,7 +174,8 @@ class Spiffy:
         if device not in self._templates:
             template = self.graph.template(device)  # depth on the host: read once here
             self._templates[device] = template
-            self._longest = int(template.depth.max())
+            self._log_prior[device] = rule_prior(self.graph, device)
+            self._longest = longest_path(template.parents.cpu())
             self._order = torch.argsort(template.depth, descending=True, stable=True).tolist()
         return self._templates[device]
 
@@ -163,7 +201,10 @@ class Spiffy:
         drafts = block.unsqueeze(1).expand(-1, real.shape[0], -1).clone()
         drafts.scatter_(2, positions, tokens)
         fillable = ((template.position_rank < frame.masked[:, None, None]) | ~real).all(-1)
-        score = torch.exp((log_probs * real).sum(-1) / real.sum(-1))
+        if self.prune == "rule":  # the path's probability: the rule's, then this row's tokens'
+            score = torch.exp(self._log_prior[block.device] + (log_probs * real).sum(-1))
+        else:  # the geometric mean of the tokens' probabilities
+            score = torch.exp((log_probs * real).sum(-1) / real.sum(-1))
         one = torch.ones_like(score[:, :1])
         # Rows at the start of their block have no predecessor distribution: no drafts.
         drafting = state.active if state.known is None else state.active & state.known
@@ -183,13 +224,14 @@ class Spiffy:
         valid = graph.valid
         log_own = torch.log(graph.score.clamp_min(1e-300))
         combined = log_own.clone()
-        # Children before parents: deepest first (a child is always deeper than its parent).
-        own = any(graph.depth is t.depth for t in self._templates.values())
-        order = self._order if own else torch.argsort(graph.depth, descending=True, stable=True).tolist()
-        for node in order[:-1]:
-            children = graph.parents[:, node].to(log_own.dtype) * valid  # (B, N + 1)
-            total = log_own[:, node] + (children * combined).sum(-1)
-            combined[:, node] = total / (1 + children.sum(-1))
+        if self.prune == "confidence":
+            # Children before parents: deepest first (a child is always deeper than its parent).
+            own = any(graph.depth is t.depth for t in self._templates.values())
+            order = self._order if own else torch.argsort(graph.depth, descending=True, stable=True).tolist()
+            for node in order[:-1]:
+                children = graph.parents[:, node].to(log_own.dtype) * valid  # (B, N + 1)
+                total = log_own[:, node] + (children * combined).sum(-1)
+                combined[:, node] = total / (1 + children.sum(-1))
         kept = torch.zeros_like(valid)
         kept[:, 0] = valid[:, 0]
         parents = graph.parents.unsqueeze(0)
@@ -203,8 +245,30 @@ class Spiffy:
     @hookimpl
     def dloom_build_mask(self, state: DecodeState, graph: DraftGraph) -> VerificationLayout:
         layout = layout_drafts(state, graph, packed=self.layout == "packed", nodes=self._static_nodes)
-        return dataclasses.replace(layout, call_tokens=self.call_tokens)
+        return dataclasses.replace(layout, call_tokens=self.call_tokens, next_block=self._next_block)
 
     @hookimpl
     def dloom_verify(self, state: DecodeState, graph: DraftGraph, logits: NodeLogits, kernel) -> Verdict:
         return follow_graph(graph, logits, kernel)
+
+
+def longest_path(parents: torch.Tensor) -> int:
+    """The most kernel steps of any path from the root through ``parents`` (``(N + 1, N + 1)``
+    bool on the host, parents before children): what the verifier must walk so that no row
+    is still on the graph when it stops (a node's depth counts its fewest steps)."""
+    steps = [0] * parents.shape[0]
+    for child, row in enumerate(parents.tolist()):
+        steps[child] = max((steps[p] + 1 for p, edge in enumerate(row) if edge), default=0)
+    return max(steps)
+
+
+def rule_prior(graph: CalibratedGraph, device: torch.device) -> torch.Tensor:
+    """``(N,)`` float64 on ``device``: each draft's log-probability that the commit rule
+    reaches it from a root, as calibration counted it (``log frequency / paths``; a graph
+    without counts, the uncalibrated default, gets ``0`` for every node: the row's token
+    probabilities alone then rank them)."""
+    counts = torch.tensor([node.frequency for node in graph.nodes], dtype=torch.float64)
+    if not bool((counts > 0).all()):
+        return torch.zeros_like(counts).to(device)
+    paths = max(float(graph.calibration.get("paths", 0) or 0), float(counts.max()))
+    return torch.log(counts / paths).to(device)
