@@ -256,15 +256,28 @@ def test_readme_and_home_page_show_the_headline_of_the_latest_report():
     assert marked(DOCS / "index.md") == report.headline_table(latest)
 
 
-def test_frechet_default_delta_is_the_one_the_published_report_chose():
-    """Issue 19: the code's default δ comes from the long-answer sweep at matched accuracy."""
-    choice = json.loads((ROOT / "benchmarks" / "results" / "report-long.json").read_text())["frechet_choice"]
-    (delta,) = get_registry().get("frechet").parameters
-    assert choice["delta"] is not None, "the published report matched no δ"
-    assert delta.default == choice["delta"]
-    assert abs(choice["accuracy"] - choice["reference_accuracy"]) <= choice["tolerance"]
-    page = (DOCS / "benchmarks" / "report.md").read_text()
-    assert f"`frechet`'s default δ ({delta.default:g}) is this choice." in page
+def test_threshold_and_frechet_defaults_are_the_settings_the_dev_split_chose():
+    """Issue 42: the defaults τ and δ are the operating points chosen on the dev split (the
+    fewest forwards within one point of one token per step's accuracy there), and the
+    README and the docs' home page show that run's table."""
+    published = json.loads((ROOT / "benchmarks" / "results" / "operating-points-long.json").read_text())
+    registry = get_registry()
+    for rule in ("threshold", "frechet"):
+        choice = published["choices"][rule]
+        (parameter,) = registry.get(rule).parameters
+        assert choice["matched"], f"the dev split matched no setting of {rule}"
+        assert (parameter.name, parameter.default) == (choice["parameter"], choice["value"])
+    dev_quota = published["dev"]["rows"][0]
+    assert dev_quota["name"] == "quota"
+    assert published["choices"]["frechet"]["accuracy"] >= dev_quota["accuracy"] - published["tolerance"] - 1e-9
+    spec = importlib.util.spec_from_file_location("dloom_operating_points", ROOT / "benchmarks" / "operating_points.py")
+    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for path in (ROOT / "README.md", DOCS / "index.md"):
+        found = re.search(r"<!-- report:operating-points:start -->\n(.*?)\n<!-- report:operating-points:end -->",
+                          path.read_text(), re.S)
+        assert found, f"{path} lacks the report:operating-points markers"
+        assert found.group(1) == module.headline(published)
 
 
 # --- the draft-graph example -------------------------------------------------------------
