@@ -459,7 +459,9 @@ def test_at_most_one_sync_per_drafter_step_and_per_round(monkeypatch, target, dr
     """Device-to-host reads counted as in test_host_sync.py: one per drafter step (is any row
     still drafting, with the verification widths) plus one per round (the new cache length),
     plus a constant per call; never per token or per row."""
-    from decode.test_host_sync import SyncCounter  # tests/ is on sys.path (its conftest)
+    from decode.test_host_sync import (
+        SyncCounter,  # tests/ is on sys.path (its conftest)
+    )
 
     per_call = 12  # padding check, results to lists, totals
     prompts = [PROMPT, [9, 3], [3, 4, 5], [7, 8, 9, 10, 11], [12, 4, 4]]

@@ -54,6 +54,7 @@ from dloom.decode.speculation import (
     layout_is_exact,
     static_call_rows,
 )
+from dloom.decode.step import BlockForwards, SpeculativeStep, StepOutcome
 from dloom.errors import (
     ConfigurationError,
     HookContractError,
@@ -65,7 +66,7 @@ from dloom.hooks.composition import StrategySpec, build_plugin_manager, compose
 from dloom.hooks.registry import Registry
 from dloom.metrics import ForwardClock, GenerationResult, HookTimer
 from dloom.model.adapter import ModelAdapter, position_ids_from_mask
-from dloom.model.runner import CACHE_MODES, BlockForward, cache_argument, check_refresh
+from dloom.model.runner import CACHE_MODES, cache_argument, check_refresh
 from dloom.types import DecodeState
 
 DEFAULT_GEN_LENGTH = 128
@@ -296,7 +297,7 @@ class DiffusionDecoder:
         )
 
     def _verification_step(
-        self, state: DecodeState, graph, forward: BlockForward, kernel: KernelStep, first_window: int
+        self, state: DecodeState, graph, forward: BlockForwards, kernel: KernelStep, first_window: int
     ):
         """Prune, lay out, run one forward over the roots and the drafts, and verify.
 
@@ -443,50 +444,44 @@ class DiffusionDecoder:
             verification_forwards=tallies.verification_forwards,
         )
 
-    def speculative_step(
-        self, x, attention_mask, block, decoding, known, previous, forward, kernel, plan, counters,
-    ):
+    def speculative_step(self, step: SpeculativeStep) -> StepOutcome:
         """One step of a speculative composition: rows due a full forward (block start with a
         cache) take a plain step on it; the others are verified in one forward over their
         roots and drafts (rows without a known distribution evaluate their root only).
 
         The one speculative dLLM step: :class:`~dloom.decode.session.DecodeSession` runs it,
-        and so does FailFast's drafter over each row's small block (its ``forward`` has the
-        :class:`~dloom.model.runner.BlockForward` interface: ``run``, ``evaluate``, ``start``,
-        ``window_start``, ``shift``; ``kernel`` is a :class:`~dloom.decode.kernel.KernelStep`;
-        ``counters`` has ``verification_forwards`` and ``record_layout(exact)``).
+        and so does FailFast's drafter over each row's small block, each through its own
+        model runner and counters (:mod:`dloom.decode.step`).
 
-        :return: the new ``(B, K)`` blocks, each row's last distribution ``(B, K, V)``, the
-            drafts each row accepted ``(B,)`` (``None`` when no graph was drafted) and the
-            verdict's next-block priming (:class:`~dloom.types.Verdict`'s ``primed`` and
-            ``next_logits``; ``None`` when the verification carried no next-block logits).
+        :return: the new blocks, each row's last distribution, the drafts each row accepted
+            and the verdict's next-block priming (:class:`~dloom.decode.step.StepOutcome`).
         """
-        n_full, first_window, last_window = plan
+        x, decoding, forward, kernel = step.tokens, step.decoding, step.forward, step.kernel
+        n_full, first_window, last_window = step.plan
         full_logits, full_rows = None, torch.zeros_like(decoding)
         if self.cache != "none" and n_full:
             full_logits, full_rows = self.forward_clock.timed(forward.run, x, n_full, first_window, last_window, False)
         state = DecodeState(
-            tokens=x, attention_mask=attention_mask, block_start=forward.start,
-            block_end=forward.start + self.block_length, mask_token_id=self.model.mask_token_id,
-            active=decoding & ~full_rows, logits=previous, span_start=forward.window_start,
-            known=known & ~full_rows, width=self.block_length, span_lead=forward.shift,
+            tokens=x, attention_mask=step.attention_mask, block_start=forward.start,
+            block_end=forward.start + self.block_length, mask_token_id=self.mask_token_id,
+            active=decoding & ~full_rows, logits=step.previous, span_start=forward.window_start,
+            known=step.known & ~full_rows, width=self.block_length, span_lead=forward.shift,
         )
         graph = hooks.draft(self.pm, state)
         if graph is None:
             rest, _ = self.forward_clock.timed(forward.run, x, 0, first_window, last_window)
             logits = rest if full_logits is None else torch.where(full_rows[:, None, None], full_logits, rest)
-            return kernel(block, logits, decoding), logits, None, None
+            return StepOutcome(kernel(step.block, logits, decoding), logits)
         verdict, exact = self._verification_step(state, graph, forward, kernel, first_window)
-        counters.record_layout(exact)
-        counters.verification_forwards += 1
-        priming = None if verdict.primed is None else (verdict.primed, verdict.next_logits)
+        step.counts.record_layout(exact)
+        step.counts.verification_forwards += 1
         if full_logits is None:
-            return verdict.block, verdict.logits, verdict.accepted, priming
-        stepped = kernel(block, full_logits, full_rows & decoding)
-        wide = full_rows[:, None, None]
-        return (
+            return StepOutcome(verdict.block, verdict.logits, verdict.accepted, verdict.primed,
+                               None if verdict.primed is None else verdict.next_logits)
+        stepped = kernel(step.block, full_logits, full_rows & decoding)
+        # next-block logits come from a verification without a cache only
+        return StepOutcome(
             torch.where(full_rows[:, None], stepped, verdict.block),
-            torch.where(wide, full_logits, verdict.logits),
+            torch.where(full_rows[:, None, None], full_logits, verdict.logits),
             verdict.accepted,
-            None,  # next-block logits come from a verification without a cache only
         )

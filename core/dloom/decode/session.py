@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import pluggy
 import torch
@@ -53,6 +53,7 @@ from dloom.decode.generation import Prompts, row_streams
 from dloom.decode.kernel import KernelStep, RowStreams, eos_clear, selectable_positions
 from dloom.decode.logprobs import CommitLogprobs, RowLogprobs
 from dloom.decode.prompts import check_prompts
+from dloom.decode.step import ForwardPlan, SpeculativeStep, StepOutcome
 from dloom.errors import ConfigurationError, ModelError
 from dloom.metrics import ForwardClock, HookTimer, speculation_summary
 from dloom.model.adapter import ModelAdapter, left_pad_prompts, padding_or_none
@@ -185,16 +186,15 @@ class SessionCalls:
     :ivar clock: times the model forwards; the session resets it when it starts.
     :ivar timer: times the decoding hooks; the session clears it when it starts.
     :ivar speculative_step: the decoder's speculative step
-        (:meth:`dloom.DiffusionDecoder.speculative_step`: new blocks, last distributions,
-        accepted drafts and the next-block priming), or ``None`` for a strategy that never
-        drafts.
+        (:meth:`dloom.DiffusionDecoder.speculative_step`, its inputs and outcome the value
+        objects of :mod:`dloom.decode.step`), or ``None`` for a strategy that never drafts.
     """
 
     layout: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]
     check: Callable[[int, int, int, torch.Tensor], None]
     clock: ForwardClock
     timer: HookTimer
-    speculative_step: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, Any]] | None
+    speculative_step: Callable[[SpeculativeStep], StepOutcome] | None
 
 
 class SessionDecoder(Protocol):
@@ -515,13 +515,14 @@ class DecodeSession:
             x.scatter_(1, columns, block)
             decoding = ~self.primed | selectable_positions(block, mask_id, eos_ids, generated).any(-1)
         accepted = None
-        priming = None
+        outcome = None
         speculative_step = self.calls.speculative_step
         if speculative_step is not None and self._can_draft:
-            new_block, self.previous, accepted, priming = speculative_step(
+            outcome = speculative_step(SpeculativeStep(
                 x, self.full_mask, block, decoding, self.known, self.previous, forward, kernel,
-                (n_full, first_window, last_window), self.tallies,
-            )
+                ForwardPlan(n_full, first_window, last_window), self.tallies,
+            ))
+            new_block, self.previous, accepted = outcome.block, outcome.logits, outcome.accepted
         else:
             logits, _ = self.calls.clock.timed(forward.run, x, n_full, first_window, last_window)
             new_block = kernel(block, logits, decoding)
@@ -545,11 +546,12 @@ class DecodeSession:
         done_block = self.block_index
         self.block_index = self.block_index + moving
         self.known = decoding & ~moving
-        if priming is not None:  # rows moving on with their next block's first distribution
-            self.primed = priming[0] & moving
+        if outcome is not None and outcome.primed is not None:  # rows moving on with their next block's first distribution
+            self.primed = outcome.primed & moving
             self.known = self.known | self.primed
             assert self.previous is not None and accepted is not None
-            self.previous = torch.where(self.primed[:, None, None], priming[1], self.previous)
+            assert outcome.next_logits is not None
+            self.previous = torch.where(self.primed[:, None, None], outcome.next_logits, self.previous)
             accepted = accepted + self.primed.long()  # the completed draft's forward is used
         elif self._primed_any:
             self.primed = torch.zeros_like(self.primed)

@@ -21,6 +21,7 @@ import torch
 from transformers import DynamicCache
 
 from dloom.decode.kernel import KernelStep, RowStreams, without_mask
+from dloom.decode.step import ForwardPlan, SpeculativeStep
 from dloom.errors import HookContractError, NonFiniteLogitsError
 from dloom.model.adapter import (
     ModelAdapter,
@@ -90,7 +91,7 @@ class DrafterKernel(KernelStep):
 
 class PrefixForward:
     """The drafter's forwards with FailFast's prefix cache, in the interface the engine's
-    steps call (that of :class:`dloom.model.runner.BlockForward`).
+    steps call (:class:`dloom.decode.step.BlockForwards`, as :class:`dloom.model.runner.BlockForward`).
 
     The keys and values of the columns every row has accepted (before ``stable - shift``)
     are kept across steps and rounds; each forward recomputes the columns after them, and
@@ -249,7 +250,7 @@ class DraftingRound:
         self.keep_probs = keep_probs
         self.counters = DrafterVerifications()
         self.canvas = state.tokens.clone()
-        self.plan = (0, 0, width - self.block_length)  # every column's logits (no cache plan)
+        self.plan = ForwardPlan(0, 0, width - self.block_length)  # every column's logits (no cache plan)
 
     def start(self, state: ChainState) -> None:
         """Start a round: masks after every active row's accepted tokens, each row's block at
@@ -294,10 +295,11 @@ class DraftingRound:
             streams.offset = forward.start - self.first
         kernel.clear(*block.shape)
         if self.speculates and self.previous is not None:
-            new_block, self.previous, _, _ = self.decoder.speculative_step(
+            outcome = self.decoder.speculative_step(SpeculativeStep(
                 canvas, state.attention_mask, block, drafting, self.known, self.previous, forward,
                 kernel, self.plan, self.counters,
-            )
+            ))
+            new_block, self.previous = outcome.block, outcome.logits
         else:
             started = time.perf_counter()
             logits, _ = forward.run(canvas, *self.plan)
