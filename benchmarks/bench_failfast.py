@@ -3,7 +3,7 @@
 Greedy decoding, one prompt at a time (batch 1, the latency setting of speculative
 decoding), on ``n`` held-out task prompts of the toy zoo, ``max_new_tokens`` 32. Methods:
 
-* ``ar``: the target alone, one cached forward per token (:class:`dloom.ar.ARTarget`; the
+* ``ar``: the target alone, one cached forward per token (:class:`dloom.ar.target.ARTarget`; the
   baseline every speed-up is relative to);
 * ``ar_generate``: the target's ``transformers`` ``generate(do_sample=False)``;
 * ``naive_L``: the naive dLLM drafter (Fast-dLLM threshold 0.9, fixed draft length ``L``);

@@ -14,7 +14,7 @@ decodes the same held-out prompts with every configuration of its matrix (the
 one-token-per-step baseline first), grades them with :func:`dloom.evaluation.evaluate`, and
 records accuracy, NFE, tokens per forward (TPF), tokens per second (TPS), hook time shares,
 Spiffy's acceptance and the ratios against the baseline of the same run; and the distance to
-the limit: the oracle NFE of the same prompts (:mod:`dloom.oracle`), each configuration's NFE
+the limit: the oracle NFE of the same prompts (:mod:`dloom.decode.oracle`), each configuration's NFE
 ÷ oracle, NFE per answer token, padding share and the most Spiffy could save over its rule.
 
 Matrices (``--matrix``; ``auto``: ``full`` on the long suite, ``headline`` on the toy one):

@@ -2,7 +2,7 @@
 
 Builds random-weight models with the real shapes of LLaDA-8B, Dream-7B, SDAR-4B and the
 Qwen2.5-7B target from configs in each family's own format (loaded through dloom's native
-mapping, :mod:`dloom.checkpoints`), in bfloat16, one at a time, and records to JSON:
+mapping, :mod:`dloom.model.checkpoints`), in bfloat16, one at a time, and records to JSON:
 
 - ``forward_ms``: one forward's time versus extra draft rows (batch 1..16) and extra draft
   columns (0..4 blocks appended): Spiffy's cost curve;
