@@ -58,15 +58,20 @@ from dloom_plugins.failfast import FailFastDecoder
 MAX_NEW_TOKENS = 32
 
 
-class ForwardCounter:
-    """Counts the forwards of a module (a forward pre-hook)."""
+class ForwardClock:
+    """Counts a module's forwards and the seconds they take (a forward pre-hook and hook)."""
 
     def __init__(self, module: torch.nn.Module) -> None:
-        self.count = 0
-        module.register_forward_pre_hook(self._hook)
+        self.count, self.seconds, self._started = 0, 0.0, 0.0
+        module.register_forward_pre_hook(self._start)
+        module.register_forward_hook(self._stop)
 
-    def _hook(self, module, args) -> None:
+    def _start(self, module, args) -> None:
         self.count += 1
+        self._started = time.perf_counter()
+
+    def _stop(self, module, args, output) -> None:
+        self.seconds += time.perf_counter() - self._started
 
 
 def ar_decode(target: ARTarget, prompt: list[int], max_new_tokens: int) -> list[int]:
@@ -135,7 +140,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.assistant != "none":
         assistant = load_model(args.assistant, dtype=args.dtype, device=args.device, require_mask=False)
         models["assistant"] = assistant
-    counters = {name: ForwardCounter(m.model) for name, m in models.items()}
+    counters = {name: ForwardClock(m.model) for name, m in models.items()}
     examples = held_out(args.n, seed=args.seed)
     prompts = target.encode([e.prompt for e in examples])
     eos = target.eos_token_ids

@@ -72,6 +72,7 @@ from report_operating_points import (  # noqa: E402
 )
 from report_store import MeasurementStore, run_identity  # noqa: E402
 from report_tables import replace_marked  # noqa: E402
+from report_targets import find_row, target_item  # noqa: E402
 
 from dloom import DiffusionDecoder, load_model  # noqa: E402
 from dloom.errors import ConfigurationError, ModelError  # noqa: E402
@@ -182,14 +183,6 @@ def measure(
     return report
 
 
-def _row(report: Mapping[str, Any], name: str) -> Mapping[str, Any] | None:
-    return next((r for r in report["rows"] if r["name"] == name), None)
-
-
-def _item(target: str, measured: str, met: bool | None, detail: str) -> dict[str, Any]:
-    return {"target": target, "measured": measured, "met": met, "detail": detail}
-
-
 def targets(report: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Issue 42's targets with their figures from ``report``: ``{"target", "measured", "met"
     (``None``: not measured), "detail"}`` each."""
@@ -200,12 +193,12 @@ def targets(report: Mapping[str, Any]) -> list[dict[str, Any]]:
     name = f"Fréchet ≥ {goal:.0%} fewer NFE than threshold at equal accuracy ({at:.1%}, one point below quota)"
     threshold = report["equal_accuracy"]["rules"].get("threshold", {})
     if frechet.get("saving_vs_reference") is None:
-        items.append(_item(name, "not comparable", None,
+        items.append(target_item(name, "not comparable", None,
                            f"threshold {threshold.get('bound')}, Fréchet {frechet.get('bound')} at that accuracy"))
     else:
         saving = frechet["saving_vs_reference"]
         bound = "" if frechet["saving_bound"] == "equal" else " (at least)"
-        items.append(_item(name, f"{saving:.1%}{bound}", saving >= goal,
+        items.append(target_item(name, f"{saving:.1%}{bound}", saving >= goal,
                            f"{frechet['nfe_mean']:.2f} against {threshold['nfe_mean']:.2f} NFE (interpolated on "
                            "each rule's held-out curve)" + ("" if saving >= goal else f"; {goal - saving:.1%} short")))
     goal = GOALS["spiffy_speedup"]
@@ -213,39 +206,39 @@ def targets(report: Mapping[str, Any]) -> list[dict[str, Any]]:
     spiffy = report.get("spiffy")
     choice = report["choices"]["threshold"]
     if not spiffy:
-        items.append(_item(name, "not measured", None, "run without --spiffy"))
+        items.append(target_item(name, "not measured", None, "run without --spiffy"))
     else:
         cache = spiffy["cache"]
         suffix = "" if cache == "none" else f"/{cache}"
-        alone = _row(report, f"{choice['name']}{suffix}")
-        stacked = _row(report, f"spiffy+threshold{suffix}")
+        alone = find_row(report, f"{choice['name']}{suffix}")
+        stacked = find_row(report, f"spiffy+threshold{suffix}")
         if alone is None or stacked is None:
-            items.append(_item(name, "not measured", None, "threshold or Spiffy over it missing"))
+            items.append(target_item(name, "not measured", None, "threshold or Spiffy over it missing"))
         else:
             ratio = alone["nfe_mean"] / stacked["nfe_mean"]
             identical = stacked["identical_to_commit_rule"]
-            items.append(_item(name, f"{ratio:.2f}×, {identical:.0%} identical", ratio >= goal and identical == 1.0,
+            items.append(target_item(name, f"{ratio:.2f}×, {identical:.0%} identical", ratio >= goal and identical == 1.0,
                                f"τ = {choice['value']:g} (chosen on dev), {cache} cache: {alone['nfe_mean']:.2f} → "
                                f"{stacked['nfe_mean']:.2f} NFE" + ("" if ratio >= goal else f"; {goal / ratio:.2f}× short")))
     goal = GOALS["stack_over_oracle"]
     name = f"best stack (Spiffy over a rule) within {goal:g}× of the oracle's NFE"
     stacks = [r for r in report["rows"] if r["speculation"] and r.get("nfe_over_oracle") is not None]
     if not stacks:
-        items.append(_item(name, "not measured", None, "no Spiffy row, or the oracle reproduced no output"))
+        items.append(target_item(name, "not measured", None, "no Spiffy row, or the oracle reproduced no output"))
     else:
         best = min(stacks, key=lambda r: r["nfe_over_oracle"])
-        items.append(_item(name, f"{best['nfe_over_oracle']:.2f}× ({best['label']})", best["nfe_over_oracle"] <= goal,
+        items.append(target_item(name, f"{best['nfe_over_oracle']:.2f}× ({best['label']})", best["nfe_over_oracle"] <= goal,
                            f"oracle {report['oracle']['nfe_mean']:.2f} NFE on {report['oracle']['reached_share']:.0%} "
                            "of the prompts"))
     goal = GOALS["failfast_wall"]
     name = f"FailFast ≥ {goal:g}× AR decoding in wall time on this CPU, identical outputs"
     failfast = report.get("failfast")
     if not failfast:
-        items.append(_item(name, "not measured", None, "run without --target"))
+        items.append(target_item(name, "not measured", None, "run without --target"))
     else:
         best = failfast["methods"][failfast["best"]]
         speedup = best["wall_speedup_vs_ar"]
-        items.append(_item(
+        items.append(target_item(
             name, f"{speedup:.2f}×, {best['identical_to_ar']:.0%} identical",
             speedup >= goal and best["identical_to_ar"] == 1.0,
             f"drafter τ {best['drafter_tau']!r} (chosen by {failfast['chosen_by']}); modelled "
@@ -295,7 +288,7 @@ def page(report: Mapping[str, Any], out: Path) -> str:
     ]
     base = report["rows"][0]
     for rule, choice in report["choices"].items():
-        row = _row(report, choice["name"])
+        row = find_row(report, choice["name"])
         shown = f"{choice['parameter']} = {choice['value']:g}" + ("" if choice["matched"] else " (none matched)")
         lines.append(
             f"| {rule} | {shown} | {_percent(choice['accuracy'])} | {choice['nfe_mean']:.2f} | "

@@ -3,7 +3,7 @@ decoding alone and against ``transformers``' assisted generation with a small AR
 
 Greedy, one prompt at a time (the latency setting of speculative decoding), on the report's
 held-out prompts, ``max_new_tokens`` the dLLM's generation length. Target forwards are counted
-by forward hooks on each model (:class:`ForwardClock`), prefill included,
+by forward hooks on each model (:class:`bench_failfast.ForwardClock`), prefill included,
 for every method alike; AR decoding is :func:`bench_failfast.ar_decode` (one cached forward
 per token). FailFast runs with the drafter's prefix cache, as
 ``benchmarks/bench_failfast.py``'s ``failfast`` method does, and its defaults but one: it is
@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
-from bench_failfast import ar_decode, cut
+from bench_failfast import ForwardClock, ar_decode, cut
 
 from dloom import load_model
 from dloom.ar.target import ARTarget
@@ -57,22 +57,6 @@ def choose_best(results: Mapping[str, Mapping[str, Any]], names: Sequence[str], 
     targets use when a lossless one ran)."""
     lossless = [name for name in names if results[name]["identical_to_ar"] == 1.0]
     return min(lossless, key=lambda name: results[name][key]) if lossless else names[0]
-
-
-class ForwardClock:
-    """Counts a module's forwards and the seconds they take (a forward pre-hook and hook)."""
-
-    def __init__(self, module: torch.nn.Module) -> None:
-        self.count, self.seconds, self._started = 0, 0.0, 0.0
-        module.register_forward_pre_hook(self._start)
-        module.register_forward_hook(self._stop)
-
-    def _start(self, module, args) -> None:
-        self.count += 1
-        self._started = time.perf_counter()
-
-    def _stop(self, module, args, output) -> None:
-        self.seconds += time.perf_counter() - self._started
 
 
 def methods(target, failfasts: Mapping[str, FailFastDecoder], assistant, max_new_tokens: int) -> dict[str, Method]:

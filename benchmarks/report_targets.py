@@ -47,16 +47,16 @@ def choose_delta(
     }
 
 
-def _row(report: Mapping[str, Any], name: str) -> Mapping[str, Any] | None:
+def find_row(report: Mapping[str, Any], name: str) -> Mapping[str, Any] | None:
     return next((r for r in report["rows"] if r["name"] == name), None)
 
 
-def _item(target: str, measured: str, met: bool | None, detail: str) -> dict[str, Any]:
+def target_item(target: str, measured: str, met: bool | None, detail: str) -> dict[str, Any]:
     return {"target": target, "measured": measured, "met": met, "detail": detail}
 
 
 def _not_measured(target: str, why: str) -> dict[str, Any]:
-    return _item(target, "not measured", None, why)
+    return target_item(target, "not measured", None, why)
 
 
 def frechet_item(report: Mapping[str, Any]) -> dict[str, Any]:
@@ -66,11 +66,11 @@ def frechet_item(report: Mapping[str, Any]) -> dict[str, Any]:
         return _not_measured(target, "no Fréchet δ sweep in this run (--matrix full)")
     if choice["delta"] is None:
         best = max(choice["candidates"], key=lambda c: c["accuracy"])
-        return _item(target, "no δ within 1 point", False,
+        return target_item(target, "no δ within 1 point", False,
                      f"threshold 0.9 {choice['reference_accuracy']:.1%}; the most accurate δ "
                      f"({best['delta']:g}) {best['accuracy']:.1%}")
     saving = choice["saving"]
-    return _item(
+    return target_item(
         target, f"{saving:.1%} at δ = {choice['delta']:g}", saving >= 0.25,
         f"{choice['nfe_mean']:.2f} against {choice['reference_nfe_mean']:.2f} NFE; accuracy "
         f"{choice['accuracy']:.1%} against {choice['reference_accuracy']:.1%}"
@@ -88,7 +88,7 @@ def _frechet_why(report: Mapping[str, Any], choice: Mapping[str, Any]) -> str:
         why.append(f"the δ saving ≥ 25 % (δ ≤ {max(c['delta'] for c in saving):g}) reach at most "
                    f"{best['accuracy']:.1%}, {100 * (choice['reference_accuracy'] - best['accuracy']):.1f} points "
                    "below threshold 0.9")
-    baseline = _row(report, report.get("baseline", "quota"))
+    baseline = find_row(report, report.get("baseline", "quota"))
     if baseline is not None and "accuracy" in baseline:
         why.append(f"threshold 0.9 is itself {100 * (baseline['accuracy'] - choice['reference_accuracy']):.1f} "
                    f"points below one token per step ({baseline['accuracy']:.1%})")
@@ -99,7 +99,7 @@ def _frechet_why(report: Mapping[str, Any], choice: Mapping[str, Any]) -> str:
 
 def spiffy_item(report: Mapping[str, Any], rule: str, goal: float) -> dict[str, Any]:
     target = f"Spiffy ≥ {goal:g}× fewer NFE than {rule}{' 0.9' if rule == 'threshold' else ''}, 100 % identical outputs"
-    alone, spiffy = _row(report, rule), _row(report, f"spiffy+{rule}")
+    alone, spiffy = find_row(report, rule), find_row(report, f"spiffy+{rule}")
     if alone is None or spiffy is None:
         return _not_measured(target, f"{rule} or Spiffy over it not in this run")
     ratio = alone["nfe_mean"] / spiffy["nfe_mean"]
@@ -112,7 +112,7 @@ def spiffy_item(report: Mapping[str, Any], rule: str, goal: float) -> dict[str, 
     if ratio < goal:
         detail += f"; {goal / ratio:.2f}× short; {_spiffy_why(report, rule, spiffy)}"
     shown = "" if identical is None else f", {identical:.0%} identical"
-    return _item(target, f"{ratio:.2f}×{shown}", met, detail)
+    return target_item(target, f"{ratio:.2f}×{shown}", met, detail)
 
 
 def _spiffy_why(report: Mapping[str, Any], rule: str, spiffy: Mapping[str, Any]) -> str:
@@ -143,7 +143,7 @@ def oracle_item(report: Mapping[str, Any]) -> dict[str, Any]:
     best = min(stacks, key=lambda r: r["nfe_over_oracle"])
     met = best["nfe_over_oracle"] <= 1.3
     oracle = report["oracle"]
-    return _item(
+    return target_item(
         target, f"{best['nfe_over_oracle']:.2f}× ({best['label']})", met,
         f"oracle {oracle['nfe_mean']:.2f} NFE on {oracle['reached_share']:.0%} of the prompts"
         + ("" if met else f"; {best['nfe_over_oracle'] / 1.3:.2f}× too many forwards{_oracle_why(report, best)}"),
@@ -178,7 +178,7 @@ def failfast_items(report: Mapping[str, Any]) -> list[dict[str, Any]]:
               f"{measured_at})" if ff["identical_to_ar"] == 1.0 else
               f"drafter τ {ff['drafter_tau']!r}: no drafter τ measured ({measured_at}) was lossless")
     ratio = ar["target_forwards"] / ff["target_forwards"]
-    items = [_item(
+    items = [target_item(
         ar_target, f"{ratio:.2f}×, {ff['identical_to_ar']:.0%} identical", ratio >= 4 and ff["identical_to_ar"] == 1.0,
         f"{ar['target_forwards_per_prompt']:.1f} → {ff['target_forwards_per_prompt']:.1f} target forwards per prompt; "
         f"{ff['accepted_per_round']:.2f} draft tokens accepted per round; {chosen}"
@@ -189,7 +189,7 @@ def failfast_items(report: Mapping[str, Any]) -> list[dict[str, Any]]:
         items.append(_not_measured(assisted_target, "no assistant model (--assistant)"))
     else:
         fewer = assisted["target_forwards"] / ff["target_forwards"]
-        items.append(_item(
+        items.append(target_item(
             assisted_target, f"{fewer:.2f}× fewer", ff["target_forwards"] < assisted["target_forwards"],
             f"{assisted['target_forwards_per_prompt']:.1f} (assisted, {failfast['assistant']}) against "
             f"{ff['target_forwards_per_prompt']:.1f} target forwards per prompt",
