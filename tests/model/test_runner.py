@@ -24,7 +24,7 @@ from dloom.cli.commands import app
 from dloom.decode import session as running_batch
 from dloom.errors import ConfigurationError, ModelError
 from dloom.model.attention import block_causal_mask, block_ids, model_mask
-from dloom.model.runner import CACHE_MODES, BlockForward, cache_argument
+from dloom.model.runner import CACHE_MODES, BlockForward
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13], [14], [15, 16, 17, 18]]
 
@@ -334,7 +334,7 @@ def test_cache_needs_a_model_that_takes_one():
             return SimpleNamespace(logits=torch.zeros(*input_ids.shape, 40))
 
     adapter = ModelAdapter(NoCache(), mask_token_id=MASK_ID, eos_token_ids=(EOS_ID,), pad_token_id=PAD_ID)
-    assert cache_argument(adapter.model) is None
+    assert adapter.cache_argument is None
     assert DiffusionDecoder(adapter, "quota", gen_length=4).config["cache"] == "none"
     with pytest.raises(ModelError, match="takes no"):
         DiffusionDecoder(adapter, "quota", gen_length=4, cache="prefix")
@@ -422,13 +422,8 @@ def test_decoder_uses_the_block_causal_mask(tiny_adapter):
 def test_cache_benchmark_reports_every_mode_against_none(tmp_path):
     """``benchmarks/bench_cache.py`` on an untrained toy model: one row per mode, drift and
     ratios measured against ``none`` in the same run, fewer recomputed positions when cached."""
-    import importlib.util
-    from pathlib import Path
+    from benchmarks import bench_cache as bench
 
-    script = Path(__file__).parents[2] / "benchmarks" / "bench_cache.py"
-    spec = importlib.util.spec_from_file_location("bench_cache", script)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     out = tmp_path / "cache.json"
     result = bench.main(["--model", "random", "-n", "3", "--repeats", "1", "--lengths", "short",
                          "--batch-size", "3", "--threads", "1", "--refresh", "1", "--json", str(out)])
@@ -531,12 +526,8 @@ def test_block_alignment_must_be_known(sharp_adapter):
 def _recorded(adapter, tokens, mask, positions):
     """A full forward's record, per layer ``(B, H, L, D)`` keys and values."""
     cache = DynamicCache()
-    with torch.no_grad():
-        adapter.model(
-            input_ids=tokens, attention_mask=model_mask(mask.bool()[:, None, None, :].expand(
-                -1, 1, tokens.shape[1], -1), adapter.model), position_ids=positions,
-            use_cache=True, **{cache_argument(adapter.model): cache},
-        )
+    full_mask = model_mask(mask.bool()[:, None, None, :].expand(-1, 1, tokens.shape[1], -1), adapter.model)
+    adapter.raw_logits(tokens, full_mask, positions, cache=cache)
     return [(layer.keys, layer.values) for layer in cache.layers]
 
 
@@ -561,14 +552,11 @@ def test_record_view_gives_a_copied_caches_logits_bit_for_bit_and_keeps_nothing(
     attend = torch.cat([keys & ((torch.arange(length) < start) | (torch.arange(length) >= start + window)),
                         torch.ones(keys.shape[0], window, dtype=torch.bool)], dim=1)
     attend = model_mask(attend[:, None, None, :].expand(-1, 1, window, -1), tiny_adapter.model)
-    inputs = dict(input_ids=pick(tokens)[:, columns], attention_mask=attend,
-                  position_ids=pick(positions)[:, columns], use_cache=True)
-    name = cache_argument(tiny_adapter.model)
+    inputs = (pick(tokens)[:, columns], attend, pick(positions)[:, columns])
     view = record_view(store, index)
     copied = DynamicCache(ddp_cache_data=[(pick(k), pick(v)) for k, v in store])
-    with torch.no_grad():
-        through_view = tiny_adapter.model(**inputs, **{name: view}).logits
-        through_copy = tiny_adapter.model(**inputs, **{name: copied}).logits
+    through_view = tiny_adapter.raw_logits(*inputs, cache=view)
+    through_copy = tiny_adapter.raw_logits(*inputs, cache=copied)
     assert torch.equal(through_view, through_copy)
     for (keys_now, values_now), (keys_then, values_then), layer in zip(store, before, view.layers):
         assert torch.equal(keys_now, keys_then) and torch.equal(values_now, values_then)

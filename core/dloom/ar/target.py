@@ -1,7 +1,7 @@
 """The autoregressive target of speculative decoding: a causal LM behind a KV cache.
 
 :class:`ARTarget` wraps any ``transformers`` causal LM whose forward takes a
-:class:`transformers.DynamicCache` (:func:`dloom.model.runner.cache_argument`). It holds one cache
+:class:`transformers.DynamicCache` (:attr:`dloom.model.adapter.ModelAdapter.cache_argument`). It holds one cache
 for a batch of rows laid out as columns of one sequence: the left-padded prompt (width
 ``P``), then each row's accepted tokens. The cache holds the keys and values of the first
 :attr:`ARTarget.length` columns, the same number for every row.
@@ -27,8 +27,7 @@ from typing import Any
 import torch
 
 from dloom.errors import ModelError
-from dloom.model.adapter import ModelAdapter, output_logits, position_ids_from_mask
-from dloom.model.runner import cache_argument
+from dloom.model.adapter import ModelAdapter, position_ids_from_mask
 
 
 class ARTarget:
@@ -49,14 +48,12 @@ class ARTarget:
                 f"target model {model.name!r} has {model.attention!r} attention; an AR target "
                 "needs 'causal' (pass attention='causal' to load_model if the config is wrong)"
             )
-        argument = cache_argument(model.model)
-        if argument is None:
+        if model.cache_argument is None:
             raise ModelError(
                 f"target model {model.name!r} takes no transformers KV cache in its forward; "
                 "an AR target needs one (any transformers causal LM does)"
             )
         self.model = model
-        self._argument = argument
         self._cache: Any = None  # a transformers DynamicCache from reset() on
         self._key_mask: torch.Tensor | None = None
         self._position_ids: torch.Tensor | None = None
@@ -102,13 +99,9 @@ class ARTarget:
         return self._position_ids[:, start : start + count]
 
     def _run(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            out = self.model.model(
-                input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                **{self._argument: self._cache},
-            )
+        logits = self.model.raw_logits(ids, mask, positions, cache=self._cache)
         self.forwards += 1
-        return output_logits(out)
+        return logits
 
     def forward(self, ids: torch.Tensor, slot_mask: torch.Tensor) -> torch.Tensor:
         """One forward over ``S`` new columns per row, continuing the cached ones.

@@ -57,8 +57,7 @@ def target_greedy(target: ModelAdapter, prompts: Sequence[Sequence[int]], max_ne
         ids = torch.tensor([list(prompt)], dtype=torch.long, device=target.device)
         tokens: list[int] = []
         for _ in range(max_new_tokens):
-            with torch.no_grad():
-                logits = target.model(input_ids=ids).logits[0, -1]
+            logits = target.raw_logits(ids)[0, -1]
             token = int(torch.argmax(logits.to(torch.float64)))
             tokens.append(token)
             if token in target.eos_token_ids:
@@ -90,8 +89,7 @@ def target_distribution(
             )
         prefixes = list(live)
         ids = torch.tensor([list(prompt) + list(p) for p in prefixes], dtype=torch.long, device=target.device)
-        with torch.no_grad():
-            logits = target.model(input_ids=ids).logits[:, -1].to(torch.float64)
+        logits = target.raw_logits(ids)[:, -1].to(torch.float64)
         probs = torch.softmax(logits / temperature, dim=-1).tolist()
         grown: dict[Output, float] = {}
         for prefix, row in zip(prefixes, probs):

@@ -66,7 +66,7 @@ from dloom.hooks.composition import StrategySpec, build_plugin_manager, compose
 from dloom.hooks.registry import Registry
 from dloom.metrics import ForwardClock, GenerationResult, HookTimer
 from dloom.model.adapter import ModelAdapter, position_ids_from_mask
-from dloom.model.runner import CACHE_MODES, cache_argument, check_refresh
+from dloom.model.runner import CACHE_MODES, check_refresh
 from dloom.types import DecodeState
 
 DEFAULT_GEN_LENGTH = 128
@@ -227,7 +227,7 @@ class DiffusionDecoder:
         check_refresh(self.cache, self.cache_refresh)
         if not isinstance(self.static_shapes, bool):
             raise ConfigurationError(f"static_shapes is {self.static_shapes!r}; allowed: True or False")
-        if self.cache != "none" and cache_argument(self.model.model) is None:
+        if self.cache != "none" and self.model.cache_argument is None:
             raise ModelError(
                 f"cache {self.cache!r} needs a model whose forward takes a transformers cache; "
                 f"model {self.model.name!r} takes none (use cache='none')"

@@ -386,7 +386,7 @@ class DecodeSession:
         if not self.decoder.static_shapes:
             return None
         lead = self.decoder.block_length - 1 if self.model.block_alignment == "absolute" else 0
-        return self.x.shape[1] - self.width + lead + int(self.model.shift_logits)
+        return self.x.shape[1] - self.width + lead + self.model.shift
 
     def _masked(self, tokens: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
         """``(B,)`` masked positions of the blocks at ``columns`` ``(B, K)``."""

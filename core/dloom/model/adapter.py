@@ -10,7 +10,9 @@ come from its :class:`dloom.model.profiles.ModelProfile`, recognised from the co
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import inspect
 import json
 import os
 from collections.abc import Sequence
@@ -95,8 +97,9 @@ def left_pad_prompts(
 class ModelAdapter:
     """A model plus the conventions needed to decode with it.
 
-    :ivar model: the ``torch.nn.Module``; called as ``model(input_ids=, attention_mask=,
-        position_ids=)`` and expected to return an object with ``.logits`` ``(B, L, V)``.
+    :ivar model: the ``torch.nn.Module``; called (by :meth:`raw_logits` alone) as
+        ``model(input_ids=, attention_mask=, position_ids=)`` and expected to return an
+        object with ``.logits`` ``(B, L, V)`` or a tuple whose first element they are.
     :ivar mask_token_id: id of the mask token, or ``None`` for a model without one (an AR
         target).
     :ivar eos_token_ids: ids that end a generation.
@@ -156,6 +159,73 @@ class ModelAdapter:
     def dtype(self) -> torch.dtype:
         return next(self.model.parameters()).dtype
 
+    @functools.cached_property
+    def _forward_parameters(self) -> frozenset[str]:
+        return frozenset(inspect.signature(self.model.forward).parameters)
+
+    @property
+    def shift(self) -> int:
+        """1 when the output at column ``i`` predicts token ``i + 1`` (``shift_logits``), else
+        0: the offset between a column and the raw output that predicts it."""
+        return int(self.shift_logits)
+
+    @property
+    def cache_argument(self) -> str | None:
+        """The name under which the model's forward takes a ``transformers`` KV cache
+        (``cache`` in ``transformers`` 5, ``past_key_values`` in older and remote-code
+        models), or ``None`` when it takes none."""
+        for name in ("cache", "past_key_values"):
+            if name in self._forward_parameters:
+                return name
+        return None
+
+    @property
+    def takes_logits_to_keep(self) -> bool:
+        """Whether the forward takes ``logits_to_keep`` (then :meth:`raw_logits` computes the
+        head only on the kept columns)."""
+        return "logits_to_keep" in self._forward_parameters
+
+    def raw_logits(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        *,
+        cache: Any = None,
+        logits_to_keep: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The model's outputs of one forward, without gradient, as the model aligns them:
+        the only place dloom calls a model.
+
+        :param input_ids: ``(B, Q)`` long.
+        :param attention_mask: ``(B, Q)`` or ``(B, C)`` padding mask, a 4-D mask
+            (:func:`dloom.model.attention.model_mask`), or ``None``.
+        :param position_ids: ``(B, Q)`` long, or ``None`` (the model's own).
+        :param cache: a ``transformers`` cache the forward reads and extends (passed under
+            :attr:`cache_argument`, with ``use_cache=True``), or ``None``: the forward then
+            asks for no cache where the model takes the flag (``transformers``' models
+            otherwise fill a cache nothing reads).
+        :param logits_to_keep: ``(Q',)`` long columns whose outputs to compute; ignored by a
+            model that does not take it (:attr:`takes_logits_to_keep`).
+        :return: ``(B, Q, V)``, or ``(B, Q', V)`` with kept columns: at column ``i`` the
+            distribution of token ``i + shift``.
+        :raises ModelError: for a cache given to a model whose forward takes none.
+        """
+        kwargs: dict[str, Any] = {}
+        if cache is not None:
+            if self.cache_argument is None:
+                raise ModelError(f"model {self.name!r} does not take a KV cache; use cache='none'")
+            kwargs = {"use_cache": True, self.cache_argument: cache}
+        elif "use_cache" in self._forward_parameters:
+            kwargs["use_cache"] = False
+        if logits_to_keep is not None and self.takes_logits_to_keep:
+            kwargs["logits_to_keep"] = logits_to_keep
+        with torch.no_grad():
+            out = self.model(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs
+            )
+        return output_logits(out)
+
     def logits(
         self,
         input_ids: torch.Tensor,
@@ -173,12 +243,8 @@ class ModelAdapter:
         """
         if position_ids is None and attention_mask is not None:
             position_ids = position_ids_from_mask(attention_mask)
-        with torch.no_grad():
-            out = self.model(
-                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
-            )
-        logits = output_logits(out)
-        if self.shift_logits:
+        logits = self.raw_logits(input_ids, attention_mask, position_ids)
+        if self.shift:
             logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
         return logits
 

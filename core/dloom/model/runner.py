@@ -33,29 +33,15 @@ starts one position before the block, so that the block's logits come from fresh
 from __future__ import annotations
 
 import functools
-import inspect
 
 import torch
 
 from dloom.errors import ConfigurationError, HookContractError, ModelError
-from dloom.model.adapter import ModelAdapter, output_logits
+from dloom.model.adapter import ModelAdapter
 from dloom.model.attention import mask_from_block_ids, model_mask
 from dloom.types import VerificationLayout
 
 CACHE_MODES = ("none", "prefix", "dual")
-
-
-def cache_argument(model: torch.nn.Module) -> str | None:
-    """The name under which ``model``'s forward takes a KV cache, or ``None`` if it takes none.
-
-    ``transformers`` 5 models call it ``cache`` (``past_key_values`` is deprecated there);
-    older and remote-code models call it ``past_key_values``.
-    """
-    parameters = inspect.signature(model.forward).parameters
-    for name in ("cache", "past_key_values"):
-        if name in parameters:
-            return name
-    return None
 
 
 def check_refresh(mode: str, refresh: int | None) -> None:
@@ -81,7 +67,7 @@ class BlockForward:
     the recomputed window of a cached forward.
 
     :param model: the model adapter; ``prefix`` and ``dual`` need a model whose forward takes
-        a ``transformers`` cache (:func:`cache_argument`).
+        a ``transformers`` cache (:attr:`ModelAdapter.cache_argument`).
     :param mode: one of :data:`CACHE_MODES`.
     :param padding_mask: ``(B, L)`` padding mask (1 = real token), or ``None`` when no row is
         padded.
@@ -156,7 +142,7 @@ class BlockForward:
         self.model, self.mode, self.refresh = model, mode, refresh
         self.position_ids = position_ids
         self.block_length = block_length
-        self.shift = int(model.shift_logits)
+        self.shift = model.shift
         batch, self.length = position_ids.shape
         device = position_ids.device
         self.block_columns: torch.Tensor  # (B, K) long, the columns of every row's active block
@@ -167,21 +153,14 @@ class BlockForward:
         # slack columns past L where a static prefix window's invisible columns write
         self.slack = self.static_width if self.static_width is not None and mode == "prefix" else 0
         self._set_masks(padding_mask, block_ids)
-        parameters = inspect.signature(model.model.forward).parameters
-        self._takes_keep = "logits_to_keep" in parameters
-        # an uncached forward asks for no cache where the model takes the flag (transformers'
-        # models otherwise fill a DynamicCache nothing reads)
-        self._uncached = {"use_cache": False} if "use_cache" in parameters else {}
         self.query_positions = 0
         self.calls = 0  # model calls
         self.row_forwards = 0  # rows over all model calls
         self._store: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self._needs_full = torch.full((batch,), mode != "none", dtype=torch.bool, device=device)
         self._on_cache = torch.zeros(batch, dtype=torch.long, device=device)
-        if mode != "none":
-            self._argument = cache_argument(model.model) or ""
-            if not self._argument:
-                raise ModelError(f"model {model.name!r} does not take a KV cache; use cache='none'")
+        if mode != "none" and model.cache_argument is None:
+            raise ModelError(f"model {model.name!r} does not take a KV cache; use cache='none'")
 
     def _set_masks(self, padding_mask: torch.Tensor | None, block_ids: torch.Tensor | None) -> None:
         """The padding and block layout of every row, and the 4-D mask of a full forward."""
@@ -394,17 +373,16 @@ class BlockForward:
                         record[:, :, : self.length].index_copy_(0, rows, new)
         return raw
 
-    def _keep_argument(self, keep: tuple[int, int] | None) -> dict:
-        """``logits_to_keep`` for columns ``keep`` (``{}`` when the model takes none)."""
-        if keep is None or not self._takes_keep:
-            return {}
-        device = self.position_ids.device
-        return {"logits_to_keep": torch.arange(keep[0], min(keep[1], self.length), device=device)}
+    def _kept_columns(self, keep: tuple[int, int] | None) -> torch.Tensor | None:
+        """``(Q',)`` long, the columns ``keep`` whose outputs a forward computes (``None``: all)."""
+        if keep is None:
+            return None
+        return torch.arange(keep[0], min(keep[1], self.length), device=self.position_ids.device)
 
     def _pick(self, raw: torch.Tensor, starts: torch.Tensor, keep: tuple[int, int] | None) -> torch.Tensor:
         """``(R, K, V)`` block logits out of raw outputs over all columns, or over the kept
         columns from ``keep[0]`` on."""
-        if keep is not None and self._takes_keep:
+        if keep is not None and self.model.takes_logits_to_keep:
             starts = starts - keep[0]
         columns = starts.unsqueeze(1) + torch.arange(self.block_length, device=raw.device)
         return torch.take_along_dim(raw, columns.unsqueeze(-1), dim=1)
@@ -412,12 +390,9 @@ class BlockForward:
     def _plain(self, tokens, attention_mask, position_ids, keep=None) -> torch.Tensor:
         """Raw outputs of one uncached forward."""
         self._count(tokens)
-        with torch.no_grad():
-            out = self.model.model(
-                input_ids=tokens, attention_mask=attention_mask, position_ids=position_ids,
-                **self._uncached, **self._keep_argument(keep),
-            )
-        return output_logits(out)
+        return self.model.raw_logits(
+            tokens, attention_mask, position_ids, logits_to_keep=self._kept_columns(keep)
+        )
 
     def _count(self, tokens: torch.Tensor) -> None:
         self.query_positions = tokens.shape[1]
@@ -427,12 +402,9 @@ class BlockForward:
     def _run(self, tokens, attention_mask, position_ids, cache, keep=None) -> torch.Tensor:
         """Raw (unshifted) logits ``(B, Q, V)`` of one forward that reads and extends ``cache``."""
         self._count(tokens)
-        with torch.no_grad():
-            out = self.model.model(
-                input_ids=tokens, attention_mask=attention_mask, position_ids=position_ids,
-                use_cache=True, **{self._argument: cache}, **self._keep_argument(keep),
-            )
-        return output_logits(out)
+        return self.model.raw_logits(
+            tokens, attention_mask, position_ids, cache=cache, logits_to_keep=self._kept_columns(keep)
+        )
 
     def query_width(self, first_window: int) -> int:
         """Tokens one layout row's forward computes in :meth:`evaluate`: the whole sequence
@@ -561,12 +533,7 @@ class BlockForward:
             if self.mode == "none":
                 self._count(primary)
                 mask = None if self._full_mask is None else self._full_mask[source]
-                with torch.no_grad():
-                    out = self.model.model(
-                        input_ids=primary, attention_mask=mask, position_ids=self.position_ids[source],
-                        **self._uncached,
-                    )
-                raw = output_logits(out)
+                raw = self.model.raw_logits(primary, mask, self.position_ids[source])
                 if layout.next_block:  # and the next block's K columns (clamped at the end)
                     further = span[:, -1:] + torch.arange(1, self.block_length + 1, device=tokens.device)
                     span = torch.cat([span, further.clamp(max=self.length - 1)], dim=1)
@@ -618,17 +585,8 @@ class BlockForward:
         positions = torch.gather(self.position_ids[source], 1, query_abs)
         model_input = model_mask(mask, self.model.model)
         self._count(inputs)
-        with torch.no_grad():
-            if self.mode == "none":
-                out = self.model.model(
-                    input_ids=inputs, attention_mask=model_input, position_ids=positions, **self._uncached
-                )
-            else:
-                out = self.model.model(
-                    input_ids=inputs, attention_mask=model_input, position_ids=positions,
-                    use_cache=True, **{self._argument: self._row_cache(source)},
-                )
-        raw = output_logits(out)
+        cache = None if self.mode == "none" else self._row_cache(source)
+        raw = self.model.raw_logits(inputs, model_input, positions, cache=cache)
         first = torch.take_along_dim(raw, (span - window_first).unsqueeze(-1), dim=1)
         return torch.cat([first, raw[:, n_recomputed:]], dim=1)
 

@@ -23,13 +23,8 @@ from transformers import DynamicCache
 from dloom.decode.kernel import KernelStep, RowStreams, without_mask
 from dloom.decode.step import ForwardPlan, SpeculativeStep
 from dloom.errors import HookContractError, NonFiniteLogitsError
-from dloom.model.adapter import (
-    ModelAdapter,
-    output_logits,
-    padding_or_none,
-    position_ids_from_mask,
-)
-from dloom.model.runner import BlockForward, cache_argument, record_view
+from dloom.model.adapter import ModelAdapter, padding_or_none, position_ids_from_mask
+from dloom.model.runner import BlockForward, record_view
 from dloom.types import ChainState, DraftChains, VerificationLayout
 
 if TYPE_CHECKING:
@@ -115,13 +110,11 @@ class PrefixForward:
     ) -> None:
         self.model, self.padding_mask, self.position_ids = model, padding_mask, position_ids
         self.block_length = block_length
-        self.shift = int(model.shift_logits)
+        self.shift = model.shift
         self.start = torch.zeros(position_ids.shape[0], dtype=torch.long, device=position_ids.device)
         self.stable = 0
         self.cached = 0
         self._cache = DynamicCache()
-        # dloom_configure refuses prefix mode for a drafter whose forward takes no cache
-        self._argument = cache_argument(model.model) or ""
 
     @property
     def window_start(self) -> torch.Tensor:
@@ -148,13 +141,9 @@ class PrefixForward:
             all ``True``.
         """
         start = self.cached
-        with torch.no_grad():
-            out = self.model.model(
-                input_ids=tokens[:, start:], attention_mask=self.padding_mask,
-                position_ids=self.position_ids[:, start:], use_cache=True,
-                **{self._argument: self._cache},
-            )
-        raw = output_logits(out)  # column c of the canvas is raw[:, c - start - shift]
+        raw = self.model.raw_logits(
+            tokens[:, start:], self.padding_mask, self.position_ids[:, start:], cache=self._cache
+        )  # column c of the canvas is raw[:, c - start - shift]
         keep = max(start, self.stable - self.shift)
         self._cache.crop(keep - tokens.shape[1])
         self.cached = keep
@@ -194,13 +183,9 @@ class PrefixForward:
         store: list[tuple[torch.Tensor, torch.Tensor]] = [
             (layer.keys, layer.values) for layer in self._cache.layers  # type: ignore[union-attr, misc]  # full-attention layers
         ]
-        with torch.no_grad():
-            out = self.model.model(
-                input_ids=primary[:, start:], attention_mask=mask,
-                position_ids=self.position_ids[source, start:], use_cache=True,
-                **{self._argument: record_view(store, source)},
-            )
-        raw = output_logits(out)
+        raw = self.model.raw_logits(
+            primary[:, start:], mask, self.position_ids[source, start:], cache=record_view(store, source)
+        )
         picked = torch.take_along_dim(raw, (span - start).clamp(min=0).unsqueeze(-1), dim=1)
         return picked.reshape(layout.input_ids.shape[0], slots * width, -1) if layout.packed else picked
 

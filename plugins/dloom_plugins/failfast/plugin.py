@@ -21,7 +21,6 @@ import torch
 from dloom import hookimpl
 from dloom.ar.chains import TargetKernel, chain_layout, match_chains
 from dloom.errors import ConfigurationError, ModelError
-from dloom.model.runner import cache_argument
 from dloom.types import ChainLayout, ChainState, ChainVerdict, DraftChains
 
 from .drafter import DraftingRound
@@ -62,7 +61,7 @@ class FailFast:
             )
             raise ModelError(f"the FailFast drafter must be a bidirectional dLLM with a mask token; got {described}")
         check_shared_tokenizer(config["target_model"], drafter)
-        if config["drafter_cache"] == "prefix" and cache_argument(drafter.model) is None:
+        if config["drafter_cache"] == "prefix" and drafter.cache_argument is None:
             raise ModelError(
                 f"drafter_cache 'prefix' needs a drafter whose forward takes a transformers "
                 f"cache; {drafter.name!r} takes none (use drafter_cache='none')"
