@@ -17,8 +17,8 @@ times its length, within the model's context):
 
 Usage::
 
-    python benchmarks/bench_cache.py --json cache.json            # toy-dllm when trained
-    python benchmarks/bench_cache.py --model random --json x.json  # an untrained toy-dllm
+    python -m benchmarks.bench_cache --json cache.json            # toy-dllm when trained
+    python -m benchmarks.bench_cache --model random --json x.json  # an untrained toy-dllm
 
 ``--model random`` builds the toy-dllm architecture with random weights and the zoo's
 tokenizer in a temporary directory (speed figures are meaningful, accuracy is not).

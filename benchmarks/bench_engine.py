@@ -33,9 +33,9 @@ dual) x batch size x generation length, one run measures:
 
 Usage::
 
-    python benchmarks/bench_engine.py --json engine.json                 # the default grid
-    python benchmarks/bench_engine.py --batch 1 8 --gen 64 --json x.json  # a reduced grid
-    python benchmarks/bench_engine.py --batch 1 --static-shapes --json s.json  # static shapes
+    python -m benchmarks.bench_engine --json engine.json                 # the default grid
+    python -m benchmarks.bench_engine --batch 1 8 --gen 64 --json x.json  # a reduced grid
+    python -m benchmarks.bench_engine --batch 1 --static-shapes --json s.json  # static shapes
 
 It runs on the toy zoo's ``toy-dllm`` (trained: realistic confidences, so threshold and
 Fréchet take realistic steps; context 128, so gen 64 at most) on the CPU. ``--model

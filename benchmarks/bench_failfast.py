@@ -33,7 +33,7 @@ Forwards are counted by forward hooks on the models, for every method alike.
 
 Usage::
 
-    python benchmarks/bench_failfast.py -n 70 --json benchmarks/results/failfast_n70.json
+    python -m benchmarks.bench_failfast -n 70 --json benchmarks/results/failfast_n70.json
 """
 
 from __future__ import annotations
@@ -278,7 +278,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", type=Path, default=None, help="default benchmarks/results/failfast_n{n}.json")
     args = parser.parse_args()
-    args.command = "python benchmarks/bench_failfast.py " + " ".join(sys.argv[1:])
+    args.command = "python -m benchmarks.bench_failfast " + " ".join(sys.argv[1:])
     report = run(args)
     path = args.json or Path(__file__).parent / "results" / f"failfast_n{args.n}.json"
     path.write_text(json.dumps(report, indent=2) + "\n")

@@ -13,8 +13,8 @@ generated tokens per second (``usage.completion_tokens`` over the wall time of t
 p50 and p99 latency, mean rows per forward (the server's NFE over its forwards), and whether
 every try of both servers returned the same texts.
 
-    python benchmarks/bench_serve.py --out benchmarks/results/serve.json --plot docs/assets/serve.png
-    python benchmarks/bench_serve.py --table benchmarks/results/serve.json   # the docs' table
+    python -m benchmarks.bench_serve --out benchmarks/results/serve.json --plot docs/assets/serve.png
+    python -m benchmarks.bench_serve --table benchmarks/results/serve.json   # the docs' table
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ stack (threshold or Fréchet + dual cache + Spiffy, packed layout, exact under t
 cache) is compared with quota one token per step, no cache. Every Spiffy run is checked to
 give the base's outputs (``identical``). Writes one JSON file::
 
-    python benchmarks/bench_spiffy.py -n 70 --out benchmarks/results/spiffy_n70.json
+    python -m benchmarks.bench_spiffy -n 70 --out benchmarks/results/spiffy_n70.json
 
 Ratios are ``base / spiffy`` for NFE (higher = fewer forwards) and ``spiffy / base`` for
 TPS (higher = faster), both measured in this run on this machine. On a CPU a forward over

@@ -3,9 +3,9 @@ and the choices scored on held-out prompts against one token per step.
 
 ::
 
-    python benchmarks/operating_points.py --workers 2          # long-dllm: 100 dev, 300 held-out
-    python benchmarks/operating_points.py ... --resume         # the same run, stopped: measure the rest
-    python benchmarks/operating_points.py --model toy-dllm --n-dev 40 -n 60 --no-spiffy --target none
+    python -m benchmarks.operating_points --workers 2          # long-dllm: 100 dev, 300 held-out
+    python -m benchmarks.operating_points ... --resume         # the same run, stopped: measure the rest
+    python -m benchmarks.operating_points --model toy-dllm --n-dev 40 -n 60 --no-spiffy --target none
 
 Stages (each stage's measurements run at once with ``--workers``; every finished one is kept
 at once next to ``--out`` and reused by ``--resume``):
@@ -46,12 +46,10 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the report's sibling modules
-
-from report import partner_defaults, shown_path, workload_tasks  # noqa: E402
-from report_failfast import check_models  # noqa: E402
-from report_jobs import Context, Job, Runner, calibration_job, row_job  # noqa: E402
-from report_measure import (  # noqa: E402
+from benchmarks.report import partner_defaults, shown_path, workload_tasks
+from benchmarks.report_failfast import check_models
+from benchmarks.report_jobs import Context, Job, Runner, calibration_job, row_job
+from benchmarks.report_measure import (
     BASELINE,
     CACHES,
     Config,
@@ -60,7 +58,7 @@ from report_measure import (  # noqa: E402
     drop_texts,
     spiffy_over,
 )
-from report_operating_points import (  # noqa: E402
+from benchmarks.report_operating_points import (
     GRIDS,
     TOLERANCE,
     choose,
@@ -70,13 +68,12 @@ from report_operating_points import (  # noqa: E402
     pareto_front,
     setting_name,
 )
-from report_store import MeasurementStore, run_identity  # noqa: E402
-from report_tables import replace_marked  # noqa: E402
-from report_targets import find_row, target_item  # noqa: E402
-
-from dloom import DiffusionDecoder, load_model  # noqa: E402
-from dloom.errors import ConfigurationError, ModelError  # noqa: E402
-from dloom.evaluation import select_examples  # noqa: E402
+from benchmarks.report_store import MeasurementStore, run_identity
+from benchmarks.report_tables import replace_marked
+from benchmarks.report_targets import find_row, target_item
+from dloom import DiffusionDecoder, load_model
+from dloom.errors import ConfigurationError, ModelError
+from dloom.evaluation import select_examples
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "operating-points.json"
@@ -474,7 +471,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     assistant = None if args.assistant == "none" else args.assistant
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
-    command = " ".join(["python benchmarks/operating_points.py", *recorded_options(
+    command = " ".join(["python -m benchmarks.operating_points", *recorded_options(
         list(argv if argv is not None else sys.argv[1:]))])
     try:
         model = load_model(args.model, device=args.device)

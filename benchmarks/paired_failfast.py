@@ -12,7 +12,7 @@ forwards, generated tokens), which must be equal across trees when both decode t
 
 Usage::
 
-    OMP_NUM_THREADS=1 python benchmarks/paired_failfast.py OLD_DIR NEW_DIR -n 20 --passes 5
+    OMP_NUM_THREADS=1 python -m benchmarks.paired_failfast OLD_DIR NEW_DIR -n 20 --passes 5
 """
 
 from __future__ import annotations

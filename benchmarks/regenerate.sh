@@ -27,8 +27,8 @@ step() {  # step NAME COMMAND...: run one command, its output in $logs/NAME.log
 
 lane_a() {
     step graphs bash plugins/dloom_plugins/spiffy/graphs/make_graphs.sh
-    step report python benchmarks/report.py -n 140 --micro
-    step spiffy python benchmarks/bench_spiffy.py -n 70 --calibration-n 70 --budgets 3,5,8,10 --pruned 3,5 \
+    step report python -m benchmarks.report -n 140 --micro
+    step spiffy python -m benchmarks.bench_spiffy -n 70 --calibration-n 70 --budgets 3,5,8,10 --pruned 3,5 \
         --out "$results/spiffy_n70.json"
 }
 
@@ -39,17 +39,17 @@ lane_b() {
     step zoo-ar sh -c "dloom eval --strategy failfast --target toy-ar -n 500 --json > $results/zoo_ar_n500.json"
     step zoo-ar-small sh -c "dloom eval --strategy failfast --target toy-ar-small -n 500 --json \
         > $results/zoo_ar_small_n500.json"
-    step sweep python benchmarks/sweep_commit_rules.py --model toy-dllm -n 500 --json "$results/commit_rules_n500.json" \
+    step sweep python -m benchmarks.sweep_commit_rules --model toy-dllm -n 500 --json "$results/commit_rules_n500.json" \
         --plot docs/assets/commit_rules.png --table docs/benchmarks/commit_rules.md
-    step failfast python benchmarks/bench_failfast.py -n 70 --repeats 2
-    step cache-b32 python benchmarks/bench_cache.py -n 350 --repeats 1 --lengths short --block-length 32 \
+    step failfast python -m benchmarks.bench_failfast -n 70 --repeats 2
+    step cache-b32 python -m benchmarks.bench_cache -n 350 --repeats 1 --lengths short --block-length 32 \
         --refresh 4 --refresh 8 --refresh 16 --threads 1 --json "$results/cache_quota_b32_refresh_n350.json"
-    step cache-b8 python benchmarks/bench_cache.py -n 350 --repeats 1 --lengths short --block-length 8 \
+    step cache-b8 python -m benchmarks.bench_cache -n 350 --repeats 1 --lengths short --block-length 8 \
         --refresh 2 --refresh 4 --threads 1 --json "$results/cache_quota_b8_refresh_n350.json"
-    step cache-threshold python benchmarks/bench_cache.py -n 350 --repeats 1 --lengths short --block-length 32 \
+    step cache-threshold python -m benchmarks.bench_cache -n 350 --repeats 1 --lengths short --block-length 32 \
         --strategy threshold --param tau=0.9 --refresh 2 --threads 1 \
         --json "$results/cache_threshold_b32_refresh_n350.json"
-    step cache-speed python benchmarks/bench_cache.py -n 70 --repeats 3 --block-length 8 --threads 1 \
+    step cache-speed python -m benchmarks.bench_cache -n 70 --repeats 3 --block-length 8 --threads 1 \
         --json "$results/cache_quota_b8_speed_n70.json"
 }
 

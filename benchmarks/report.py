@@ -2,10 +2,10 @@
 
 ::
 
-    python benchmarks/report.py --workers 2       # the published report: long-dllm, 300 prompts
-    python benchmarks/report.py ... --resume      # the same report, stopped: measure what is left
-    python benchmarks/report.py --model toy-dllm -n 140 --target none   # the toy report
-    python benchmarks/report.py ... --micro       # plus the pytest-benchmark suite
+    python -m benchmarks.report --workers 2       # the published report: long-dllm, 300 prompts
+    python -m benchmarks.report ... --resume      # the same report, stopped: measure what is left
+    python -m benchmarks.report --model toy-dllm -n 140 --target none   # the toy report
+    python -m benchmarks.report ... --micro       # plus the pytest-benchmark suite
 
 The workload comes from the model: a tokenizer that writes every character of
 :data:`dloom.zoo.long_tasks.ALPHABET` decodes the long-answer suite (``--tasks long``), any
@@ -75,11 +75,9 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the report's sibling modules
-
-from report_failfast import check_models  # noqa: E402
-from report_jobs import Context, Job, Runner, calibration_job, row_job  # noqa: E402
-from report_measure import (  # noqa: E402
+from benchmarks.report_failfast import check_models
+from benchmarks.report_jobs import Context, Job, Runner, calibration_job, row_job
+from benchmarks.report_measure import (
     BASELINE,
     CACHES,
     CONFIGS,
@@ -93,14 +91,14 @@ from report_measure import (  # noqa: E402
     same_outputs,
     spiffy_over,
 )
-from report_plots import (  # noqa: E402
+from benchmarks.report_plots import (
     plot_acceptance,
     plot_accuracy_nfe,
     plot_calibration,
     plot_speedup,
 )
-from report_store import MeasurementStore, run_identity  # noqa: E402
-from report_tables import (  # noqa: E402,F401  (headline_table, oracle_table, micro_table: the tests' API)
+from benchmarks.report_store import MeasurementStore, run_identity
+from benchmarks.report_tables import (  # noqa: F401  (headline_table, oracle_table, micro_table: the tests' API)
     CALIBRATION_PLOT,
     PLOTS,
     headline_table,
@@ -109,11 +107,10 @@ from report_tables import (  # noqa: E402,F401  (headline_table, oracle_table, m
     replace_marked,
     report_page,
 )
-from report_targets import checklist, choose_delta  # noqa: E402
-
-from dloom import DiffusionDecoder, load_model  # noqa: E402
-from dloom.errors import ConfigurationError, ModelError  # noqa: E402
-from dloom.evaluation import SUITES, select_examples, workload_suite  # noqa: E402
+from benchmarks.report_targets import checklist, choose_delta
+from dloom import DiffusionDecoder, load_model
+from dloom.errors import ConfigurationError, ModelError
+from dloom.evaluation import SUITES, select_examples, workload_suite
 
 ROOT = Path(__file__).resolve().parents[1]
 MATRICES = ("auto", "headline", "full")
@@ -475,7 +472,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error("--configs picks configurations of the headline matrix; the full matrix takes "
                      "--deltas, --caches and --calibration-* instead")
     configs = [c for c in CONFIGS if c is BASELINE or wanted is None or c.name in wanted]
-    command = " ".join(["python benchmarks/report.py", *options(args, defaults)]
+    command = " ".join(["python -m benchmarks.report", *options(args, defaults)]
                        + (["--micro"] if args.micro else []))
     try:
         report = run(args.model, args.n, args.batch_size, configs, command, settings)

@@ -14,8 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from report_measure import Config
-
+from benchmarks.report_measure import Config
 from dloom import DiffusionDecoder
 from dloom.errors import ConfigurationError
 from dloom.evaluation import select_examples

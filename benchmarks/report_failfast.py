@@ -29,8 +29,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
-from bench_failfast import ForwardClock, ar_decode, cut
 
+from benchmarks.bench_failfast import ForwardClock, ar_decode, cut
 from dloom import load_model
 from dloom.ar.target import ARTarget
 from dloom.errors import ModelError

@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from report_calibration import calibrate_sizes, calibration_examples
-from report_measure import Config, measure, measure_oracle
-from report_store import MeasurementStore, file_digest, model_digest
 
+from benchmarks.report_calibration import calibrate_sizes, calibration_examples
+from benchmarks.report_measure import Config, measure, measure_oracle
+from benchmarks.report_store import MeasurementStore, file_digest, model_digest
 from dloom import load_model
 from dloom.evaluation import SUITES
 
@@ -110,7 +110,7 @@ def run_oracle(context: Context) -> dict[str, Any]:
 def run_failfast(context: Context, target: str, assistant: str | None, drafter_taus: list[float],
                  n: int | None = None, repeats: int = 3) -> dict[str, Any]:
     """FailFast on the first ``n`` of the run's prompts (all by default), ``repeats`` passes."""
-    from report_failfast import measure_failfast
+    from benchmarks.report_failfast import measure_failfast
 
     return measure_failfast(context.model, target, assistant, context.examples[:n], SUITES[context.tasks],
                             drafter_taus=drafter_taus, repeats=repeats)

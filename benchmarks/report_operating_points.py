@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from report_measure import Config
+from benchmarks.report_measure import Config
 
 GRIDS: dict[str, tuple[str, tuple[float, ...]]] = {
     "threshold": ("tau", (0.8, 0.9, 0.95, 0.97, 0.98, 0.99, 0.995, 0.999)),

@@ -7,7 +7,8 @@ from typing import Any
 
 import matplotlib
 import matplotlib.ticker
-from report_tables import guarantee
+
+from benchmarks.report_tables import guarantee
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)

@@ -9,8 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from report_measure import HOOKS, rule_alone
-
+from benchmarks.report_measure import HOOKS, rule_alone
 from dloom.hooks.registry import get_registry
 
 ROOT = Path(__file__).resolve().parents[1]

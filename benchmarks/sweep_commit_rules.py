@@ -5,7 +5,7 @@ Sweeps threshold τ, factor f and Fréchet δ against the one-token-per-step bas
 a Markdown table that compares the rules at matched accuracy (within one point of threshold
 0.9)::
 
-    python benchmarks/sweep_commit_rules.py --model toy-dllm -n 500 \\
+    python -m benchmarks.sweep_commit_rules --model toy-dllm -n 500 \\
         --json benchmarks/results/commit_rules_n500.json \\
         --plot docs/assets/commit_rules.png --table docs/benchmarks/commit_rules.md
 """

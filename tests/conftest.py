@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import sys
 import textwrap
 import uuid
 from pathlib import Path
@@ -84,20 +83,10 @@ def fresh_registry(monkeypatch):
     reset_registry()
 
 
-def load_script(path: Path, name: str):
-    """The script at ``path`` (not part of the package) loaded as module ``name``."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses need it
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="session")
 def report_module():
-    """``benchmarks/report.py`` loaded as a module (it puts benchmarks/ on sys.path for the
-    sibling modules)."""
-    return load_script(Path(__file__).resolve().parents[1] / "benchmarks" / "report.py", "dloom_benchmark_report")
+    """The report's command module, ``benchmarks.report``."""
+    return importlib.import_module("benchmarks.report")
 
 
 class FakeSite:

@@ -3,20 +3,17 @@ model's tokenizer writes, and every Spiffy output equals its base's."""
 
 from __future__ import annotations
 
+import importlib
 import json
-from pathlib import Path
 
 import pytest
 
-from conftest import load_script
 from dloom.zoo import model_path
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_spiffy.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    return load_script(BENCH, "dloom_bench_spiffy")
+    return importlib.import_module("benchmarks.bench_spiffy")
 
 
 @pytest.mark.parametrize("model, block, calibration, suite", [

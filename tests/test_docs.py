@@ -247,9 +247,7 @@ def marked(path: Path) -> str:
 
 
 def test_readme_and_home_page_show_the_headline_of_the_latest_report():
-    spec = importlib.util.spec_from_file_location("dloom_benchmark_report", ROOT / "benchmarks" / "report.py")
-    report = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses need it
-    spec.loader.exec_module(report)
+    report = importlib.import_module("benchmarks.report")
     # The published report: the long-answer workload's (the README names its command).
     latest = json.loads((ROOT / "benchmarks" / "results" / "report-long.json").read_text())
     assert marked(ROOT / "README.md") == report.headline_table(latest)
@@ -270,9 +268,7 @@ def test_threshold_and_frechet_defaults_are_the_settings_the_dev_split_chose():
     dev_quota = published["dev"]["rows"][0]
     assert dev_quota["name"] == "quota"
     assert published["choices"]["frechet"]["accuracy"] >= dev_quota["accuracy"] - published["tolerance"] - 1e-9
-    spec = importlib.util.spec_from_file_location("dloom_operating_points", ROOT / "benchmarks" / "operating_points.py")
-    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = importlib.import_module("benchmarks.operating_points")
     for path in (ROOT / "README.md", DOCS / "index.md"):
         found = re.search(r"<!-- report:operating-points:start -->\n(.*?)\n<!-- report:operating-points:end -->",
                           path.read_text(), re.S)

@@ -7,22 +7,16 @@ models of the released sizes (on the meta device, nothing allocated) and that ``
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
-PROBE = Path(__file__).parents[1] / "benchmarks" / "gpu" / "probe.py"
-
 
 @pytest.fixture(scope="module")
 def probe():
-    spec = importlib.util.spec_from_file_location("gpu_probe", PROBE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("benchmarks.gpu.probe")
 
 
 @pytest.mark.parametrize(

@@ -298,3 +298,19 @@ def test_the_checker_reports_a_library_module_importing_a_front_end(tmp_path):
     _, edges, _ = import_graph(root, "dloom")
     assert upward_imports(edges) == ["dloom.decode.decoder (layer 0) imports dloom.cli.commands (layer 3) at line 2"]
     assert cycles(edges) == [["dloom.cli.commands", "dloom.decode.decoder", "dloom.cli.commands"]]
+
+
+def test_the_benchmarks_are_a_package_that_needs_no_path_edits():
+    """``benchmarks`` imports as a package from the repository root (``python -m
+    benchmarks.report``): every module imports by its package name, and none edits
+    ``sys.path`` to find a sibling."""
+    import importlib
+
+    root = CORE.parents[1]
+    modules = sorted((root / "benchmarks").rglob("*.py"))
+    assert (root / "benchmarks" / "__init__.py") in modules and len(modules) > 20
+    edits = [str(p.relative_to(root)) for p in modules if "sys.path" in p.read_text(encoding="utf-8")]
+    assert not edits, f"benchmark modules that edit sys.path: {edits}"
+    for path in modules:
+        name = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+        assert importlib.import_module(name).__file__ == str(path)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,15 +21,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def op():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    return importlib.import_module("report_operating_points")
+    return importlib.import_module("benchmarks.report_operating_points")
 
 
 @pytest.fixture(scope="module")
-def command(report_module):  # report.py first: it puts benchmarks/ on sys.path
-    from conftest import load_script
-
-    return load_script(ROOT / "benchmarks" / "operating_points.py", "dloom_operating_points")
+def command():
+    return importlib.import_module("benchmarks.operating_points")
 
 
 # --- the dev split ----------------------------------------------------------------------------
@@ -139,7 +135,7 @@ def synthetic(failfast_speedup: float = 3.5, identical: float = 1.0) -> dict:
          "params": {}, "accuracy": 0.9, "nfe_mean": 12.0, "cache": "dual", "speculation": {"acceptance": 0.5},
          "identical_to_commit_rule": identical, "nfe_over_oracle": 1.4},
     ]
-    op_module = importlib.import_module("report_operating_points")
+    op_module = importlib.import_module("benchmarks.report_operating_points")
     methods = {"failfast@0.05": {"wall_speedup_vs_ar": failfast_speedup, "identical_to_ar": 1.0, "drafter_tau": 0.05,
                                  "modelled_speedup_vs_ar": 5.0, "target_forwards_per_prompt": 12.0}}
     return {"rows": rows, "equal_accuracy": op_module.equal_accuracy(rows[:4], {"accuracy": 0.9}),
@@ -195,5 +191,5 @@ def test_a_run_chooses_on_dev_scores_on_held_out_and_writes_its_page(command, tm
                                                   "| threshold tau = 0.5", "| frechet delta = 0.5"]
     readme = tmp_path / "README.md"
     readme.write_text("x\n<!-- report:operating-points:start -->\nold\n<!-- report:operating-points:end -->\n")
-    report_tables = importlib.import_module("report_tables")
+    report_tables = importlib.import_module("benchmarks.report_tables")
     assert table in report_tables.replace_marked(readme.read_text(), "operating-points", table)

@@ -32,7 +32,7 @@ def generated(report_module, tmp_path_factory):
 def test_one_run_measures_every_requested_configuration(generated):
     root, report = generated
     assert [row["name"] for row in report["rows"]] == ["quota", "threshold", "spiffy+threshold"]
-    assert report["command"] == ("python benchmarks/report.py --model toy-dllm -n 7 --configs threshold,spiffy+threshold "
+    assert report["command"] == ("python -m benchmarks.report --model toy-dllm -n 7 --configs threshold,spiffy+threshold "
                                  f"--target none --out {root / 'report.json'}")
     base, threshold, spiffy = report["rows"]
     assert base["nfe_ratio"] == base["tps_ratio"] == base["identical_to_baseline"] == 1.0

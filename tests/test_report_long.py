@@ -29,7 +29,7 @@ START, END = "<!-- report:headline:start -->", "<!-- report:headline:end -->"
 
 @pytest.fixture(scope="module")
 def targets(report_module):
-    return importlib.import_module("report_targets")
+    return importlib.import_module("benchmarks.report_targets")
 
 
 def tiny_model(name: str, directory: Path, hidden: int, layers: int, seed: int) -> Path:
@@ -113,7 +113,7 @@ def synthetic_report(failfast_forwards=None, assisted_forwards=None):
 
 
 def test_failfast_targets_use_the_lossless_drafter_tau_with_the_fewest_target_forwards(targets):
-    failfast = importlib.import_module("report_failfast")
+    failfast = importlib.import_module("benchmarks.report_failfast")
     results = {"failfast@0.05": {"target_forwards": 100, "identical_to_ar": 0.95},
                "failfast@0.5": {"target_forwards": 300, "identical_to_ar": 1.0},
                "failfast@0.9": {"target_forwards": 240, "identical_to_ar": 1.0}}
@@ -128,7 +128,7 @@ def test_failfast_targets_use_the_lossless_drafter_tau_with_the_fewest_target_fo
 
 
 def test_failfast_is_timed_interleaved_and_modelled_with_costs_measured_in_the_run(tiny, report_module):
-    failfast = importlib.import_module("report_failfast")
+    failfast = importlib.import_module("benchmarks.report_failfast")
     drafter = load_model(str(tiny.dllm))
     examples = select_examples("long", 3)
     result = failfast.measure_failfast(drafter, str(tiny.ar), str(tiny.small), examples, long_tasks.FAMILIES,
@@ -150,7 +150,7 @@ def test_failfast_is_timed_interleaved_and_modelled_with_costs_measured_in_the_r
 
 
 def test_forward_clock_counts_and_times_every_forward(report_module):
-    failfast = importlib.import_module("report_failfast")
+    failfast = importlib.import_module("benchmarks.report_failfast")
     layer = torch.nn.Linear(2, 2)
     clock = failfast.ForwardClock(layer)
     for _ in range(3):
@@ -164,8 +164,8 @@ def test_forward_clock_counts_and_times_every_forward(report_module):
 
 
 def test_the_failfast_job_is_stored_under_its_drafter_taus(report_module):
-    jobs = importlib.import_module("report_jobs")
-    store = importlib.import_module("report_store").MeasurementStore(None, {"run": 1}, resume=False)
+    jobs = importlib.import_module("benchmarks.report_jobs")
+    store = importlib.import_module("benchmarks.report_store").MeasurementStore(None, {"run": 1}, resume=False)
     keys = {store.key("failfast", jobs.Job("failfast", "failfast", {"target": None, "assistant": None,
                                                                    "drafter_taus": taus}).key_settings())
             for taus in ([0.05, 0.9], [0.05], [0.05, 0.9])}
@@ -182,8 +182,8 @@ def test_a_worker_ends_when_its_report_is_killed(report_module):
 
     script = (
         "import multiprocessing, sys, time\n"
-        f"sys.path.insert(0, {str(Path(report_module.__file__).parent)!r})\n"
-        "import report_jobs\n"
+        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        "from benchmarks import report_jobs\n"
         "def work():\n"
         "    report_jobs.exit_with_parent(0.05)\n"
         "    time.sleep(120)\n"
@@ -220,8 +220,8 @@ def _running(pid: int) -> bool:
 def test_the_failfast_job_knows_its_models_by_their_files_not_their_names(report_module, tmp_path):
     """A checkpoint copied elsewhere (say into the zoo) keeps the key of the measurements made
     with it, whatever its training records say; other weights get another key."""
-    jobs = importlib.import_module("report_jobs")
-    store = importlib.import_module("report_store").MeasurementStore(None, {"run": 1}, resume=False)
+    jobs = importlib.import_module("benchmarks.report_jobs")
+    store = importlib.import_module("benchmarks.report_store").MeasurementStore(None, {"run": 1}, resume=False)
     for name, weights, record in (("trained", b"w1", "{}"), ("shipped", b"w1", '{"steps": 9}'), ("other", b"w2", "{}")):
         (tmp_path / name).mkdir()
         (tmp_path / name / "model.safetensors").write_bytes(weights)
@@ -306,8 +306,8 @@ def test_the_workload_comes_from_the_tokenizer(report_module, tmp_path):
 
 
 def test_calibration_sees_training_prompts_only(report_module, tiny, monkeypatch):
-    calibration = importlib.import_module("report_calibration")
-    measure = importlib.import_module("report_measure")
+    calibration = importlib.import_module("benchmarks.report_calibration")
+    measure = importlib.import_module("benchmarks.report_measure")
     evaluated = select_examples("long", 8)
     seen: list[str] = []
     original = calibration.calibrate
@@ -346,14 +346,14 @@ def test_a_zoo_dllm_is_measured_with_its_zoo_partners_by_default(report_module, 
 
     monkeypatch.setattr(report_module, "run", stop)
     for argv, expected in (
-        ([], ("long-dllm", 300, "long-ar", "long-ar-small", "python benchmarks/report.py -n 300")),
-        (["--target", "none"], ("long-dllm", 300, None, None, "python benchmarks/report.py -n 300 --target none")),
-        (["--target", "toy-ar"], ("long-dllm", 300, "toy-ar", None, "python benchmarks/report.py -n 300 --target toy-ar")),
-        (["--model", "/a/dllm", "-n", "9"], ("/a/dllm", 9, None, None, "python benchmarks/report.py --model /a/dllm -n 9")),
+        ([], ("long-dllm", 300, "long-ar", "long-ar-small", "python -m benchmarks.report -n 300")),
+        (["--target", "none"], ("long-dllm", 300, None, None, "python -m benchmarks.report -n 300 --target none")),
+        (["--target", "toy-ar"], ("long-dllm", 300, "toy-ar", None, "python -m benchmarks.report -n 300 --target toy-ar")),
+        (["--model", "/a/dllm", "-n", "9"], ("/a/dllm", 9, None, None, "python -m benchmarks.report --model /a/dllm -n 9")),
         # where it writes and how it batches are part of the command that reproduces it
         (["--out", str(report_module.ROOT / "benchmarks/results/report-long.json"), "--batch-size", "8"],
          ("long-dllm", 300, "long-ar", "long-ar-small",
-          "python benchmarks/report.py -n 300 --batch-size 8 --out benchmarks/results/report-long.json")),
+          "python -m benchmarks.report -n 300 --batch-size 8 --out benchmarks/results/report-long.json")),
     ):
         with pytest.raises(SystemExit):
             report_module.main(argv)
@@ -503,7 +503,7 @@ def test_the_full_matrix_and_failfast_on_the_toy_zoo(report_module, targets, tmp
         "--spiffy-budget", "4",
     ])
     report = json.loads((tmp_path / "report.json").read_text())
-    measure = importlib.import_module("report_measure")  # a worker's row is the one made here
+    measure = importlib.import_module("benchmarks.report_measure")  # a worker's row is the one made here
     here = measure.measure(load_model("toy-dllm"), measure.CONFIGS[1], select_examples("all", 2), 32)
     worker = next(r for r in report["rows"] if r["name"] == "threshold")
     assert (worker["nfe_mean"], worker["accuracy"], worker["tpf"]) == (here["nfe_mean"], here["accuracy"], here["tpf"])
@@ -534,7 +534,7 @@ def test_a_stopped_report_resumes_with_what_it_had_measured(report_module, tmp_p
             "--calibration-sizes", "5", "--calibration-min-prompts", "1", "--out", str(out),
             "--docs", str(tmp_path / "docs"), "--readme", str(tmp_path / "README.md"),
             "--graphs", str(tmp_path / "graphs")]
-    jobs = importlib.import_module("report_jobs")  # where the measurements are made
+    jobs = importlib.import_module("benchmarks.report_jobs")  # where the measurements are made
     measure, calibrate, oracle = jobs.measure, jobs.calibrate_sizes, jobs.measure_oracle
     calls: list[str] = []
 
@@ -587,7 +587,7 @@ def test_a_stopped_report_resumes_with_what_it_had_measured(report_module, tmp_p
 
 
 def test_a_stored_measurement_is_keyed_by_its_run_its_settings_and_the_files_they_name(report_module, tmp_path):
-    store_module = importlib.import_module("report_store")
+    store_module = importlib.import_module("benchmarks.report_store")
 
     def get(store, kind, name, settings, compute, valid=None):  # as report_jobs.Runner reads and keeps
         key = store.key(kind, settings)

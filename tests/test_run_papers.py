@@ -26,10 +26,7 @@ TOKENIZER_FILES = (
 
 @pytest.fixture(scope="module")
 def run_papers():
-    spec = importlib.util.spec_from_file_location("run_papers", ROOT / "benchmarks" / "gpu" / "run_papers.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("benchmarks.gpu.run_papers")
 
 
 def with_tokenizer(family: str, directory: Path) -> Path:

@@ -12,10 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def sweep():
-    spec = importlib.util.spec_from_file_location("dloom_sweep", ROOT / "benchmarks" / "sweep_commit_rules.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("benchmarks.sweep_commit_rules")
 
 
 def _report(sweep, accuracy: float) -> dict:

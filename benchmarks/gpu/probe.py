@@ -17,7 +17,7 @@ mapping, :mod:`dloom.model.checkpoints`), in bfloat16, one at a time, and record
 Random weights decode nonsense, so no quality is measured: only costs. Meant for one large
 GPU in under 8 minutes (``--budget-s`` stops early, recording what was skipped)::
 
-    python benchmarks/gpu/probe.py --out benchmarks/results/gpu_probe.json
+    python -m benchmarks.gpu.probe --out benchmarks/results/gpu_probe.json
 
 ``--smoke`` runs the same code on the CPU with tiny widths (seconds; the test suite runs it).
 """

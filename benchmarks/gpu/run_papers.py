@@ -18,7 +18,7 @@ Nothing is downloaded: every path is a local checkpoint directory. See
 ``benchmarks/gpu/README.md`` for the setup and what the numbers can and cannot be compared
 with::
 
-    python benchmarks/gpu/run_papers.py --llada /models/LLaDA-8B-Instruct \\
+    python -m benchmarks.gpu.run_papers --llada /models/LLaDA-8B-Instruct \\
         --dream /models/Dream-v0-Instruct-7B --qwen /models/Qwen2.5-7B-Instruct \\
         --prompts gsm8k_test.jsonl -n 200 --out benchmarks/results/gpu_papers.json
 """

@@ -361,14 +361,10 @@ def test_row_streams_are_distinct_and_reproducible():
 def test_engine_benchmark_measures_every_figure(tmp_path):
     """``benchmarks/bench_engine.py`` on a tiny grid: overhead, wasted share (none: rows
     leave and advance on their own), syncs per forward, and the hand-written loop."""
-    import importlib.util
     import json
-    from pathlib import Path
 
-    script = Path(__file__).parents[2] / "benchmarks" / "bench_engine.py"
-    spec = importlib.util.spec_from_file_location("bench_engine", script)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    from benchmarks import bench_engine as bench
+
     out = tmp_path / "engine.json"
     rows = bench.main([
         "--strategies", "threshold", "spiffy+threshold", "--caches", "none", "dual", "--batch", "4",

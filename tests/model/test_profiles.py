@@ -534,13 +534,9 @@ def test_device_map_without_accelerate(tiny_model_dir, monkeypatch):
 
 
 def run_papers_module():
-    import importlib.util
+    from benchmarks.gpu import run_papers
 
-    path = Path(__file__).parents[2] / "benchmarks" / "gpu" / "run_papers.py"
-    spec = importlib.util.spec_from_file_location("run_papers", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return run_papers
 
 
 def test_run_papers_plan_includes_failfast(capsys):
