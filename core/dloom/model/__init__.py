@@ -2,6 +2,10 @@
 
 * :mod:`dloom.model.adapter`: :class:`~dloom.model.adapter.ModelAdapter` (what the decoder
   needs to know about a Hugging Face model) and :func:`~dloom.model.adapter.load_model`.
+  :meth:`ModelAdapter.raw_logits <dloom.model.adapter.ModelAdapter.raw_logits>` is the one
+  place dloom calls a model (every decoder, cache, verification layout and the AR target go
+  through it); the logit shift, the cache argument's name and ``logits_to_keep`` support
+  are read off the model once, there.
 * :mod:`dloom.model.runner`: the model runner, block forwards over ``transformers`` KV caches
   (Fast-dLLM's prefix and dual cache).
 * :mod:`dloom.model.profiles`: model families, the conventions a checkpoint's config implies.
