@@ -59,11 +59,10 @@ def test_only_the_adapter_calls_a_model_forward():
 class ForwardCount:
     """Forwards each model's module ran, and calls of :meth:`ModelAdapter.raw_logits`."""
 
-    def __init__(self, monkeypatch, *adapters: ModelAdapter) -> None:
+    def __init__(self, monkeypatch, adapters: tuple[ModelAdapter, ...]) -> None:
         self.module = 0
         self.adapter = 0
-        for adapter in adapters:
-            adapter.model.register_forward_pre_hook(self._module_forward)
+        self.hooks = [adapter.model.register_forward_pre_hook(self._module_forward) for adapter in adapters]
         raw_logits = ModelAdapter.raw_logits
 
         def counted(adapter, *args, **kwargs):
@@ -74,6 +73,21 @@ class ForwardCount:
 
     def _module_forward(self, module, args) -> None:
         self.module += 1
+
+
+@pytest.fixture
+def forward_count(monkeypatch):
+    """``forward_count(*adapters)``: a :class:`ForwardCount` whose hooks are removed after the test."""
+    counts: list[ForwardCount] = []
+
+    def start(*adapters: ModelAdapter) -> ForwardCount:
+        counts.append(ForwardCount(monkeypatch, adapters))
+        return counts[-1]
+
+    yield start
+    for count in counts:
+        for hook in count.hooks:
+            hook.remove()
 
 
 @pytest.fixture(scope="module")
@@ -87,26 +101,26 @@ def toy() -> ModelAdapter:
     ("spiffy+threshold", {}), ("spiffy+threshold", {"cache": "dual"}),
     ("spiffy+threshold", {"layout": "packed"}),
 ])
-def test_every_diffusion_forward_goes_through_the_adapter(monkeypatch, toy, strategy, settings):
-    count = ForwardCount(monkeypatch, toy)
+def test_every_diffusion_forward_goes_through_the_adapter(forward_count, toy, strategy, settings):
+    count = forward_count(toy)
     result = DiffusionDecoder(toy, strategy, **settings).generate(["add 1 2", "copy abc"])
     assert result.forwards > 0 and count.module > 0
     assert count.module == count.adapter
 
 
 @pytest.mark.parametrize("drafter_cache", ["none", "prefix"])
-def test_every_failfast_forward_of_target_and_drafter_goes_through_the_adapter(monkeypatch, drafter_cache):
+def test_every_failfast_forward_of_target_and_drafter_goes_through_the_adapter(forward_count, drafter_cache):
     pair = dict(vocab=16, hidden=32, layers=2, init=0.8, context=128)
     target, drafter = tiny_ar(0, **pair), tiny_dllm(0, **pair)
-    count = ForwardCount(monkeypatch, target, drafter)
+    count = forward_count(target, drafter)
     result = FailFastDecoder(target, drafter, max_new_tokens=12, drafter_cache=drafter_cache).generate([[5, 6, 7, 8]])
     assert result.forwards > 0 and count.module > result.forwards  # the drafter's forwards too
     assert count.module == count.adapter
 
 
-def test_the_count_sees_a_forward_that_bypasses_the_adapter(monkeypatch, toy):
+def test_the_count_sees_a_forward_that_bypasses_the_adapter(forward_count, toy):
     """The negative control: a direct call of the module is counted by the module alone."""
-    count = ForwardCount(monkeypatch, toy)
+    count = forward_count(toy)
     ids = torch.tensor([[5, 6, 7]])
     toy.raw_logits(ids)
     with torch.no_grad():

@@ -179,6 +179,11 @@ class ModelAdapter:
                 return name
         return None
 
+    def check_takes_cache(self) -> None:
+        """:raises ModelError: when the model's forward takes no ``transformers`` KV cache."""
+        if self.cache_argument is None:
+            raise ModelError(f"model {self.name!r} does not take a KV cache; use cache='none'")
+
     @property
     def takes_logits_to_keep(self) -> bool:
         """Whether the forward takes ``logits_to_keep`` (then :meth:`raw_logits` computes the
@@ -213,9 +218,8 @@ class ModelAdapter:
         """
         kwargs: dict[str, Any] = {}
         if cache is not None:
-            if self.cache_argument is None:
-                raise ModelError(f"model {self.name!r} does not take a KV cache; use cache='none'")
-            kwargs = {"use_cache": True, self.cache_argument: cache}
+            self.check_takes_cache()
+            kwargs = {"use_cache": True, str(self.cache_argument): cache}
         elif "use_cache" in self._forward_parameters:
             kwargs["use_cache"] = False
         if logits_to_keep is not None and self.takes_logits_to_keep:

@@ -36,7 +36,7 @@ import functools
 
 import torch
 
-from dloom.errors import ConfigurationError, HookContractError, ModelError
+from dloom.errors import ConfigurationError, HookContractError
 from dloom.model.adapter import ModelAdapter
 from dloom.model.attention import mask_from_block_ids, model_mask
 from dloom.types import VerificationLayout
@@ -159,8 +159,8 @@ class BlockForward:
         self._store: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self._needs_full = torch.full((batch,), mode != "none", dtype=torch.bool, device=device)
         self._on_cache = torch.zeros(batch, dtype=torch.long, device=device)
-        if mode != "none" and model.cache_argument is None:
-            raise ModelError(f"model {model.name!r} does not take a KV cache; use cache='none'")
+        if mode != "none":
+            model.check_takes_cache()
 
     def _set_masks(self, padding_mask: torch.Tensor | None, block_ids: torch.Tensor | None) -> None:
         """The padding and block layout of every row, and the 4-D mask of a full forward."""
@@ -298,7 +298,7 @@ class BlockForward:
         batch = tokens.shape[0]
         keep = self._kept(first_window, last_window)
         if self.mode == "none":
-            raw = self._plain(tokens, self._full_mask, self.position_ids, keep)
+            raw = self._run(tokens, self._full_mask, self.position_ids, None, keep)
             picked = self._pick(raw, self.window_start, keep)
             return picked, torch.ones(batch, dtype=torch.bool, device=tokens.device)
         if n_full == 0:  # every row on its record (no row selection needed)
@@ -374,8 +374,9 @@ class BlockForward:
         return raw
 
     def _kept_columns(self, keep: tuple[int, int] | None) -> torch.Tensor | None:
-        """``(Q',)`` long, the columns ``keep`` whose outputs a forward computes (``None``: all)."""
-        if keep is None:
+        """``(Q',)`` long, the columns ``keep`` whose outputs a forward computes (``None``: all,
+        also for a model that does not take ``logits_to_keep``)."""
+        if keep is None or not self.model.takes_logits_to_keep:
             return None
         return torch.arange(keep[0], min(keep[1], self.length), device=self.position_ids.device)
 
@@ -387,20 +388,14 @@ class BlockForward:
         columns = starts.unsqueeze(1) + torch.arange(self.block_length, device=raw.device)
         return torch.take_along_dim(raw, columns.unsqueeze(-1), dim=1)
 
-    def _plain(self, tokens, attention_mask, position_ids, keep=None) -> torch.Tensor:
-        """Raw outputs of one uncached forward."""
-        self._count(tokens)
-        return self.model.raw_logits(
-            tokens, attention_mask, position_ids, logits_to_keep=self._kept_columns(keep)
-        )
-
     def _count(self, tokens: torch.Tensor) -> None:
         self.query_positions = tokens.shape[1]
         self.calls += 1
         self.row_forwards += tokens.shape[0]
 
-    def _run(self, tokens, attention_mask, position_ids, cache, keep=None) -> torch.Tensor:
-        """Raw (unshifted) logits ``(B, Q, V)`` of one forward that reads and extends ``cache``."""
+    def _run(self, tokens, attention_mask, position_ids, cache=None, keep=None) -> torch.Tensor:
+        """Raw (unshifted) logits ``(B, Q, V)`` of one counted forward that reads and extends
+        ``cache`` (``None``: uncached), computed for columns ``keep`` where the model allows."""
         self._count(tokens)
         return self.model.raw_logits(
             tokens, attention_mask, position_ids, cache=cache, logits_to_keep=self._kept_columns(keep)
@@ -531,9 +526,8 @@ class BlockForward:
             )
         if not layout.packed:
             if self.mode == "none":
-                self._count(primary)
                 mask = None if self._full_mask is None else self._full_mask[source]
-                raw = self.model.raw_logits(primary, mask, self.position_ids[source])
+                raw = self._run(primary, mask, self.position_ids[source])
                 if layout.next_block:  # and the next block's K columns (clamped at the end)
                     further = span[:, -1:] + torch.arange(1, self.block_length + 1, device=tokens.device)
                     span = torch.cat([span, further.clamp(max=self.length - 1)], dim=1)
@@ -584,9 +578,8 @@ class BlockForward:
         inputs = torch.cat([torch.gather(primary, 1, recomputed), appended], dim=1)
         positions = torch.gather(self.position_ids[source], 1, query_abs)
         model_input = model_mask(mask, self.model.model)
-        self._count(inputs)
         cache = None if self.mode == "none" else self._row_cache(source)
-        raw = self.model.raw_logits(inputs, model_input, positions, cache=cache)
+        raw = self._run(inputs, model_input, positions, cache)
         first = torch.take_along_dim(raw, (span - window_first).unsqueeze(-1), dim=1)
         return torch.cat([first, raw[:, n_recomputed:]], dim=1)
 
