@@ -206,7 +206,7 @@ def targets(report: Mapping[str, Any]) -> list[dict[str, Any]]:
         items.append(target_item(name, "not measured", None, "run without --spiffy"))
     else:
         cache = spiffy["cache"]
-        suffix = "" if cache == "none" else f"/{cache}"
+        suffix, under = ("", "no cache") if cache == "none" else (f"/{cache}", f"{cache} cache")
         alone = find_row(report, f"{choice['name']}{suffix}")
         stacked = find_row(report, f"spiffy+threshold{suffix}")
         if alone is None or stacked is None:
@@ -215,7 +215,7 @@ def targets(report: Mapping[str, Any]) -> list[dict[str, Any]]:
             ratio = alone["nfe_mean"] / stacked["nfe_mean"]
             identical = stacked["identical_to_commit_rule"]
             items.append(target_item(name, f"{ratio:.2f}×, {identical:.0%} identical", ratio >= goal and identical == 1.0,
-                               f"τ = {choice['value']:g} (chosen on dev), {cache} cache: {alone['nfe_mean']:.2f} → "
+                               f"τ = {choice['value']:g} (chosen on dev), {under}: {alone['nfe_mean']:.2f} → "
                                f"{stacked['nfe_mean']:.2f} NFE" + ("" if ratio >= goal else f"; {goal / ratio:.2f}× short")))
     goal = GOALS["stack_over_oracle"]
     name = f"best stack (Spiffy over a rule) within {goal:g}× of the oracle's NFE"

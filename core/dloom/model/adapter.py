@@ -179,10 +179,14 @@ class ModelAdapter:
                 return name
         return None
 
-    def check_takes_cache(self) -> None:
-        """:raises ModelError: when the model's forward takes no ``transformers`` KV cache."""
+    def check_takes_cache(self) -> str:
+        """The forward's cache argument (:attr:`cache_argument`).
+
+        :raises ModelError: when the model's forward takes no ``transformers`` KV cache.
+        """
         if self.cache_argument is None:
             raise ModelError(f"model {self.name!r} does not take a KV cache; use cache='none'")
+        return self.cache_argument
 
     @property
     def takes_logits_to_keep(self) -> bool:
@@ -218,8 +222,7 @@ class ModelAdapter:
         """
         kwargs: dict[str, Any] = {}
         if cache is not None:
-            self.check_takes_cache()
-            kwargs = {"use_cache": True, str(self.cache_argument): cache}
+            kwargs = {"use_cache": True, self.check_takes_cache(): cache}
         elif "use_cache" in self._forward_parameters:
             kwargs["use_cache"] = False
         if logits_to_keep is not None and self.takes_logits_to_keep:
