@@ -18,12 +18,13 @@ first ``-n`` of each family) greedily at one token per step, as the zoo's evalua
   right (``a+b=c`` with ``c`` the true sum, read from the model's own answer), by the number
   of digits of the true result.
 * ``prefix``: the prefix state of every ``=`` of the ``chain`` answers (the true answer up
-  to the ``=``, every later position masked): is the result's first character right?
+  to the ``=``, every later position masked): is the result's first token right?
 * ``tales``: for each failing ``tale``, the commit that broke it: the first after which no
   tale of the grammar (its 360 answers for the prompt) fits the committed positions, with
   its confidence and the positions to its left still masked in its block.
 
-The checkpoint's files are copied first, so a save in progress is never read half-written.
+The checkpoint's files are copied first, so a save in progress is never read half-written;
+prompts and answers are encoded with the checkpoint's own tokenizer (characters or words).
 """
 
 from __future__ import annotations
@@ -40,9 +41,9 @@ from transformers import LlamaForCausalLM
 from dloom.zoo import long_tasks
 from dloom.zoo import tokenizer as tok
 from dloom.zoo.tasks import Example, held_out
+from dloom_training.codec import Codec
 from dloom_training.train import (
     DECODING_ORDERS,
-    _ids,
     _text,
     answer_region,
     encode_prompts,
@@ -54,13 +55,13 @@ from dloom_training.train import (
 _EQUATION = re.compile(r"(\d+)([+-])(\d+)=(\d+)")
 
 
-def load(checkpoint: Path) -> LlamaForCausalLM:
-    """The checkpoint's model in float32, from a copy of its files."""
+def load(checkpoint: Path) -> tuple[LlamaForCausalLM, Codec]:
+    """The checkpoint's model in float32 and its tokenizer's codec, from a copy of its files."""
     with tempfile.TemporaryDirectory() as tmp:
         for f in checkpoint.iterdir():
             if f.is_file():
                 shutil.copy(f, tmp)
-        return LlamaForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
+        return LlamaForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval(), Codec.saved(tmp)
 
 
 def examples(family: str, n: int) -> list[Example]:
@@ -82,21 +83,22 @@ def out_of_order(region: torch.Tensor, committed_at: torch.Tensor, block_length:
     return int((left_later & answer).sum()), int(answer.sum())
 
 
-def probe_families(model: LlamaForCausalLM, n: int, order: str) -> None:
+def probe_families(model: LlamaForCausalLM, codec: Codec, n: int, order: str) -> None:
     block_length = getattr(model.config, "dloom", {}).get("block_length", 32)
     for family, task in long_tasks.FAMILIES.items():
         batch = examples(family, n)
-        trace = trace_dllm(model, [e.prompt for e in batch], order)
-        texts = [_text(row) for row in trace.region.tolist()]
+        trace = trace_dllm(model, [e.prompt for e in batch], order, codec)
+        texts = [_text(row, codec) for row in trace.region.tolist()]
         exact = sum(task.check(e.prompt, t) for e, t in zip(batch, texts))
         late, total = out_of_order(trace.region, trace.step, block_length)
         print(f"{family}: {exact}/{len(batch)} exact, {late / total:.0%} of commits out of order;"
               f" e.g. {texts[0][:100]!r}", flush=True)
 
 
-def probe_steps(model: LlamaForCausalLM, n: int, family: str, order: str) -> None:
+def probe_steps(model: LlamaForCausalLM, codec: Codec, n: int, family: str, order: str) -> None:
     batch = examples(family, n)
-    texts = [_text(row) for row in trace_dllm(model, [e.prompt for e in batch], order).region.tolist()]
+    trace = trace_dllm(model, [e.prompt for e in batch], order, codec)
+    texts = [_text(row, codec) for row in trace.region.tolist()]
     by_digits: dict[int, list[bool]] = {}
     for t in texts:
         for a, op, b, c in _EQUATION.findall(t):
@@ -109,15 +111,16 @@ def probe_steps(model: LlamaForCausalLM, n: int, family: str, order: str) -> Non
 
 
 @torch.no_grad()
-def probe_prefix(model: LlamaForCausalLM, n: int) -> None:
+def probe_prefix(model: LlamaForCausalLM, codec: Codec, n: int) -> None:
     rows, cuts = [], []
+    (equals,) = codec.encode("=")
     for e in examples("chain", n):
-        for i, c in enumerate(e.answer):
-            if c == "=":
+        for i, token in enumerate(codec.encode(e.answer)):
+            if token == equals:
                 rows.append(e)
                 cuts.append(i + 1)
-    prompt_ids, prompt_mask = encode_prompts([e.prompt for e in rows])
-    target = answer_region([e.answer for e in rows], model.config.dloom["gen_length"])
+    prompt_ids, prompt_mask = encode_prompts([e.prompt for e in rows], codec=codec)
+    target = answer_region([e.answer for e in rows], model.config.dloom["gen_length"], codec)
     cut = torch.tensor(cuts)[:, None]
     x = torch.where(torch.arange(target.shape[1])[None, :] < cut, target, tok.MASK_ID)
     attention_mask = torch.cat([prompt_mask, torch.ones_like(x)], dim=1)
@@ -127,33 +130,32 @@ def probe_prefix(model: LlamaForCausalLM, n: int) -> None:
     ).logits, prompt_ids.shape[1])
     r = torch.arange(len(rows))
     right = logits[r, cut[:, 0]].argmax(-1) == target[r, cut[:, 0]]
-    print(f"prefix states: first result character right in {int(right.sum())}/{len(rows)} "
+    print(f"prefix states: first result token right in {int(right.sum())}/{len(rows)} "
           f"({float(right.float().mean()):.0%})")
 
 
-def tale_answers(prompt: str, gen_length: int) -> torch.Tensor:
+def tale_answers(prompt: str, gen_length: int, codec: Codec) -> torch.Tensor:
     """``(360, G)`` long: every answer the tale grammar allows for ``prompt``, padded with ``<eos>``."""
-    return torch.tensor([_ids(text) + [tok.EOS_ID] * (gen_length - len(text))
-                         for text in long_tasks.FAMILIES["tale"].answers(prompt)])
+    return answer_region(long_tasks.FAMILIES["tale"].answers(prompt), gen_length, codec)
 
 
-def probe_tales(model: LlamaForCausalLM, n: int) -> None:
+def probe_tales(model: LlamaForCausalLM, codec: Codec, n: int) -> None:
     block_length = getattr(model.config, "dloom", {}).get("block_length", 32)
     batch = examples("tale", n)
-    trace = trace_dllm(model, [e.prompt for e in batch])
+    trace = trace_dllm(model, [e.prompt for e in batch], codec=codec)
     for e, region, step, confidence in zip(batch, trace.region, trace.step, trace.confidence):
-        text = _text(region.tolist())
+        text = _text(region.tolist(), codec)
         if long_tasks.FAMILIES["tale"].check(e.prompt, text):
             print(f"right: {text!r}")
             continue
-        valid = tale_answers(e.prompt, len(region))
+        valid = tale_answers(e.prompt, len(region), codec)
         for s in range(len(region)):
             known = step <= s
             if not ((valid == region) | ~known).all(-1).any():
                 j = int((step == s).nonzero())
                 start = j - j % block_length
                 left_masked = int((step[start:j] > s).sum())
-                print(f"wrong: {text!r}\n  broke at step {s}: position {j} {_text([int(region[j])])!r}, "
+                print(f"wrong: {text!r}\n  broke at step {s}: position {j} {_text([int(region[j])], codec)!r}, "
                       f"confidence {float(confidence[j]):.2f}, {left_masked} masked to its left in the block")
                 break
 
@@ -173,15 +175,15 @@ def main() -> None:
     if not 1 <= args.n <= 90:
         parser.error(f"-n is {args.n}; allowed: 1 to 90 (held-out prompts per family)")
     torch.set_num_threads(args.threads)
-    model = load(args.checkpoint)
+    model, codec = load(args.checkpoint)
     if args.probe == "families":
-        probe_families(model, args.n, args.order)
+        probe_families(model, codec, args.n, args.order)
     elif args.probe == "steps":
-        probe_steps(model, args.n, args.family, args.order)
+        probe_steps(model, codec, args.n, args.family, args.order)
     elif args.probe == "prefix":
-        probe_prefix(model, args.n)
+        probe_prefix(model, codec, args.n)
     else:
-        probe_tales(model, args.n)
+        probe_tales(model, codec, args.n)
 
 
 if __name__ == "__main__":

@@ -512,7 +512,7 @@ def test_finish_ends_an_unfinished_run_where_it_stopped_and_evaluates_its_weight
     weights = (directory / "model.safetensors").read_bytes()
     evaluated = []
     evaluate = train.evaluate
-    monkeypatch.setattr(train, "evaluate", lambda *args: evaluated.append(args) or evaluate(*args))
+    monkeypatch.setattr(train, "evaluate", lambda *args, **kw: evaluated.append(args) or evaluate(*args, **kw))
     train.main([*argv, "--finish"])
     record = json.loads((directory / "eval.json").read_text())
     assert (record["steps"], record["total_steps"], record["ended_early"]) == (3, 10, True)
@@ -562,7 +562,7 @@ def test_the_long_dllm_stage_starts_from_its_causal_stage(monkeypatch, tmp_path)
     train.main(["--model", "long-dllm-ar", *common])
     blocks = []
     loss = train.dllm_loss
-    monkeypatch.setattr(train, "dllm_loss", lambda *args: blocks.append(args[-11:]) or loss(*args))
+    monkeypatch.setattr(train, "dllm_loss", lambda *args: blocks.append(args[-12:-1]) or loss(*args))
     train.main(["--model", "long-dllm", "--init-from", str(tmp_path / "long-dllm-ar"), "--seed", "1",
                 "--masks", "block", "--prefix-share", "0.5", "--causal-share", "0.25", "--loss-mean", "row",
                 "--decoder-share", "0.25", "--decoder-fill", "model", "--decoder-rounds", "3",
@@ -580,6 +580,81 @@ def test_the_long_dllm_stage_starts_from_its_causal_stage(monkeypatch, tmp_path)
     assert config["dloom"] == {"kind": "dllm", "attention": "bidirectional", "shift": True,
                                "gen_length": 128, "block_length": 32}
     assert config["vocab_size"] == 99 and config["is_causal"] is False
+
+
+def test_the_word_workload_counts_its_region_in_word_tokens_and_every_answer_fits():
+    import random
+
+    from dloom.zoo import long_tasks
+    from dloom_training.train import (
+        LONG_WORDS,
+        MAX_EXTRA_PAD,
+        answer_lengths,
+        answer_region,
+        build_config,
+        encode_prompts,
+        n_params,
+    )
+
+    config = build_config("long-dllm-words")
+    assert config.vocab_size == LONG_WORDS.codec.size == 3 + 96 + len(long_tasks.WORD_TOKENS)
+    assert config.dloom == {"kind": "dllm", "attention": "bidirectional", "shift": False,
+                            "gen_length": 64, "block_length": 16}
+    assert n_params(build_model("long-dllm-words")) < 1.25 * n_params(build_model("long-dllm"))
+    rng = random.Random(11)
+    examples = [f.generate(rng) for f in (*long_tasks.FAMILIES.values(), long_tasks.SUMS) for _ in range(500)]
+    region = answer_region([e.answer for e in examples], 64, LONG_WORDS.codec)  # raises if one does not fit
+    lengths = answer_lengths(region)
+    assert 40 < int(lengths.max()) < 64 and float(lengths.float().mean()) < 45
+    assert all(LONG_WORDS.codec.decode(row) == e.answer for row, e in zip(region.tolist(), examples))
+    prompts, _ = encode_prompts([e.prompt for e in examples], MAX_EXTRA_PAD, LONG_WORDS.codec)
+    assert prompts.shape[1] + 64 <= config.max_position_embeddings
+    with pytest.raises(ValueError, match="a region of 8 holds 7"):
+        answer_region([examples[0].answer], 8, LONG_WORDS.codec)
+
+
+def test_a_word_model_trains_saves_its_tokenizer_and_decodes_through_dloom(monkeypatch, tmp_path, capsys):
+    """A tiny word-token causal stage, then a dLLM from it with threshold rows (their targets
+    encoded from each family's right answers): the saved tokenizer gives the trainer's ids, and
+    ``dloom eval`` and the probes decode the checkpoint over its 64-token region."""
+    import dataclasses
+    import json
+
+    from transformers import AutoTokenizer
+
+    from dloom_training import train
+
+    tiny = dataclasses.replace(train.LONG_WORDS, batch=4, monitor_per_family=1)
+    spec = train.ModelSpec("ar", hidden=16, layers=1, heads=2, ffn=32, share=0.1, workload=tiny)
+    monkeypatch.setitem(train.SPECS, "long-dllm-words-ar", spec)
+    monkeypatch.setitem(train.SPECS, "long-dllm-words", dataclasses.replace(spec, kind="dllm"))
+    common = ["--out", str(tmp_path), "--threads", "1", "--eval-n", "4", "--steps", "2"]
+    train.main(["--model", "long-dllm-words-ar", *common])
+    train.main(["--model", "long-dllm-words", "--init-from", str(tmp_path / "long-dllm-words-ar"), "--masks",
+                "block", "--decoder-share", "1", "--decoder-fill", "threshold", "--decoder-rounds", "3", *common])
+    directory = tmp_path / "long-dllm-words"
+    record = json.loads((directory / "eval.json").read_text())
+    assert set(record["per_family"]) == {"chain", "word", "tale", "prog"} and record["n"] == 4
+    tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    answer = "zoe went to the farm. there she saw a big dog."
+    assert tokenizer(answer)["input_ids"] == tiny.codec.encode(answer) and len(tiny.codec.encode(answer)) == 13
+    from typer.testing import CliRunner
+
+    from dloom.cli.commands import app
+
+    result = CliRunner().invoke(app, ["eval", "--model", str(directory), "--strategy", "threshold",
+                                      "--param", "tau=0.9", "-n", "4", "--json"])
+    assert result.exit_code == 0, result.output
+    *rows, summary = (json.loads(line) for line in result.stdout.splitlines() if line.startswith("{"))
+    assert summary["n"] == 4 and {row["family"] for row in rows} == {"chain", "word", "tale", "prog"}
+    assert all(row["nfe"] <= 64 for row in rows)  # one forward a token at most, over the 64-token region
+    import probe  # training/probe.py reads the checkpoint with its own tokenizer
+
+    model, codec = probe.load(directory)
+    assert codec.encode(answer) == tiny.codec.encode(answer)
+    probe.probe_families(model, codec, 1, "confidence")
+    probe.probe_tales(model, codec, 1)
+    assert "tale: 0/1 exact" in capsys.readouterr().out
 
 
 def test_an_averaged_run_checkpoints_the_average_and_resume_continues_both(monkeypatch, tmp_path):

@@ -22,6 +22,8 @@ from dloom.zoo.long_tasks import (
     SUMS,
     SUMS_MAX_VALUE,
     SUMS_STEPS,
+    WORD_TOKENS,
+    WORDS,
 )
 from dloom.zoo.tasks import ALPHABET as SHORT_ALPHABET
 from dloom.zoo.tasks import FAMILIES as SHORT_FAMILIES
@@ -309,6 +311,45 @@ def test_wide_tokenizer_round_trips_text_and_every_family(wide_tokenizer):
         assert ids == [vocab[c] for c in text]  # one token per character, newlines included
         assert wide_tokenizer.decode(ids) == text
     assert wide_tokenizer.model_max_length == 256 and len(wide_tokenizer) == 99
+
+
+@pytest.fixture(scope="module")
+def word_tokenizer(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    directory = tmp_path_factory.mktemp("words")
+    zoo_tokenizer.save(directory, ALPHABET, 128, WORD_TOKENS)
+    return AutoTokenizer.from_pretrained(directory, local_files_only=True)
+
+
+_WORD_PIECES = re.compile(r"\n    | ?[a-z]+| ?\d+|[\s\S]")
+"""How the word tokenizer should split the suite's text: a word or number with its space."""
+
+
+def test_word_tokenizer_takes_every_word_and_number_of_the_suite_whole(word_tokenizer):
+    vocab = zoo_tokenizer.vocab(ALPHABET, WORD_TOKENS)
+    assert len(word_tokenizer) == len(vocab) == 3 + 96 + len(WORD_TOKENS)
+    assert [vocab[c] for c in ALPHABET] == list(range(3, 99))  # the characters keep the wide ids
+    rng = random.Random(7)  # not the draws WORDS was collected from
+    examples = [family.generate(rng) for family in (*FAMILIES.values(), SUMS) for _ in range(400)]
+    for text in (text for e in examples for text in (e.prompt, e.answer)):
+        ids = word_tokenizer.encode(text)
+        assert ids == [vocab[piece] for piece in _WORD_PIECES.findall(text)], text  # no word of the suite split
+        assert word_tokenizer.decode(ids) == text
+    tale = FAMILIES["tale"].generate(random.Random(0)).answer
+    assert len(word_tokenizer.encode(tale)) < len(tale) / 3
+
+
+def test_word_tokenizer_still_encodes_text_outside_the_suite_one_character_a_word():
+    tokenizer = zoo_tokenizer.build(ALPHABET, WORD_TOKENS)
+    text = "sheep 1234 she said Hello!\n  x\n    v=305;"
+    encoding = tokenizer.encode(text)
+    assert encoding.tokens == ["s", "h", "e", "e", "p", " ", "1", "234", " she", " said", " ", "H", "e", "l", "l",
+                               "o", "!", "\n", " ", " ", "x", "\n    ", "v", "=", "305", ";"]
+    assert tokenizer.decode(encoding.ids) == text
+    assert set(WORDS) >= {"goodbye", "return", "giving"} and len(set(WORD_TOKENS)) == len(WORD_TOKENS)
+    with pytest.raises(ValueError, match="two characters or more"):
+        zoo_tokenizer.vocab(ALPHABET, ("ab", "c"))
 
 
 def test_short_tokenizer_files_are_unchanged(tmp_path):

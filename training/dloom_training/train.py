@@ -84,6 +84,14 @@ The long-answer zoo (issue 19; :mod:`dloom.zoo.long_tasks`, :mod:`dloom.zoo.corp
   states dloom's threshold decoder reaches, its own commits kept (``--decoder-fill threshold``,
   ``--decoder-tau``, ``--own-earlier-share``), a share at a block's first forward
   (``--first-forward-share``) and ``--label-smoothing``; ``training/README.md`` has the run.
+* Workload ``LONG_WORDS`` (issue 42): the same suite in word tokens
+  (``long_tasks.WORD_TOKENS``: a word or a number 0..999 with its leading space is one
+  token, every other character one token), so an answer is 25 (``tale``) to 50 (``chain``)
+  tokens instead of 76..100 characters; regions of 64 tokens in blocks of 16, batches of 64,
+  no ``text``.  ``long-dllm-words-ar`` (long-dllm's shape, 2.67 M with the 2,351-token
+  vocabulary) is its causal stage and ``long-dllm-words`` the dLLM made from it, as
+  ``long-dllm`` from ``long-dllm-ar``.  The trainer encodes with the checkpoint's own
+  tokenizer (:class:`~dloom_training.codec.Codec`).
   Sizes from measured seconds per step (one thread, batch 32 of 184 positions,
   forward + backward + AdamW, the two cores lightly loaded): 0.65 M 0.5 s, 1.79 M 1.2 s,
   3.44 M 1.8 s, 5.14 M 2.7 s, 7.65 M 3.8 s, 10.7 M 5.1 s (2.23 M, not timed so, lies between
@@ -221,6 +229,7 @@ import shutil
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import NamedTuple, cast
 
@@ -244,8 +253,10 @@ from dloom.zoo.tasks import (
     train_stream,
 )
 
+from .codec import CHARACTERS, Codec
+
 __all__ = [
-    "LONG", "SHORT", "SPECS", "ModelSpec", "Workload", "build_config", "build_model", "decode_ar", "decode_dllm",
+    "LONG", "LONG_WORDS", "SHORT", "SPECS", "ModelSpec", "Workload", "build_config", "build_model", "decode_ar", "decode_dllm",
     "Trace", "dllm_from_ar", "trace_dllm", "end_run", "evaluate", "main", "reevaluate", "save_checkpoint", "unfinished_run",
 ]
 
@@ -275,7 +286,9 @@ class Workload:
     ``suite`` holds the checkable families (evaluated; ``--weights`` may name them and the
     ``sources``); ``sources`` are training-only families, drawn when ``mix`` (or
     ``--weights``) gives them a weight; ``block_length`` is the dLLM's decoding block
-    (semi-autoregressive: blocks left to right, one token per step inside a block).
+    (semi-autoregressive: blocks left to right, one token per step inside a block);
+    ``words``, the tokenizer's multi-character tokens (none: one token per character), so
+    ``gen_length`` counts tokens, not characters.
     """
 
     name: str
@@ -288,6 +301,12 @@ class Workload:
     batch: int
     max_positions: int
     monitor_per_family: int
+    words: tuple[str, ...] = ()
+
+    @cached_property
+    def codec(self) -> Codec:
+        """Text to ids and back with this workload's tokenizer."""
+        return CHARACTERS if self.alphabet == long_tasks.ALPHABET and not self.words else Codec.over(self.alphabet, self.words)
 
 
 SHORT = Workload("short", GEN_LENGTH, GEN_LENGTH, ALPHABET, FAMILIES, CURRICULUM, TRAIN_WEIGHTS, BATCH, 128, 10)
@@ -296,6 +315,13 @@ LONG = Workload("long", long_tasks.GEN_LENGTH, 32, long_tasks.ALPHABET, long_tas
                 {"text": TEXT, "sums": long_tasks.SUMS},
                 LONG_WEIGHTS, LONG_BATCH, 256, 6)
 """The long-answer zoo's: 128 positions in four blocks of 32, printable ASCII and newline."""
+LONG_WORDS = Workload("long-words", 64, 16, long_tasks.ALPHABET, long_tasks.FAMILIES, {"sums": long_tasks.SUMS},
+                      {"chain": 2.5, "word": 2.0, "tale": 1.2, "prog": 0.8, "sums": 1.5}, 64, 128, 6,
+                      words=long_tasks.WORD_TOKENS)
+"""The long-answer suite in word tokens (``long_tasks.WORD_TOKENS``; issue 42): 64 positions
+in four blocks of 16 (the longest answer, a ten-step ``chain``, is 59 tokens), batches of 64
+(rows of at most 96 positions instead of 184), ``long-dllm``'s last mix without the
+Shakespeare ``text``, whose words are not in the vocabulary."""
 
 
 @dataclass(frozen=True)
@@ -331,6 +357,10 @@ SPECS: dict[str, ModelSpec] = {
     "long-dllm-par": ModelSpec("dllm", hidden=192, layers=5, heads=6, ffn=512, share=0.4, workload=LONG),
     "long-ar": ModelSpec("ar", hidden=256, layers=6, heads=8, ffn=768, share=0.8, lr=1.5e-3, workload=LONG),
     "long-ar-small": ModelSpec("ar", hidden=128, layers=3, heads=4, ffn=384, share=0.2, workload=LONG),
+    # The long suite in word tokens (``LONG_WORDS``, issue 42): long-dllm's shape, its causal
+    # stage first (as long-dllm-ar for long-dllm), then the dLLM from it.
+    "long-dllm-words-ar": ModelSpec("ar", hidden=192, layers=5, heads=6, ffn=512, share=0.4, workload=LONG_WORDS),
+    "long-dllm-words": ModelSpec("dllm", hidden=192, layers=5, heads=6, ffn=512, share=0.4, workload=LONG_WORDS),
 }
 ZOO = ("toy-dllm", "toy-ar", "toy-ar-small")
 """The models the package ships (``--model all --eval-only`` re-evaluates them)."""
@@ -339,10 +369,6 @@ RECIPE = ("toy-dllm-ar", "toy-dllm", "toy-ar", "toy-ar-small")
 trained just before it (``--init-out``)."""
 CHECKPOINT_MINUTES = 5.0
 """How often a training run saves its weights and ``progress.json`` (``--checkpoint-minutes``)."""
-_CHAR_IDS = tok.vocab(long_tasks.ALPHABET)
-"""Character -> id for encoding and decoding every workload: the long alphabet starts with
-the short one, so a toy-zoo string gets the ids of its own tokenizer."""
-_CHARS = {i: c for c, i in _CHAR_IDS.items()}
 
 
 def build_model(name: str) -> LlamaForCausalLM:
@@ -358,7 +384,7 @@ def build_config(name: str) -> LlamaConfig:
     bidirectional = spec.kind == "dllm"
     blocks = {} if workload is SHORT else {"block_length": workload.block_length}
     config = LlamaConfig(  # type: ignore[call-arg]  # extra keys are kept as config attributes
-        vocab_size=len(tok.SPECIALS) + len(workload.alphabet),
+        vocab_size=workload.codec.size,
         hidden_size=spec.hidden,
         intermediate_size=spec.ffn,
         num_hidden_layers=spec.layers,
@@ -387,19 +413,18 @@ def n_params(model: torch.nn.Module) -> int:
 
 
 # --------------------------------------------------------------------------- encoding
-def _ids(text: str) -> list[int]:
-    return [_CHAR_IDS[c] for c in text]
-
-
-def encode_prompts(prompts: Sequence[str], extra_pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def encode_prompts(
+    prompts: Sequence[str], extra_pad: int = 0, codec: Codec = CHARACTERS
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-pad prompts: ``input_ids``, ``attention_mask``, both ``(B, P)`` int64."""
-    width = max(len(p) for p in prompts) + extra_pad
+    encoded = [codec.encode(prompt) for prompt in prompts]
+    width = max(len(ids) for ids in encoded) + extra_pad
     ids = torch.full((len(prompts), width), tok.PAD_ID, dtype=torch.long)
     mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        if prompt:
-            ids[row, width - len(prompt) :] = torch.tensor(_ids(prompt))
-            mask[row, width - len(prompt) :] = 1
+    for row, prompt_ids in enumerate(encoded):
+        if prompt_ids:
+            ids[row, width - len(prompt_ids) :] = torch.tensor(prompt_ids)
+            mask[row, width - len(prompt_ids) :] = 1
     return ids, mask
 
 
@@ -408,12 +433,23 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.cumsum(-1) - 1).clamp(min=0)
 
 
-def answer_region(answers: Sequence[str], gen_length: int = GEN_LENGTH) -> torch.Tensor:
-    """``(B, gen_length)`` answer ids followed by ``<eos>`` padding."""
+def answer_region(answers: Sequence[str], gen_length: int = GEN_LENGTH, codec: Codec = CHARACTERS) -> torch.Tensor:
+    """``(B, gen_length)`` answer ids followed by ``<eos>`` padding (at least one).
+
+    :raises ValueError: an answer of ``gen_length`` tokens or more.
+    """
     region = torch.full((len(answers), gen_length), tok.EOS_ID, dtype=torch.long)
     for row, answer in enumerate(answers):
-        region[row, : len(answer)] = torch.tensor(_ids(answer))
+        ids = codec.encode(answer)
+        if len(ids) >= gen_length:
+            raise ValueError(f"answer {answer!r} is {len(ids)} tokens; a region of {gen_length} holds {gen_length - 1}")
+        region[row, : len(ids)] = torch.tensor(ids)
     return region
+
+
+def answer_lengths(region: torch.Tensor) -> torch.Tensor:
+    """``(B,)`` the answers' lengths in tokens: the first ``<eos>`` of each ``(B, G)`` region row."""
+    return (region == tok.EOS_ID).int().argmax(-1)
 
 
 def region_logits(model: LlamaForCausalLM, logits: torch.Tensor, prompt_width: int) -> torch.Tensor:
@@ -425,14 +461,9 @@ def region_logits(model: LlamaForCausalLM, logits: torch.Tensor, prompt_width: i
     return logits[:, start : start + logits.shape[1] - prompt_width]
 
 
-def _text(ids: Sequence[int]) -> str:
-    """Answer text: characters up to the first ``<eos>``; ``None``-like garbage kept visible."""
-    out = []
-    for i in ids:
-        if i == tok.EOS_ID:
-            break
-        out.append(_CHARS[i] if i > tok.EOS_ID else "\ufffd")
-    return "".join(out)
+def _text(ids: Sequence[int], codec: Codec = CHARACTERS) -> str:
+    """Answer text: the tokens up to the first ``<eos>``; ``<pad>`` and ``<mask>`` kept visible as ``\ufffd``."""
+    return codec.decode(ids)
 
 
 # --------------------------------------------------------------------------- losses
@@ -459,6 +490,7 @@ def dllm_loss(
     first_forward_share: float = 0.0,
     own_earlier_share: float = 0.0,
     label_smoothing: float = 0.0,
+    codec: Codec = CHARACTERS,
 ) -> torch.Tensor:
     """Masked-diffusion cross-entropy over the masked positions of a ``gen_length`` region.
 
@@ -526,10 +558,10 @@ def dllm_loss(
     more of the gradient to the answer's own tokens, which are a quarter of the region for an
     8-character answer.  ``label_smoothing`` ``ε`` is the cross-entropy's (``torch``'s: the
     target ``1 - ε`` plus ``ε`` spread over the vocabulary), which caps a scored position's
-    confidence below 1.
+    confidence below 1.  ``codec`` encodes the prompts and answers.
     """
-    prompt_ids, prompt_mask = encode_prompts([e.prompt for e in batch], extra_pad)
-    target = answer_region([e.answer for e in batch], gen_length)
+    prompt_ids, prompt_mask = encode_prompts([e.prompt for e in batch], extra_pad, codec)
+    target = answer_region([e.answer for e in batch], gen_length, codec)
     b = len(batch)
     t = T_MIN + (t_max - T_MIN) * (torch.arange(b) + torch.rand(b, generator=gen)) / b
     drawn = torch.rand(b, gen_length, generator=gen) < t[:, None]
@@ -555,7 +587,7 @@ def dllm_loss(
         offset = torch.randint(block_length, (int(none.sum()),), generator=gen)
         masked[none, current[none, 0] * block_length + offset] = True
     causal = torch.rand(b, generator=gen) < causal_share if causal_share > 0 else torch.zeros(b, dtype=torch.bool)
-    lengths = torch.tensor([len(e.answer) for e in batch])
+    lengths = answer_lengths(target)
     shown = target  # what the unmasked positions hold: the answer, but for threshold rows' own commits
     if decoder_share > 0 and block_length is not None:
         rows = (decoder_rows[:, 0] & ~causal).nonzero()[:, 0]  # a causal row's masks are cleared anyway
@@ -572,7 +604,7 @@ def dllm_loss(
             settled = (block_of[None, :] < current[rows]) & ~own[:, None]
             committed = (block_of[None, :] <= current[rows]) & (state != tok.MASK_ID) & ~settled
             target[rows], lengths[rows], _ = _own_commits([batch[i] for i in rows.tolist()], target[rows],
-                                                          committed, state, settled, lengths[rows], gen)
+                                                          committed, state, settled, lengths[rows], gen, codec)
             shown = target.clone()
             shown[rows] = torch.where(block_of[None, :] <= current[rows], state, target[rows])
         elif len(rows):
@@ -584,7 +616,7 @@ def dllm_loss(
                 settled = block_of[None, :] < current[rows]
                 target[rows], lengths[rows], mistaken = _own_commits(
                     [batch[i] for i in rows.tolist()], target[rows], drawn_block & ~masked[rows], guess,
-                    settled, lengths[rows], gen)
+                    settled, lengths[rows], gen, codec)
                 masked[rows] |= mistaken
     masked, later = masked & ~causal[:, None], later & ~causal[:, None]  # causal rows: the clean answer
     noisy = torch.where(masked | later, torch.full_like(target, tok.MASK_ID), shown)
@@ -743,6 +775,7 @@ def _own_commits(
     settled: torch.Tensor,
     lengths: torch.Tensor,
     gen: torch.Generator,
+    codec: Codec = CHARACTERS,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The targets of ``R`` decoder rows whose revealed positions hold the model's guesses.
 
@@ -765,12 +798,12 @@ def _own_commits(
         answers = None if family is None else family.answers(example.prompt)
         if not answers:
             continue
-        regions = answer_region(answers, target.shape[1])
+        regions = answer_region(answers, target.shape[1], codec)
         agreeing = torch.where(revealed[i], regions == guess[i], False).sum(-1)
         agreeing[~torch.where(settled[i], regions == target[i], True).all(-1)] = -1  # the answer holds them
         best = (agreeing == agreeing.max()).nonzero()[:, 0]
         chosen = int(best[torch.randint(len(best), (1,), generator=gen)])
-        target[i], lengths[i] = regions[chosen], len(answers[chosen])
+        target[i], lengths[i] = regions[chosen], answer_lengths(regions[chosen : chosen + 1])[0]
     return target, lengths, revealed & (guess != target)
 
 
@@ -807,14 +840,18 @@ def row_attention(attention_mask: torch.Tensor, causal: torch.Tensor) -> torch.T
     return allowed | torch.eye(length, dtype=torch.bool)
 
 
-def ar_loss(model: LlamaForCausalLM, batch: Sequence[Example], extra_pad: int) -> torch.Tensor:
-    prompt_ids, prompt_mask = encode_prompts([e.prompt for e in batch], extra_pad)
-    width = max(len(e.answer) for e in batch) + 1
+def ar_loss(
+    model: LlamaForCausalLM, batch: Sequence[Example], extra_pad: int, codec: Codec = CHARACTERS
+) -> torch.Tensor:
+    """Next-token cross-entropy over each answer and its ``<eos>``, the prompt left-padded."""
+    prompt_ids, prompt_mask = encode_prompts([e.prompt for e in batch], extra_pad, codec)
+    answers = [codec.encode(e.answer) for e in batch]
+    width = max(len(ids) for ids in answers) + 1
     region = torch.full((len(batch), width), tok.PAD_ID, dtype=torch.long)
     region_mask = torch.zeros_like(region)
-    for row, e in enumerate(batch):
-        region[row, : len(e.answer) + 1] = torch.tensor([*_ids(e.answer), tok.EOS_ID])
-        region_mask[row, : len(e.answer) + 1] = 1
+    for row, ids in enumerate(answers):
+        region[row, : len(ids) + 1] = torch.tensor([*ids, tok.EOS_ID])
+        region_mask[row, : len(ids) + 1] = 1
     input_ids = torch.cat([prompt_ids, region], dim=1)
     attention_mask = torch.cat([prompt_mask, region_mask], dim=1)
     logits = model(
@@ -846,14 +883,16 @@ class Trace(NamedTuple):
 
 
 @torch.no_grad()
-def decode_dllm(model: LlamaForCausalLM, prompts: Sequence[str], order: str = "confidence") -> list[str]:
+def decode_dllm(
+    model: LlamaForCausalLM, prompts: Sequence[str], order: str = "confidence", codec: Codec = CHARACTERS
+) -> list[str]:
     """Greedy one-token-per-step answers of a dLLM (:func:`trace_dllm`), as text."""
-    return [_text(row) for row in trace_dllm(model, prompts, order).region.tolist()]
+    return [_text(row, codec) for row in trace_dllm(model, prompts, order, codec).region.tolist()]
 
 
 @torch.no_grad()
 def trace_dllm(
-    model: LlamaForCausalLM, prompts: Sequence[str], order: str = "confidence"
+    model: LlamaForCausalLM, prompts: Sequence[str], order: str = "confidence", codec: Codec = CHARACTERS
 ) -> Trace:
     """Greedy decoding, one token per step, blocks left to right, with each commit's step.
 
@@ -873,7 +912,7 @@ def trace_dllm(
     dloom = getattr(model.config, "dloom", {})
     gen_length = dloom.get("gen_length", GEN_LENGTH)
     block_length = dloom.get("block_length", gen_length)
-    prompt_ids, prompt_mask = encode_prompts(prompts)
+    prompt_ids, prompt_mask = encode_prompts(prompts, codec=codec)
     b, p = prompt_ids.shape
     x = torch.cat([prompt_ids, torch.full((b, gen_length), tok.MASK_ID, dtype=torch.long)], dim=1)
     attention_mask = torch.cat([prompt_mask, torch.ones((b, gen_length), dtype=torch.long)], dim=1)
@@ -898,12 +937,12 @@ def trace_dllm(
 
 
 @torch.no_grad()
-def decode_ar(model: LlamaForCausalLM, prompts: Sequence[str]) -> list[str]:
+def decode_ar(model: LlamaForCausalLM, prompts: Sequence[str], codec: Codec = CHARACTERS) -> list[str]:
     """Greedy generation of up to the model's ``dloom.gen_length`` tokens (``GEN_LENGTH`` if
     it names none); stops once every row emitted ``<eos>``. Each step feeds only the new
     token, with the model's KV cache (a 128-token answer costs one prompt forward and 127
     one-token forwards, not 128 forwards of the growing sequence)."""
-    x, attention_mask = encode_prompts(prompts)
+    x, attention_mask = encode_prompts(prompts, codec=codec)
     positions = position_ids(attention_mask)
     done = torch.zeros(len(prompts), dtype=torch.bool)
     generated, cache = [], DynamicCache(config=model.config)
@@ -919,16 +958,21 @@ def decode_ar(model: LlamaForCausalLM, prompts: Sequence[str]) -> list[str]:
             break
         x, positions = nxt[:, None], positions[:, -1:] + 1
         attention_mask = torch.cat([attention_mask, torch.ones_like(nxt)[:, None]], dim=1)
-    return [_text(row) for row in torch.stack(generated, 1).tolist()]
+    return [_text(row, codec) for row in torch.stack(generated, 1).tolist()]
 
 
-def evaluate(model: LlamaForCausalLM, kind: str, examples: Sequence[Example], batch: int = 128) -> dict:
+def evaluate(
+    model: LlamaForCausalLM, kind: str, examples: Sequence[Example], batch: int = 128, codec: Codec = CHARACTERS
+) -> dict:
     """Exact-match accuracy (``TaskFamily.check``) overall and per family, plus samples."""
     model.eval()
-    decode = decode_dllm if kind == "dllm" else decode_ar
     answers: list[str] = []
     for start in range(0, len(examples), batch):
-        answers += decode(model, [e.prompt for e in examples[start : start + batch]])
+        prompts = [e.prompt for e in examples[start : start + batch]]
+        if kind == "dllm":
+            answers += decode_dllm(model, prompts, codec=codec)
+        else:
+            answers += decode_ar(model, prompts, codec)
     per: dict[str, list[bool]] = {}
     for e, a in zip(examples, answers, strict=True):
         per.setdefault(e.family, []).append(_CHECKABLE[e.family].check(e.prompt, a))
@@ -981,7 +1025,7 @@ def save_model(model: LlamaForCausalLM, directory: Path, workload: Workload = SH
     if workload is SHORT:
         tok.save(directory)
     else:
-        tok.save(directory, workload.alphabet, workload.max_positions)
+        tok.save(directory, workload.alphabet, workload.max_positions, workload.words)
 
 
 PROGRESS = "progress.json"
@@ -1258,9 +1302,10 @@ def train_one(
             blocks = workload.block_length if masks == "block" else None
             loss = dllm_loss(model, batch, extra_pad, gen, pad_weight, t_max, workload.gen_length, blocks,
                              prefix_share, causal_share, loss_mean, decoder_share, decoder_fill,
-                             decoder_rounds, decoder_taus, first_forward_share, own_earlier_share, label_smoothing)
+                             decoder_rounds, decoder_taus, first_forward_share, own_earlier_share, label_smoothing,
+                             workload.codec)
         else:
-            loss = ar_loss(model, batch, extra_pad)
+            loss = ar_loss(model, batch, extra_pad, workload.codec)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -1275,7 +1320,7 @@ def train_one(
             print(f"[{name}] step {step} progress {progress:.3f} loss {loss.item():.4f} avg {running:.4f} "
                   f"lr {opt.param_groups[0]['lr']:.2e} elapsed {elapsed:.0f}s", flush=True)
         if step % 300 == 0:
-            acc = evaluate(evaluated, spec.kind, monitor)
+            acc = evaluate(evaluated, spec.kind, monitor, codec=workload.codec)
             model.train()
             curves["monitor_curve"].append([step, round(acc["overall"], 3), acc["per_family"]])
             print(f"[{name}] step {step} monitor {_accuracy_line(acc)}", flush=True)
@@ -1375,7 +1420,7 @@ def _evaluate_saved(
     held-out prompts of ``workload``: the model, :func:`evaluate`'s result, the seconds it took."""
     model = LlamaForCausalLM.from_pretrained(directory, local_files_only=True, dtype=torch.float32)
     t0 = time.time()
-    result = evaluate(model, kind, held_out(eval_n, seed=0, suite=workload.suite))
+    result = evaluate(model, kind, held_out(eval_n, seed=0, suite=workload.suite), codec=workload.codec)
     return model, result, round(time.time() - t0, 1)
 
 

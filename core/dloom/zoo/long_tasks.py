@@ -66,6 +66,8 @@ __all__ = [
     "SUMS_MAX_VALUE",
     "SUMS_STEPS",
     "TALE_RE",
+    "WORDS",
+    "WORD_TOKENS",
 ]
 
 GEN_LENGTH = 128
@@ -80,6 +82,33 @@ ALPHABET = SHORT_ALPHABET + "".join(
 )
 """The long-answer zoo's characters: the shipped suite's ``ALPHABET`` first (same order, so
 same ids), then upper case, the remaining ASCII punctuation and the newline."""
+
+
+WORDS = (
+    "a", "add", "addx", "amy", "and", "ann", "apples", "at", "ate", "away", "b", "bat", "beach",
+    "bee", "ben", "big", "bob", "books", "bought", "c", "calc", "came", "cards", "cat", "chain",
+    "closer", "coins", "cow", "d", "dan", "day", "dec", "def", "dog", "double", "down", "duck",
+    "e", "eggs", "eva", "f", "farm", "field", "for", "found", "fox", "frog", "g", "garden",
+    "giving", "go", "goat", "good", "goodbye", "got", "grass", "had", "half", "happy", "has", "he",
+    "hen", "her", "hid", "hill", "him", "home", "how", "in", "inc", "it", "ivy", "jim", "kim",
+    "lake", "leo", "looked", "lost", "many", "max", "mia", "min", "mix", "mul", "mulx", "neg",
+    "now", "old", "owl", "park", "pears", "pig", "prog", "r", "ran", "red", "return", "river",
+    "road", "run", "s", "said", "sam", "sat", "saw", "she", "shells", "shop", "shy", "small",
+    "smiled", "so", "sold", "square", "step", "story", "sub", "suby", "sue", "sums", "t", "tale",
+    "the", "there", "to", "told", "tom", "town", "triple", "v", "walked", "was", "waved", "went",
+    "wood", "zoe",
+)
+"""Every word of the suite's prompts and answers (``chain``, ``word``, ``tale``, ``prog``
+and ``sums``), sorted; ``tests/zoo`` checks that fresh examples use no other."""
+WORD_TOKENS = (
+    "\n    ",
+    *(token for word in (*WORDS, *map(str, range(1000))) for token in (word, " " + word) if len(token) > 1),
+)
+"""The multi-character tokens of the word-level tokenizer (:func:`dloom.zoo.tokenizer.build`
+with ``words=WORD_TOKENS``): a ``prog`` line's newline and indentation, then every word and
+every number 0..999, each alone and after a space.  An answer is then 25 (``tale``) to 50
+(``chain``) tokens instead of 76 to 100 characters, and phrasings of different lengths in
+characters (``red``/``small``, ``4``/``12``) are one token each."""
 
 _LETTERS = string.ascii_lowercase
 
