@@ -44,7 +44,6 @@ from dloom.zoo.tasks import Example, held_out
 from dloom_training.codec import Codec
 from dloom_training.train import (
     DECODING_ORDERS,
-    _text,
     answer_region,
     encode_prompts,
     position_ids,
@@ -88,7 +87,7 @@ def probe_families(model: LlamaForCausalLM, codec: Codec, n: int, order: str) ->
     for family, task in long_tasks.FAMILIES.items():
         batch = examples(family, n)
         trace = trace_dllm(model, [e.prompt for e in batch], order, codec)
-        texts = [_text(row, codec) for row in trace.region.tolist()]
+        texts = [codec.decode(row) for row in trace.region.tolist()]
         exact = sum(task.check(e.prompt, t) for e, t in zip(batch, texts))
         late, total = out_of_order(trace.region, trace.step, block_length)
         print(f"{family}: {exact}/{len(batch)} exact, {late / total:.0%} of commits out of order;"
@@ -98,7 +97,7 @@ def probe_families(model: LlamaForCausalLM, codec: Codec, n: int, order: str) ->
 def probe_steps(model: LlamaForCausalLM, codec: Codec, n: int, family: str, order: str) -> None:
     batch = examples(family, n)
     trace = trace_dllm(model, [e.prompt for e in batch], order, codec)
-    texts = [_text(row, codec) for row in trace.region.tolist()]
+    texts = [codec.decode(row) for row in trace.region.tolist()]
     by_digits: dict[int, list[bool]] = {}
     for t in texts:
         for a, op, b, c in _EQUATION.findall(t):
@@ -144,7 +143,7 @@ def probe_tales(model: LlamaForCausalLM, codec: Codec, n: int) -> None:
     batch = examples("tale", n)
     trace = trace_dllm(model, [e.prompt for e in batch], codec=codec)
     for e, region, step, confidence in zip(batch, trace.region, trace.step, trace.confidence):
-        text = _text(region.tolist(), codec)
+        text = codec.decode(region.tolist())
         if long_tasks.FAMILIES["tale"].check(e.prompt, text):
             print(f"right: {text!r}")
             continue
@@ -155,7 +154,7 @@ def probe_tales(model: LlamaForCausalLM, codec: Codec, n: int) -> None:
                 j = int((step == s).nonzero())
                 start = j - j % block_length
                 left_masked = int((step[start:j] > s).sum())
-                print(f"wrong: {text!r}\n  broke at step {s}: position {j} {_text([int(region[j])], codec)!r}, "
+                print(f"wrong: {text!r}\n  broke at step {s}: position {j} {codec.decode([int(region[j])])!r}, "
                       f"confidence {float(confidence[j]):.2f}, {left_masked} masked to its left in the block")
                 break
 

@@ -12,6 +12,7 @@ import torch
 
 from dloom.zoo import tokenizer as tok
 from dloom.zoo.tasks import GEN_LENGTH, Example
+from dloom_training.codec import CHARACTERS
 from dloom_training.train import build_model, dllm_loss
 
 BATCH = [Example("copy", "copy ab cd efg", "ab cd efg"), Example("sort", "sort 93027185", "01235789")]
@@ -737,9 +738,7 @@ def test_own_commits_target_the_right_answer_closest_to_the_model_s_guesses():
 
 
 def _decoded(region: torch.Tensor) -> str:
-    from dloom_training.train import _text
-
-    return _text(region.tolist())
+    return CHARACTERS.decode(region.tolist())
 
 
 def long_tasks_answers(prompt: str) -> list[str]:
@@ -772,8 +771,8 @@ def test_decoder_rows_filled_by_the_model_hold_its_guesses(monkeypatch):
     first_block = states["answer"][:, 7] == tok.MASK_ID  # rows that drew block 0
     assert 0 < int(first_block.sum()) < 16
     for row in first_block.nonzero()[:, 0].tolist():
-        assert train._text(states["model"][row, :7].tolist()) == "sue ran"
-        assert train._text(states["answer"][row, :7].tolist()) == "sue wen"
+        assert CHARACTERS.decode(states["model"][row, :7].tolist()) == "sue ran"
+        assert CHARACTERS.decode(states["answer"][row, :7].tolist()) == "sue wen"
     # block 0 settled with 'went': the guesses of a later block are mostly mistakes, left masked
     later = ~first_block
     model_state, answer_state = states["model"][later], states["answer"][later]

@@ -75,7 +75,8 @@ def test_ar_decode_with_its_kv_cache_equals_recomputing_the_sequence():
     """``decode_ar`` feeds one token a step with the KV cache; a greedy loop that recomputes the
     whole sequence every step (how it decoded before) gives the same answers."""
     from dloom.zoo import tokenizer as tok
-    from dloom_training.train import _text, decode_ar, encode_prompts, position_ids
+    from dloom_training.codec import CHARACTERS
+    from dloom_training.train import decode_ar, encode_prompts, position_ids
 
     model, _ = zoo.load("toy-ar")
     prompts = [e.prompt for e in held_out(14)]
@@ -87,7 +88,7 @@ def test_ar_decode_with_its_kv_cache_equals_recomputing_the_sequence():
             logits[:, [tok.PAD_ID, tok.MASK_ID]] = -float("inf")
             steps.append(logits.argmax(-1))
             x, mask = torch.cat([x, steps[-1][:, None]], 1), torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
-    expected = [_text(row) for row in torch.stack(steps, 1).tolist()]
+    expected = [CHARACTERS.decode(row) for row in torch.stack(steps, 1).tolist()]
     assert decode_ar(model, prompts) == expected
     assert len(set(expected)) > 7  # different answers, not one degenerate string
 

@@ -461,11 +461,6 @@ def region_logits(model: LlamaForCausalLM, logits: torch.Tensor, prompt_width: i
     return logits[:, start : start + logits.shape[1] - prompt_width]
 
 
-def _text(ids: Sequence[int], codec: Codec = CHARACTERS) -> str:
-    """Answer text: the tokens up to the first ``<eos>``; ``<pad>`` and ``<mask>`` kept visible as ``\ufffd``."""
-    return codec.decode(ids)
-
-
 # --------------------------------------------------------------------------- losses
 DECODER_TAUS = (0.9, 0.95)
 """The thresholds a ``"threshold"`` decoder row draws from by default (``--decoder-tau``)."""
@@ -887,7 +882,7 @@ def decode_dllm(
     model: LlamaForCausalLM, prompts: Sequence[str], order: str = "confidence", codec: Codec = CHARACTERS
 ) -> list[str]:
     """Greedy one-token-per-step answers of a dLLM (:func:`trace_dllm`), as text."""
-    return [_text(row, codec) for row in trace_dllm(model, prompts, order, codec).region.tolist()]
+    return [codec.decode(row) for row in trace_dllm(model, prompts, order, codec).region.tolist()]
 
 
 @torch.no_grad()
@@ -958,7 +953,7 @@ def decode_ar(model: LlamaForCausalLM, prompts: Sequence[str], codec: Codec = CH
             break
         x, positions = nxt[:, None], positions[:, -1:] + 1
         attention_mask = torch.cat([attention_mask, torch.ones_like(nxt)[:, None]], dim=1)
-    return [_text(row, codec) for row in torch.stack(generated, 1).tolist()]
+    return [codec.decode(row) for row in torch.stack(generated, 1).tolist()]
 
 
 def evaluate(
