@@ -352,6 +352,15 @@ def test_word_tokenizer_still_encodes_text_outside_the_suite_one_character_a_wor
         zoo_tokenizer.vocab(ALPHABET, ("ab", "c"))
 
 
+def test_the_word_checkpoints_hold_the_word_tokenizer_the_trainer_saves(tmp_path):
+    from dloom.zoo import CHECKOUT_DIR
+
+    zoo_tokenizer.save(tmp_path, ALPHABET, 128, WORD_TOKENS)
+    for name in ("long-dllm-words-ar", "long-dllm-words"):
+        for file in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            assert (tmp_path / file).read_bytes() == (CHECKOUT_DIR / name / file).read_bytes(), (name, file)
+
+
 def test_short_tokenizer_files_are_unchanged(tmp_path):
     from dloom.zoo import model_path
 

@@ -12,7 +12,7 @@ With ``words`` (multi-character tokens, e.g. ``long_tasks.WORD_TOKENS``: each wo
 long-answer suite with and without its leading space, the numbers 0..999 likewise, and a
 newline with four spaces of indentation), the vocabulary continues with them and the
 pre-tokenizer takes a listed word whole where it stands complete (the longest first; one
-that ends in a letter or digit is not followed by another), every other character alone:
+that ends in a lower-case letter or digit is not followed by another), every other character alone:
 every text over the alphabet still encodes, and ``decode(encode(s)) == s``.
 
 Two alphabets: ``tasks.ALPHABET`` (the default, 54 characters: the shipped ``toy-*`` models)
@@ -32,7 +32,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
 from .tasks import ALPHABET
 
-__all__ = ["EOS", "EOS_ID", "MASK", "MASK_ID", "PAD", "PAD_ID", "SPECIALS", "build", "save", "split_pattern", "vocab"]
+__all__ = ["EOS", "EOS_ID", "MASK", "MASK_ID", "PAD", "PAD_ID", "SPECIALS", "build", "save", "vocab"]
 
 PAD, MASK, EOS = "<pad>", "<mask>", "<eos>"
 SPECIALS = (PAD, MASK, EOS)
@@ -51,9 +51,9 @@ def vocab(alphabet: str = ALPHABET, words: Sequence[str] = ()) -> dict[str, int]
     return {token: i for i, token in enumerate((*SPECIALS, *alphabet, *words))}
 
 
-def split_pattern(alphabet: str = ALPHABET, words: Sequence[str] = ()) -> str:
-    """The pre-tokenizer's regular expression (Oniguruma and Python ``re`` alike): the
-    ``words`` longest first, each ending in a letter or digit only where no letter or digit
+def _split_pattern(alphabet: str, words: Sequence[str]) -> str:
+    """The pre-tokenizer's (Oniguruma) regular expression: the ``words`` longest first, each
+    that ends in a lower-case letter or digit only where no lower-case letter or digit
     follows, then any one character.  Oniguruma's ``.`` does not match a newline, so an
     alphabet with one takes ``[\\s\\S]``; the default alphabet keeps ``.``, byte for byte the
     shipped models' file."""
@@ -69,7 +69,7 @@ def build(alphabet: str = ALPHABET, words: Sequence[str] = ()) -> Tokenizer:
     """The ``tokenizers.Tokenizer`` over ``alphabet`` and ``words`` (no post-processor: no
     BOS, no EOS)."""
     tokenizer = Tokenizer(models.WordLevel(vocab(alphabet, words), unk_token=None))
-    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(split_pattern(alphabet, words)), behavior="isolated")
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(_split_pattern(alphabet, words)), behavior="isolated")
     tokenizer.decoder = decoders.Fuse()
     tokenizer.add_special_tokens(list(SPECIALS))
     return tokenizer
