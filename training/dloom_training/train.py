@@ -306,7 +306,7 @@ class Workload:
     @cached_property
     def codec(self) -> Codec:
         """Text to ids and back with this workload's tokenizer."""
-        return CHARACTERS if self.alphabet == long_tasks.ALPHABET and not self.words else Codec.over(self.alphabet, self.words)
+        return Codec.over(self.alphabet, self.words)
 
 
 SHORT = Workload("short", GEN_LENGTH, GEN_LENGTH, ALPHABET, FAMILIES, CURRICULUM, TRAIN_WEIGHTS, BATCH, 128, 10)
