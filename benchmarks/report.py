@@ -174,16 +174,12 @@ def workload_tasks(model) -> str:
 
 
 def zoo_partners(model: str) -> tuple[str | None, str | None]:
-    """The zoo's AR target and small AR assistant for the zoo dLLM ``model`` (``long-dllm``:
-    ``long-ar`` and ``long-ar-small``); ``None`` for a role the zoo has no model for, and
-    both for any other model."""
-    from dloom.zoo import MODEL_NAMES
+    """The zoo's AR target and small AR assistant for the zoo dLLM ``model``
+    (:data:`dloom.zoo.PARTNERS`; ``long-dllm``: ``long-ar`` and ``long-ar-small``); ``None``
+    for a role the zoo has no model for, and both for any other model."""
+    from dloom.zoo import PARTNERS
 
-    stem = model.removesuffix("-dllm")
-    if model not in MODEL_NAMES or stem == model:
-        return None, None
-    target, assistant = f"{stem}-ar", f"{stem}-ar-small"
-    return (target if target in MODEL_NAMES else None, assistant if assistant in MODEL_NAMES else None)
+    return PARTNERS.get(model, (None, None))
 
 
 def partner_defaults(model: str, target: str | None) -> tuple[str, str]:

@@ -337,6 +337,7 @@ def test_calibration_sees_training_prompts_only(report_module, tiny, monkeypatch
 def test_a_zoo_dllm_is_measured_with_its_zoo_partners_by_default(report_module, monkeypatch):
     assert report_module.zoo_partners("long-dllm") == ("long-ar", "long-ar-small")
     assert report_module.zoo_partners("toy-dllm") == ("toy-ar", "toy-ar-small")
+    assert report_module.zoo_partners("long-dllm-words") == ("long-dllm-words-ar", None)
     assert report_module.zoo_partners("long-ar") == report_module.zoo_partners("/a/long-dllm") == (None, None)
     seen = {}
 

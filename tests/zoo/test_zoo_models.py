@@ -12,12 +12,15 @@ from typer.testing import CliRunner
 import dloom
 from dloom import zoo
 from dloom.cli.commands import app
+from dloom.zoo.long_tasks import WORD_TOKENS
 from dloom.zoo.tasks import FAMILIES, held_out
 
 MAX_ZOO_BYTES = 16 * 1024 * 1024
 """The three toy models' files (about 12 MB of float16 weights and tokenizers) ride in the
 wheel; the long ones stay in the repository's training/checkpoints/."""
 LONG = ("long-dllm", "long-ar", "long-ar-small")
+WORDS = ("long-dllm-words", "long-dllm-words-ar")
+"""The long workload's models in word and number tokens (issue 42)."""
 BARS = {"long-dllm": (0.85, 0.70), "long-ar": (0.85, 0.0), "long-ar-small": (0.0, 0.0)}
 """Issue 19's bars on 500 held-out prompts: (overall, each family's) greedy accuracy."""
 
@@ -100,8 +103,9 @@ def test_zoo_fits_the_size_budget():
 
 def test_only_the_toy_models_are_in_the_package():
     assert sorted(p.name for p in zoo.ZOO_DIR.iterdir() if p.is_dir()) == sorted(zoo.SHIPPED)
-    assert set(zoo.SHIPPED) | set(LONG) == set(zoo.MODEL_NAMES) and not set(zoo.SHIPPED) & set(LONG)
-    for name in LONG:  # a source checkout loads them from training/checkpoints/
+    assert set(zoo.SHIPPED) | set(LONG) | set(WORDS) == set(zoo.MODEL_NAMES)
+    assert len(zoo.MODEL_NAMES) == len(set(zoo.MODEL_NAMES)) and not set(zoo.SHIPPED) & set(zoo.IN_CHECKOUT)
+    for name in zoo.IN_CHECKOUT:  # a source checkout loads them from training/checkpoints/
         assert zoo.model_path(name) == zoo.CHECKOUT_DIR / name
         assert (zoo.locate(name) / "model.safetensors").is_file()
 
@@ -150,6 +154,31 @@ def test_long_models_load_offline_with_one_tokenizer_and_the_long_layout(no_netw
     assert all(long_vocab[token] == i for token, i in toy_vocab.items())  # the toy ids, kept
 
 
+@pytest.mark.parametrize("name", WORDS)
+def test_word_models_load_offline_with_the_word_tokenizer_and_its_layout(no_network, name):
+    adapter = dloom.load_model(name)
+    kind = "dllm" if name == "long-dllm-words" else "ar"
+    assert adapter.model.config.dloom["kind"] == kind
+    assert adapter.attention == ("bidirectional" if kind == "dllm" else "causal")
+    assert (adapter.default_gen_length, adapter.default_block_length) == (64, 16)
+    assert adapter.tokenizer_sha256 == dloom.load_model("long-dllm-words").tokenizer_sha256
+    characters, words = zoo.load("long-dllm")[1].get_vocab(), zoo.load(name)[1].get_vocab()
+    assert len(words) == len(characters) + len(WORD_TOKENS)
+    assert all(words[token] == i for token, i in characters.items())  # the character ids, kept
+
+
+@pytest.mark.parametrize("dllm", sorted(zoo.PARTNERS))
+def test_each_zoo_dllms_partners_are_causal_models_with_its_tokenizer(dllm):
+    drafter = dloom.load_model(dllm)
+    assert drafter.model.config.dloom["kind"] == "dllm"
+    partners = [name for name in zoo.PARTNERS[dllm] if name is not None]
+    assert partners and all(name in zoo.MODEL_NAMES for name in partners)
+    for name in partners:
+        partner = dloom.load_model(name)
+        assert partner.model.config.dloom["kind"] == "ar" and partner.attention == "causal"
+        assert partner.tokenizer_sha256 == drafter.tokenizer_sha256, (dllm, name)
+
+
 def test_long_ar_sizes_bracket_the_long_dllm():
     dllm, ar, small = (n_params(zoo.load(name)[0]) for name in LONG)
     assert 2 * dllm <= ar <= 4 * dllm
@@ -175,3 +204,41 @@ def test_long_dllm_smoke_decode_answers_held_out_prompts_one_token_per_step():
     correct = [LONG_FAMILIES[e.family].check(e.prompt, t) for e, t in zip(examples, result.texts)]
     assert sum(correct) >= 6
     assert min(len(t) for t in result.texts) >= 40  # long answers, over several blocks
+
+
+WORDS_BAR = {"path": "benchmarks/results/long_dllm_words_{}_n500.json", "one_token_per_step": 0.90, "gap": 0.02}
+"""Issue 42's bar for the zoo's parallel dLLM on the 500 held-out prompts: one token per step
+(quota) at least 90 %, threshold τ = 0.9 at most 2 points below it.  The records are
+``dloom eval --model long-dllm-words --strategy quota|threshold --param tau=0.9 -n 500
+--json --outputs`` (``training/README.md``)."""
+
+
+def _words_record(strategy: str) -> dict:
+    from pathlib import Path
+
+    name = "quota" if strategy == "quota" else "threshold0.9"
+    path = Path(__file__).resolve().parents[2] / WORDS_BAR["path"].format(name)
+    *_, summary = path.read_text().splitlines()
+    record = json.loads(summary)
+    assert record["complete"] and record["n"] == len(record["outputs"]) == 500
+    assert (record["config"]["model"], record["config"]["strategy"]) == ("long-dllm-words", strategy)
+    return record
+
+
+def test_long_dllm_words_records_issue_42s_bar_on_500_held_out_prompts():
+    quota, threshold = _words_record("quota"), _words_record("threshold")
+    assert threshold["config"]["params"] == {"threshold": {"tau": 0.9}}
+    assert quota["accuracy"] >= WORDS_BAR["one_token_per_step"]
+    assert threshold["accuracy"] >= quota["accuracy"] - WORDS_BAR["gap"] - 1e-9
+    assert threshold["nfe_mean"] < quota["nfe_mean"] / 2  # several tokens a forward
+
+
+@pytest.mark.parametrize("strategy", ["quota", "threshold"])
+def test_the_committed_long_dllm_words_gives_the_recorded_outputs(strategy):
+    """The bar's records belong to the committed weights: the first batch of 32 recorded
+    prompts decodes to the recorded texts."""
+    outputs = _words_record(strategy)["outputs"][:32]
+    params = {"tau": 0.9} if strategy == "threshold" else {}
+    decoder = dloom.DiffusionDecoder(dloom.load_model("long-dllm-words"), strategy, **params)
+    result = decoder.generate([o["prompt"] for o in outputs])
+    assert result.texts == [o["text"] for o in outputs]

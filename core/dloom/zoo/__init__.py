@@ -1,10 +1,11 @@
 """The toy model zoo: small trained models loaded offline by name.
 
 Models (``MODEL_NAMES``), transformers ``LlamaForCausalLM`` checkpoints (float16
-safetensors) with the character tokenizer. The three ``toy-*`` models (``SHIPPED``) ship
-inside the package, in ``models/<name>/``; the three ``long-*`` ones (``IN_CHECKOUT``) live
-in ``training/checkpoints/<name>/`` of the source repository, where a git checkout finds
-them (:func:`model_path`), and an installed wheel does not carry them:
+safetensors) with a character tokenizer or, for the two ``long-dllm-words*`` ones, a word
+tokenizer. The three ``toy-*`` models (``SHIPPED``) ship inside the package, in
+``models/<name>/``; the five ``long-*`` ones (``IN_CHECKOUT``) live in
+``training/checkpoints/<name>/`` of the source repository, where a git checkout finds them
+(:func:`model_path`), and an installed wheel does not carry them:
 
 * ``toy-dllm`` — bidirectional masked-diffusion model (``is_causal=False``), ~1.8M params,
   adapted from a causal model of the same shape (Dream-style: its logits stay shifted);
@@ -14,11 +15,17 @@ them (:func:`model_path`), and an installed wheel does not carry them:
   params, bidirectional with shifted logits, made from a causal model of its shape and trained
   on (among others) the states a one-token-per-step block decoder reaches;
 * ``long-ar`` — the long workload's causal target, ~5.1M params;
-* ``long-ar-small`` — the long workload's small causal drafter, ~0.6M params.
+* ``long-ar-small`` — the long workload's small causal drafter, ~0.6M params;
+* ``long-dllm-words`` — the long workload's dLLM in word and number tokens
+  (:func:`dloom.zoo.tokenizer.build` with ``long_tasks.WORD_TOKENS``), ~2.7M params, trained
+  also on the states dloom's threshold decoder reaches, so that it decodes several tokens a
+  forward without losing accuracy;
+* ``long-dllm-words-ar`` — the causal model ``long-dllm-words`` was made from, same shape
+  and tokenizer (its FailFast target).
 
 The ``toy-*`` models decode the toy suite (:mod:`dloom.zoo.tasks`), the ``long-*`` ones the
-long-answer suite; the three ``long-*`` share one tokenizer, which writes every character of
-the toy one with the same ids.
+long-answer suite; the three character-level ``long-*`` share one tokenizer, which writes
+every character of the toy one with the same ids.
 
 Each ``config.json`` carries ``mask_token_id`` (1), ``pad_token_id`` (0), ``eos_token_id``
 (2) and a plain-JSON ``dloom`` entry: ``{"kind": "dllm" | "ar", "attention":
@@ -46,7 +53,10 @@ Encoding contract (how prompts and answers are laid out; training used exactly t
 The ``long-*`` models follow the same contract with the 99-token tokenizer of
 ``long_tasks.ALPHABET`` (the same ids for the characters the two share), ``gen_length`` 128
 decoded in blocks of ``block_length`` 32 (both in their ``dloom`` config entry), answers of at
-most 127 characters graded by ``long_tasks.FAMILIES[f].check``.  They are trained by
+most 127 characters graded by ``long_tasks.FAMILIES[f].check``; the two ``long-dllm-words*``
+ones with the 2,351-token word tokenizer (the same 99 character ids, then
+``long_tasks.WORD_TOKENS``), ``gen_length`` 64 in blocks of 16, answers of at most 63
+tokens.  They are trained by
 ``PYTHONPATH=training python -m dloom_training.train --model long-…`` into ``training/checkpoints/`` of the source
 repository, and loaded from there (``training/README.md`` has the commands).
 """
@@ -62,7 +72,7 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-__all__ = ["CHECKOUT_DIR", "IN_CHECKOUT", "MODEL_NAMES", "SHIPPED", "ZOO_DIR", "load", "locate", "model_path"]
+__all__ = ["CHECKOUT_DIR", "IN_CHECKOUT", "MODEL_NAMES", "PARTNERS", "SHIPPED", "ZOO_DIR", "load", "locate", "model_path"]
 
 ZOO_DIR = Path(__file__).resolve().parent / "models"
 """Directory holding one sub-directory of weights and tokenizer files per shipped model."""
@@ -73,9 +83,17 @@ absent beside an installed package."""
 
 SHIPPED = ("toy-dllm", "toy-ar", "toy-ar-small")
 """The models inside the package (the wheel)."""
-IN_CHECKOUT = ("long-dllm", "long-ar", "long-ar-small")
+IN_CHECKOUT = ("long-dllm", "long-ar", "long-ar-small", "long-dllm-words", "long-dllm-words-ar")
 """The models of the source repository's ``training/checkpoints/``, not in the wheel."""
 MODEL_NAMES = SHIPPED + IN_CHECKOUT
+PARTNERS: dict[str, tuple[str, str | None]] = {
+    "toy-dllm": ("toy-ar", "toy-ar-small"),
+    "long-dllm": ("long-ar", "long-ar-small"),
+    "long-dllm-words": ("long-dllm-words-ar", None),
+}
+"""Each zoo dLLM's AR target and small AR assistant, models with its tokenizer (FailFast
+drafts for the target; assisted generation drafts with the assistant); ``None``: the zoo has
+no such model."""
 
 
 def model_path(name: str) -> Path:
