@@ -3,7 +3,7 @@ and the choices scored on held-out prompts against one token per step.
 
 ::
 
-    python -m benchmarks.operating_points --workers 2          # long-dllm: 100 dev, 300 held-out
+    python -m benchmarks.operating_points --workers 2          # long-dllm-words: 100 dev, 300 held-out
     python -m benchmarks.operating_points ... --resume         # the same run, stopped: measure the rest
     python -m benchmarks.operating_points --model toy-dllm --n-dev 40 -n 60 --no-spiffy --target none
 
@@ -424,7 +424,7 @@ def recorded_options(argv: list[str]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="long-dllm", help="zoo name or checkpoint directory (with a tokenizer)")
+    parser.add_argument("--model", default="long-dllm-words", help="zoo name or checkpoint directory (with a tokenizer)")
     parser.add_argument("--n-dev", type=int, default=100, help="dev prompts the settings are chosen on")
     parser.add_argument("-n", type=int, default=300, help="held-out prompts the choices are scored on")
     parser.add_argument("--test-grid", choices=("all", "chosen"), default="all",

@@ -25,9 +25,9 @@ from typing import Any
 from benchmarks.report_measure import Config
 
 GRIDS: dict[str, tuple[str, tuple[float, ...]]] = {
-    "threshold": ("tau", (0.8, 0.9, 0.95, 0.97, 0.98, 0.99, 0.995, 0.999)),
-    "factor": ("f", (1.0, 0.5, 0.25, 0.1, 0.05, 0.02, 0.01)),
-    "frechet": ("delta", (0.5, 0.75, 0.9, 0.95, 0.97, 0.98, 0.99)),
+    "threshold": ("tau", (0.5, 0.7, 0.8, 0.9, 0.95, 0.97, 0.98, 0.99, 0.995, 0.999)),
+    "factor": ("f", (2.0, 1.0, 0.5, 0.25, 0.1, 0.05, 0.02, 0.01)),
+    "frechet": ("delta", (0.25, 0.5, 0.75, 0.9, 0.95, 0.97, 0.98, 0.99)),
 }
 """Each swept rule's parameter and grid, from its most parallel setting to its most cautious:
 threshold commits what is above τ, factor while ``(n + 1)(1 - c_(n)) < f``, Fréchet while

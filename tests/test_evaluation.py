@@ -92,7 +92,7 @@ def test_eval_json_schema(char_model_dir):
     assert data["n"] == 6 and set(data["per_task"]) == {"copy", "reverse"}
     assert 0.0 <= data["accuracy"] <= 1.0 and data["nfe_mean"] > 0 and data["tps"] > 0
     assert data["config"]["strategy"] == "threshold"
-    assert data["config"]["params"] == {"threshold": {"tau": 0.99}}
+    assert data["config"]["params"] == {"threshold": {"tau": 0.7}}
     assert data["config"]["gen_length"] == 8
 
 

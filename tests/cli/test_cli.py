@@ -67,7 +67,7 @@ def test_strategies_json_lists_builtins_with_parameters_and_guarantees():
     assert threshold["hooks"] == ["dloom_select_commit"]
     assert threshold["parameters"] == [
         {
-            "name": "tau", "default": 0.99, "type": "float", "allowed": "(0, 1)",
+            "name": "tau", "default": 0.7, "type": "float", "allowed": "(0, 1)",
             "help": "commit positions whose confidence exceeds tau",
         }
     ]
@@ -82,7 +82,7 @@ def test_strategies_json_lists_builtins_with_parameters_and_guarantees():
 def test_strategies_table():
     result = invoke("strategies")
     assert result.exit_code == 0, result.output
-    assert "tau=0.99 (0, 1)" in result.stdout
+    assert "tau=0.7 (0, 1)" in result.stdout
     assert "f=1.0 (0, inf)" in result.stdout
     for name in ("quota", "threshold", "factor"):
         assert name in result.stdout

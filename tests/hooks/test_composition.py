@@ -92,7 +92,7 @@ def test_threshold_with_tau_builds_a_threshold_commit():
 
 
 def test_defaults_fill_parameters_not_given():
-    assert compose("threshold").params() == {"threshold": {"tau": 0.99}}
+    assert compose("threshold").params() == {"threshold": {"tau": 0.7}}
     assert compose("factor").params() == {"factor": {"f": 1.0}}
     assert compose("quota").params() == {"quota": {}}
 
@@ -128,7 +128,7 @@ def test_params_route_by_name_and_by_component(registry_with_pruner):
 def test_dotted_param_overrides_only_its_component(registry_with_pruner):
     composition = compose("threshold+pruner", {"pruner.tau": 0.2}, registry_with_pruner)
     assert composition.params() == {
-        "threshold": {"tau": 0.99},
+        "threshold": {"tau": 0.7},
         "pruner": {"budget": 4, "tau": 0.2},
     }
 

@@ -576,7 +576,7 @@ def test_the_scheduler_admits_within_its_budget_and_frees_a_cancelled_row(model)
 
 def test_equivalent_settings_share_a_lane_and_a_seed_only_matters_when_sampling(model):
     pool = DecoderPool(model, DecodeDefaults(strategy="threshold"))
-    assert pool.resolve(params={"tau": 0.99}).key == pool.resolve().key  # 0.99 is the default
+    assert pool.resolve(params={"tau": 0.7}).key == pool.resolve().key  # 0.7 is the default
     assert pool.resolve(params={"tau": 0.8}).key != pool.resolve().key
     assert pool.resolve(seed=3).key == pool.resolve(seed=4).key  # greedy: the seed changes nothing
     sampled = pool.resolve(temperature=1.0, seed=3)
