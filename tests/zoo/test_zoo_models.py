@@ -142,26 +142,27 @@ def test_demo_command_runs():
     assert rows["spiffy+quota"]["nfe_mean"] < rows["quota"]["nfe_mean"]
 
 
-@pytest.mark.parametrize("name", LONG)
-def test_long_models_load_offline_with_one_tokenizer_and_the_long_layout(no_network, name):
+def assert_layout(name: str, dllm: str, layout: tuple[int, int]) -> None:
+    """Zoo model ``name`` is ``dllm`` itself (bidirectional) or a causal model with its
+    tokenizer, decoding ``(gen_length, block_length)`` = ``layout`` by default."""
     adapter = dloom.load_model(name)
-    kind = "dllm" if name == "long-dllm" else "ar"
+    kind = "dllm" if name == dllm else "ar"
     assert adapter.model.config.dloom["kind"] == kind
     assert adapter.attention == ("bidirectional" if kind == "dllm" else "causal")
-    assert (adapter.default_gen_length, adapter.default_block_length) == (128, 32)
-    assert adapter.tokenizer_sha256 == dloom.load_model("long-dllm").tokenizer_sha256  # FailFast's shared vocabulary
+    assert (adapter.default_gen_length, adapter.default_block_length) == layout
+    assert adapter.tokenizer_sha256 == dloom.load_model(dllm).tokenizer_sha256
+
+
+@pytest.mark.parametrize("name", LONG)
+def test_long_models_load_offline_with_one_tokenizer_and_the_long_layout(no_network, name):
+    assert_layout(name, "long-dllm", (128, 32))  # one vocabulary: FailFast's shared tokenizer
     toy_vocab, long_vocab = zoo.load("toy-dllm")[1].get_vocab(), zoo.load(name)[1].get_vocab()
     assert all(long_vocab[token] == i for token, i in toy_vocab.items())  # the toy ids, kept
 
 
 @pytest.mark.parametrize("name", WORDS)
 def test_word_models_load_offline_with_the_word_tokenizer_and_its_layout(no_network, name):
-    adapter = dloom.load_model(name)
-    kind = "dllm" if name == "long-dllm-words" else "ar"
-    assert adapter.model.config.dloom["kind"] == kind
-    assert adapter.attention == ("bidirectional" if kind == "dllm" else "causal")
-    assert (adapter.default_gen_length, adapter.default_block_length) == (64, 16)
-    assert adapter.tokenizer_sha256 == dloom.load_model("long-dllm-words").tokenizer_sha256
+    assert_layout(name, "long-dllm-words", (64, 16))
     characters, words = zoo.load("long-dllm")[1].get_vocab(), zoo.load(name)[1].get_vocab()
     assert len(words) == len(characters) + len(WORD_TOKENS)
     assert all(words[token] == i for token, i in characters.items())  # the character ids, kept
