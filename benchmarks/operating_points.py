@@ -3,7 +3,7 @@ and the choices scored on held-out prompts against one token per step.
 
 ::
 
-    python -m benchmarks.operating_points --workers 2          # long-dllm-words: 100 dev, 300 held-out
+    python -m benchmarks.operating_points --workers 2          # long-dllm-words: 300 dev, 300 held-out
     python -m benchmarks.operating_points ... --resume         # the same run, stopped: measure the rest
     python -m benchmarks.operating_points --model toy-dllm --n-dev 40 -n 60 --no-spiffy --target none
 
@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 from benchmarks.report import partner_defaults, shown_path, workload_tasks
-from benchmarks.report_failfast import check_models
+from benchmarks.report_failfast import break_even_cost_ratio, check_models
 from benchmarks.report_jobs import Context, Job, Runner, calibration_job, row_job
 from benchmarks.report_measure import (
     BASELINE,
@@ -241,8 +241,19 @@ def targets(report: Mapping[str, Any]) -> list[dict[str, Any]]:
             f"drafter τ {best['drafter_tau']!r} (chosen by {failfast['chosen_by']}); modelled "
             f"{best['modelled_speedup_vs_ar']:.2f}× (drafter/target forward cost ratio "
             f"{failfast['latency']['ratio']:.2f}); {best['target_forwards_per_prompt']:.1f} target forwards "
-            "per prompt" + ("" if speedup >= goal else f"; {goal / speedup:.2f}× short")))
+            "per prompt" + ("" if speedup >= goal else f"; {goal / speedup:.2f}× short")
+            + break_even_note(failfast["methods"]["ar"], best, goal, failfast["latency"]["ratio"])))
     return items
+
+
+def break_even_note(ar: Mapping[str, Any], method: Mapping[str, Any], goal: float, ratio: float) -> str:
+    """Where the latency model would reach ``goal`` with this run's forwards: the drafter/target
+    cost ratio it needs (:func:`report_failfast.break_even_cost_ratio`) against the measured
+    ``ratio``."""
+    needed = break_even_cost_ratio(ar, method, goal)
+    if needed is None:
+        return f"; the latency model cannot reach {goal:g}× with these target forwards, however cheap the drafter"
+    return f"; the latency model reaches {goal:g}× at a drafter/target cost ratio ≤ {needed:.2f} (measured {ratio:.2f})"
 
 
 # --- the page and the plot ------------------------------------------------------------------
@@ -425,7 +436,7 @@ def recorded_options(argv: list[str]) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="long-dllm-words", help="zoo name or checkpoint directory (with a tokenizer)")
-    parser.add_argument("--n-dev", type=int, default=100, help="dev prompts the settings are chosen on")
+    parser.add_argument("--n-dev", type=int, default=300, help="dev prompts the settings are chosen on")
     parser.add_argument("-n", type=int, default=300, help="held-out prompts the choices are scored on")
     parser.add_argument("--test-grid", choices=("all", "chosen"), default="all",
                         help="held-out rows: every grid point (curves) or the chosen settings only")

@@ -204,3 +204,23 @@ def forward_costs(runs: Mapping[str, Sequence[tuple[Any, dict[str, int], dict[st
     if "assisted" in runs:
         costs["assistant"] = mean(["assisted"], "assistant")
     return costs
+
+
+def break_even_cost_ratio(ar: Mapping[str, Any], method: Mapping[str, Any], speedup: float) -> float | None:
+    """The drafter/target forward cost ratio at which ``method`` reaches ``speedup`` over
+    ``ar`` in the latency model, with the forwards this run counted.
+
+    The model charges AR decoding ``A·c_target`` and FailFast ``R·c_target + H·c_drafter``
+    (``A``, ``R``: target forwards, ``H``: drafter forwards); the speed-up ``A / (R + H·r)``
+    reaches ``speedup`` when ``r = c_drafter / c_target <= (A / speedup - R) / H``.
+
+    :return: that largest ratio; ``None`` when even a free drafter (``r = 0``) falls short, or
+        when the method made no drafter forward (its speed-up does not depend on ``r``).
+    """
+    if speedup <= 0:
+        raise ValueError(f"speedup {speedup!r}: allowed: a positive number")
+    helper_forwards = method["helper_forwards"]
+    room = ar["target_forwards"] / speedup - method["target_forwards"]
+    if helper_forwards == 0 or room < 0:
+        return None
+    return room / helper_forwards

@@ -137,7 +137,9 @@ def synthetic(failfast_speedup: float = 3.5, identical: float = 1.0) -> dict:
     ]
     op_module = importlib.import_module("benchmarks.report_operating_points")
     methods = {"failfast@0.05": {"wall_speedup_vs_ar": failfast_speedup, "identical_to_ar": 1.0, "drafter_tau": 0.05,
-                                 "modelled_speedup_vs_ar": 5.0, "target_forwards_per_prompt": 12.0}}
+                                 "modelled_speedup_vs_ar": 5.0, "target_forwards_per_prompt": 12.0,
+                                 "target_forwards": 120, "helper_forwards": 200},
+               "ar": {"target_forwards": 900, "helper_forwards": 0}}
     return {"rows": rows, "equal_accuracy": op_module.equal_accuracy(rows[:4], {"accuracy": 0.9}),
             "choices": {"threshold": {"name": "threshold@0.99", "value": 0.99}},
             "spiffy": {"cache": "dual"}, "oracle": {"nfe_mean": 8.0, "reached_share": 1.0},
@@ -153,6 +155,21 @@ def test_the_targets_carry_their_figures_and_fail_when_missed(command, op):
     missed = command.targets(synthetic(failfast_speedup=1.5, identical=0.99))
     assert missed[1]["met"] is False and missed[3]["met"] is False
     assert "2.00× short" in missed[3]["detail"]
+    assert "cost ratio ≤ 0.90 (measured 3.00)" in missed[3]["detail"]  # (900 / 3 - 120) / 200
+
+
+def test_the_break_even_cost_ratio_solves_the_latency_model(command):
+    failfast = importlib.import_module("benchmarks.report_failfast")
+    ar = {"target_forwards": 2431, "helper_forwards": 0}
+    method = {"target_forwards": 460, "helper_forwards": 779}
+    ratio = failfast.break_even_cost_ratio(ar, method, 3.0)
+    modelled = ar["target_forwards"] / (method["target_forwards"] + method["helper_forwards"] * ratio)
+    assert modelled == pytest.approx(3.0)
+    assert failfast.break_even_cost_ratio(ar, method, 6.0) is None  # 2431 / 6 < 460 target forwards
+    assert failfast.break_even_cost_ratio(ar, {"target_forwards": 460, "helper_forwards": 0}, 3.0) is None
+    assert "however cheap the drafter" in command.break_even_note(ar, method, 6.0, 2.83)
+    with pytest.raises(ValueError, match="speedup 0"):
+        failfast.break_even_cost_ratio(ar, method, 0)
 
 
 @pytest.mark.parametrize("argv, message", [

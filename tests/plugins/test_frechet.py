@@ -119,12 +119,12 @@ def test_registered_with_delta_in_zero_one():
     assert strategy.plugin == "frechet"
     assert strategy.hooks == ("dloom_select_commit",)
     (delta,) = strategy.parameters
-    assert (delta.name, delta.default, delta.kind, delta.allowed()) == ("delta", 0.25, float, "[0, 1)")
+    assert (delta.name, delta.default, delta.kind, delta.allowed()) == ("delta", 0.5, float, "[0, 1)")
     assert "joint mode" in strategy.guarantee and "not lossless" in strategy.guarantee
 
 
 def test_delta_default_and_value_reach_the_plugin():
-    assert compose("frechet").components[0].plugin.delta == 0.25
+    assert compose("frechet").components[0].plugin.delta == 0.5
     assert compose("frechet", {"delta": 0.3}).components[0].plugin.delta == 0.3
 
 
@@ -183,7 +183,7 @@ def test_cli_lists_frechet_with_its_parameter():
     assert record["hooks"] == ["dloom_select_commit"]
     assert record["parameters"] == [
         {
-            "name": "delta", "default": 0.25, "type": "float", "allowed": "[0, 1)",
+            "name": "delta", "default": 0.5, "type": "float", "allowed": "[0, 1)",
             "help": "commit the largest n with L_n - U_n > delta (0: certified joint mode; "
                     "the default kept one token per step's accuracy within a point on a dev split)",
         }

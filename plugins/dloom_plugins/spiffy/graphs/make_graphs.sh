@@ -15,7 +15,7 @@ for block in 32 8; do
     done
     dloom calibrate --model toy-dllm --strategy factor --param f=1.0 --block-length "$block" \
         --budget "$budget" --score "$score" -n "$n" -o "$out/toy-dllm__factor-1__b$block.json"
-    for delta in 0 0.25 0.75 0.97; do  # the Fréchet certificate, frechet's default and two earlier defaults
+    for delta in 0 0.25 0.5 0.75 0.97; do  # the Fréchet certificate, the paper's default, frechet's default and two earlier ones
         dloom calibrate --model toy-dllm --strategy frechet --param delta="$delta" \
             --block-length "$block" --budget "$budget" --score "$score" -n "$n" \
             -o "$out/toy-dllm__frechet-${delta}__b$block.json"
