@@ -207,10 +207,12 @@ def failfast_table(report: dict[str, Any]) -> str:
         f"`{ff['drafter']}` drafts for the AR target `{ff['target']}` (FailFast's defaults but the "
         f"drafter's commit threshold: `failfast@τ` commits the drafter's tokens at τ, where the paper's "
         f"FailFast uses 0.05; the drafter's prefix cache). The targets use `{ff['best']}`: of the "
-        f"thresholds whose outputs all equal AR decoding's, the one with the fewest target forwards "
-        f"on these same prompts (the first measured when none does). FailFast runs against the "
-        f"target alone (one cached forward per token) and "
-        f"`transformers`' assisted generation with `{ff['assistant']}`; greedy, one prompt at a "
+        f"thresholds whose outputs all equal AR decoding's, the one with the "
+        f"{'least wall time' if ff.get('chosen_by') == 'wall time' else 'fewest target forwards'} on these "
+        "same prompts (the first measured when none does). "
+        f"FailFast runs against the target alone (one cached forward per token)"
+        + (f" and `transformers`' assisted generation with `{ff['assistant']}`" if ff["assistant"] else
+           " (no assistant model, so no assisted generation)") + "; greedy, one prompt at a "
         f"time, at most {ff['max_new_tokens']} new tokens, forwards counted by forward hooks on "
         "each model (prefill included). An AR target stops at its EOS, so it has no padding and "
         "no oracle.", "",

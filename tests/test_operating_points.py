@@ -172,6 +172,33 @@ def test_the_break_even_cost_ratio_solves_the_latency_model(command):
         failfast.break_even_cost_ratio(ar, method, 0)
 
 
+def test_the_accuracy_keeping_threshold_is_taken_on_held_out_when_the_dev_choice_loses_accuracy(command):
+    quota = {"name": "quota", "commit_rule": "quota", "accuracy": 0.957, "nfe_mean": 46.6}
+    rows = [quota, row("threshold", 0.7, 0.930, 10.4), row("threshold", 0.9, 0.950, 12.2),
+            row("threshold", 0.99, 0.957, 15.0), row("frechet", 0.5, 0.957, 9.0)]
+    dev_choice = {"threshold": {"name": "threshold@0.7"}}
+    keeping = command.accuracy_keeping_threshold(rows, dev_choice)
+    assert (keeping["name"], keeping["value"], keeping["matched"]) == ("threshold@0.9", 0.9, True)
+    assert command.accuracy_keeping_threshold(rows, {"threshold": {"name": "threshold@0.9"}}) is None  # dev kept it
+    assert command.accuracy_keeping_threshold(rows[:2], dev_choice) is None  # nothing keeps accuracy
+    assert command.accuracy_keeping_threshold(rows, {}) is None
+
+
+def test_spiffy_s_target_is_also_measured_over_the_held_out_accuracy_keeping_threshold(command):
+    report = synthetic()
+    report["accuracy_keeping_threshold"] = {"name": "threshold@0.9", "value": 0.9}
+    report["rows"] += [{**row("threshold", 0.9, 0.7, 15.0, cache="dual"), "name": "threshold@0.9/dual"},
+                       {"name": "spiffy+threshold@0.9/dual", "label": "Spiffy over threshold tau = 0.9",
+                        "commit_rule": "threshold", "params": {}, "accuracy": 0.7, "nfe_mean": 11.0, "cache": "dual",
+                        "speculation": {"acceptance": 0.4}, "identical_to_commit_rule": 1.0, "nfe_over_oracle": 1.3}]
+    items = command.targets(report)
+    assert len(items) == 5 and "chosen on dev" in items[1]["target"]
+    kept = items[2]
+    assert "τ = 0.9, the one that keeps accuracy" in kept["target"]
+    assert (kept["measured"], kept["met"]) == ("1.36×, 100% identical", False)
+    assert "15.00 → 11.00 NFE" in kept["detail"] and "1.10× short" in kept["detail"]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--n-dev", "0"], "--n-dev 0 and -n 300"),
     (["--failfast-repeats", "0"], "--failfast-repeats 0: allowed: 1 or more"),

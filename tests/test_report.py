@@ -3,6 +3,7 @@ headline tables (on the shipped ``toy-dllm``, seven prompts, into a temporary co
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 
@@ -108,3 +109,22 @@ def test_an_unknown_configuration_is_refused(report_module, capsys):
     with pytest.raises(SystemExit):
         report_module.main(["--configs", "nonsense"])
     assert "unknown configuration 'nonsense'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("assistant, chosen_by, says", [
+    ("long-ar-small", "wall time", ("assisted generation with `long-ar-small`", "the least wall time")),
+    (None, "wall time", ("no assistant model, so no assisted generation", "the least wall time")),
+    (None, None, ("no assistant model", "the fewest target forwards")),  # a report from before wall time
+])
+def test_the_failfast_section_says_what_ran_and_how_the_threshold_was_chosen(assistant, chosen_by, says):
+    tables = importlib.import_module("benchmarks.report_tables")
+    method = {"accuracy": 0.9, "target_forwards_per_prompt": 4.0, "target_forwards": 40, "tokens_per_target_forward": 5.0,
+              "helper_forwards": 80, "tps": 100.0, "identical_to_ar": 1.0}
+    failfast = {"drafter": "d", "target": "t", "assistant": assistant, "best": "failfast@0.05", "max_new_tokens": 64,
+                "methods": {"ar": {**method, "target_forwards": 200, "helper_forwards": 0}, "failfast@0.05": method}}
+    if chosen_by:
+        failfast["chosen_by"] = chosen_by
+    text = tables.failfast_table({"failfast": failfast})
+    assert all(phrase in text for phrase in says), text
+    assert "`None`" not in text
+    assert "| `failfast@0.05` | 90.0% | 4.00 | 5.00× |" in text

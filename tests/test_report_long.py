@@ -347,14 +347,17 @@ def test_a_zoo_dllm_is_measured_with_its_zoo_partners_by_default(report_module, 
 
     monkeypatch.setattr(report_module, "run", stop)
     for argv, expected in (
-        ([], ("long-dllm", 300, "long-ar", "long-ar-small", "python -m benchmarks.report -n 300")),
-        (["--target", "none"], ("long-dllm", 300, None, None, "python -m benchmarks.report -n 300 --target none")),
-        (["--target", "toy-ar"], ("long-dllm", 300, "toy-ar", None, "python -m benchmarks.report -n 300 --target toy-ar")),
+        ([], ("long-dllm-words", 300, "long-dllm-words-ar", None, "python -m benchmarks.report -n 300")),
+        (["--target", "none"], ("long-dllm-words", 300, None, None, "python -m benchmarks.report -n 300 --target none")),
+        (["--model", "long-dllm"], ("long-dllm", 300, "long-ar", "long-ar-small",
+                                    "python -m benchmarks.report --model long-dllm -n 300")),
+        (["--model", "long-dllm", "--target", "toy-ar"],
+         ("long-dllm", 300, "toy-ar", None, "python -m benchmarks.report --model long-dllm -n 300 --target toy-ar")),
         (["--model", "/a/dllm", "-n", "9"], ("/a/dllm", 9, None, None, "python -m benchmarks.report --model /a/dllm -n 9")),
         # where it writes and how it batches are part of the command that reproduces it
-        (["--out", str(report_module.ROOT / "benchmarks/results/report-long.json"), "--batch-size", "8"],
-         ("long-dllm", 300, "long-ar", "long-ar-small",
-          "python -m benchmarks.report -n 300 --batch-size 8 --out benchmarks/results/report-long.json")),
+        (["--out", str(report_module.ROOT / "benchmarks/results/report-words.json"), "--batch-size", "8"],
+         ("long-dllm-words", 300, "long-dllm-words-ar", None,
+          "python -m benchmarks.report -n 300 --batch-size 8 --out benchmarks/results/report-words.json")),
     ):
         with pytest.raises(SystemExit):
             report_module.main(argv)
@@ -375,7 +378,7 @@ def test_a_zoo_dllm_is_measured_with_its_zoo_partners_by_default(report_module, 
     (["--drafter-taus", "0.9,0.9"], "distinct thresholds"),
     (["--drafter-taus", "high"], "take comma-separated numbers"),
     (["--matrix", "full", "--configs", "threshold"], "headline matrix"),
-    (["--target", "toy-ar"], "drafter 'long-dllm' and target 'toy-ar' do not share a tokenizer"),
+    (["--target", "toy-ar"], "drafter 'long-dllm-words' and target 'toy-ar' do not share a tokenizer"),
     (["--model", "toy-dllm", "--assistant", "long-ar-small"], "assistant 'long-ar-small' does not share target 'toy-ar'"),
 ])
 def test_bad_options_are_refused_before_any_work(report_module, capsys, argv, message):
