@@ -32,9 +32,9 @@ Matrices (``--matrix``; ``auto``: ``full`` on the long suite, ``headline`` on th
 With ``--target`` (and ``--assistant``), FailFast with this dLLM as drafter (at each of
 ``--drafter-taus``, the drafter's commit thresholds) against AR
 decoding and assisted generation (:mod:`report_failfast`); for a zoo dLLM they default to its
-zoo partners (:func:`zoo_partners`: ``long-dllm-words`` drafts for ``long-dllm-words-ar``, with
-no assistant of that vocabulary; ``long-dllm`` drafts for ``long-ar``, assisted generation
-drafts with ``long-ar-small``), and ``none`` leaves them out. Every run ends with issue 19's
+zoo partners (:func:`zoo_partners`: ``long-dllm-words`` drafts for ``long-dllm-words-ar``,
+assisted generation drafts with ``long-dllm-words-ar-small``; ``long-dllm`` drafts for
+``long-ar``, with ``long-ar-small``), and ``none`` leaves them out. Every run ends with issue 19's
 targets as a checklist computed from its rows (:func:`report_targets.checklist`).
 
 It writes (``DOCS`` is ``--docs``, default ``docs/``):

@@ -337,7 +337,7 @@ def test_calibration_sees_training_prompts_only(report_module, tiny, monkeypatch
 def test_a_zoo_dllm_is_measured_with_its_zoo_partners_by_default(report_module, monkeypatch):
     assert report_module.zoo_partners("long-dllm") == ("long-ar", "long-ar-small")
     assert report_module.zoo_partners("toy-dllm") == ("toy-ar", "toy-ar-small")
-    assert report_module.zoo_partners("long-dllm-words") == ("long-dllm-words-ar", None)
+    assert report_module.zoo_partners("long-dllm-words") == ("long-dllm-words-ar", "long-dllm-words-ar-small")
     assert report_module.zoo_partners("long-ar") == report_module.zoo_partners("/a/long-dllm") == (None, None)
     seen = {}
 
@@ -347,7 +347,7 @@ def test_a_zoo_dllm_is_measured_with_its_zoo_partners_by_default(report_module, 
 
     monkeypatch.setattr(report_module, "run", stop)
     for argv, expected in (
-        ([], ("long-dllm-words", 300, "long-dllm-words-ar", None, "python -m benchmarks.report -n 300")),
+        ([], ("long-dllm-words", 300, "long-dllm-words-ar", "long-dllm-words-ar-small", "python -m benchmarks.report -n 300")),
         (["--target", "none"], ("long-dllm-words", 300, None, None, "python -m benchmarks.report -n 300 --target none")),
         (["--model", "long-dllm"], ("long-dllm", 300, "long-ar", "long-ar-small",
                                     "python -m benchmarks.report --model long-dllm -n 300")),
@@ -356,7 +356,7 @@ def test_a_zoo_dllm_is_measured_with_its_zoo_partners_by_default(report_module, 
         (["--model", "/a/dllm", "-n", "9"], ("/a/dllm", 9, None, None, "python -m benchmarks.report --model /a/dllm -n 9")),
         # where it writes and how it batches are part of the command that reproduces it
         (["--out", str(report_module.ROOT / "benchmarks/results/report-words.json"), "--batch-size", "8"],
-         ("long-dllm-words", 300, "long-dllm-words-ar", None,
+         ("long-dllm-words", 300, "long-dllm-words-ar", "long-dllm-words-ar-small",
           "python -m benchmarks.report -n 300 --batch-size 8 --out benchmarks/results/report-words.json")),
     ):
         with pytest.raises(SystemExit):

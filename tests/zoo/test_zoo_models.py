@@ -19,7 +19,7 @@ MAX_ZOO_BYTES = 16 * 1024 * 1024
 """The three toy models' files (about 12 MB of float16 weights and tokenizers) ride in the
 wheel; the long ones stay in the repository's training/checkpoints/."""
 LONG = ("long-dllm", "long-ar", "long-ar-small")
-WORDS = ("long-dllm-words", "long-dllm-words-ar")
+WORDS = ("long-dllm-words", "long-dllm-words-ar", "long-dllm-words-ar-small")
 """The long workload's models in word and number tokens (issue 42)."""
 BARS = {"long-dllm": (0.85, 0.70), "long-ar": (0.85, 0.0), "long-ar-small": (0.0, 0.0)}
 """Issue 19's bars on 500 held-out prompts: (overall, each family's) greedy accuracy."""
@@ -184,6 +184,15 @@ def test_long_ar_sizes_bracket_the_long_dllm():
     dllm, ar, small = (n_params(zoo.load(name)[0]) for name in LONG)
     assert 2 * dllm <= ar <= 4 * dllm
     assert small < dllm
+    dllm, ar, small = (n_params(zoo.load(name)[0]) for name in WORDS)
+    assert dllm == ar and 2 * small < dllm  # the drafter's own shape as target; a small assistant (0.35x)
+
+
+def test_the_word_assistant_records_its_accuracy_on_500_held_out_prompts():
+    record = json.loads((zoo.model_path("long-dllm-words-ar-small") / "eval.json").read_text())
+    assert (record["model"], record["kind"], record["workload"]) == ("long-dllm-words-ar-small", "ar", "long-words")
+    assert record["n"] == 500 and set(record["per_family"]) == {"chain", "word", "tale", "prog"}
+    assert record["overall"] >= 0.9  # 100 % at the end of its training (training/README.md)
 
 
 @pytest.mark.parametrize("name", LONG)
