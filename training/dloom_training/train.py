@@ -90,7 +90,8 @@ The long-answer zoo (issue 19; :mod:`dloom.zoo.long_tasks`, :mod:`dloom.zoo.corp
   tokens instead of 76..100 characters; regions of 64 tokens in blocks of 16, batches of 64,
   no ``text``.  ``long-dllm-words-ar`` (long-dllm's shape, 2.67 M with the 2,351-token
   vocabulary) is its causal stage and ``long-dllm-words`` the dLLM made from it, as
-  ``long-dllm`` from ``long-dllm-ar``.  The trainer encodes with the checkpoint's own
+  ``long-dllm`` from ``long-dllm-ar``; ``long-dllm-words-ar-small`` (``long-ar-small``'s
+  shape, 0.94 M) is the assistant of assisted generation.  The trainer encodes with the checkpoint's own
   tokenizer (:class:`~dloom_training.codec.Codec`).
   Sizes from measured seconds per step (one thread, batch 32 of 184 positions,
   forward + backward + AdamW, the two cores lightly loaded): 0.65 M 0.5 s, 1.79 M 1.2 s,
@@ -362,7 +363,7 @@ SPECS: dict[str, ModelSpec] = {
     "long-dllm-words-ar": ModelSpec("ar", hidden=192, layers=5, heads=6, ffn=512, share=0.4, workload=LONG_WORDS),
     "long-dllm-words": ModelSpec("dllm", hidden=192, layers=5, heads=6, ffn=512, share=0.4, workload=LONG_WORDS),
     # long-ar-small's shape in word tokens: the small AR assistant of assisted generation
-    # next to FailFast on long-dllm-words-ar (0.34x long-dllm-words with the larger embedding).
+    # next to FailFast on long-dllm-words-ar (0.35x long-dllm-words with the larger embedding).
     "long-dllm-words-ar-small": ModelSpec("ar", hidden=128, layers=3, heads=4, ffn=384, share=0.2,
                                           workload=LONG_WORDS),
 }
