@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.report_measure import HOOKS, rule_alone
+from benchmarks.report_targets import chosen_by_phrase
 from dloom.hooks.registry import get_registry
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -207,8 +208,7 @@ def failfast_table(report: dict[str, Any]) -> str:
         f"`{ff['drafter']}` drafts for the AR target `{ff['target']}` (FailFast's defaults but the "
         f"drafter's commit threshold: `failfast@τ` commits the drafter's tokens at τ, where the paper's "
         f"FailFast uses 0.05; the drafter's prefix cache). The targets use `{ff['best']}`: of the "
-        f"thresholds whose outputs all equal AR decoding's, the one with the "
-        f"{'least wall time' if ff.get('chosen_by') == 'wall time' else 'fewest target forwards'} on these "
+        f"thresholds whose outputs all equal AR decoding's, the one with the {chosen_by_phrase(ff)} on these "
         "same prompts (the first measured when none does). "
         f"FailFast runs against the target alone (one cached forward per token)"
         + (f" and `transformers`' assisted generation with `{ff['assistant']}`" if ff["assistant"] else

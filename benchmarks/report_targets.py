@@ -55,6 +55,12 @@ def target_item(target: str, measured: str, met: bool | None, detail: str) -> di
     return {"target": target, "measured": measured, "met": met, "detail": detail}
 
 
+def chosen_by_phrase(failfast: Mapping[str, Any]) -> str:
+    """How a FailFast run chose its drafter τ among the lossless ones, in words: by wall time
+    (``chosen_by`` "wall time"), or by target forwards (runs recorded before wall time)."""
+    return "least wall time" if failfast.get("chosen_by") == "wall time" else "fewest target forwards"
+
+
 def _not_measured(target: str, why: str) -> dict[str, Any]:
     return target_item(target, "not measured", None, why)
 
@@ -173,8 +179,7 @@ def failfast_items(report: Mapping[str, Any]) -> list[dict[str, Any]]:
     methods = failfast["methods"]
     ff, ar = methods[failfast["best"]], methods["ar"]
     measured_at = ", ".join(f"{m['drafter_tau']!r}" for m in methods.values() if "drafter_tau" in m)
-    by = "least wall time" if failfast.get("chosen_by") == "wall time" else "fewest target forwards"
-    chosen = (f"drafter τ {ff['drafter_tau']!r}, the {by} of the lossless ones (τ measured: "
+    chosen = (f"drafter τ {ff['drafter_tau']!r}, the {chosen_by_phrase(failfast)} of the lossless ones (τ measured: "
               f"{measured_at})" if ff["identical_to_ar"] == 1.0 else
               f"drafter τ {ff['drafter_tau']!r}: no drafter τ measured ({measured_at}) was lossless")
     ratio = ar["target_forwards"] / ff["target_forwards"]
