@@ -83,7 +83,7 @@ class RecordingDecoder(dloom.DiffusionDecoder):
         clock.timed = recorded("forward", clock.timed)  # type: ignore[method-assign]
         return SessionCalls(
             layout=recorded("layout", calls.layout), check=recorded("check", calls.check), clock=clock,
-            timer=calls.timer,
+            plain_step=recorded("plain", calls.plain_step),
             speculative_step=None if calls.speculative_step is None else recorded("speculate", calls.speculative_step),
         )
 
@@ -92,13 +92,15 @@ class RecordingDecoder(dloom.DiffusionDecoder):
 @pytest.mark.parametrize("strategy", ["quota", "spiffy+quota"])
 def test_a_session_reaches_its_decoder_through_session_calls_only(sharp_adapter, strategy):
     decoder = RecordingDecoder(sharp_adapter, strategy, gen_length=8, block_length=4)
-    decoder.forward_clock.seconds = 99.0  # left from an earlier session: the new one resets it
+    decoder.forward_clock.seconds = 99.0  # left from an earlier session: the decoder resets it for the new one
+    decoder.timer.seconds["select_commit"] = 99.0
     session = DecodeSession(decoder)
+    assert not decoder.timer.seconds
     assert session.calls.clock is decoder.forward_clock and decoder.forward_seconds == 0.0
     session.admit([[5, 6, 7]])
     while session.size:
         session.step()
-    assert decoder.used[0] == "layout" and "check" in decoder.used
+    assert decoder.used[0] == "layout" and "check" in decoder.used and "plain" in decoder.used
     assert ("speculate" in decoder.used) == (strategy != "quota")
     assert decoder.forward_seconds > 0.0  # the session's forwards, read back by the decoder
 

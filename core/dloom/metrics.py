@@ -31,6 +31,10 @@ class HookTimer:
         self.seconds: dict[str, float] = defaultdict(float)
         self._synchronize = synchronize or (lambda: None)
 
+    def reset(self) -> None:
+        """Forget the seconds added up so far."""
+        self.seconds.clear()
+
     def _timed(self, name: str):  # generator used by each wrapper
         self._synchronize()
         start = time.perf_counter()
@@ -44,8 +48,8 @@ class HookTimer:
 
 class ForwardClock:
     """The wall time of a decoder's model forwards, added up (what a result reports as
-    ``hook_seconds["forward"]``). A :class:`dloom.decode.session.DecodeSession` resets it when
-    it starts and the decoder reads it back.
+    ``hook_seconds["forward"]``). The decoder resets it when a
+    :class:`dloom.decode.session.DecodeSession` starts, and reads it back.
 
     :param synchronize: called before and after each timed call (``torch.cuda.synchronize``
         for honest GPU timing), or ``None``.

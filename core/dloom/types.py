@@ -601,6 +601,10 @@ class StrategyRegistration:
     :ivar options: names of ``parameters`` that ``dloom generate``, ``eval`` and ``check``
         also take as ``--NAME`` options (``_`` written ``-``); ``--NAME VALUE`` means
         ``--param STRATEGY.NAME=VALUE``. An option name is owned by one strategy.
+    :ivar kernels: the transition kernels the strategy supports (names of
+        :data:`dloom.decode.transition.KERNELS`, chosen by the model's profile); a decoder
+        pairing it with another kernel is refused when it is built. ``("absorbing",)``: a
+        position is masked until committed, and a committed token never changes.
     """
 
     name: str
@@ -612,3 +616,4 @@ class StrategyRegistration:
     default_commit_rule: str | None = None
     decoder: str = DIFFUSION
     options: Sequence[str] = field(default_factory=tuple)
+    kernels: Sequence[str] = ("absorbing",)

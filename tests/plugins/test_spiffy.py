@@ -604,7 +604,7 @@ def test_a_verification_forward_runs_no_more_rows_at_once_than_the_batch(sharp_a
     """Rows-layout verification: no model call holds more rows than the batch, while the
     layouts hold more (the control, one call per layout, exceeds it), and the tokens, NFE
     and verification outputs are those of one call over the whole layout, bit for bit."""
-    import dloom.decode.decoder
+    import dloom.decode.step
     from dloom.decode.speculation import evaluate_in_parts
 
     compared, counting = [], [True]
@@ -619,7 +619,7 @@ def test_a_verification_forward_runs_no_more_rows_at_once_than_the_batch(sharp_a
     prompts = [[5, 6, 7], [8, 9, 10, 11]]
 
     def decode(verifier):
-        monkeypatch.setattr(dloom.decode.decoder, "evaluate_in_parts", verifier)
+        monkeypatch.setattr(dloom.decode.step, "evaluate_in_parts", verifier)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             decoder = DiffusionDecoder(

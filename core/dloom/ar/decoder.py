@@ -227,7 +227,7 @@ class ARTargetDecoder:
         :raises NonFiniteLogitsError: / :raises HookContractError: from a drafter's checks.
         """
         start_time = time.perf_counter()
-        self.timer.seconds.clear()
+        self.timer.reset()
         seconds: dict[str, float] = defaultdict(float)
         samples = self.temperature > 0 or self.remasking == "random"
         prompt_ids, prompt_mask, streams = prepare_prompts(

@@ -27,7 +27,6 @@ each row's block columns and, with ``cache="prefix"`` or ``"dual"``, its keys an
 
 from __future__ import annotations
 
-import functools
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -37,7 +36,7 @@ import torch
 
 from dloom.decode.decoders import DIFFUSION
 from dloom.decode.generation import Prompts, prepare_prompts, token_lists_and_texts
-from dloom.decode.kernel import REMASKING, KernelStep
+from dloom.decode.kernel import REMASKING
 from dloom.decode.prompts import check_lengths, check_special_ids, vocabulary_size
 from dloom.decode.session import (  # noqa: F401 - re-exported: dloom.decode.decoder is where users find them
     BlockRecord,
@@ -48,13 +47,8 @@ from dloom.decode.session import (  # noqa: F401 - re-exported: dloom.decode.dec
     finished_rows,
     generated_lengths,
 )
-from dloom.decode.speculation import (
-    NodeLogits,
-    evaluate_in_parts,
-    layout_is_exact,
-    static_call_rows,
-)
-from dloom.decode.step import BlockForwards, SpeculativeStep, StepOutcome
+from dloom.decode.step import PlainStepper, SpeculativeStepper
+from dloom.decode.transition import check_kernel, kernel_class
 from dloom.errors import (
     ConfigurationError,
     HookContractError,
@@ -67,7 +61,6 @@ from dloom.hooks.registry import Registry
 from dloom.metrics import ForwardClock, GenerationResult, HookTimer
 from dloom.model.adapter import ModelAdapter, position_ids_from_mask
 from dloom.model.runner import CACHE_MODES, check_refresh
-from dloom.types import DecodeState
 
 DEFAULT_GEN_LENGTH = 128
 DEFAULT_BLOCK_LENGTH = 32
@@ -169,6 +162,8 @@ class DiffusionDecoder:
         self._validate()
         self.composition = compose(strategy, {**(params or {}), **strategy_params}, registry)
         self.guarantees = self.composition.guarantees_under(self.temperature, self.remasking)
+        kernel_class(model)  # a kernel dloom has
+        check_kernel(self.composition, model.kernel)
         for component in self.composition.components:
             kind = component.strategy.registration.decoder if component.strategy is not None else DIFFUSION
             if kind != DIFFUSION:
@@ -188,8 +183,16 @@ class DiffusionDecoder:
         self.timer = HookTimer(self._sync)
         self.forward_clock = ForwardClock(self._sync)  # the model forwards of the last session (it resets the clock)
         self.pm = build_plugin_manager(self.composition, self.timer)
-        self._speculates = self.composition.provider("dloom_draft") is not None
-        if self._speculates and self.cache_refresh is not None:
+        self.plain_step = PlainStepper(self.forward_clock)
+        #: the strategy's speculative step (``None`` for a strategy that never drafts); FailFast's
+        #: drafter runs it over its own blocks too
+        self.speculative_step: SpeculativeStepper | None = None
+        if self.composition.provider("dloom_draft") is not None:
+            self.speculative_step = SpeculativeStepper(
+                self.pm, self.forward_clock, self.cache, model.attention, self.block_length,
+                self.mask_token_id, self.draft_budget, self.static_shapes,
+            )
+        if self.speculative_step is not None and self.cache_refresh is not None:
             raise ConfigurationError(
                 f"cache_refresh={self.cache_refresh} applies to plain steps; speculative strategy "
                 f"{self.composition.name!r} verifies drafts on the block-start cache (use cache_refresh=None)"
@@ -288,32 +291,16 @@ class DiffusionDecoder:
         return None
 
     def session_calls(self) -> SessionCalls:
-        """What a :class:`~dloom.decode.session.DecodeSession` of this decoder calls on it: its
-        sequence layout, forward clock, hook timer, step check and, for a strategy that
-        drafts, its speculative step."""
+        """What a new :class:`~dloom.decode.session.DecodeSession` of this decoder calls on it:
+        its sequence layout, step check, forward clock and steppers (plain and, for a
+        strategy that drafts, speculative). The decoder's forward clock and hook timer start
+        again from zero: their figures are the new session's."""
+        self.forward_clock.reset()
+        self.timer.reset()
         return SessionCalls(
-            layout=self._layout, check=self._check, clock=self.forward_clock, timer=self.timer,
-            speculative_step=self.speculative_step if self._speculates else None,
+            layout=self._layout, check=self._check, clock=self.forward_clock,
+            plain_step=self.plain_step, speculative_step=self.speculative_step,
         )
-
-    def _verification_step(
-        self, state: DecodeState, graph, forward: BlockForwards, kernel: KernelStep, first_window: int
-    ):
-        """Prune, lay out, run one forward over the roots and the drafts, and verify.
-
-        :return: the :class:`~dloom.types.Verdict` and whether the layout gave exact draft
-            distributions.
-        """
-        graph = hooks.prune(self.pm, graph, self.draft_budget)
-        layout = hooks.build_mask(self.pm, state, graph)
-        query = forward.query_width(first_window)
-        call_rows = max(state.tokens.shape[0], layout.call_tokens // query)  # a rows layout has a row per draft
-        run = evaluate_in_parts
-        if self.static_shapes:  # every model call of the verification one shape
-            run = functools.partial(evaluate_in_parts, static_rows=static_call_rows(layout, call_rows))
-        outputs = self.forward_clock.timed(run, forward.evaluate, state.tokens, layout, first_window, call_rows)
-        verdict = hooks.verify(self.pm, state, graph, NodeLogits(outputs, layout, self.block_length), kernel)
-        return verdict, layout_is_exact(layout, self.cache, self.model.attention)
 
     def _check(self, forward: int, non_finite: int, idle: int, blocks: torch.Tensor) -> None:
         """Raise for the contract violations the step's synchronisation found (``blocks``:
@@ -442,46 +429,4 @@ class DiffusionDecoder:
             row_forwards=session.row_forwards,
             model_calls=session.model_calls,
             verification_forwards=tallies.verification_forwards,
-        )
-
-    def speculative_step(self, step: SpeculativeStep) -> StepOutcome:
-        """One step of a speculative composition: rows due a full forward (block start with a
-        cache) take a plain step on it; the others are verified in one forward over their
-        roots and drafts (rows without a known distribution evaluate their root only).
-
-        The one speculative dLLM step: :class:`~dloom.decode.session.DecodeSession` runs it,
-        and so does FailFast's drafter over each row's small block, each through its own
-        model runner and counters (:mod:`dloom.decode.step`).
-
-        :return: the new blocks, each row's last distribution, the drafts each row accepted
-            and the verdict's next-block priming (:class:`~dloom.decode.step.StepOutcome`).
-        """
-        x, decoding, forward, kernel = step.tokens, step.decoding, step.forward, step.kernel
-        n_full, first_window, last_window = step.plan
-        full_logits, full_rows = None, torch.zeros_like(decoding)
-        if self.cache != "none" and n_full:
-            full_logits, full_rows = self.forward_clock.timed(forward.run, x, n_full, first_window, last_window, False)
-        state = DecodeState(
-            tokens=x, attention_mask=step.attention_mask, block_start=forward.start,
-            block_end=forward.start + self.block_length, mask_token_id=self.mask_token_id,
-            active=decoding & ~full_rows, logits=step.previous, span_start=forward.window_start,
-            known=step.known & ~full_rows, width=self.block_length, span_lead=forward.shift,
-        )
-        graph = hooks.draft(self.pm, state)
-        if graph is None:
-            rest, _ = self.forward_clock.timed(forward.run, x, 0, first_window, last_window)
-            logits = rest if full_logits is None else torch.where(full_rows[:, None, None], full_logits, rest)
-            return StepOutcome(kernel(step.block, logits, decoding), logits)
-        verdict, exact = self._verification_step(state, graph, forward, kernel, first_window)
-        step.counts.record_layout(exact)
-        step.counts.verification_forwards += 1
-        if full_logits is None:
-            return StepOutcome(verdict.block, verdict.logits, verdict.accepted, verdict.primed,
-                               None if verdict.primed is None else verdict.next_logits)
-        stepped = kernel(step.block, full_logits, full_rows & decoding)
-        # next-block logits come from a verification without a cache only
-        return StepOutcome(
-            torch.where(full_rows[:, None], stepped, verdict.block),
-            torch.where(full_rows[:, None, None], full_logits, verdict.logits),
-            verdict.accepted,
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -270,8 +271,22 @@ def selectable_positions(
     return selectable if generated is None else selectable & generated
 
 
+class Settlement(NamedTuple):
+    """Where each row stands after a step (``B`` rows; :meth:`KernelStep.settle`).
+
+    :ivar ended: ``(B,)`` bool, rows whose output is final within this block (an EOS the
+        kernel will not revise, with nothing undecided before it).
+    :ivar complete: ``(B,)`` bool, rows whose block is final: the row moves on to its next
+        block, or leaves the batch after its last one.
+    """
+
+    ended: torch.Tensor
+    complete: torch.Tensor
+
+
 class KernelStep:
-    """One step of the transition kernel ``K`` on the active block, for every row of a batch.
+    """The absorbing transition kernel ``K``: one step on the active block, for every row of
+    a batch (:class:`dloom.decode.transition.TransitionKernel`; a committed token is final).
 
     Propose candidates and confidences (:func:`dloom.decode.kernel.propose`), ask the commit rule
     (``dloom_select_commit``) and commit. Counts each row's steps in its current block (the
@@ -293,7 +308,8 @@ class KernelStep:
 
     :ivar steps: ``(B,)`` long, kernel steps each row has taken in its current block.
     :ivar generated: ``(B, K)`` bool, the generated positions of each row's active block
-        (:func:`eos_clear`), or ``None`` when every position of every block is generated.
+        (:func:`eos_clear`; set by :meth:`restrict`), or ``None`` when every position of
+        every block is generated.
     :ivar idle: ``()`` bool, some row with a selectable position committed nothing.
     :ivar non_finite: ``()`` bool, some stepping row's logits held NaN or inf.
     """
@@ -309,7 +325,7 @@ class KernelStep:
         self.steps_per_block = steps_per_block
         self.masked_at_start = masked_at_start
         self.steps = torch.zeros_like(masked_at_start)
-        self.generated: torch.Tensor | None = None  # (B, K) bool, set by the decoder when a block holds prompt positions
+        self.generated: torch.Tensor | None = None  # (B, K) bool (restrict) when a block holds prompt positions
         self.idle = torch.zeros((), dtype=torch.bool, device=masked_at_start.device)
         self.non_finite = torch.zeros_like(self.idle)
 
@@ -339,6 +355,22 @@ class KernelStep:
             self.generator.advance(stepping)
         return apply_commit(block, candidates, commit)
 
+    def restrict(self, generated: torch.Tensor | None) -> None:
+        """The generated positions of each row's active block (``(B, K)`` bool, ``None``: all);
+        a step commits no other position, and an EOS elsewhere ends no row (:func:`eos_clear`)."""
+        self.generated = generated
+
+    def pending(self, block: torch.Tensor) -> torch.Tensor:
+        """``(B,)`` bool, rows whose block ``(B, K)`` still has a position to commit."""
+        return selectable_positions(block, self.mask_token_id, self.eos_ids, self.generated).any(-1)
+
+    def settle(self, block: torch.Tensor) -> Settlement:
+        """Where each row stands with its block ``(B, K)`` after a step (a committed token is
+        final): ended when it holds a generated EOS with nothing masked before it, complete
+        when it holds no mask."""
+        ended = eos_clear(block, self.mask_token_id, self.eos_ids, self.generated)
+        return Settlement(ended, ~(block == self.mask_token_id).any(-1))
+
     def start_block(self, moving: torch.Tensor, block: torch.Tensor) -> None:
         """Rows ``moving`` (``(B,)`` bool) start the block ``block`` (``(B, K)``, their new one)."""
         self.steps = torch.where(moving, 0, self.steps)
@@ -351,9 +383,10 @@ class KernelStep:
         if isinstance(self.generator, RowStreams):
             self.generator.select(index)
 
-    def join(self, masked_at_start: torch.Tensor, streams: torch.Tensor) -> None:
-        """Append rows at the start of their first block: ``masked_at_start`` ``(J,)`` long,
-        their masked positions; ``streams`` ``(J,)`` long, their random streams."""
+    def join(self, block: torch.Tensor, streams: torch.Tensor) -> None:
+        """Append rows at the start of their first block ``block`` (``(J, K)`` long) drawing
+        from the random streams ``streams`` (``(J,)`` long)."""
+        masked_at_start = (block == self.mask_token_id).sum(-1)
         self.steps = torch.cat([self.steps, torch.zeros_like(masked_at_start)])
         self.masked_at_start = torch.cat([self.masked_at_start, masked_at_start])
         if isinstance(self.generator, RowStreams):

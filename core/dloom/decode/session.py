@@ -44,18 +44,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import pluggy
 import torch
 
 from dloom.decode.generation import Prompts, row_streams
-from dloom.decode.kernel import KernelStep, RowStreams, eos_clear, selectable_positions
+from dloom.decode.host_read import read_on_host
+from dloom.decode.kernel import RowStreams, eos_clear
 from dloom.decode.logprobs import CommitLogprobs, RowLogprobs
 from dloom.decode.prompts import check_prompts
-from dloom.decode.step import ForwardPlan, SpeculativeStep, StepOutcome
+from dloom.decode.step import ForwardPlan, StepInput, StepOutcome, Stepper
+from dloom.decode.transition import TransitionKernel, kernel_class
 from dloom.errors import ConfigurationError, ModelError
-from dloom.metrics import ForwardClock, HookTimer, speculation_summary
+from dloom.metrics import ForwardClock, speculation_summary
 from dloom.model.adapter import ModelAdapter, left_pad_prompts, padding_or_none
 from dloom.model.attention import absolute_block_ids, block_ids
 from dloom.model.runner import BlockForward
@@ -168,33 +170,76 @@ class _Tallies:
         # None for a strategy that never speculates
         self.exact: bool | None = True if speculative else None
 
-    def record_layout(self, exact: bool) -> None:
-        assert self.exact is not None, "a verification in a run without a draft hook"
-        self.exact = self.exact and exact
+    def record(self, outcome: StepOutcome) -> None:
+        """Count what a step did (its verification, if it verified)."""
+        if outcome.verified:
+            assert self.exact is not None, "a verification in a run without a draft hook"
+            self.exact = self.exact and outcome.layout_exact
+            self.verification_forwards += 1
+
+
+@dataclass(frozen=True)
+class StepStatus:
+    """What a step's one host synchronisation read (:meth:`DecodeSession.step`).
+
+    :ivar non_finite: some stepping row's logits held NaN or inf.
+    :ivar idle: some row that could step committed nothing.
+    :ivar leaving: rows that finished in the step.
+    :ivar plan: the next forward's plan, over the rows that stay.
+    :ivar can_draft: some staying row's last distribution is known (a draft may start).
+    :ivar accepted: drafts accepted over all rows (0 when the step verified nothing).
+    :ivar verifications: rows decoding in the step's verification (0 without one).
+    :ivar primed: some staying row moves on primed (:class:`~dloom.types.Verdict`).
+    :ivar blocks_done: rows that finished a block (0 unless an ``on_block`` callback is set).
+    """
+
+    non_finite: bool
+    idle: bool
+    leaving: int
+    plan: ForwardPlan
+    can_draft: bool
+    accepted: int = 0
+    verifications: int = 0
+    primed: bool = False
+    blocks_done: int = 0
+
+    @classmethod
+    def read(cls, values: dict[str, torch.Tensor]) -> StepStatus:
+        """The status of the device values named as this class's fields (``plan``: the
+        ``(3,)`` plan tensor; absent optional fields keep their defaults), in one host read."""
+        read = read_on_host(values)
+        plan = ForwardPlan(*read.pop("plan"))
+        fields: dict[str, Any] = {name: value[0] for name, value in read.items()}
+        for flag in ("non_finite", "idle", "can_draft", "primed"):
+            if flag in fields:
+                fields[flag] = bool(fields[flag])
+        return cls(plan=plan, **fields)
 
 
 @dataclass(frozen=True)
 class SessionCalls:
     """What a :class:`DecodeSession` calls on its decoder, besides reading its public
-    settings (:meth:`dloom.DiffusionDecoder.session_calls` hands it over).
+    settings (:meth:`dloom.DiffusionDecoder.session_calls` hands it over, its forward clock
+    and hook timer reset for the new session).
 
     :ivar layout: ``(prompt_ids, prompt_mask)``, ``(B, P)`` left-padded, to the sequences to
         decode ``(B, L)``, their padding mask and position ids ``(B, L)``, each row's first
         block column ``(B,)`` and the end of its generated region ``(B,)``.
     :ivar check: ``(forward, non_finite, idle, blocks)``: raises for the contract violations
         a step's synchronisation found (``blocks``: each row's block index ``(B,)``).
-    :ivar clock: times the model forwards; the session resets it when it starts.
-    :ivar timer: times the decoding hooks; the session clears it when it starts.
-    :ivar speculative_step: the decoder's speculative step
-        (:meth:`dloom.DiffusionDecoder.speculative_step`, its inputs and outcome the value
-        objects of :mod:`dloom.decode.step`), or ``None`` for a strategy that never drafts.
+    :ivar clock: times the model forwards (the session reads it, never resets it).
+    :ivar plain_step: one forward and one kernel step of every row
+        (:class:`~dloom.decode.step.PlainStepper`).
+    :ivar speculative_step: the strategy's speculative step
+        (:class:`~dloom.decode.step.SpeculativeStepper`), or ``None`` for a strategy that
+        never drafts.
     """
 
     layout: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]
     check: Callable[[int, int, int, torch.Tensor], None]
     clock: ForwardClock
-    timer: HookTimer
-    speculative_step: Callable[[SpeculativeStep], StepOutcome] | None
+    plain_step: Stepper
+    speculative_step: Stepper | None
 
 
 class SessionDecoder(Protocol):
@@ -277,12 +322,11 @@ class DecodeSession:
         self.tallies = _Tallies(self.calls.speculative_step is not None)
         self.size = 0
         self._next_id = 0
-        self._plan: list[int] | None = None
+        self._plan: ForwardPlan | None = None
         self._can_draft = False
         self._primed_any = False  # some row is primed (read at the last step's sync)
         self.forward: BlockForward | None = None
-        self.calls.timer.seconds.clear()
-        self.calls.clock.reset()
+        self.kernel: TransitionKernel
 
     @property
     def forwards(self) -> int:
@@ -374,7 +418,7 @@ class DecodeSession:
             decoder.block_length, decoder.cache_refresh, self._block_ids(), self._static_width(),
         )
         generator = RowStreams(decoder.seed, streams) if self._samples else None
-        self.kernel = KernelStep(
+        self.kernel = kernel_class(self.model)(
             decoder.pm, decoder.temperature, decoder.remasking, generator, self._mask_id, self._eos,
             self._steps_per_block, self._masked(self.x, self.forward.block_columns), decoder.on_proposal,
         )
@@ -423,7 +467,7 @@ class DecodeSession:
             padding_or_none(self.full_mask), self.positions, start, self._block_ids(), widened
         )
         columns = start.unsqueeze(1) + torch.arange(decoder.block_length, device=start.device)
-        self.kernel.join(self._masked(tokens, columns), streams)
+        self.kernel.join(torch.gather(tokens, 1, columns), streams)
 
     # --- rows out ---------------------------------------------------------------------
 
@@ -492,16 +536,14 @@ class DecodeSession:
         if self.forward is None:
             return None
         decoder, forward, kernel = self.decoder, self.forward, self.kernel
-        mask_id, eos_ids = self._mask_id, self._eos
         if self._plan is None:
-            self._plan = forward.plan().tolist()
-        n_full, first_window, last_window = self._plan
+            self._plan = ForwardPlan(*forward.plan().tolist())
         x = self.x
         columns = forward.block_columns
         block = torch.gather(x, 1, columns)
         # aligned at position 0, a row's first block also holds the prompt's last partial block
         generated = columns >= self.width if self.model.block_alignment == "absolute" else None
-        kernel.generated = generated
+        kernel.restrict(generated)
         # Every row here has a position to decode: a finished row left the batch at the end of
         # the step that finished it, and a row that moved on holds a fresh, fully masked block.
         decoding = torch.ones(len(block), dtype=torch.bool, device=block.device)
@@ -513,76 +555,72 @@ class DecodeSession:
             assert self.previous is not None
             block = kernel(block, self.previous, self.primed)
             x.scatter_(1, columns, block)
-            decoding = ~self.primed | selectable_positions(block, mask_id, eos_ids, generated).any(-1)
-        accepted = None
-        outcome = None
-        speculative_step = self.calls.speculative_step
-        if speculative_step is not None and self._can_draft:
-            outcome = speculative_step(SpeculativeStep(
-                x, self.full_mask, block, decoding, self.known, self.previous, forward, kernel,
-                ForwardPlan(n_full, first_window, last_window), self.tallies,
-            ))
-            new_block, self.previous, accepted = outcome.block, outcome.logits, outcome.accepted
-        else:
-            logits, _ = self.calls.clock.timed(forward.run, x, n_full, first_window, last_window)
-            new_block = kernel(block, logits, decoding)
-            self.previous = logits
+            decoding = ~self.primed | kernel.pending(block)
+        speculative = self.calls.speculative_step if self._can_draft else None
+        stepper = speculative or self.calls.plain_step
+        outcome = stepper(StepInput(
+            x, self.full_mask, block, decoding, self.known, self.previous, forward, kernel, self._plan,
+        ))
+        new_block, self.previous, accepted = outcome.block, outcome.logits, outcome.accepted
+        self.tallies.record(outcome)
+        if speculative is None:
             if self.logprobs is not None:
-                self.logprobs.record(columns, block, logits, new_block)
+                self.logprobs.record(columns, block, outcome.logits, new_block)
             if self.observer is not None:
-                self.observer(StepRecord(self.block_index.clone(), self.rows.clone(), block.clone(), logits, new_block.clone()))
+                self.observer(StepRecord(
+                    self.block_index.clone(), self.rows.clone(), block.clone(), outcome.logits, new_block.clone(),
+                ))
         x.scatter_(1, columns, new_block)
         self.nfe = self.nfe + decoding.long()
-        # Earlier blocks are complete and hold no EOS, later ones are all masks: the row's
-        # output is final (finished_rows of its generated region) exactly when its block has
-        # an EOS with nothing masked before it, or has nothing masked and is its last block.
-        eos = eos_clear(new_block, mask_id, eos_ids, generated)
-        unmasked = ~(new_block == mask_id).any(-1)
-        block_done = eos | unmasked
-        finished = eos | (unmasked & (forward.start + decoder.block_length >= self.region_end))
+        # Earlier blocks are final and hold no EOS: the row's output is final exactly when
+        # its block has ended it, or is complete and is its last block.
+        ended, complete = kernel.settle(new_block)
+        block_done = ended | complete
+        finished = ended | (complete & (forward.start + decoder.block_length >= self.region_end))
         moving = block_done & ~finished
         forward.advance(moving)
         kernel.start_block(moving, torch.gather(x, 1, forward.block_columns))
         done_block = self.block_index
         self.block_index = self.block_index + moving
         self.known = decoding & ~moving
-        if outcome is not None and outcome.primed is not None:  # rows moving on with their next block's first distribution
+        if outcome.primed is not None:  # rows moving on with their next block's first distribution
             self.primed = outcome.primed & moving
             self.known = self.known | self.primed
-            assert self.previous is not None and accepted is not None
-            assert outcome.next_logits is not None
-            self.previous = torch.where(self.primed[:, None, None], outcome.next_logits, self.previous)
+            assert accepted is not None and outcome.next_logits is not None
+            self.previous = torch.where(self.primed[:, None, None], outcome.next_logits, outcome.logits)
             accepted = accepted + self.primed.long()  # the completed draft's forward is used
         elif self._primed_any:
             self.primed = torch.zeros_like(self.primed)
-        status = [
-            kernel.non_finite, kernel.idle, finished.sum(),
-            forward.plan(~finished), (self.known & ~finished).any(),
-        ]
+        values = {
+            "non_finite": kernel.non_finite, "idle": kernel.idle, "leaving": finished.sum(),
+            "plan": forward.plan(~finished), "can_draft": (self.known & ~finished).any(),
+        }
         if accepted is not None:
-            status += [accepted.sum(), decoding.sum(), (self.primed & ~finished).any()]
+            values.update(
+                accepted=accepted.sum(), verifications=decoding.sum(), primed=(self.primed & ~finished).any(),
+            )
         if self.on_block is not None:
-            status.append((block_done | finished).sum())
-        values = torch.cat([v.view(-1) for v in status]).tolist()  # the step's one sync (long: promoted)
-        self.calls.check(self.tallies.forwards, values[0], values[1], self.block_index)
-        leaving = values[2]
-        self._plan = values[3:6]
-        self._can_draft = bool(values[6])
-        if accepted is not None:
-            self.tallies.accepted += values[7]
-            self.tallies.verifications += values[8]
-        self._primed_any = accepted is not None and bool(values[9])
+            values["blocks_done"] = (block_done | finished).sum()
+        status = StepStatus.read(values)  # the step's one sync
+        self.calls.check(self.tallies.forwards, status.non_finite, status.idle, self.block_index)
+        leaving = status.leaving
+        self._plan = status.plan
+        self._can_draft = status.can_draft
+        self.tallies.accepted += status.accepted
+        self.tallies.verifications += status.verifications
+        self._primed_any = status.primed
         self.tallies.forwards += 1
-        if self.on_block is not None and values[-1]:
+        if status.blocks_done:
             done = block_done | finished
             generated_columns = (columns >= self.width) & (torch.gather(self.full_mask, 1, columns) == 1)
+            assert self.on_block is not None
             self.on_block(BlockRecord(done_block[done], self.rows[done], new_block[done], generated_columns[done]))
         if not leaving:
             return None
         order = torch.argsort(finished.long(), stable=True)
         gone = order[self.size - leaving:]
         region = x[gone, self.width:]
-        lengths = torch.minimum(generated_lengths(region, eos_ids), self.region_end[gone] - self.width)
+        lengths = torch.minimum(generated_lengths(region, self._eos), self.region_end[gone] - self.width)
         logprobs = self.logprobs.take(gone) if self.logprobs is not None else None
         result = FinishedRows(self.rows[gone], x[gone], self.width, lengths, self.nfe[gone], logprobs)
         if leaving == self.size:

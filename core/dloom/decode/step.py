@@ -1,23 +1,37 @@
-"""The speculative step as value objects: what a caller hands
-:meth:`dloom.DiffusionDecoder.speculative_step` (:class:`SpeculativeStep`) and what comes back
-(:class:`StepOutcome`), and the two interfaces the step calls through.
+"""One step of a running batch, plain or speculative, behind one interface.
 
-Two callers run that one step: :class:`~dloom.decode.session.DecodeSession` over a running
-batch's blocks, and FailFast's drafter over each row's small block. Each brings its own
+A step's inputs are a :class:`StepInput` and its result a :class:`StepOutcome`; a
+:class:`Stepper` turns one into the other. Two steppers exist: :class:`PlainStepper` (one
+forward of every row, then the transition kernel) and :class:`SpeculativeStepper` (the
+strategy's draft, prune, build_mask and verify around one verification forward). Their
+callers, :class:`~dloom.decode.session.DecodeSession` over a running batch's blocks and
+FailFast's drafter over each row's small block, call both the same way, each with its own
 model runner (:class:`BlockForwards`: the session's :class:`~dloom.model.runner.BlockForward`,
-the drafter's prefix forward) and its own counters (:class:`VerificationCounts`); the step
-reads nothing else of its caller.
+the drafter's); a stepper reads nothing else of its caller and writes nothing of it: what a
+step did (the drafts accepted, whether it verified, whether its layout was exact) comes back
+in the outcome, for the caller to count.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
+import pluggy
 import torch
 
-from dloom.decode.kernel import KernelStep
-from dloom.types import VerificationLayout
+from dloom.decode.speculation import (
+    evaluate_in_parts,
+    layout_is_exact,
+    static_call_rows,
+)
+from dloom.hooks import calls as hooks
+from dloom.metrics import ForwardClock
+from dloom.types import DecodeState, NodeLogits, VerificationLayout
+
+if TYPE_CHECKING:
+    from dloom.decode.transition import TransitionKernel
 
 
 class BlockForwards(Protocol):
@@ -49,15 +63,6 @@ class BlockForwards(Protocol):
         """Columns one layout row's forward computes in :meth:`evaluate`."""
 
 
-class VerificationCounts(Protocol):
-    """What the step counts for its caller."""
-
-    verification_forwards: int
-
-    def record_layout(self, exact: bool) -> None:
-        """Note whether a verification's layout was exact (see :class:`~dloom.types.VerificationLayout`)."""
-
-
 class ForwardPlan(NamedTuple):
     """Which rows take a full forward and which columns' logits a step keeps
     (:meth:`dloom.model.runner.BlockForward.plan`)."""
@@ -68,8 +73,8 @@ class ForwardPlan(NamedTuple):
 
 
 @dataclass(frozen=True)
-class SpeculativeStep:
-    """One speculative step's inputs (``B`` rows, sequences of ``L`` columns, blocks of ``K``).
+class StepInput:
+    """One step's inputs (``B`` rows, sequences of ``L`` columns, blocks of ``K``).
 
     :ivar tokens: ``(B, L)`` long, every row's current sequence.
     :ivar attention_mask: ``(B, L)`` the rows' attention mask (padding excluded).
@@ -81,7 +86,6 @@ class SpeculativeStep:
     :ivar forward: the caller's model runner.
     :ivar kernel: the transition kernel's step (commit rule and sampler).
     :ivar plan: this step's forward plan.
-    :ivar counts: the caller's counters.
     """
 
     tokens: torch.Tensor
@@ -91,14 +95,13 @@ class SpeculativeStep:
     known: torch.Tensor
     previous: torch.Tensor | None
     forward: BlockForwards
-    kernel: KernelStep
+    kernel: TransitionKernel
     plan: ForwardPlan
-    counts: VerificationCounts
 
 
 @dataclass(frozen=True)
 class StepOutcome:
-    """What a speculative step did.
+    """What a step did.
 
     :ivar block: ``(B, K)`` long, the new blocks.
     :ivar logits: ``(B, K, V)`` each row's last distribution.
@@ -107,6 +110,9 @@ class StepOutcome:
         ``next_logits`` without a forward (``None`` when the verification carried no
         next-block logits: with a cache, or without drafts).
     :ivar next_logits: ``(B, K, V)`` those rows' next-block distributions, or ``None``.
+    :ivar verified: the step's forward verified drafts (a verification forward).
+    :ivar layout_exact: that verification's layout gave every draft its exact distribution
+        (:func:`~dloom.decode.speculation.layout_is_exact`; ``True`` without a verification).
     """
 
     block: torch.Tensor
@@ -114,3 +120,93 @@ class StepOutcome:
     accepted: torch.Tensor | None = None
     primed: torch.Tensor | None = None
     next_logits: torch.Tensor | None = None
+    verified: bool = False
+    layout_exact: bool = True
+
+
+class Stepper(Protocol):
+    """One step of every row of a :class:`StepInput`."""
+
+    def __call__(self, step: StepInput) -> StepOutcome:
+        """The step's :class:`StepOutcome`."""
+
+
+class PlainStepper:
+    """One forward of every row, then one kernel step of the decoding rows.
+
+    :param clock: times the forward (the decoder's :class:`~dloom.metrics.ForwardClock`).
+    """
+
+    def __init__(self, clock: ForwardClock) -> None:
+        self.clock = clock
+
+    def __call__(self, step: StepInput) -> StepOutcome:
+        logits, _ = self.clock.timed(step.forward.run, step.tokens, *step.plan)
+        return StepOutcome(step.kernel(step.block, logits, step.decoding), logits)
+
+
+class SpeculativeStepper:
+    """One step of a speculative composition: rows due a full forward (block start with a
+    cache) take a plain step on it; the others are verified in one forward over their roots
+    and drafts (rows without a known distribution evaluate their root only). Without a
+    draft graph (the strategy drafted nothing) it is a plain step.
+
+    :param pm: the decoder's plugin manager (its draft, prune, build_mask and verify hooks).
+    :param clock: times the forwards.
+    :param cache: the decoder's cache mode (:data:`dloom.model.runner.CACHE_MODES`).
+    :param attention: the model's attention kind (whether a layout is exact depends on it).
+    :param block_length: ``K``.
+    :param mask_token_id: the mask id.
+    :param draft_budget: the most drafts per row one verification may evaluate (``None``:
+        the strategy's own budget).
+    :param static_shapes: pad every model call of a verification to one shape
+        (:func:`~dloom.decode.speculation.static_call_rows`).
+    """
+
+    def __init__(
+        self, pm: pluggy.PluginManager, clock: ForwardClock, cache: str, attention: str,
+        block_length: int, mask_token_id: int, draft_budget: int | None, static_shapes: bool,
+    ) -> None:
+        self.pm, self.clock = pm, clock
+        self.cache, self.attention = cache, attention
+        self.block_length, self.mask_token_id = block_length, mask_token_id
+        self.draft_budget, self.static_shapes = draft_budget, static_shapes
+
+    def __call__(self, step: StepInput) -> StepOutcome:
+        x, decoding, forward, kernel = step.tokens, step.decoding, step.forward, step.kernel
+        n_full, first_window, last_window = step.plan
+        full_logits, full_rows = None, torch.zeros_like(decoding)
+        if self.cache != "none" and n_full:
+            full_logits, full_rows = self.clock.timed(forward.run, x, n_full, first_window, last_window, False)
+        state = DecodeState(
+            tokens=x, attention_mask=step.attention_mask, block_start=forward.start,
+            block_end=forward.start + self.block_length, mask_token_id=self.mask_token_id,
+            active=decoding & ~full_rows, logits=step.previous, span_start=forward.window_start,
+            known=step.known & ~full_rows, width=self.block_length, span_lead=forward.shift,
+        )
+        graph = hooks.draft(self.pm, state)
+        if graph is None:
+            rest, _ = self.clock.timed(forward.run, x, 0, first_window, last_window)
+            logits = rest if full_logits is None else torch.where(full_rows[:, None, None], full_logits, rest)
+            return StepOutcome(kernel(step.block, logits, decoding), logits)
+        graph = hooks.prune(self.pm, graph, self.draft_budget)
+        layout = hooks.build_mask(self.pm, state, graph)
+        call_rows = max(x.shape[0], layout.call_tokens // forward.query_width(first_window))  # a rows layout has a row per draft
+        run = evaluate_in_parts
+        if self.static_shapes:  # every model call of the verification one shape
+            run = functools.partial(evaluate_in_parts, static_rows=static_call_rows(layout, call_rows))
+        outputs = self.clock.timed(run, forward.evaluate, x, layout, first_window, call_rows)
+        verdict = hooks.verify(self.pm, state, graph, NodeLogits(outputs, layout, self.block_length), kernel)
+        exact = layout_is_exact(layout, self.cache, self.attention)
+        if full_logits is None:
+            return StepOutcome(
+                verdict.block, verdict.logits, verdict.accepted, verdict.primed,
+                None if verdict.primed is None else verdict.next_logits, verified=True, layout_exact=exact,
+            )
+        stepped = kernel(step.block, full_logits, full_rows & decoding)
+        # next-block logits come from a verification without a cache only
+        return StepOutcome(
+            torch.where(full_rows[:, None], stepped, verdict.block),
+            torch.where(full_rows[:, None, None], full_logits, verdict.logits),
+            verdict.accepted, verified=True, layout_exact=exact,
+        )

@@ -121,6 +121,8 @@ class ModelAdapter:
         can be decoded (every model ``load_model`` returns does; ``False`` for a hand-wrapped
         forward that ignores masks).
     :ivar profile: name of the model family's :class:`dloom.model.profiles.ModelProfile`.
+    :ivar kernel: the transition kernel the model decodes with (its profile's; a name in
+        :data:`dloom.decode.transition.KERNELS`).
     """
 
     model: torch.nn.Module
@@ -137,6 +139,7 @@ class ModelAdapter:
     block_alignment: str = "prompt"
     can_pad: bool = True
     profile: str = "transformers"
+    kernel: str = "absorbing"
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -558,4 +561,5 @@ def load_model(
         default_block_length=section.get("block_length", profile.trained_block_length(raw)),
         block_alignment=section.get("block_alignment", profile.block_alignment),
         profile=profile.name,
+        kernel=profile.kernel,
     )

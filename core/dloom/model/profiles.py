@@ -55,6 +55,9 @@ class ModelProfile:
     :ivar chat_template: the family's instruct checkpoints expect the tokenizer's chat
         template (``apply_chat_template(messages, add_generation_prompt=True,
         tokenize=False)``, then ordinary tokenisation).
+    :ivar kernel: the transition kernel the family decodes with (a name in
+        :data:`dloom.decode.transition.KERNELS`): ``"absorbing"`` for masked-diffusion
+        models, whose committed tokens are final.
     :ivar unsupported: why dloom cannot decode the family, or ``None``.
     """
 
@@ -73,6 +76,7 @@ class ModelProfile:
     block_alignment: str = "prompt"
     ships_code: bool = False
     chat_template: bool = False
+    kernel: str = "absorbing"
     unsupported: str | None = None
 
     def __post_init__(self) -> None:

@@ -12,7 +12,7 @@ Each round, per row:
    commit rule such as threshold, quota, factor, frechet, or a speculating one such as
    ``spiffy+threshold``) with block length ``small_block``: the engine's kernel step
    (:class:`dloom.decode.kernel.KernelStep`), or its speculative step
-   (:meth:`dloom.DiffusionDecoder.speculative_step`: Spiffy's draft, prune, build_mask and
+   (:class:`dloom.decode.step.SpeculativeStepper`: Spiffy's draft, prune, build_mask and
    verify over the small block, lossless against its base rule). Each committed token's
    confidence (its probability under the drafter's softmax) is recorded. The length policy (``dloom_prune``,
    :mod:`.policy`) decides when to stop:

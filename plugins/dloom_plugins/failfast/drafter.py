@@ -6,7 +6,7 @@ accepted tokens, one step of the drafter's own diffusion decoder
 A step is the engine's: a plain step (one forward of the canvas, then the engine's kernel
 step, :class:`dloom.decode.kernel.KernelStep`, with the drafter's commit rule), or, for a
 drafter composition that speculates (``spiffy+threshold``), the engine's speculative step
-(:meth:`dloom.DiffusionDecoder.speculative_step`: the composition's draft, prune,
+(:class:`dloom.decode.step.SpeculativeStepper`: the composition's draft, prune,
 build_mask and verify over every row's small block, one verification forward, the kernel
 followed along the drafts). So a speculating drafter commits what its base commit rule
 commits, in fewer drafter forwards.
@@ -14,14 +14,13 @@ commits, in fewer drafter forwards.
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING
 
 import torch
 from transformers import DynamicCache
 
 from dloom.decode.kernel import KernelStep, RowStreams, without_mask
-from dloom.decode.step import ForwardPlan, SpeculativeStep
+from dloom.decode.step import ForwardPlan, StepInput
 from dloom.errors import HookContractError, NonFiniteLogitsError
 from dloom.model.adapter import ModelAdapter, padding_or_none, position_ids_from_mask
 from dloom.model.runner import BlockForward, record_view
@@ -190,17 +189,6 @@ class PrefixForward:
         return picked.reshape(layout.input_ids.shape[0], slots * width, -1) if layout.packed else picked
 
 
-class DrafterVerifications:
-    """What the engine's speculative step counts for the drafter (``counters``)."""
-
-    def __init__(self) -> None:
-        self.verification_forwards = 0
-        self.exact = True
-
-    def record_layout(self, exact: bool) -> None:
-        self.exact = self.exact and exact
-
-
 class DraftingRound:
     """One generation's drafter: its canvas, forwards, kernel and the current round's progress.
 
@@ -233,7 +221,6 @@ class DraftingRound:
         rows, width = state.tokens.shape
         self.kernel = DrafterKernel(decoder, state.streams, state.eos_token_ids, rows, keep_probs)
         self.keep_probs = keep_probs
-        self.counters = DrafterVerifications()
         self.canvas = state.tokens.clone()
         self.plan = ForwardPlan(0, 0, width - self.block_length)  # every column's logits (no cache plan)
 
@@ -261,7 +248,6 @@ class DraftingRound:
         self.forwards = 0
         timer = self.decoder.timer.seconds
         self._since = {"drafter_forward": self.decoder.forward_seconds, **{k: timer[k] for k in self._hooks()}}
-        self._forward = 0.0
 
     def _hooks(self) -> tuple[str, ...]:
         return ("select_commit", "draft", "prune", "build_mask", "verify") if self.speculates else ("select_commit",)
@@ -274,23 +260,18 @@ class DraftingRound:
         block = canvas.gather(1, columns)
         # a block near the canvas's end starts before the row's draft: only draft columns
         # may be committed (an accepted token may be the drafter's mask id)
-        kernel.generated = draft_columns = columns >= self.first.unsqueeze(1)
+        draft_columns = columns >= self.first.unsqueeze(1)
+        kernel.restrict(draft_columns)
         streams = state.streams
         if isinstance(streams, RowStreams):  # draws keyed to each row's own draft positions
             streams.offset = forward.start - self.first
         kernel.clear(*block.shape)
-        if self.speculates and self.previous is not None:
-            outcome = self.decoder.speculative_step(SpeculativeStep(
-                canvas, state.attention_mask, block, drafting, self.known, self.previous, forward,
-                kernel, self.plan, self.counters,
-            ))
-            new_block, self.previous = outcome.block, outcome.logits
-        else:
-            started = time.perf_counter()
-            logits, _ = forward.run(canvas, *self.plan)
-            self._forward += time.perf_counter() - started
-            new_block = kernel(block, logits, drafting)
-            self.previous = logits
+        speculative = self.decoder.speculative_step if self.previous is not None else None
+        stepper = speculative or self.decoder.plain_step
+        outcome = stepper(StepInput(
+            canvas, state.attention_mask, block, drafting, self.known, self.previous, forward, kernel, self.plan,
+        ))
+        new_block, self.previous = outcome.block, outcome.logits
         if isinstance(streams, RowStreams):
             streams.offset = None
         canvas.scatter_(1, columns, new_block)
@@ -330,7 +311,7 @@ class DraftingRound:
         """The drafter's forward and hook seconds this round (hooks as ``drafter_<hook>``,
         the commit rule as ``select_commit``)."""
         timer = self.decoder.timer.seconds
-        forward = self._forward + self.decoder.forward_seconds - self._since["drafter_forward"]
+        forward = self.decoder.forward_seconds - self._since["drafter_forward"]
         hooks = {
             ("select_commit" if k == "select_commit" else f"drafter_{k}"): timer[k] - self._since[k]
             for k in self._hooks()

@@ -1,0 +1,113 @@
+"""The transition-kernel seam: what a decode session asks of the kernel that moves a row's
+active block from one state to the next, and which kernel a model decodes with.
+
+A kernel takes one step of every decoding row's block from the block's logits
+(:meth:`TransitionKernel.__call__`), and says when a block is settled
+(:meth:`TransitionKernel.settle`): when its row has ended, and when the block is complete so
+that its row moves on to the next one. The session knows nothing else of the process: a
+token becomes final when its row leaves the block, so streaming, caches, per-row block
+progression and continuous batching hold for any kernel that keeps that contract.
+
+A model's profile names its kernel (:attr:`dloom.model.profiles.ModelProfile.kernel`, carried
+on the adapter as :attr:`dloom.model.adapter.ModelAdapter.kernel`); :data:`KERNELS` maps that
+name to the implementation. One kernel exists: ``"absorbing"``
+(:class:`dloom.decode.kernel.KernelStep`), where a position is the mask token until a step
+commits it, and a committed token never changes. A strategy states the kernels it supports
+(:attr:`dloom.types.StrategyRegistration.kernels`); the decoder refuses a pairing outside
+them when it is built (:func:`check_kernel`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+from dloom.decode.kernel import KernelStep, Settlement
+from dloom.errors import ConfigurationError, ModelError
+
+if TYPE_CHECKING:
+    from dloom.hooks.composition import Composition
+    from dloom.model.adapter import ModelAdapter
+
+ABSORBING = "absorbing"
+
+#: Kernel implementations by the name a model profile gives (their constructor takes the
+#: arguments of :class:`dloom.decode.kernel.KernelStep`).
+KERNELS: dict[str, type[KernelStep]] = {ABSORBING: KernelStep}
+
+
+class TransitionKernel(Protocol):
+    """One step of a row's active block, for every row of a batch (``B`` rows, blocks of
+    ``K`` positions, ``V`` logits), and the per-row state the kernel carries between steps.
+
+    The kernel records contract violations on the device (:attr:`idle`, :attr:`non_finite`)
+    for its caller to read at its next host synchronisation: it never synchronises itself.
+
+    :ivar idle: ``()`` bool, some row that could step committed nothing.
+    :ivar non_finite: ``()`` bool, some stepping row's logits held NaN or inf.
+    """
+
+    idle: torch.Tensor
+    non_finite: torch.Tensor
+
+    def __call__(self, block: torch.Tensor, logits: torch.Tensor, advance: torch.Tensor) -> torch.Tensor:
+        """The next ``(B, K)`` blocks from ``block`` ``(B, K)`` and its ``(B, K, V)`` logits; rows
+        where ``advance`` (``(B,)`` bool) is ``False`` are returned unchanged and take no step."""
+        ...
+
+    def restrict(self, generated: torch.Tensor | None) -> None:
+        """The positions of each row's active block that are generated (``(B, K)`` bool, or
+        ``None`` when all are): no step changes the others."""
+        ...
+
+    def pending(self, block: torch.Tensor) -> torch.Tensor:
+        """``(B,)`` bool, rows whose block ``(B, K)`` has a position a step may still change."""
+        ...
+
+    def settle(self, block: torch.Tensor) -> Settlement:
+        """Where each row stands with its block ``(B, K)`` after a step."""
+        ...
+
+    def start_block(self, moving: torch.Tensor, block: torch.Tensor) -> None:
+        """Rows ``moving`` (``(B,)`` bool) start the block ``block`` (``(B, K)``, their new one)."""
+        ...
+
+    def select(self, index: torch.Tensor) -> None:
+        """Keep the rows ``index`` (``(B',)`` long), in that order."""
+        ...
+
+    def join(self, block: torch.Tensor, streams: torch.Tensor) -> None:
+        """Append rows at the start of their first block ``block`` (``(J, K)``), drawing from
+        the random streams ``streams`` (``(J,)`` long)."""
+        ...
+
+
+def kernel_class(model: ModelAdapter) -> type[KernelStep]:
+    """The kernel ``model`` decodes with (:data:`KERNELS`).
+
+    :raises ModelError: for a kernel name no implementation has.
+    """
+    try:
+        return KERNELS[model.kernel]
+    except KeyError:
+        raise ModelError(
+            f"model {model.name!r} decodes with the {model.kernel!r} kernel; dloom has "
+            f"{', '.join(KERNELS)}"
+        ) from None
+
+
+def check_kernel(composition: Composition, kernel: str) -> None:
+    """Refuse a composition one of whose strategies does not support ``kernel``.
+
+    :raises ConfigurationError: naming the strategy, its kernels and the model's kernel.
+    """
+    for component in composition.components:
+        if component.strategy is None:
+            continue
+        supported = component.strategy.registration.kernels
+        if kernel not in supported:
+            raise ConfigurationError(
+                f"strategy {component.name!r} supports the {', '.join(map(repr, supported))} "
+                f"kernel(s), not the model's {kernel!r} kernel"
+            )
