@@ -184,7 +184,7 @@ SUBPACKAGES = {
     "model": {"adapter", "runner", "profiles", "checkpoints", "files", "attention", "tensor_check",
               "config_limits", "json_files"},
     "decode": {"decoder", "decoders", "session", "kernel", "speculation", "generation", "prompts",
-               "commit", "logprobs", "batching", "oracle", "step", "transition", "host_read"},
+               "commit", "logprobs", "batching", "oracle", "step", "transition", "host_read", "revisable"},
     "ar": {"target", "decoder", "result", "chains"},
     "cli": {"commands", "exits", "plugins"},
 }

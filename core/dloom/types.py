@@ -33,11 +33,19 @@ class BlockSchedule:
     :ivar steps_per_block: the step budget of one block (``steps / number of blocks``).
     :ivar masked_at_block_start: ``(B,)`` long, masked positions of each row when the block
         started; a quota rule spreads these over ``steps_per_block`` steps.
+    :ivar masked: on the revisable kernel, ``(B, K)`` bool, the positions still masked at this
+        step (the others offered in ``selectable`` are filled positions an editing rule may
+        rewrite); ``None`` on the absorbing kernel, where every selectable position is masked.
+    :ivar post_steps: on the revisable kernel, ``(B,)`` long, the steps of this block taken
+        since it held no mask, this one included (0 while masks remain; an editing rule's
+        edit budget); ``None`` on the absorbing kernel.
     """
 
     step_in_block: torch.Tensor
     steps_per_block: int
     masked_at_block_start: torch.Tensor
+    masked: torch.Tensor | None = None
+    post_steps: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -601,6 +609,14 @@ class StrategyRegistration:
     :ivar options: names of ``parameters`` that ``dloom generate``, ``eval`` and ``check``
         also take as ``--NAME`` options (``_`` written ``-``); ``--NAME VALUE`` means
         ``--param STRATEGY.NAME=VALUE``. An option name is owned by one strategy.
+    :ivar edits: the strategy's commit rule also rewrites filled positions (token-to-token
+        edits) on the revisable kernel: it is offered them in ``selectable``, told apart from
+        masked ones by :attr:`BlockSchedule.masked`. ``False``: a fill rule, offered masked
+        positions only, on any kernel.
+    :ivar edit_budget: for an editing rule, the name of its parameter that bounds the post
+        steps of a block (steps begun with no mask in it): once they are spent the kernel
+        settles the block without a further forward. ``None``: no bound (a block settles
+        at a post step that changes nothing).
     :ivar kernels: the transition kernels the strategy supports (names of
         :data:`dloom.decode.transition.KERNELS`, chosen by the model's profile); a decoder
         pairing it with another kernel is refused when it is built. ``("absorbing",)``: a
@@ -617,3 +633,5 @@ class StrategyRegistration:
     decoder: str = DIFFUSION
     options: Sequence[str] = field(default_factory=tuple)
     kernels: Sequence[str] = ("absorbing",)
+    edits: bool = False
+    edit_budget: str | None = None

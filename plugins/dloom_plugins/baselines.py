@@ -1,8 +1,11 @@
-"""Baseline commit rules: LLaDA's quota, Dream's schedule and Fast-dLLM's threshold and
-factor rules.
+"""Baseline commit rules: LLaDA's quota, Dream's schedule, Fast-dLLM's threshold and
+factor rules, and LLaDA2.1's joint threshold (fills and edits).
 
 Each is a ``dloom_select_commit`` implementation, vectorised over the batch (see
-``docs/strategies.md``). Every rule commits at least one selectable position per row.
+``docs/strategies.md``). Every rule commits at least one masked position per row that has
+one. The fill rules run on the absorbing and the revisable kernel (where, without edits,
+they decode exactly as on the absorbing one); the joint threshold edits, so it needs the
+revisable kernel.
 """
 
 from __future__ import annotations
@@ -86,6 +89,9 @@ class DreamCommit:
         return commit_top(ranks, selectable, quota.clamp(min=1))
 
 
+FILL_KERNELS = ("absorbing", "revisable")
+"""The kernels a fill rule runs on (:data:`dloom.decode.transition.KERNELS`)."""
+
 DEFAULT_TAU = 0.7
 """The threshold ``threshold`` uses when none is given, chosen on a dev split: on
 ``long-dllm-words``' 300 dev prompts (``benchmarks/operating_points.py``), the τ of the
@@ -107,6 +113,39 @@ class ThresholdCommit:
     ) -> torch.Tensor:
         _, ranks = sorted_profile(confidence, selectable)
         return selectable & ((confidence > self.tau) | (ranks == 0))
+
+
+class JointThresholdCommit:
+    """LLaDA2.1's joint threshold: fill masked positions above ``tau`` (mask to token) and
+    rewrite filled ones whose candidate differs from their token above ``edit_tau`` (token
+    to token), on the revisable kernel.
+
+    Fills: every masked position with confidence above ``tau`` when there are at least
+    ``num_to_transfer`` of them, else the ``num_to_transfer`` most confident. Edits: every
+    offered filled position (the kernel offers those whose candidate differs from the
+    current token) with confidence above ``edit_tau``, in any step of the block up to its
+    ``max_post_steps``-th post step (a step begun with no mask in the block), after which the
+    kernel settles the block (the registration's ``edit_budget``).
+    """
+
+    def __init__(self, tau: float, edit_tau: float, max_post_steps: int, num_to_transfer: int) -> None:
+        self.tau, self.edit_tau = tau, edit_tau
+        self.max_post_steps, self.num_to_transfer = max_post_steps, num_to_transfer
+
+    @hookimpl
+    def dloom_select_commit(
+        self, confidence: torch.Tensor, selectable: torch.Tensor, schedule: BlockSchedule
+    ) -> torch.Tensor:
+        masked = selectable if schedule.masked is None else selectable & schedule.masked
+        above = masked & (confidence > self.tau)
+        enough = above.sum(-1, keepdim=True) >= self.num_to_transfer
+        _, ranks = sorted_profile(confidence, masked)
+        fills = torch.where(enough, above, masked & (ranks < self.num_to_transfer))
+        if schedule.masked is None or schedule.post_steps is None:
+            return fills
+        in_budget = (schedule.post_steps <= self.max_post_steps).unsqueeze(1)
+        edits = selectable & ~schedule.masked & (confidence > self.edit_tau) & in_budget
+        return fills | edits
 
 
 class FactorCommit:
@@ -138,6 +177,7 @@ def dloom_register_strategies(register) -> None:
                 "reference",
                 conditions="the transition kernel K itself, at every temperature and remasking",
             ),
+            kernels=FILL_KERNELS,
         )
     )
     register(
@@ -156,6 +196,7 @@ def dloom_register_strategies(register) -> None:
                 "approximate", against="quota",
                 conditions="Dream's schedule, not LLaDA's: the same kernel with another number of tokens per step",
             ),
+            kernels=FILL_KERNELS,
         )
     )
     register(
@@ -174,6 +215,7 @@ def dloom_register_strategies(register) -> None:
                 "approximate", against="quota",
                 conditions="several tokens per forward; agrees with quota only where the model is confident",
             ),
+            kernels=FILL_KERNELS,
         )
     )
     register(
@@ -192,5 +234,39 @@ def dloom_register_strategies(register) -> None:
                 "approximate", against="quota",
                 conditions="several tokens per forward; agrees with quota only where the model is confident",
             ),
+            kernels=FILL_KERNELS,
+        )
+    )
+    register(
+        StrategyRegistration(
+            name="joint_threshold",
+            plugin_class=JointThresholdCommit,
+            parameters=(
+                Parameter(
+                    "tau", 0.7, float, "fill masked positions whose confidence exceeds tau (M2T)",
+                    low=0.0, high=1.0, low_open=True, high_open=True,
+                ),
+                Parameter(
+                    "edit_tau", 0.5, float,
+                    "rewrite a filled position whose candidate differs and whose confidence exceeds edit_tau "
+                    "(T2T; 1: no edits)",
+                    low=0.0, high=1.0,
+                ),
+                Parameter(
+                    "max_post_steps", 16, int, "edit steps allowed once the block holds no mask", low=0,
+                ),
+                Parameter(
+                    "num_to_transfer", 1, int, "fill at least this many positions per step", low=1,
+                ),
+            ),
+            guarantee="approximate: fills several tokens per forward and may rewrite them later in the block",
+            summary="LLaDA2.1: fill above tau, rewrite filled tokens above edit_tau (revisable kernel)",
+            claim=Claim(
+                "approximate", against="quota",
+                conditions="an editing rule: tokens are final only when their block settles",
+            ),
+            kernels=("revisable",),
+            edits=True,
+            edit_budget="max_post_steps",
         )
     )

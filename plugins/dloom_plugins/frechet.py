@@ -122,5 +122,6 @@ def dloom_register_strategies(register) -> None:
                     "confidence is the greedy token's probability)"
                 ),
             ),
+            kernels=("absorbing", "revisable"),  # a fill rule
         )
     )

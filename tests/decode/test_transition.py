@@ -55,14 +55,14 @@ def test_the_session_steps_with_the_kernel_the_model_names(sharp_adapter, monkey
 def test_a_strategy_is_refused_on_a_kernel_it_does_not_support(sharp_adapter, monkeypatch):
     monkeypatch.setitem(transition.KERNELS, "counting", CountingKernel)
     counting = dataclasses.replace(sharp_adapter, kernel="counting")
-    with pytest.raises(ConfigurationError, match="strategy 'threshold' supports the 'absorbing' kernel.*not the model's 'counting'"):
+    with pytest.raises(ConfigurationError, match="strategy 'threshold' supports the 'absorbing', 'revisable' kernel.*not the model's 'counting'"):
         dloom.DiffusionDecoder(counting, "threshold", gen_length=8, block_length=4)
 
 
 def test_a_kernel_dloom_does_not_have_is_refused_naming_the_ones_it_has(sharp_adapter):
-    revisable = dataclasses.replace(sharp_adapter, kernel="revisable")
-    with pytest.raises(ModelError, match="decodes with the 'revisable' kernel; dloom has absorbing"):
-        dloom.DiffusionDecoder(revisable, "quota", gen_length=8, block_length=4)
+    uniform = dataclasses.replace(sharp_adapter, kernel="uniform")
+    with pytest.raises(ModelError, match="decodes with the 'uniform' kernel; dloom has absorbing, revisable"):
+        dloom.DiffusionDecoder(uniform, "quota", gen_length=8, block_length=4)
 
 
 def test_a_loaded_model_carries_its_profiles_kernel(tiny_model_dir):

@@ -94,8 +94,10 @@ def compare_greedy(
     :param prompts: texts (the model needs a tokenizer) or token-id lists.
     """
     settings: dict[str, Any] = dict(gen_length=gen_length, block_length=block_length, steps=steps, temperature=0.0)
-    ours = DiffusionDecoder(model, strategy.spec, params=strategy.params, **settings)
-    theirs = DiffusionDecoder(model, against.spec, params=against.params, **settings)
+    # the reference decodes on the strategy's kernel, where both run (a fill rule runs on
+    # every kernel, and on the revisable one decodes as on the absorbing one)
+    ours = DiffusionDecoder(strategy.on(model), strategy.spec, params=strategy.params, **settings)
+    theirs = DiffusionDecoder(strategy.on(model), against.spec, params=against.params, **settings)
     identical, first = compare_outputs(
         lambda chunk: ours.generate(chunk).token_lists,
         lambda chunk: theirs.generate(chunk).token_lists,

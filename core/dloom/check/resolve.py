@@ -8,13 +8,16 @@ registered (an author's work in progress, a negative control; composed with its
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dloom.decode.transition import ABSORBING, common_kernel
 from dloom.errors import ConfigurationError
 from dloom.hooks.composition import StrategySpec, compose
 from dloom.hooks.registry import Strategy, get_registry, hooks_implemented_by
+from dloom.model.adapter import ModelAdapter
 from dloom.types import Claim, StrategyRegistration
 
 KERNEL = "kernel"
@@ -32,6 +35,8 @@ class Resolved:
     :ivar params: what it takes as ``params``.
     :ivar claim: the claim to test (``None``: none declared).
     :ivar claimed_by: the component that declared it.
+    :ivar kernel: the transition kernel it is checked on (the first every component
+        supports: :func:`dloom.decode.transition.common_kernel`).
     """
 
     name: str
@@ -39,6 +44,11 @@ class Resolved:
     params: Mapping[str, Any]
     claim: Claim | None
     claimed_by: str | None
+    kernel: str = ABSORBING
+
+    def on(self, model: ModelAdapter) -> ModelAdapter:
+        """``model`` decoding with this strategy's kernel."""
+        return model if model.kernel == self.kernel else dataclasses.replace(model, kernel=self.kernel)
 
 
 def _build(registration: StrategyRegistration, params: Mapping[str, Any]) -> object:
@@ -87,7 +97,7 @@ def resolve(strategy: Any, params: Mapping[str, Any] | None = None) -> Resolved:
         ]
         claims.sort(key=lambda item: CLAIM_PRIORITY.index(item[1].kind))
         claimed_by, claim = claims[0] if claims else (None, None)
-        return Resolved(composition.name, strategy, params, claim, claimed_by)
+        return Resolved(composition.name, strategy, params, claim, claimed_by, common_kernel(composition))
     if params:
         raise ConfigurationError("parameters cannot be routed to a bare plugin object; set them on it")
     return Resolved(type(strategy).__name__, strategy, {}, None, None)

@@ -469,7 +469,9 @@ def demo(
     as_json: bool = JsonOption,
 ) -> None:
     """Decode task prompts with the baseline and every strategy; compare speed and outputs."""
+    from dloom.decode.transition import unsupported
     from dloom.evaluation import evaluate, select_examples
+    from dloom.hooks.composition import compose
     from dloom.hooks.registry import get_registry
 
     baseline = "quota"
@@ -485,9 +487,13 @@ def demo(
             if "dloom_draft" in s.hooks for rule in (baseline, "threshold")
         ]
         reports, rules = {}, {}
+        kernel = None  # the model's, learnt from the baseline's decoder
         for name in names:
+            if kernel is not None and unsupported(compose(name), kernel) is not None:
+                continue  # a strategy for another kind of model (an editing rule, say)
             try:
                 decoder = build_decoder(model, name, [])
+                kernel = kernel or decoder.model.kernel  # type: ignore[attr-defined]  # all dLLM decoders
                 rules[name] = decoder.composition.provider("dloom_select_commit")  # type: ignore[attr-defined]  # all dLLM decoders
                 reports[name] = evaluate(decoder, examples, batch_size=batch_size)
             except DloomError as error:

@@ -48,7 +48,7 @@ from dloom.decode.session import (  # noqa: F401 - re-exported: dloom.decode.dec
     generated_lengths,
 )
 from dloom.decode.step import PlainStepper, SpeculativeStepper
-from dloom.decode.transition import check_kernel, kernel_class
+from dloom.decode.transition import check_kernel, kernel_class, kernel_options
 from dloom.errors import (
     ConfigurationError,
     HookContractError,
@@ -164,6 +164,9 @@ class DiffusionDecoder:
         self.guarantees = self.composition.guarantees_under(self.temperature, self.remasking)
         kernel_class(model)  # a kernel dloom has
         check_kernel(self.composition, model.kernel)
+        #: keyword arguments of the model's kernel for this composition
+        #: (:func:`dloom.decode.transition.kernel_options`)
+        self.kernel_options = kernel_options(self.composition)
         for component in self.composition.components:
             kind = component.strategy.registration.decoder if component.strategy is not None else DIFFUSION
             if kind != DIFFUSION:

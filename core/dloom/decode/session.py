@@ -259,6 +259,7 @@ class SessionDecoder(Protocol):
     static_shapes: bool
     pm: pluggy.PluginManager
     on_proposal: Callable[[torch.Tensor, torch.Tensor], None] | None
+    kernel_options: dict[str, bool]
 
     @property
     def name(self) -> str:
@@ -421,6 +422,7 @@ class DecodeSession:
         self.kernel = kernel_class(self.model)(
             decoder.pm, decoder.temperature, decoder.remasking, generator, self._mask_id, self._eos,
             self._steps_per_block, self._masked(self.x, self.forward.block_columns), decoder.on_proposal,
+            **decoder.kernel_options,
         )
 
     def _static_width(self) -> int | None:

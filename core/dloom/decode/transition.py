@@ -10,20 +10,23 @@ progression and continuous batching hold for any kernel that keeps that contract
 
 A model's profile names its kernel (:attr:`dloom.model.profiles.ModelProfile.kernel`, carried
 on the adapter as :attr:`dloom.model.adapter.ModelAdapter.kernel`); :data:`KERNELS` maps that
-name to the implementation. One kernel exists: ``"absorbing"``
-(:class:`dloom.decode.kernel.KernelStep`), where a position is the mask token until a step
-commits it, and a committed token never changes. A strategy states the kernels it supports
+name to the implementation: ``"absorbing"`` (:class:`dloom.decode.kernel.KernelStep`), where
+a position is the mask token until a step commits it and a committed token never changes, and
+``"revisable"`` (:class:`dloom.decode.revisable.RevisableKernel`), where an editing rule may
+also rewrite filled positions until the block settles (LLaDA2.1). A strategy states the kernels it supports
 (:attr:`dloom.types.StrategyRegistration.kernels`); the decoder refuses a pairing outside
 them when it is built (:func:`check_kernel`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from dloom.decode.kernel import KernelStep, Settlement
+from dloom.decode.revisable import RevisableKernel
 from dloom.errors import ConfigurationError, ModelError
 
 if TYPE_CHECKING:
@@ -31,10 +34,12 @@ if TYPE_CHECKING:
     from dloom.model.adapter import ModelAdapter
 
 ABSORBING = "absorbing"
+REVISABLE = "revisable"
 
 #: Kernel implementations by the name a model profile gives (their constructor takes the
-#: arguments of :class:`dloom.decode.kernel.KernelStep`).
-KERNELS: dict[str, type[KernelStep]] = {ABSORBING: KernelStep}
+#: arguments of :class:`dloom.decode.kernel.KernelStep`, and ``edits`` for a kernel that
+#: rewrites filled positions).
+KERNELS: dict[str, type[KernelStep]] = {ABSORBING: KernelStep, REVISABLE: RevisableKernel}
 
 
 class TransitionKernel(Protocol):
@@ -97,17 +102,51 @@ def kernel_class(model: ModelAdapter) -> type[KernelStep]:
         ) from None
 
 
+def kernel_options(composition: Composition) -> dict[str, Any]:
+    """The keyword arguments the kernel takes for ``composition``: for a commit rule that
+    edits (:attr:`dloom.types.StrategyRegistration.edits`), ``edits=True`` and its
+    ``post_step_budget`` (the value of its ``edit_budget`` parameter, or ``None``); else none."""
+    rule = composition.provider("dloom_select_commit")
+    for component in composition.components:
+        if component.name != rule or component.strategy is None:
+            continue
+        registration = component.strategy.registration
+        if registration.edits:
+            budget = registration.edit_budget
+            return {"edits": True, "post_step_budget": None if budget is None else component.params[budget]}
+    return {}
+
+
+def common_kernel(composition: Composition) -> str:
+    """The first kernel of :data:`KERNELS` that every strategy of ``composition`` supports
+    (what a check decodes it with on a model of its own choosing).
+
+    :raises ConfigurationError: when no kernel suits every strategy.
+    """
+    for kernel in KERNELS:
+        if unsupported(composition, kernel) is None:
+            return kernel
+    raise ConfigurationError(f"no kernel suits every strategy of {composition.name!r}")
+
+
+def unsupported(composition: Composition, kernel: str) -> tuple[str, Sequence[str]] | None:
+    """The first strategy of ``composition`` that does not support ``kernel``, with the
+    kernels it supports; ``None`` when every one does."""
+    for component in composition.components:
+        if component.strategy is not None and kernel not in component.strategy.registration.kernels:
+            return component.name, component.strategy.registration.kernels
+    return None
+
+
 def check_kernel(composition: Composition, kernel: str) -> None:
     """Refuse a composition one of whose strategies does not support ``kernel``.
 
     :raises ConfigurationError: naming the strategy, its kernels and the model's kernel.
     """
-    for component in composition.components:
-        if component.strategy is None:
-            continue
-        supported = component.strategy.registration.kernels
-        if kernel not in supported:
-            raise ConfigurationError(
-                f"strategy {component.name!r} supports the {', '.join(map(repr, supported))} "
-                f"kernel(s), not the model's {kernel!r} kernel"
-            )
+    refused = unsupported(composition, kernel)
+    if refused is not None:
+        name, supported = refused
+        raise ConfigurationError(
+            f"strategy {name!r} supports the {', '.join(map(repr, supported))} "
+            f"kernel(s), not the model's {kernel!r} kernel"
+        )

@@ -92,7 +92,10 @@ def dloom_select_commit(
         token (its probability, or Dream's margin / negative entropy, or a uniform draw under
         ``random`` remasking). Values at non-selectable positions are meaningless.
     :param selectable: ``(B, K)`` bool, masked positions of the active block in rows that are
-        still decoding. Rows with no selectable position must commit nothing.
+        still decoding. Rows with no selectable position must commit nothing. On the
+        revisable kernel, an editing rule (``StrategyRegistration(edits=True)``) is also
+        offered the filled generated positions whose candidate differs from their token:
+        committing one rewrites it (``schedule.masked`` tells them apart).
     :param schedule: where this step lies in the block's step budget (used by quota rules).
     :return: ``(B, K)`` bool, the positions to commit: a subset of ``selectable`` holding at
         least one position in every row that has a selectable one; ``None`` if this plugin

@@ -1,0 +1,144 @@
+"""The revisable kernel: fill rules decode on it exactly as on the absorbing kernel, and
+LLaDA2.1's joint threshold fills and edits as its own ``generate`` does (a plain loop written
+here, one full forward per step), batch-invariantly, never touching prompt positions."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import dloom
+from dloom.decode.revisable import RevisableKernel
+from dloom.errors import ConfigurationError
+from dloom.hooks.composition import build_plugin_manager, compose
+from dloom.metrics import HookTimer
+
+PROMPTS = [[5, 6, 7], [8, 9, 10, 11], [12, 13], [14, 15, 16, 17, 18]]
+
+
+def revisable(adapter):
+    return dataclasses.replace(adapter, kernel="revisable")
+
+
+@pytest.mark.parametrize("strategy, params", [
+    ("quota", {}), ("threshold", {"tau": 0.5}), ("factor", {"f": 1.0}), ("frechet", {}),
+])
+def test_a_fill_rule_decodes_on_the_revisable_kernel_as_on_the_absorbing_one(sharp_adapter, strategy, params):
+    settings = dict(gen_length=16, block_length=4, **params)
+    absorbing = dloom.DiffusionDecoder(sharp_adapter, strategy, **settings).generate(PROMPTS)
+    result = dloom.DiffusionDecoder(revisable(sharp_adapter), strategy, **settings).generate(PROMPTS)
+    assert torch.equal(result.sequences, absorbing.sequences)
+    assert torch.equal(result.nfe, absorbing.nfe) and result.forwards == absorbing.forwards
+
+
+def reference_joint_threshold(adapter, prompt, gen_length, block_length, tau, edit_tau, max_post_steps):
+    """LLaDA2.1's ``generate`` with ``eos_early_stop``, one row, written as a plain loop over
+    this model's layout (blocks after the prompt, every forward over the whole sequence),
+    candidates and probabilities as dloom's kernel reads them (the mask token excluded).
+
+    :return: the generated tokens, the forwards, and the blocks whose edit budget ran out.
+    """
+    mask, eos = adapter.mask_token_id, adapter.eos_token_ids
+    x = torch.tensor([prompt + [mask] * gen_length])
+    start, forwards, exhausted = len(prompt), 0, 0
+    for block in range(gen_length // block_length):
+        lo, hi = start + block * block_length, start + (block + 1) * block_length
+        post_steps = 0
+        while True:
+            old = x[0, lo:hi].clone()
+            masked = old == mask
+            if not masked.any():
+                post_steps += 1
+            if post_steps > max_post_steps:
+                exhausted += 1
+                break
+            logits = adapter.model(input_ids=x).logits[0, lo:hi].double()
+            forwards += 1
+            logits[:, mask] = -torch.inf
+            probs = torch.softmax(logits, -1)
+            x0 = probs.argmax(-1)
+            p = probs.gather(-1, x0[:, None])[:, 0]
+            fill = torch.zeros_like(masked)
+            if masked.any():
+                high = masked & (p > tau)
+                if high.sum() >= 1:
+                    fill = high
+                else:
+                    fill[torch.where(masked, p, -torch.inf).argmax()] = True
+            edit = ~masked & (p > edit_tau) & (x0 != old)
+            x[0, lo:hi] = torch.where(fill | edit, x0, old)
+            if not masked.any() and not edit.any():
+                break
+        if any(t in eos for t in x[0, start:hi].tolist()):
+            break
+    generated = x[0, start:].tolist()
+    ends = [i for i, t in enumerate(generated) if t in eos]
+    return generated[: ends[0] + 1] if ends else generated, forwards, exhausted
+
+
+@pytest.mark.parametrize("tau, edit_tau, max_post_steps", [(0.5, 0.5, 16), (0.3, 0.0, 16), (0.3, 0.0, 2), (0.5, 0.2, 0)])
+def test_the_joint_threshold_decodes_as_llada21s_generate(sharp_adapter, tau, edit_tau, max_post_steps):
+    decoder = dloom.DiffusionDecoder(
+        revisable(sharp_adapter), "joint_threshold", gen_length=16, block_length=4,
+        tau=tau, edit_tau=edit_tau, max_post_steps=max_post_steps,
+    )
+    result = decoder.generate(PROMPTS)
+    edited = 0
+    for row, prompt in enumerate(PROMPTS):
+        tokens, forwards, exhausted = reference_joint_threshold(
+            sharp_adapter, prompt, 16, 4, tau, edit_tau, max_post_steps,
+        )
+        assert result.token_lists[row] == tokens and int(result.nfe[row]) == forwards
+        edited += exhausted
+    if (tau, edit_tau, max_post_steps) == (0.3, 0.0, 2):
+        assert edited, "no block ran out of its edit budget: the case is vacuous"
+
+
+def test_edits_happen_and_a_batch_decodes_as_its_rows_alone(sharp_adapter):
+    settings = dict(gen_length=16, block_length=4, tau=0.3, edit_tau=0.0, max_post_steps=4)
+    decoder = dloom.DiffusionDecoder(revisable(sharp_adapter), "joint_threshold", **settings)
+    batch = decoder.generate(PROMPTS)
+    fills_only = dloom.DiffusionDecoder(
+        revisable(sharp_adapter), "joint_threshold", **{**settings, "edit_tau": 1.0, "max_post_steps": 0},
+    ).generate(PROMPTS)
+    assert batch.token_lists != fills_only.token_lists, "no edit changed any output: the test is vacuous"
+    for row, prompt in enumerate(PROMPTS):
+        alone = decoder.generate([prompt])
+        assert alone.token_lists[0] == batch.token_lists[row] and int(alone.nfe[0]) == int(batch.nfe[row])
+
+
+def test_without_edits_the_joint_threshold_is_the_threshold_rule(sharp_adapter):
+    threshold = dloom.DiffusionDecoder(sharp_adapter, "threshold", gen_length=16, block_length=4, tau=0.5).generate(PROMPTS)
+    joint = dloom.DiffusionDecoder(
+        revisable(sharp_adapter), "joint_threshold", gen_length=16, block_length=4, tau=0.5, edit_tau=1.0,
+        max_post_steps=0,
+    ).generate(PROMPTS)
+    assert joint.token_lists == threshold.token_lists and torch.equal(joint.nfe, threshold.nfe)
+
+
+def test_the_kernel_never_offers_prompt_positions(sharp_adapter):
+    """An editing rule that rewrites everything it is offered: positions outside the
+    generated ones, and positions whose candidate is already their token, stay as they are."""
+    composition = compose("joint_threshold", {"tau": 0.5, "edit_tau": 0.0}, None)
+    pm = build_plugin_manager(composition, HookTimer())
+    mask = sharp_adapter.mask_token_id
+    block = torch.tensor([[5, 6, mask, 7]])
+    kernel = RevisableKernel(
+        pm, 0.0, "low_confidence", None, mask, torch.tensor([2]), 4, torch.tensor([1]), edits=True,
+    )
+    generated = torch.tensor([[False, True, True, True]])
+    kernel.restrict(generated)
+    logits = torch.full((1, 4, 40), -10.0, dtype=torch.float64)
+    logits[..., 30] = 10.0  # every position's candidate is 30
+    logits[0, 3, 7] = 20.0  # position 3's candidate is its own token
+    new = kernel(block, logits, torch.tensor([True]))
+    assert new.tolist() == [[5, 30, 30, 7]]
+
+
+def test_an_editing_rule_is_refused_on_the_absorbing_kernel_and_spiffy_on_the_revisable_one(sharp_adapter):
+    with pytest.raises(ConfigurationError, match="'joint_threshold' supports the 'revisable' kernel.*not the model's 'absorbing'"):
+        dloom.DiffusionDecoder(sharp_adapter, "joint_threshold", gen_length=8, block_length=4)
+    with pytest.raises(ConfigurationError, match="'spiffy' supports the 'absorbing' kernel.*not the model's 'revisable'"):
+        dloom.DiffusionDecoder(revisable(sharp_adapter), "spiffy+threshold", gen_length=8, block_length=4)
