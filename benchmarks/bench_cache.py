@@ -18,7 +18,7 @@ times its length, within the model's context):
 Usage::
 
     python -m benchmarks.bench_cache --json cache.json            # toy-dllm when trained
-    python -m benchmarks.bench_cache --model random --json x.json  # an untrained toy-dllm
+    PYTHONPATH=training python -m benchmarks.bench_cache --model random --json x.json  # untrained
 
 ``--model random`` builds the toy-dllm architecture with random weights and the zoo's
 tokenizer in a temporary directory (speed figures are meaningful, accuracy is not).

@@ -189,7 +189,7 @@ SUBPACKAGES = {
     "cli": {"commands", "exits", "plugins"},
 }
 """The library's subpackages by role and the command line, with their modules."""
-TOP_LEVEL = {"__init__", "types", "errors", "metrics", "factory", "evaluation", "startup", "old_paths"}
+TOP_LEVEL = {"__init__", "types", "errors", "metrics", "factory", "evaluation", "startup"}
 """The only modules directly in ``dloom/``: the public API and what every role shares."""
 
 

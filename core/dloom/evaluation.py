@@ -7,7 +7,6 @@ decoded text up to the first EOS.
 from __future__ import annotations
 
 import itertools
-import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -327,19 +326,6 @@ def evaluate_rows(
     except Exception as error:
         tally.fail(error, config)
     return tally.report(config, complete=True)
-
-
-def __getattr__(name: str) -> Any:
-    """``dloom.evaluation.evaluate_on_ray``, deprecated: it moved to the Ray front-end
-    (:func:`dloom.ray.evaluate_on_ray`); the library imports no front-end."""
-    if name == "evaluate_on_ray":
-        warnings.warn(
-            "dloom.evaluation.evaluate_on_ray moved to dloom.ray.evaluate_on_ray", DeprecationWarning, stacklevel=2
-        )
-        from dloom.ray import evaluate_on_ray
-
-        return evaluate_on_ray
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _add_speculation(total: dict[str, Any] | None, batch: dict[str, Any] | None) -> dict[str, Any] | None:

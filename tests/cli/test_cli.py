@@ -316,6 +316,7 @@ def test_the_decoder_kind_comes_from_the_registration():
 def test_build_decoder_dispatches_on_the_registration_not_the_name(monkeypatch):
     import dataclasses
 
+    from dloom import factory
     from dloom.hooks.registry import Strategy, get_registry
 
     registry = get_registry()
@@ -323,8 +324,8 @@ def test_build_decoder_dispatches_on_the_registration_not_the_name(monkeypatch):
     renamed = dataclasses.replace(failfast.registration, name="chains")
     monkeypatch.setitem(registry.strategies, "chains", Strategy("chains", failfast.plugin, renamed))
     built = []
-    monkeypatch.setitem(cli.DECODER_BUILDERS, "ar-target", lambda *a, **k: built.append(a[1]) or "ar")
-    assert cli.build_decoder(None, "chains", ["tau=0.5"]) == "ar" and built == ["chains"]
+    monkeypatch.setitem(factory.DECODER_BUILDERS, "ar-target", lambda *a, **k: built.append(a[1]) or "ar")
+    assert factory.build_decoder(None, "chains", ["tau=0.5"]) == "ar" and built == ["chains"]
     result = invoke("generate", "x", "--strategy", "quota", "--target", "t")
     assert result.exit_code == 2
     assert "--target and --drafter apply to --strategy chains or failfast only" in flat(result.output)

@@ -28,7 +28,7 @@ from rich.table import Table
 from dloom.cli.exits import OutputError, write_results
 from dloom.cli.plugins import DloomGroup, StrategyOptionsCommand
 from dloom.errors import ConfigurationError, DloomError
-from dloom.factory import DECODER_BUILDERS, DEFAULT_MODEL, build_decoder, parse_params  # noqa: F401 - DECODER_BUILDERS: re-exported
+from dloom.factory import DEFAULT_MODEL, build_decoder, parse_params
 
 app = typer.Typer(
     cls=DloomGroup,

@@ -39,14 +39,11 @@ from dloom.decode.decoders import DIFFUSION
 from dloom.decode.generation import Prompts, prepare_prompts, token_lists_and_texts
 from dloom.decode.kernel import REMASKING, KernelStep
 from dloom.decode.prompts import check_lengths, check_special_ids, vocabulary_size
-from dloom.decode.session import (  # noqa: F401 - re-exported: dloom.decode.decoder is where users find them
+from dloom.decode.session import (
     BlockRecord,
     DecodeSession,
-    FinishedRows,
     SessionCalls,
     StepRecord,
-    finished_rows,
-    generated_lengths,
 )
 from dloom.decode.speculation import (
     NodeLogits,

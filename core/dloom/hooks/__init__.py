@@ -5,11 +5,3 @@
 * :mod:`dloom.hooks.registry`: the strategies registered by plugins (entry points).
 * :mod:`dloom.hooks.composition`: one plugin manager per strategy, composed from plugins.
 """
-
-
-def __getattr__(name: str) -> object:
-    """A name of the old module ``dloom.hooks`` (now :mod:`dloom.hooks.calls`), found here for one release
-    with a ``DeprecationWarning`` (:func:`dloom.old_paths.old_attribute`)."""
-    from dloom.old_paths import old_attribute
-
-    return old_attribute(__name__, name)

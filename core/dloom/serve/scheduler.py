@@ -37,8 +37,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dloom.decode.decoder import BlockRecord, DiffusionDecoder
-from dloom.decode.session import DecodeSession, FinishedRows
+from dloom.decode.decoder import DiffusionDecoder
+from dloom.decode.session import BlockRecord, DecodeSession, FinishedRows
 from dloom.errors import ConfigurationError, DloomError
 from dloom.serve.decoders import LaneKey, Resolved
 from dloom.serve.metrics import ServerMetrics
