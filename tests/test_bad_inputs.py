@@ -690,7 +690,8 @@ def fail_on_third_batch(monkeypatch, finished: int = 0) -> None:
 
 
 def test_an_error_in_a_later_eval_batch_keeps_the_finished_batches(toy_adapter, monkeypatch):
-    from dloom.evaluation import EvaluationFailed, evaluate, select_examples
+    from dloom.errors import EvaluationFailed
+    from dloom.evaluation import evaluate, select_examples
 
     fail_on_third_batch(monkeypatch)
     examples = select_examples("all", 10, 0)

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from dloom.decode.decoders import Decoder
-from dloom.errors import ConfigurationError, DloomError
+from dloom.errors import ConfigurationError, EvaluationFailed, EvaluationInterrupted
 from dloom.metrics import speculation_summary
 from dloom.zoo import long_tasks
 from dloom.zoo.tasks import (
@@ -159,25 +159,6 @@ def select_examples(
         except ValueError as error:
             raise ConfigurationError(f"{error}; allowed: fewer dev examples (-n {n})") from error
     return held_out(n, seed=seed, families=names, suite=suite)
-
-
-class EvaluationInterrupted(KeyboardInterrupt):
-    """Ctrl-C during :func:`evaluate`: a ``KeyboardInterrupt`` that carries the report of
-    the batches that finished (:attr:`partial`, ``complete=False``)."""
-
-    def __init__(self, partial: EvalReport) -> None:
-        super().__init__(f"interrupted after {partial.n} examples")
-        self.partial = partial
-
-
-class EvaluationFailed(DloomError):
-    """A batch of :func:`evaluate` raised after earlier batches had finished: carries their
-    report (:attr:`partial`, ``complete=False``), so that nothing already decoded is lost; the
-    batch's own error is ``__cause__``. An error before any batch finished is raised as is."""
-
-    def __init__(self, partial: EvalReport, error: BaseException) -> None:
-        super().__init__(f"stopped after {partial.n} examples: {type(error).__name__}: {error}")
-        self.partial = partial
 
 
 class _Tally:

@@ -25,9 +25,9 @@ from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
-from dloom.cli.exits import OutputError, write_results
+from dloom.cli.exits import write_results
 from dloom.cli.plugins import DloomGroup, StrategyOptionsCommand
-from dloom.errors import ConfigurationError, DloomError
+from dloom.errors import ConfigurationError, DloomError, OutputError
 from dloom.factory import DEFAULT_MODEL, build_decoder, parse_params
 
 app = typer.Typer(
@@ -287,6 +287,8 @@ def generate(
         else:
             print_rows(rows)
         interrupted(len(rows), len(prompts), "prompts decoded" + (" and written" if as_json else ""))
+    except OutputError:
+        raise  # the results cannot be written: status 74 (dloom.cli.exits.end_quietly), not a refused input
     except DloomError as error:
         if rows and as_json:
             err_console.print(f"{len(rows)} rows were written before the error", highlight=False)
@@ -351,9 +353,8 @@ def eval_command(
     the summary of the batches before it, with status 2).
     """
     from dloom.decode.oracle import check_decoder
+    from dloom.errors import EvaluationFailed, EvaluationInterrupted
     from dloom.evaluation import (
-        EvaluationFailed,
-        EvaluationInterrupted,
         add_oracle,
         evaluate,
         select_examples,
@@ -409,6 +410,8 @@ def eval_command(
             stream.catch_up(stop.partial.outputs)
         print_report(stop.partial, as_json, outputs, None)
         fail(stop)
+    except OutputError:
+        raise  # the results cannot be written: status 74 (dloom.cli.exits.end_quietly), not a refused input
     except DloomError as error:
         fail(error)
     print_report(report, as_json, outputs, None if decoder is None else decoder.totals())

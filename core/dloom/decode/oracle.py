@@ -36,11 +36,7 @@ from dloom.decode.generation import Prompts
 from dloom.decode.kernel import selectable_positions
 from dloom.decode.prompts import check_prompts
 from dloom.decode.session import StepRecord
-from dloom.errors import ConfigurationError, DloomError
-
-
-class OracleMismatchError(DloomError):
-    """The oracle's output differs from the reference decode it was told to reproduce."""
+from dloom.errors import ConfigurationError, OracleMismatchError
 
 
 @dataclass(frozen=True)
