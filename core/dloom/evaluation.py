@@ -13,8 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 import torch
-from rich.console import Console
-from rich.progress import Progress
 
 from dloom.decode.decoders import Decoder
 from dloom.errors import ConfigurationError, EvaluationFailed, EvaluationInterrupted
@@ -242,17 +240,16 @@ def evaluate(
     decoder: Decoder,
     examples: Sequence[Example],
     batch_size: int = 32,
-    progress: bool = True,
     on_batch: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> EvalReport:
-    """Decode ``examples`` in batches and grade them.
+    """Decode ``examples`` in batches and grade them. Draws nothing: progress is reported
+    through ``on_batch`` (``dloom eval`` draws its progress bar from it).
 
     :param decoder: any :class:`~dloom.decode.decoders.Decoder` over a model with a tokenizer.
     :param examples: task examples (prompts and checkers).
     :param batch_size: prompts per batch.
-    :param progress: show a progress bar on stderr.
-    :param on_batch: called with each batch's output records as soon as it is graded
-        (``dloom eval --json`` streams them).
+    :param on_batch: called with each batch's output records (one per example, in order) as
+        soon as it is graded (``dloom eval --json`` streams them).
     :raises EvaluationInterrupted: on Ctrl-C, carrying the report of the finished batches.
     :raises EvaluationFailed: when a batch raises after others finished, carrying their report.
     """
@@ -260,19 +257,16 @@ def evaluate(
         raise ConfigurationError(f"batch size is {batch_size}; allowed: >= 1")
     tally = _Tally()
     config = {**decoder.config, "batch_size": batch_size, "torch_threads": torch.get_num_threads()}
-    with Progress(console=Console(stderr=True), transient=True, disable=not progress) as bar:
-        task = bar.add_task(f"eval {decoder.name}", total=len(examples))
-        try:
-            for start in range(0, len(examples), batch_size):
-                chunk = examples[start : start + batch_size]
-                records = tally.add(chunk, decoder.generate([e.prompt for e in chunk], row_offset=start))
-                if on_batch is not None:
-                    on_batch(records)
-                bar.advance(task, len(chunk))
-        except KeyboardInterrupt:
-            raise EvaluationInterrupted(tally.report(config, complete=False)) from None
-        except Exception as error:
-            tally.fail(error, config)
+    try:
+        for start in range(0, len(examples), batch_size):
+            chunk = examples[start : start + batch_size]
+            records = tally.add(chunk, decoder.generate([e.prompt for e in chunk], row_offset=start))
+            if on_batch is not None:
+                on_batch(records)
+    except KeyboardInterrupt:
+        raise EvaluationInterrupted(tally.report(config, complete=False)) from None
+    except Exception as error:
+        tally.fail(error, config)
     return tally.report(config, complete=True)
 
 

@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
@@ -169,6 +169,25 @@ class JsonlStream:
     def catch_up(self, records: list[dict[str, Any]]) -> None:
         """Write ``records[written:]``: every finished row, each once."""
         self(records[self.written :])
+
+
+@contextmanager
+def progress_bar(
+    label: str, total: int, then: Callable[[list[dict[str, Any]]], None] | None = None,
+) -> Iterator[Callable[[list[dict[str, Any]]], None]]:
+    """A transient progress bar on stderr over ``total`` examples, and the ``on_batch``
+    callback of :func:`dloom.evaluation.evaluate` that advances it by each batch's records
+    after handing them to ``then`` (``dloom eval --json``'s stream). The library draws
+    nothing; the command line draws from its callback."""
+    with Progress(console=err_console, transient=True) as bar:
+        task = bar.add_task(label, total=total)
+
+        def advance(records: list[dict[str, Any]]) -> None:
+            if then is not None:
+                then(records)
+            bar.advance(task, len(records))
+
+        yield advance
 
 
 def interrupted(done: int, total: int, kept: str) -> None:
@@ -393,7 +412,8 @@ def eval_command(
             if oracle:
                 check_decoder(decoder)
             batch_size = plan_batches(decoder, [e.prompt for e in examples], batch_size, max_batch_tokens)
-            report = evaluate(decoder, examples, batch_size=batch_size, on_batch=stream if as_json else None)
+            with progress_bar(f"eval {decoder.name}", len(examples), stream if as_json else None) as on_batch:
+                report = evaluate(decoder, examples, batch_size=batch_size, on_batch=on_batch)
             if oracle:
                 add_oracle(report, decoder, examples)
     except EvaluationInterrupted as stop:
@@ -492,7 +512,8 @@ def demo(
             try:
                 decoder = build_decoder(model, name, [])
                 rules[name] = decoder.composition.provider("dloom_select_commit")  # type: ignore[attr-defined]  # all dLLM decoders
-                reports[name] = evaluate(decoder, examples, batch_size=batch_size)
+                with progress_bar(f"eval {decoder.name}", len(examples)) as on_batch:
+                    reports[name] = evaluate(decoder, examples, batch_size=batch_size, on_batch=on_batch)
             except DloomError as error:
                 if name == baseline:
                     raise
