@@ -332,15 +332,15 @@ def test_build_decoder_dispatches_on_the_registration_not_the_name(monkeypatch):
 
 
 def test_every_decoder_follows_the_decoder_protocol(tiny_adapter):
-    from dloom import DiffusionDecoder
+    from dloom import ARTargetDecoder, DiffusionDecoder
     from dloom.check import tiny
-    from dloom.decode.decoders import Decoder, ar_target_decoder
+    from dloom.decode.decoders import Decoder
 
     diffusion = DiffusionDecoder(tiny_adapter, "threshold", gen_length=8, block_length=8)
     assert isinstance(diffusion, Decoder)
     assert diffusion.name == "threshold" and diffusion.totals() is None
     target, drafter = tiny.tiny_ar(0, vocab=8), tiny.tiny_dllm(0, vocab=8)
-    ar = ar_target_decoder(target, drafter, "failfast", {"n_max": 4, "initial_length": 2}, max_new_tokens=4)
+    ar = ARTargetDecoder(target, "failfast", drafter=drafter, params={"n_max": 4, "initial_length": 2}, max_new_tokens=4)
     assert isinstance(ar, Decoder)
     assert ar.name == "failfast" and ar.config["gen_length"] == 4
     ar.generate([[1, 2]])

@@ -61,7 +61,8 @@ from dloom.errors import (
 from dloom.hooks import calls as hooks
 from dloom.hooks.composition import StrategySpec, build_plugin_manager, compose
 from dloom.hooks.registry import Registry
-from dloom.metrics import ForwardClock, GenerationResult, HookTimer
+from dloom.hooks.timing import HookTimer
+from dloom.metrics import ForwardClock, GenerationResult
 from dloom.model.adapter import ModelAdapter, position_ids_from_mask
 from dloom.model.runner import CACHE_MODES, check_refresh
 from dloom.types import DecodeState

@@ -29,7 +29,6 @@ from typing import Any
 
 import torch
 
-from dloom import hookimpl
 from dloom.decode.commit import commit_top, sorted_profile
 from dloom.decode.decoder import DiffusionDecoder
 from dloom.decode.generation import Prompts
@@ -37,6 +36,7 @@ from dloom.decode.kernel import selectable_positions
 from dloom.decode.prompts import check_prompts
 from dloom.decode.session import StepRecord
 from dloom.errors import ConfigurationError, OracleMismatchError
+from dloom.hooks.specs import hookimpl
 
 
 @dataclass(frozen=True)

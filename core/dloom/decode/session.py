@@ -55,7 +55,8 @@ from dloom.decode.logprobs import CommitLogprobs, RowLogprobs
 from dloom.decode.prompts import check_prompts
 from dloom.decode.step import ForwardPlan, SpeculativeStep, StepOutcome
 from dloom.errors import ConfigurationError, ModelError
-from dloom.metrics import ForwardClock, HookTimer, speculation_summary
+from dloom.hooks.timing import HookTimer
+from dloom.metrics import ForwardClock, speculation_summary
 from dloom.model.adapter import ModelAdapter, left_pad_prompts, padding_or_none
 from dloom.model.attention import absolute_block_ids, block_ids
 from dloom.model.runner import BlockForward
