@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import warnings
 from pathlib import Path
 
 import pytest
@@ -180,3 +181,19 @@ def test_every_error_is_a_dloom_error_and_keeps_its_builtin_base():
     }
     for error, base in KEEPS_ITS_BASE.items():
         assert issubclass(error, errors.DloomError) and issubclass(error, base), error
+
+
+def test_within_each_warning_once_a_line_warns_once():
+    def warns_here(message):
+        errors.warn(message)  # one line of code, whatever the message
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with errors.each_warning_once():
+            warns_here("model a")
+            warns_here("model b")
+            errors.warn("another line")
+        warns_here("model c")  # outside the block: every call warns
+        warns_here("model c")
+    assert [str(w.message) for w in caught] == ["model a", "another line", "model c", "model c"]
+    assert {w.filename for w in caught} == {__file__}  # attributed to the caller outside dloom

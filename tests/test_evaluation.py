@@ -99,6 +99,10 @@ def test_the_command_line_draws_the_progress_from_the_callback(monkeypatch):
     assert [len(records) for records in handed] == [4, 4, 2]
     drawn = screen.getvalue()
     assert "eval scripted" in drawn and "  0%" in drawn and "100%" in drawn
+    monkeypatch.setattr(commands, "err_console", Console(file=screen, force_terminal=False))
+    with commands.progress_bar("eval scripted", 10, handed.append) as on_batch:
+        on_batch([{}] * 10)
+    assert screen.getvalue() == drawn and len(handed) == 4  # off a terminal: not drawn, not even a blank line
 
 
 def test_select_examples_errors():
@@ -169,7 +173,9 @@ def test_demo_compares_every_commit_rule_with_the_baseline(char_model_dir):
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     rows = {row["strategy"]: row for row in data["rows"]}
-    assert {"quota", "threshold", "factor"} <= set(rows)
+    assert {"quota", "threshold", "factor", "spiffy+quota"} <= set(rows)
+    assert not [name for name in rows if name.startswith("failfast")]  # an AR target's strategy: not tried
+    assert "skipped" not in result.stderr
     assert rows["quota"]["identical_to_baseline"] == 1.0
     assert rows["quota"]["nfe_ratio_vs_baseline"] == 1.0
     assert rows["quota"]["nfe_mean"] == 8.0  # one token per step over gen_length 8

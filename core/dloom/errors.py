@@ -1,9 +1,12 @@
-"""Exceptions raised by dloom. Every message names the bad value and what is allowed."""
+"""Exceptions raised by dloom, and its warnings. Every message names the bad value and what is allowed."""
 
 from __future__ import annotations
 
 import sys
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from types import FrameType
 from typing import Any
 
@@ -115,15 +118,39 @@ class ServerFault(DloomError):
 INTERNAL_PACKAGES = ("dloom", "dloom_plugins", "pluggy", "typer", "click")
 
 
+_WARNED: ContextVar[set[tuple[str, int, type[Warning]]] | None] = ContextVar("_WARNED", default=None)
+"""The lines that have warned within :func:`each_warning_once` (``None`` outside it)."""
+
+
+@contextmanager
+def each_warning_once() -> Iterator[None]:
+    """Within the block (and this thread), :func:`warn` called from one line of code warns
+    once, the first time: a run that builds many decoders (``dloom check``: one on the
+    user's model, one per tiny model of the sampling test) would otherwise repeat each of
+    their plugins' warnings, differing only in the model named. Usable as a decorator."""
+    token = _WARNED.set(set())
+    try:
+        yield
+    finally:
+        _WARNED.reset(token)
+
+
 def warn(message: str, category: type[Warning] = UserWarning) -> None:
     """Issue a warning attributed to the first caller outside dloom, its built-in plugins, pluggy and the command
-    line's typer and click (for ``dloom ...`` that is the command itself).
+    line's typer and click (for ``dloom ...`` that is the command itself); within
+    :func:`each_warning_once`, only the first from the calling line.
 
     A warning raised in a hook implementation would otherwise point into pluggy's caller
     (or into the decoder, or typer), which tells the user nothing about which of their lines
     caused it.
     """
     frame: FrameType | None = sys._getframe(1)
+    warned = _WARNED.get()
+    if warned is not None and frame is not None:
+        site = (frame.f_code.co_filename, frame.f_lineno, category)
+        if site in warned:
+            return
+        warned.add(site)
     level = 1
     while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in INTERNAL_PACKAGES:
         frame, level = frame.f_back, level + 1

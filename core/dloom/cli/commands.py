@@ -178,8 +178,9 @@ def progress_bar(
     """A transient progress bar on stderr over ``total`` examples, and the ``on_batch``
     callback of :func:`dloom.evaluation.evaluate` that advances it by each batch's records
     after handing them to ``then`` (``dloom eval --json``'s stream). The library draws
-    nothing; the command line draws from its callback."""
-    with Progress(console=err_console, transient=True) as bar:
+    nothing; the command line draws from its callback. Drawn on a terminal only (elsewhere
+    a transient bar would leave a blank line behind)."""
+    with Progress(console=err_console, transient=True, disable=not err_console.is_terminal) as bar:
         task = bar.add_task(label, total=total)
 
         def advance(records: list[dict[str, Any]]) -> None:
@@ -492,13 +493,15 @@ def demo(
     as_json: bool = JsonOption,
 ) -> None:
     """Decode task prompts with the baseline and every strategy; compare speed and outputs."""
+    from dloom.decode.decoders import DIFFUSION
     from dloom.evaluation import evaluate, select_examples
     from dloom.hooks.registry import get_registry
 
     baseline = "quota"
     try:
         examples = select_examples("all", n)
-        strategies = get_registry().strategies.values()
+        # the demo decodes one dLLM: strategies of another decoder (an AR target's) do not run here
+        strategies = [s for s in get_registry().strategies.values() if s.registration.decoder == DIFFUSION]
         names = [baseline] + sorted(
             s.name for s in strategies if s.name != baseline and "dloom_select_commit" in s.hooks
         )
