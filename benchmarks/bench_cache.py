@@ -18,7 +18,7 @@ times its length, within the model's context):
 Usage::
 
     python -m benchmarks.bench_cache --json cache.json            # toy-dllm when trained
-    python -m benchmarks.bench_cache --model random --json x.json  # an untrained toy-dllm
+    PYTHONPATH=training python -m benchmarks.bench_cache --model random --json x.json  # untrained
 
 ``--model random`` builds the toy-dllm architecture with random weights and the zoo's
 tokenizer in a temporary directory (speed figures are meaningful, accuracy is not).
@@ -120,12 +120,12 @@ def measure(args: argparse.Namespace, model_name: str) -> dict[str, Any]:
     }
     rows = []
     for variant, prompts in variants.items():
-        evaluate(decoders["none"], prompts[: args.batch_size], args.batch_size, progress=False)  # warm-up
+        evaluate(decoders["none"], prompts[: args.batch_size], args.batch_size)  # warm-up
         reports, positions, tps = {}, {}, {mode: [] for mode in decoders}
         for repeat in range(args.repeats):
             for mode in decoders:
                 counter.reset()
-                report = evaluate(decoders[mode], prompts, args.batch_size, progress=False)
+                report = evaluate(decoders[mode], prompts, args.batch_size)
                 tps[mode].append(report.tps)
                 if repeat == 0:
                     reports[mode], positions[mode] = report, counter.mean

@@ -46,7 +46,7 @@ def run(model, strategy: str, examples, *, params=None, cache="none", block_leng
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a graph must fit: no silent fallback
         decoder = DiffusionDecoder(model, strategy, params=params or {}, cache=cache, block_length=block_length)
-    report = evaluate(decoder, examples, batch_size=batch, progress=False)
+    report = evaluate(decoder, examples, batch_size=batch)
     return {
         "strategy": decoder.composition.name,
         "params": decoder.composition.params(),

@@ -156,7 +156,7 @@ def measure(model, config: Config, examples, batch_size: int) -> dict[str, Any]:
     speculative = decoder.composition.provider("dloom_draft") is not None
     if not speculative:
         decoder.pm.register(floor)
-    report = evaluate(decoder, examples, batch_size=batch_size, progress=False)
+    report = evaluate(decoder, examples, batch_size=batch_size)
     rule = decoder.composition.provider("dloom_select_commit")
     claim = get_registry().get(rule).claim
     floor_mean = None if speculative else floor.total(len(examples)) / len(examples)

@@ -40,11 +40,11 @@ def run_sweep(model_name: str, n: int, batch_size: int, seed: int) -> dict[str, 
         (strategy, name, value) for strategy, (name, values) in SWEEP.items() for value in values
     ]
     warm_up = DiffusionDecoder(model, "quota", seed=seed)
-    evaluate(warm_up, examples[:batch_size], batch_size=batch_size, progress=False)
+    evaluate(warm_up, examples[:batch_size], batch_size=batch_size)
     for strategy, name, value in configs:
         params = {} if name is None else {name: value}
         decoder = DiffusionDecoder(model, strategy, params=params, seed=seed)
-        report = evaluate(decoder, examples, batch_size=batch_size, progress=False)
+        report = evaluate(decoder, examples, batch_size=batch_size)
         rows.append({
             "strategy": strategy, "param": name, "value": value,
             "accuracy": report.accuracy, "per_task": report.per_task,

@@ -690,12 +690,13 @@ def fail_on_third_batch(monkeypatch, finished: int = 0) -> None:
 
 
 def test_an_error_in_a_later_eval_batch_keeps_the_finished_batches(toy_adapter, monkeypatch):
-    from dloom.evaluation import EvaluationFailed, evaluate, select_examples
+    from dloom.errors import EvaluationFailed
+    from dloom.evaluation import evaluate, select_examples
 
     fail_on_third_batch(monkeypatch)
     examples = select_examples("all", 10, 0)
     with pytest.raises(EvaluationFailed, match="stopped after 4 examples: RuntimeError: out of memory") as caught:
-        evaluate(dloom.DiffusionDecoder(toy_adapter, "quota"), examples, batch_size=2, progress=False)
+        evaluate(dloom.DiffusionDecoder(toy_adapter, "quota"), examples, batch_size=2)
     partial = caught.value.partial
     assert partial.complete is False and partial.n == 4
     assert [o["prompt"] for o in partial.outputs] == [e.prompt for e in examples[:4]]
@@ -707,8 +708,7 @@ def test_an_error_before_any_eval_batch_finished_is_raised_as_itself(toy_adapter
 
     fail_on_third_batch(monkeypatch, finished=2)
     with pytest.raises(RuntimeError, match="out of memory"):
-        evaluate(dloom.DiffusionDecoder(toy_adapter, "quota"), select_examples("all", 4, 0), batch_size=2,
-                 progress=False)
+        evaluate(dloom.DiffusionDecoder(toy_adapter, "quota"), select_examples("all", 4, 0), batch_size=2)
 
 
 def test_eval_json_after_an_error_in_a_later_batch_keeps_the_rows_and_a_summary(monkeypatch):

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import ast
+import builtins
+import warnings
+from pathlib import Path
+
 import pytest
 import torch
 
 from conftest import EOS_ID, MASK_ID, PAD_ID, tiny_model
-from dloom import DiffusionDecoder, ModelAdapter, hookimpl, load_model
+from dloom import DiffusionDecoder, ModelAdapter, errors, hookimpl, load_model
 from dloom.errors import (
     ConfigurationError,
     HookContractError,
@@ -123,3 +128,72 @@ def test_commit_rule_with_wrong_shape(tiny_adapter):
     decoder = DiffusionDecoder(tiny_adapter, WrongShape(), gen_length=8)
     with pytest.raises(HookContractError, match="must return a bool tensor of shape \\(1, 8\\)"):
         decoder.generate([[5, 6]])
+
+
+
+ROOT = Path(__file__).resolve().parents[1]
+ERRORS_FILE = ROOT / "core" / "dloom" / "errors.py"
+BUILTIN_EXCEPTIONS = {n for n, v in vars(builtins).items() if isinstance(v, type) and issubclass(v, BaseException)}
+DLOOM_EXCEPTIONS = {n for n, v in vars(errors).items() if isinstance(v, type) and issubclass(v, BaseException)}
+KEEPS_ITS_BASE = {
+    errors.ConfigurationError: ValueError, errors.UnknownStrategyError: KeyError, errors.ModelError: ValueError,
+    errors.NonFiniteLogitsError: FloatingPointError,
+}
+"""The errors that ``except`` also catches by a built-in base, kept beside :class:`DloomError`."""
+
+
+def exception_classes(path: Path, exception_names: set[str]) -> list[str]:
+    """``line name`` of each class in ``path`` with a base among ``exception_names`` (named
+    alone or as ``module.Name``)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ClassDef):
+            bases = {b.id if isinstance(b, ast.Name) else b.attr for b in node.bases if isinstance(b, (ast.Name, ast.Attribute))}
+            if bases & exception_names:
+                found.append(f"{node.lineno} {node.name}")
+    return found
+
+
+def test_every_error_class_lives_in_errors_py():
+    sources = [p for folder in ("core", "plugins") for p in sorted((ROOT / folder).rglob("*.py")) if p != ERRORS_FILE]
+    assert len(sources) > 80
+    outside = {str(p.relative_to(ROOT)): exception_classes(p, BUILTIN_EXCEPTIONS | DLOOM_EXCEPTIONS) for p in sources}
+    assert {path: found for path, found in outside.items() if found} == {}
+
+
+def test_the_scan_finds_an_error_class_planted_outside(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text(
+        "import dloom.errors\nclass A(ValueError): ...\nclass B(dloom.errors.DloomError): ...\n"
+        "class C(B): ...\nclass D: ...\n"
+    )
+    assert exception_classes(planted, BUILTIN_EXCEPTIONS | DLOOM_EXCEPTIONS | {"B"}) == ["2 A", "3 B", "4 C"]
+
+
+def test_every_error_is_a_dloom_error_and_keeps_its_builtin_base():
+    classes = {getattr(errors, n) for n in DLOOM_EXCEPTIONS}
+    assert {c.__name__ for c in classes if not issubclass(c, errors.DloomError)} == {"EvaluationInterrupted"}
+    assert issubclass(errors.EvaluationInterrupted, KeyboardInterrupt)
+    assert not issubclass(errors.EvaluationInterrupted, Exception)  # Ctrl-C passes every `except Exception`
+    assert {c.__name__ for c in classes} >= {
+        "OracleMismatchError", "EvaluationFailed", "OutputError", "HTTPError", "QueueFullError", "WorkerDeadError",
+        "ServerFault",
+    }
+    for error, base in KEEPS_ITS_BASE.items():
+        assert issubclass(error, errors.DloomError) and issubclass(error, base), error
+
+
+def test_within_each_warning_once_a_line_warns_once():
+    def warns_here(message):
+        errors.warn(message)  # one line of code, whatever the message
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with errors.each_warning_once():
+            warns_here("model a")
+            warns_here("model b")
+            errors.warn("another line")
+        warns_here("model c")  # outside the block: every call warns
+        warns_here("model c")
+    assert [str(w.message) for w in caught] == ["model a", "another line", "model c", "model c"]
+    assert {w.filename for w in caught} == {__file__}  # attributed to the caller outside dloom

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -62,7 +63,7 @@ def test_evaluate_counts_accuracy_nfe_tpf_tps():
     decoder = ScriptedDecoder()
     assert isinstance(decoder, Decoder)
     decoder.answers = {e.prompt: e.answer for e in examples}
-    report = evaluate(decoder, examples, batch_size=4, progress=False)
+    report = evaluate(decoder, examples, batch_size=4)
     assert report.n == 8
     assert report.accuracy == pytest.approx(0.5)
     assert set(report.per_task) == {"add", "sort"}
@@ -71,6 +72,37 @@ def test_evaluate_counts_accuracy_nfe_tpf_tps():
     assert report.tpf == pytest.approx(2.0)  # 4 tokens / 2 forwards
     assert report.tps == pytest.approx(32 / 1.0)  # 8 rows x 4 tokens over 2 batches x 0.5 s
     assert report.hook_share == {"forward": pytest.approx(0.5)}
+
+
+def test_evaluate_draws_nothing_and_reports_each_graded_batch(capfd):
+    examples = select_examples("add,sort", 10)
+    decoder = ScriptedDecoder()
+    decoder.answers = {e.prompt: e.answer for e in examples}
+    batches = []
+    report = evaluate(decoder, examples, batch_size=4, on_batch=batches.append)
+    assert [len(b) for b in batches] == [4, 4, 2]
+    assert [r for b in batches for r in b] == report.outputs
+    assert capfd.readouterr() == ("", "")  # no progress bar: the command line draws it
+
+
+def test_the_command_line_draws_the_progress_from_the_callback(monkeypatch):
+    from rich.console import Console
+
+    from dloom.cli import commands
+
+    screen = io.StringIO()
+    monkeypatch.setattr(commands, "err_console", Console(file=screen, force_terminal=True, width=80))
+    handed = []
+    with commands.progress_bar("eval scripted", 10, handed.append) as on_batch:
+        for size in (4, 4, 2):
+            on_batch([{}] * size)
+    assert [len(records) for records in handed] == [4, 4, 2]
+    drawn = screen.getvalue()
+    assert "eval scripted" in drawn and "  0%" in drawn and "100%" in drawn
+    monkeypatch.setattr(commands, "err_console", Console(file=screen, force_terminal=False))
+    with commands.progress_bar("eval scripted", 10, handed.append) as on_batch:
+        on_batch([{}] * 10)
+    assert screen.getvalue() == drawn and len(handed) == 4  # off a terminal: not drawn, not even a blank line
 
 
 def test_select_examples_errors():
@@ -141,7 +173,9 @@ def test_demo_compares_every_commit_rule_with_the_baseline(char_model_dir):
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     rows = {row["strategy"]: row for row in data["rows"]}
-    assert {"quota", "threshold", "factor"} <= set(rows)
+    assert {"quota", "threshold", "factor", "spiffy+quota"} <= set(rows)
+    assert not [name for name in rows if name.startswith("failfast")]  # an AR target's strategy: not tried
+    assert "skipped" not in result.stderr
     assert rows["quota"]["identical_to_baseline"] == 1.0
     assert rows["quota"]["nfe_ratio_vs_baseline"] == 1.0
     assert rows["quota"]["nfe_mean"] == 8.0  # one token per step over gen_length 8

@@ -52,20 +52,6 @@ def test_the_serve_command_itself_raises():
         serve(param=["tau"])
 
 
-def test_moved_names_are_found_at_their_old_paths():
-    import dloom.ray
-    from dloom import evaluation, types
-    from dloom.decode import decoders as decoding
-    from dloom.decode import kernel, speculation
-
-    assert (speculation.KernelStep, speculation.eos_clear) == (kernel.KernelStep, kernel.eos_clear)
-    assert (decoding.DECODERS, decoding.DIFFUSION, decoding.AR_TARGET) == (types.DECODERS, "diffusion", "ar-target")
-    with pytest.warns(DeprecationWarning, match="moved to dloom.ray.evaluate_on_ray"):
-        assert evaluation.evaluate_on_ray is dloom.ray.evaluate_on_ray
-    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
-        evaluation.no_such_name  # noqa: B018
-
-
 class RecordingDecoder(dloom.DiffusionDecoder):
     """Hands its sessions calls that record their use, and no other way in."""
 

@@ -12,10 +12,9 @@ An autoregressive target decodes with a strategy that drafts token chains for it
 (``dloom.ARTargetDecoder(target, "failfast", drafter=dllm)``).
 """
 
-from dloom import old_paths, startup
+from dloom import startup
 
 startup.install_startup_handler()  # the `dloom` command only: Ctrl-C while importing exits 130
-old_paths.install()  # the module paths of 0.1's flat layout, for one release
 
 from dloom.ar.decoder import ARTargetDecoder
 from dloom.decode.decoder import DiffusionDecoder

@@ -7,18 +7,15 @@ decoded text up to the first EOS.
 from __future__ import annotations
 
 import itertools
-import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 import torch
-from rich.console import Console
-from rich.progress import Progress
 
 from dloom.decode.decoders import Decoder
-from dloom.errors import ConfigurationError, DloomError
+from dloom.errors import ConfigurationError, EvaluationFailed, EvaluationInterrupted
 from dloom.metrics import speculation_summary
 from dloom.zoo import long_tasks
 from dloom.zoo.tasks import (
@@ -162,25 +159,6 @@ def select_examples(
     return held_out(n, seed=seed, families=names, suite=suite)
 
 
-class EvaluationInterrupted(KeyboardInterrupt):
-    """Ctrl-C during :func:`evaluate`: a ``KeyboardInterrupt`` that carries the report of
-    the batches that finished (:attr:`partial`, ``complete=False``)."""
-
-    def __init__(self, partial: EvalReport) -> None:
-        super().__init__(f"interrupted after {partial.n} examples")
-        self.partial = partial
-
-
-class EvaluationFailed(DloomError):
-    """A batch of :func:`evaluate` raised after earlier batches had finished: carries their
-    report (:attr:`partial`, ``complete=False``), so that nothing already decoded is lost; the
-    batch's own error is ``__cause__``. An error before any batch finished is raised as is."""
-
-    def __init__(self, partial: EvalReport, error: BaseException) -> None:
-        super().__init__(f"stopped after {partial.n} examples: {type(error).__name__}: {error}")
-        self.partial = partial
-
-
 class _Tally:
     """What :func:`evaluate` accumulates over batches."""
 
@@ -262,17 +240,16 @@ def evaluate(
     decoder: Decoder,
     examples: Sequence[Example],
     batch_size: int = 32,
-    progress: bool = True,
     on_batch: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> EvalReport:
-    """Decode ``examples`` in batches and grade them.
+    """Decode ``examples`` in batches and grade them. Draws nothing: progress is reported
+    through ``on_batch`` (``dloom eval`` draws its progress bar from it).
 
     :param decoder: any :class:`~dloom.decode.decoders.Decoder` over a model with a tokenizer.
     :param examples: task examples (prompts and checkers).
     :param batch_size: prompts per batch.
-    :param progress: show a progress bar on stderr.
-    :param on_batch: called with each batch's output records as soon as it is graded
-        (``dloom eval --json`` streams them).
+    :param on_batch: called with each batch's output records (one per example, in order) as
+        soon as it is graded (``dloom eval --json`` streams them).
     :raises EvaluationInterrupted: on Ctrl-C, carrying the report of the finished batches.
     :raises EvaluationFailed: when a batch raises after others finished, carrying their report.
     """
@@ -280,19 +257,16 @@ def evaluate(
         raise ConfigurationError(f"batch size is {batch_size}; allowed: >= 1")
     tally = _Tally()
     config = {**decoder.config, "batch_size": batch_size, "torch_threads": torch.get_num_threads()}
-    with Progress(console=Console(stderr=True), transient=True, disable=not progress) as bar:
-        task = bar.add_task(f"eval {decoder.name}", total=len(examples))
-        try:
-            for start in range(0, len(examples), batch_size):
-                chunk = examples[start : start + batch_size]
-                records = tally.add(chunk, decoder.generate([e.prompt for e in chunk], row_offset=start))
-                if on_batch is not None:
-                    on_batch(records)
-                bar.advance(task, len(chunk))
-        except KeyboardInterrupt:
-            raise EvaluationInterrupted(tally.report(config, complete=False)) from None
-        except Exception as error:
-            tally.fail(error, config)
+    try:
+        for start in range(0, len(examples), batch_size):
+            chunk = examples[start : start + batch_size]
+            records = tally.add(chunk, decoder.generate([e.prompt for e in chunk], row_offset=start))
+            if on_batch is not None:
+                on_batch(records)
+    except KeyboardInterrupt:
+        raise EvaluationInterrupted(tally.report(config, complete=False)) from None
+    except Exception as error:
+        tally.fail(error, config)
     return tally.report(config, complete=True)
 
 
@@ -327,19 +301,6 @@ def evaluate_rows(
     except Exception as error:
         tally.fail(error, config)
     return tally.report(config, complete=True)
-
-
-def __getattr__(name: str) -> Any:
-    """``dloom.evaluation.evaluate_on_ray``, deprecated: it moved to the Ray front-end
-    (:func:`dloom.ray.evaluate_on_ray`); the library imports no front-end."""
-    if name == "evaluate_on_ray":
-        warnings.warn(
-            "dloom.evaluation.evaluate_on_ray moved to dloom.ray.evaluate_on_ray", DeprecationWarning, stacklevel=2
-        )
-        from dloom.ray import evaluate_on_ray
-
-        return evaluate_on_ray
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _add_speculation(total: dict[str, Any] | None, batch: dict[str, Any] | None) -> dict[str, Any] | None:

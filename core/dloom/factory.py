@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from dloom.ar.decoder import load_ar_target_decoder
 from dloom.decode.decoders import (
     AR_TARGET,
     DIFFUSION,
     Decoder,
     decoder_kind,
-    load_ar_target_decoder,
     strategies_for,
 )
 from dloom.errors import ConfigurationError

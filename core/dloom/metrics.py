@@ -1,4 +1,4 @@
-"""Decoding metrics (one definition everywhere) and the hook-timing wrapper.
+"""Decoding metrics (one definition everywhere) and the model-forward clock.
 
 - NFE: forward passes of the model being accelerated, per row while that row is decoding.
 - TPF: generated tokens per forward (aggregate: total generated / total row-forwards).
@@ -12,38 +12,11 @@ launch its work unless the decoder was built with ``sync_timing=True``.
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-
-from dloom.hooks.specs import DECODING_HOOKS, PROJECT_NAME, hookimpl
-
-
-class HookTimer:
-    """A ``wrapper=True`` plugin that adds up the wall time of every decoding hook call, by
-    the hook's name without its ``dloom_`` prefix (one wrapper per
-    :data:`dloom.hooks.specs.DECODING_HOOKS`)."""
-
-    def __init__(self, synchronize: Callable[[], None] | None = None) -> None:
-        self.seconds: dict[str, float] = defaultdict(float)
-        self._synchronize = synchronize or (lambda: None)
-
-    def reset(self) -> None:
-        """Forget the seconds added up so far."""
-        self.seconds.clear()
-
-    def _timed(self, name: str):  # generator used by each wrapper
-        self._synchronize()
-        start = time.perf_counter()
-        try:
-            result = yield
-        finally:
-            self._synchronize()
-            self.seconds[name] += time.perf_counter() - start
-        return result
 
 
 class ForwardClock:
@@ -73,20 +46,6 @@ class ForwardClock:
             self._synchronize()
         self.seconds += time.perf_counter() - start
         return out
-
-
-def _timing_wrapper(hook: str) -> Callable[[HookTimer], Any]:
-    name = hook.removeprefix(f"{PROJECT_NAME}_")
-
-    def wrapper(self: HookTimer):
-        return (yield from self._timed(name))
-
-    wrapper.__name__ = wrapper.__qualname__ = hook
-    return hookimpl(wrapper=True)(wrapper)
-
-
-for _hook in DECODING_HOOKS:
-    setattr(HookTimer, _hook, _timing_wrapper(_hook))
 
 
 def speculation_summary(verifications: int, accepted_drafts: int, exact: bool) -> dict[str, Any]:

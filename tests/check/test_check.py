@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import math
+import warnings
 
 import pytest
 import torch
@@ -283,6 +284,17 @@ def test_the_builtin_verdicts_cover_every_builtin_strategy():
     registry = get_registry()
     builtin = {p.name for p in registry.plugins.values() if p.builtin}
     assert {s.name for s in registry.strategies.values() if s.plugin in builtin} == set(BUILTIN_VERDICTS)
+
+
+def test_a_check_run_shows_each_plugin_warning_once():
+    """Spiffy has no draft graph for any of the sampling test's three tiny models: it warns
+    on each decoder the run builds, and the run shows the first only."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # Python's own once-per-message filter off
+        check_strategy("spiffy+quota", prompt_count=2, samples=200, seeds=3)
+    shown = [str(w.message) for w in caught if "no built-in draft graph fits" in str(w.message)]
+    assert len(shown) == 1 and "tiny-dllm(seed=0" in shown[0]
+    assert [w.filename for w in caught if "no built-in draft graph" in str(w.message)] == [__file__]
 
 
 @pytest.mark.filterwarnings("ignore:no built-in draft graph fits")

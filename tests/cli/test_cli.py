@@ -316,6 +316,7 @@ def test_the_decoder_kind_comes_from_the_registration():
 def test_build_decoder_dispatches_on_the_registration_not_the_name(monkeypatch):
     import dataclasses
 
+    from dloom import factory
     from dloom.hooks.registry import Strategy, get_registry
 
     registry = get_registry()
@@ -323,23 +324,23 @@ def test_build_decoder_dispatches_on_the_registration_not_the_name(monkeypatch):
     renamed = dataclasses.replace(failfast.registration, name="chains")
     monkeypatch.setitem(registry.strategies, "chains", Strategy("chains", failfast.plugin, renamed))
     built = []
-    monkeypatch.setitem(cli.DECODER_BUILDERS, "ar-target", lambda *a, **k: built.append(a[1]) or "ar")
-    assert cli.build_decoder(None, "chains", ["tau=0.5"]) == "ar" and built == ["chains"]
+    monkeypatch.setitem(factory.DECODER_BUILDERS, "ar-target", lambda *a, **k: built.append(a[1]) or "ar")
+    assert factory.build_decoder(None, "chains", ["tau=0.5"]) == "ar" and built == ["chains"]
     result = invoke("generate", "x", "--strategy", "quota", "--target", "t")
     assert result.exit_code == 2
     assert "--target and --drafter apply to --strategy chains or failfast only" in flat(result.output)
 
 
 def test_every_decoder_follows_the_decoder_protocol(tiny_adapter):
-    from dloom import DiffusionDecoder
+    from dloom import ARTargetDecoder, DiffusionDecoder
     from dloom.check import tiny
-    from dloom.decode.decoders import Decoder, ar_target_decoder
+    from dloom.decode.decoders import Decoder
 
     diffusion = DiffusionDecoder(tiny_adapter, "threshold", gen_length=8, block_length=8)
     assert isinstance(diffusion, Decoder)
     assert diffusion.name == "threshold" and diffusion.totals() is None
     target, drafter = tiny.tiny_ar(0, vocab=8), tiny.tiny_dllm(0, vocab=8)
-    ar = ar_target_decoder(target, drafter, "failfast", {"n_max": 4, "initial_length": 2}, max_new_tokens=4)
+    ar = ARTargetDecoder(target, "failfast", drafter=drafter, params={"n_max": 4, "initial_length": 2}, max_new_tokens=4)
     assert isinstance(ar, Decoder)
     assert ar.name == "failfast" and ar.config["gen_length"] == 4
     ar.generate([[1, 2]])

@@ -10,8 +10,8 @@ import torch
 
 from conftest import EOS_ID, MASK_ID, PAD_ID
 from dloom import DiffusionDecoder, ModelAdapter, hookimpl, load_model
-from dloom.decode.oracle import OracleCommit, OracleMismatchError, oracle_nfe
-from dloom.errors import ConfigurationError
+from dloom.decode.oracle import OracleCommit, oracle_nfe
+from dloom.errors import ConfigurationError, OracleMismatchError
 from dloom.evaluation import select_examples
 
 RULES = (

@@ -13,7 +13,7 @@ import dloom
 from dloom.decode.revisable import RevisableKernel
 from dloom.errors import ConfigurationError
 from dloom.hooks.composition import build_plugin_manager, compose
-from dloom.metrics import HookTimer
+from dloom.hooks.timing import HookTimer
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11], [12, 13], [14, 15, 16, 17, 18]]
 

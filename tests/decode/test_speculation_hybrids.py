@@ -1,49 +1,18 @@
-"""One speculation loop, two kinds of target: single-hook replacements (who answers a hook),
-the draft budget for every speculator, prompt-lookup drafting of an AR target (the example of
-``docs/plugins.md``, lossless and with a broken verifier that is caught), and the observer's
-step records."""
+"""Hybrids of the diffusion decoder's speculation: single-hook replacements (who answers a
+hook), the draft budget for a speculator without a prune, and the observer's step records.
+The AR-target decoder's are in ``tests/ar/test_chain_speculation.py``."""
 
 from __future__ import annotations
-
-import re
-from pathlib import Path
 
 import pytest
 import torch
 
 import dloom
 from dloom import DiffusionDecoder
-from dloom.ar.chains import match_chains
-from dloom.check.target import target_greedy
-from dloom.check.tiny import tiny_ar, tiny_dllm
 from dloom.decode.speculation import follow_graph, layout_drafts
 from dloom.errors import CompositionError, ConfigurationError, HookContractError
 from dloom.hooks.composition import compose
 from dloom.types import DraftGraph
-from dloom_plugins.failfast import FailFastDecoder
-
-DOCS = Path(__file__).resolve().parents[2] / "docs"
-PAIR = dict(vocab=16, hidden=32, layers=2, init=0.8, context=64)
-PROMPTS = [[5, 6, 7, 8, 5, 6], [9, 3, 9, 3], [3, 4, 5], [7, 8, 9, 10, 7, 8]]
-
-
-def docs_example(name: str) -> dict:
-    """The namespace of the ``docs/plugins.md`` python block whose first line is ``# name``."""
-    text = (DOCS / "plugins.md").read_text()
-    block = next(b for b in re.findall(r"^```python\n(.*?)^```", text, re.S | re.M) if b.startswith(f"# {name}"))
-    namespace: dict = {}
-    exec(compile(block, f"docs/plugins.md:{name}", "exec"), namespace)
-    return namespace
-
-
-@pytest.fixture(scope="module")
-def pair():
-    return tiny_ar(2, **PAIR), tiny_dllm(2, **PAIR)
-
-
-@pytest.fixture(scope="module")
-def reference(pair):
-    return target_greedy(pair[0], PROMPTS, 12)
 
 
 class CountingPrune:
@@ -56,27 +25,6 @@ class CountingPrune:
     def dloom_prune(self, graph, budget):
         self.calls += 1
         return graph
-
-
-class CountingMatch:
-    """A user's chain verifier: sample and match, counting its calls."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    @dloom.hookimpl
-    def dloom_verify(self, state, graph, logits, kernel):
-        self.calls += 1
-        return match_chains(graph, logits, kernel)
-
-
-class AcceptEverything:
-    """A broken chain verifier: keeps every drafted token."""
-
-    @dloom.hookimpl
-    def dloom_verify(self, state, graph, logits, kernel):
-        token = kernel(logits).gather(1, graph.length.unsqueeze(1)).squeeze(1)
-        return dloom.ChainVerdict(accepted=graph.length, token=token)
 
 
 class OneDraft:
@@ -164,24 +112,6 @@ def test_replace_names_the_allowed_hooks():
         dloom.replace("register_strategies", CountingPrune())
 
 
-def test_failfast_with_a_users_verifier_is_lossless_and_calls_only_it(pair, reference):
-    target, drafter = pair
-    verifier = CountingMatch()
-    decoder = FailFastDecoder(target, drafter, ["failfast", dloom.replace("verify", verifier)], max_new_tokens=12)
-    result = decoder.generate(PROMPTS)
-    assert result.token_lists == reference
-    assert verifier.calls == result.forwards - 1  # every round (the prefill is not one)
-    assert decoder.composition.hook_table()["dloom_verify"]["replaces"] == ["failfast"]
-
-
-def test_failfast_with_a_broken_verifier_is_caught(pair, reference):
-    target, drafter = pair
-    decoder = FailFastDecoder(
-        target, drafter, ["failfast", dloom.replace("verify", AcceptEverything())], max_new_tokens=12
-    )
-    assert decoder.generate(PROMPTS).token_lists != reference
-
-
 # --- the draft budget binds every speculator ----------------------------------------------------
 
 
@@ -190,63 +120,6 @@ def test_a_speculator_without_prune_that_exceeds_the_budget_is_a_contract_error(
     DiffusionDecoder(tiny_adapter, [OneDraft(), "quota"], draft_budget=1, **options).generate([[5, 6, 7]])
     with pytest.raises(HookContractError, match="kept 1 drafts in a row for a budget of 0 .no plugin prunes"):
         DiffusionDecoder(tiny_adapter, [OneDraft(), "quota"], draft_budget=0, **options).generate([[5, 6, 7]])
-
-
-def test_a_chain_drafter_without_prune_that_exceeds_the_budget_is_a_contract_error(pair):
-    lookup = docs_example("prompt_lookup.py")["PromptLookup"]
-    decoder = dloom.ARTargetDecoder(pair[0], lookup(), max_new_tokens=12, draft_budget=0)
-    with pytest.raises(HookContractError, match="chains of more than 0 tokens for a draft budget of 0 .no plugin prunes"):
-        decoder.generate(PROMPTS)
-
-
-def test_failfast_prunes_to_the_budget_and_budget_zero_is_plain_ar_decoding(pair, reference):
-    target, drafter = pair
-    for budget in (0, 2):
-        result = FailFastDecoder(target, drafter, max_new_tokens=12, draft_budget=budget).generate(PROMPTS)
-        assert result.token_lists == reference
-        assert max(max(row) for row in result.proposed) == budget
-    with pytest.raises(ConfigurationError, match="draft_budget is -1; allowed: >= 0 or None"):
-        FailFastDecoder(target, drafter, draft_budget=-1)
-
-
-# --- prompt lookup: a second AR drafter written against the public hooks -------------------------
-
-
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_prompt_lookup_from_the_docs_is_lossless(pair, reference, temperature):
-    """Greedy: the target's greedy tokens, alone or batched. Sampled: reproducible under a
-    seed (the distribution of match verification is proved in
-    proofs_tests/test_failfast_lossless.py, whatever drafts)."""
-    lookup = docs_example("prompt_lookup.py")["PromptLookup"]
-    decoder = dloom.ARTargetDecoder(pair[0], lookup(), max_new_tokens=12, temperature=temperature, seed=1)
-    batch = decoder.generate(PROMPTS)
-    if temperature == 0:
-        assert batch.token_lists == reference
-        assert batch.token_lists == [decoder.generate([p]).token_lists[0] for p in PROMPTS]
-        assert batch.accepted_drafts > 0  # the repeated prompts are looked up
-    else:
-        assert batch.token_lists == decoder.generate(PROMPTS).token_lists
-
-
-def test_a_broken_verifier_over_prompt_lookup_is_caught(pair, reference):
-    lookup = docs_example("prompt_lookup.py")["PromptLookup"]
-    decoder = dloom.ARTargetDecoder(pair[0], [lookup(), dloom.replace("verify", AcceptEverything())], max_new_tokens=12)
-    assert decoder.generate(PROMPTS).token_lists != reference
-
-
-def test_the_ar_target_decoder_refuses_a_commit_rule_and_a_composition_that_drafts_nothing(pair):
-    with pytest.raises(ConfigurationError, match="'quota' is a commit rule, which an AR target does not take"):
-        dloom.ARTargetDecoder(pair[0], "failfast+quota", drafter=pair[1])
-    with pytest.raises(CompositionError, match="speculates \\(dloom_verify\\) but nothing provides dloom_draft"):
-        dloom.ARTargetDecoder(pair[0], [CountingMatch()])
-
-    class OnlyChecks:
-        @dloom.hookimpl
-        def dloom_configure(self, config):
-            pass
-
-    with pytest.raises(ConfigurationError, match="drafts nothing"):
-        dloom.ARTargetDecoder(pair[0], [OnlyChecks()])
 
 
 # --- step records -------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from dloom.hooks.composition import (
     compose,
 )
 from dloom.hooks.registry import Registry, Strategy, get_registry
-from dloom.metrics import HookTimer
+from dloom.hooks.timing import HookTimer
 from dloom_plugins.baselines import FactorCommit, QuotaCommit, ThresholdCommit
 
 

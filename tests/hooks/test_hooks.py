@@ -16,7 +16,7 @@ from dloom.hooks import calls as hooks
 from dloom.hooks import specs as hookspecs
 from dloom.hooks.composition import build_plugin_manager, compose
 from dloom.hooks.registry import DECODING_HOOKS, hooks_implemented_by
-from dloom.metrics import HookTimer
+from dloom.hooks.timing import HookTimer
 from dloom.types import (
     BlockSchedule,
     ChainState,

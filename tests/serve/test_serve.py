@@ -27,12 +27,12 @@ from typer.testing import CliRunner
 import dloom
 from dloom.cli.commands import app as cli_app
 from dloom.decode.session import DecodeSession
-from dloom.errors import ConfigurationError
+from dloom.errors import ConfigurationError, QueueFullError
 from dloom.serve.app import ServeConfig, create_app
 from dloom.serve.background import BackgroundServer
 from dloom.serve.decoders import DecodeDefaults, DecoderPool
 from dloom.serve.metrics import ServerMetrics
-from dloom.serve.scheduler import Job, QueueFullError, Scheduler
+from dloom.serve.scheduler import Job, Scheduler
 from dloom.serve.text import StreamText, Visible, held_back, visible_output
 
 MODEL = "toy-dllm"

@@ -6,11 +6,3 @@
   greedy-match verification.
 * :mod:`dloom.ar.result`: what one AR-target generation returns.
 """
-
-
-def __getattr__(name: str) -> object:
-    """A name of the old module ``dloom.ar`` (now :mod:`dloom.ar.target`), found here for one release
-    with a ``DeprecationWarning`` (:func:`dloom.old_paths.old_attribute`)."""
-    from dloom.old_paths import old_attribute
-
-    return old_attribute(__name__, name)

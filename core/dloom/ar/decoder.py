@@ -47,7 +47,7 @@ from dloom.errors import ConfigurationError, ModelError
 from dloom.hooks import calls as hooks
 from dloom.hooks.composition import StrategySpec, build_plugin_manager, compose
 from dloom.hooks.registry import Registry
-from dloom.metrics import HookTimer
+from dloom.hooks.timing import HookTimer
 from dloom.model.adapter import ModelAdapter
 from dloom.types import ChainState, DraftChains
 

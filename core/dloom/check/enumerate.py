@@ -10,7 +10,7 @@ commit rule (``dloom_select_commit``, called through :func:`dloom.hooks.calls.se
 the :class:`~dloom.types.BlockSchedule` the engine would pass) picks positions, and those
 take their candidates. :func:`exact_distribution` follows every candidate tuple (``V^m``
 for ``m`` masked positions) and adds up the probability of each final output, stopping a
-path where the engine stops a row (:func:`dloom.decode.decoder.finished_rows`: an EOS with nothing
+path where the engine stops a row (:func:`dloom.decode.session.finished_rows`: an EOS with nothing
 masked before it, or nothing masked). An output is the generated tokens up to and including
 the first EOS, as in :attr:`dloom.GenerationResult.token_lists`.
 
@@ -29,8 +29,9 @@ from collections.abc import Sequence
 
 import torch
 
-from dloom.decode.decoder import DiffusionDecoder, finished_rows
+from dloom.decode.decoder import DiffusionDecoder
 from dloom.decode.kernel import without_mask
+from dloom.decode.session import finished_rows
 from dloom.errors import ConfigurationError, HookContractError, NonFiniteLogitsError
 from dloom.hooks import calls as hooks
 from dloom.types import BlockSchedule

@@ -32,7 +32,7 @@ from dloom.check.greedy import GreedyComparison, compare_greedy
 from dloom.check.progress import stage
 from dloom.check.resolve import Resolved, reference, resolve
 from dloom.check.sampling import SamplingOptions, SamplingTest, sampling_test
-from dloom.errors import ConfigurationError
+from dloom.errors import ConfigurationError, each_warning_once
 from dloom.model.adapter import ModelAdapter, load_model
 
 REFUTED = ("not lossless", "unsound")
@@ -382,7 +382,18 @@ def check_strategy(
     :param against: overrides the reference of a ``lossless`` claim (noted in the report);
         for ``approximate``, ``reference`` or no claim, the strategy to measure greedy
         agreement with (default: an ``approximate`` claim's own ``against``).
+
+    One run builds many decoders (the user's model, each tiny model of the sampling test):
+    a plugin's warning shows once (:func:`dloom.errors.each_warning_once`).
     """
+    with each_warning_once():
+        return _check_claim(strategy, against, params, against_params, options)
+
+
+def _check_claim(
+    strategy: Any, against: Any, params: dict[str, Any] | None, against_params: dict[str, Any] | None,
+    options: dict[str, Any],
+) -> CheckReport:
     greedy_options, sampling_options, bound_options = _split(
         options, GreedyOptions, SamplingOptions, BoundOptions
     )

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from dloom.ar.decoder import ARTargetDecoder
 from dloom.check import tiny
 from dloom.check.enumerate import Output
 from dloom.check.greedy import GreedyComparison, compare_outputs
@@ -36,7 +37,7 @@ from dloom.check.sampling import (
     conclude,
     seed_result,
 )
-from dloom.decode.decoders import Decoder, ar_target_decoder
+from dloom.decode.decoders import Decoder
 from dloom.errors import ConfigurationError
 from dloom.model.adapter import ModelAdapter
 
@@ -179,9 +180,9 @@ def target_sampling_test(make_decoder: Callable[..., Decoder], options: Sampling
 
 def ar_target_factory(spec: Any, params: Mapping[str, Any] | None = None) -> Callable[..., Decoder]:
     """``make_decoder`` for a strategy spec that runs in the ``"ar-target"`` decoder (a name
-    or the strategy's object): :func:`dloom.decode.decoders.ar_target_decoder`."""
+    or the strategy's object): a :class:`dloom.ar.decoder.ARTargetDecoder`."""
 
     def make(target: ModelAdapter, drafter: ModelAdapter, **settings: Any) -> Decoder:
-        return ar_target_decoder(target, drafter, spec, params, **settings)
+        return ARTargetDecoder(target, spec, drafter=drafter, params=dict(params or {}), **settings)
 
     return make

@@ -10,11 +10,3 @@
 from dloom.cli.commands import app
 
 __all__ = ["app"]
-
-
-def __getattr__(name: str) -> object:
-    """A name of the old module ``dloom.cli`` (now :mod:`dloom.cli.commands`), found here for one release
-    with a ``DeprecationWarning`` (:func:`dloom.old_paths.old_attribute`)."""
-    from dloom.old_paths import old_attribute
-
-    return old_attribute(__name__, name)

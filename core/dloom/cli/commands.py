@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
@@ -25,10 +25,10 @@ from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
-from dloom.cli.exits import OutputError, write_results
+from dloom.cli.exits import write_results
 from dloom.cli.plugins import DloomGroup, StrategyOptionsCommand
-from dloom.errors import ConfigurationError, DloomError
-from dloom.factory import DECODER_BUILDERS, DEFAULT_MODEL, build_decoder, parse_params  # noqa: F401 - DECODER_BUILDERS: re-exported
+from dloom.errors import ConfigurationError, DloomError, OutputError
+from dloom.factory import DEFAULT_MODEL, build_decoder, parse_params
 
 app = typer.Typer(
     cls=DloomGroup,
@@ -171,6 +171,26 @@ class JsonlStream:
         self(records[self.written :])
 
 
+@contextmanager
+def progress_bar(
+    label: str, total: int, then: Callable[[list[dict[str, Any]]], None] | None = None,
+) -> Iterator[Callable[[list[dict[str, Any]]], None]]:
+    """A transient progress bar on stderr over ``total`` examples, and the ``on_batch``
+    callback of :func:`dloom.evaluation.evaluate` that advances it by each batch's records
+    after handing them to ``then`` (``dloom eval --json``'s stream). The library draws
+    nothing; the command line draws from its callback. Drawn on a terminal only (elsewhere
+    a transient bar would leave a blank line behind)."""
+    with Progress(console=err_console, transient=True, disable=not err_console.is_terminal) as bar:
+        task = bar.add_task(label, total=total)
+
+        def advance(records: list[dict[str, Any]]) -> None:
+            if then is not None:
+                then(records)
+            bar.advance(task, len(records))
+
+        yield advance
+
+
 def interrupted(done: int, total: int, kept: str) -> None:
     """Report Ctrl-C with what was kept and exit with status 130."""
     err_console.print(f"[yellow]interrupted:[/] {done} of {total} {kept}", highlight=False)
@@ -287,6 +307,8 @@ def generate(
         else:
             print_rows(rows)
         interrupted(len(rows), len(prompts), "prompts decoded" + (" and written" if as_json else ""))
+    except OutputError:
+        raise  # the results cannot be written: status 74 (dloom.cli.exits.end_quietly), not a refused input
     except DloomError as error:
         if rows and as_json:
             err_console.print(f"{len(rows)} rows were written before the error", highlight=False)
@@ -351,9 +373,8 @@ def eval_command(
     the summary of the batches before it, with status 2).
     """
     from dloom.decode.oracle import check_decoder
+    from dloom.errors import EvaluationFailed, EvaluationInterrupted
     from dloom.evaluation import (
-        EvaluationFailed,
-        EvaluationInterrupted,
         add_oracle,
         evaluate,
         select_examples,
@@ -392,7 +413,8 @@ def eval_command(
             if oracle:
                 check_decoder(decoder)
             batch_size = plan_batches(decoder, [e.prompt for e in examples], batch_size, max_batch_tokens)
-            report = evaluate(decoder, examples, batch_size=batch_size, on_batch=stream if as_json else None)
+            with progress_bar(f"eval {decoder.name}", len(examples), stream if as_json else None) as on_batch:
+                report = evaluate(decoder, examples, batch_size=batch_size, on_batch=on_batch)
             if oracle:
                 add_oracle(report, decoder, examples)
     except EvaluationInterrupted as stop:
@@ -409,6 +431,8 @@ def eval_command(
             stream.catch_up(stop.partial.outputs)
         print_report(stop.partial, as_json, outputs, None)
         fail(stop)
+    except OutputError:
+        raise  # the results cannot be written: status 74 (dloom.cli.exits.end_quietly), not a refused input
     except DloomError as error:
         fail(error)
     print_report(report, as_json, outputs, None if decoder is None else decoder.totals())
@@ -469,6 +493,7 @@ def demo(
     as_json: bool = JsonOption,
 ) -> None:
     """Decode task prompts with the baseline and every strategy; compare speed and outputs."""
+    from dloom.decode.decoders import DIFFUSION
     from dloom.decode.transition import unsupported
     from dloom.evaluation import evaluate, select_examples
     from dloom.hooks.composition import compose
@@ -477,7 +502,8 @@ def demo(
     baseline = "quota"
     try:
         examples = select_examples("all", n)
-        strategies = get_registry().strategies.values()
+        # the demo decodes one dLLM: strategies of another decoder (an AR target's) do not run here
+        strategies = [s for s in get_registry().strategies.values() if s.registration.decoder == DIFFUSION]
         names = [baseline] + sorted(
             s.name for s in strategies if s.name != baseline and "dloom_select_commit" in s.hooks
         )
@@ -495,7 +521,8 @@ def demo(
                 decoder = build_decoder(model, name, [])
                 kernel = kernel or decoder.model.kernel  # type: ignore[attr-defined]  # all dLLM decoders
                 rules[name] = decoder.composition.provider("dloom_select_commit")  # type: ignore[attr-defined]  # all dLLM decoders
-                reports[name] = evaluate(decoder, examples, batch_size=batch_size)
+                with progress_bar(f"eval {decoder.name}", len(examples)) as on_batch:
+                    reports[name] = evaluate(decoder, examples, batch_size=batch_size, on_batch=on_batch)
             except DloomError as error:
                 if name == baseline:
                     raise

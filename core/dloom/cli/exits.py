@@ -17,6 +17,7 @@ import os
 from collections.abc import Callable
 from typing import TextIO, TypeVar
 
+from dloom.errors import OutputError
 from dloom.startup import EXIT_INTERRUPTED
 
 EXIT_OUTPUT_ERROR = 74
@@ -24,10 +25,6 @@ EXIT_OUTPUT_ERROR = 74
 the status of a refused input, 1 of a refuted claim (``dloom check``)."""
 
 T = TypeVar("T")
-
-
-class OutputError(Exception):
-    """The results could not be written; the message names the stream or file."""
 
 
 def stream_name(stream: TextIO) -> str:

@@ -38,14 +38,11 @@ from dloom.decode.decoders import DIFFUSION
 from dloom.decode.generation import Prompts, prepare_prompts, token_lists_and_texts
 from dloom.decode.kernel import REMASKING
 from dloom.decode.prompts import check_lengths, check_special_ids, vocabulary_size
-from dloom.decode.session import (  # noqa: F401 - re-exported: dloom.decode.decoder is where users find them
+from dloom.decode.session import (
     BlockRecord,
     DecodeSession,
-    FinishedRows,
     SessionCalls,
     StepRecord,
-    finished_rows,
-    generated_lengths,
 )
 from dloom.decode.step import PlainStepper, SpeculativeStepper
 from dloom.decode.transition import check_kernel, kernel_class, kernel_options
@@ -58,7 +55,8 @@ from dloom.errors import (
 from dloom.hooks import calls as hooks
 from dloom.hooks.composition import StrategySpec, build_plugin_manager, compose
 from dloom.hooks.registry import Registry
-from dloom.metrics import ForwardClock, GenerationResult, HookTimer
+from dloom.hooks.timing import HookTimer
+from dloom.metrics import ForwardClock, GenerationResult
 from dloom.model.adapter import ModelAdapter, position_ids_from_mask
 from dloom.model.runner import CACHE_MODES, check_refresh
 

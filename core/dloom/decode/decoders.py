@@ -6,7 +6,8 @@ one of :data:`DECODERS`:
 * ``"diffusion"``: :class:`dloom.DiffusionDecoder` decodes a dLLM; the strategy's hooks
   choose the commits and speculate on the dLLM's own future states.
 * ``"ar-target"``: an autoregressive target decodes, a dLLM drafter proposes token chains
-  and the target verifies them (:func:`ar_target_decoder`).
+  and the target verifies them (:class:`dloom.ar.decoder.ARTargetDecoder`, built by
+  :mod:`dloom.factory`: this package knows no AR target).
 
 :func:`decoder_kind` reads the kind off a strategy spec, so the command line, evaluation and
 ``dloom check`` dispatch on the registration, never on a strategy's name.
@@ -14,7 +15,7 @@ one of :data:`DECODERS`:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -26,8 +27,7 @@ if TYPE_CHECKING:
 
 from dloom.types import AR_TARGET, DECODERS, DIFFUSION
 
-__all__ = ["AR_TARGET", "DECODERS", "DIFFUSION", "Decoder", "ar_target_decoder", "decoder_kind",
-           "load_ar_target_decoder", "strategies_for"]
+__all__ = ["AR_TARGET", "DECODERS", "DIFFUSION", "Decoder", "decoder_kind", "strategies_for"]
 
 
 @runtime_checkable
@@ -89,30 +89,3 @@ def strategies_for(kind: str, registry: Registry | None = None) -> list[str]:
 
     registry = registry or get_registry()
     return sorted(s.name for s in registry.strategies.values() if s.registration.decoder == kind)
-
-
-def ar_target_decoder(
-    target: ModelAdapter, drafter: ModelAdapter | None, strategy: Any,
-    params: Mapping[str, Any] | None = None, **settings: Any,
-) -> Decoder:
-    """The ``"ar-target"`` decoder of ``strategy`` over loaded models: ``target`` (an AR
-    model) decodes, ``drafter`` (a dLLM sharing its tokenizer) drafts.
-
-    :param settings: ``max_new_tokens``, ``temperature``, ``remasking``, ``seed``,
-        ``drafter_cache``, ``draft_budget``.
-    """
-    from dloom.ar.decoder import ARTargetDecoder
-
-    return ARTargetDecoder(target, strategy, drafter=drafter, params=dict(params or {}), **settings)
-
-
-def load_ar_target_decoder(
-    target: str, drafter: str | None, strategy: str, params: Mapping[str, Any] | None = None,
-    **settings: Any,
-) -> Decoder:
-    """:func:`ar_target_decoder` with both models loaded by zoo name or directory, taking
-    the diffusion decoder's setting names (what ``dloom generate`` passes): ``gen_length``
-    is ``max_new_tokens``, ``cache`` the drafter's cache, ``mask_token_id`` the drafter's."""
-    from dloom.ar.decoder import load_ar_target_decoder as load
-
-    return load(target, drafter, strategy, params, **settings)

@@ -29,16 +29,14 @@ from typing import Any
 
 import torch
 
-from dloom import hookimpl
 from dloom.decode.commit import commit_top, sorted_profile
-from dloom.decode.decoder import DiffusionDecoder, Prompts, StepRecord
+from dloom.decode.decoder import DiffusionDecoder
+from dloom.decode.generation import Prompts
+from dloom.decode.kernel import selectable_positions
 from dloom.decode.prompts import check_prompts
-from dloom.decode.speculation import selectable_positions
-from dloom.errors import ConfigurationError, DloomError
-
-
-class OracleMismatchError(DloomError):
-    """The oracle's output differs from the reference decode it was told to reproduce."""
+from dloom.decode.session import StepRecord
+from dloom.errors import ConfigurationError, OracleMismatchError
+from dloom.hooks.specs import hookimpl
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from dloom.decode.kernel import KernelStep, eos_clear, selectable_positions  # noqa: F401 - re-exported: their old home
+from dloom.decode.kernel import KernelStep, selectable_positions
 from dloom.errors import HookContractError
 from dloom.types import DecodeState, DraftGraph, NodeLogits, Verdict, VerificationLayout
 

@@ -4,12 +4,5 @@
 * :mod:`dloom.hooks.calls`: typed calls of each hook, with the answer's type checked.
 * :mod:`dloom.hooks.registry`: the strategies registered by plugins (entry points).
 * :mod:`dloom.hooks.composition`: one plugin manager per strategy, composed from plugins.
+* :mod:`dloom.hooks.timing`: the hook timer, dloom's own wrapper plugin.
 """
-
-
-def __getattr__(name: str) -> object:
-    """A name of the old module ``dloom.hooks`` (now :mod:`dloom.hooks.calls`), found here for one release
-    with a ``DeprecationWarning`` (:func:`dloom.old_paths.old_attribute`)."""
-    from dloom.old_paths import old_attribute
-
-    return old_attribute(__name__, name)

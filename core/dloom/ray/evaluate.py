@@ -25,8 +25,8 @@ def evaluate_on_ray(
     :param spec: the decoder each actor builds.
     :param actors: model replicas.
     :param on_batch: called with the output records of each row as it arrives.
-    :raises dloom.evaluation.EvaluationInterrupted: on Ctrl-C, carrying the report of the rows that arrived.
-    :raises dloom.evaluation.EvaluationFailed: when decoding raises after some rows arrived, carrying their report.
+    :raises dloom.errors.EvaluationInterrupted: on Ctrl-C, carrying the report of the rows that arrived.
+    :raises dloom.errors.EvaluationFailed: when decoding raises after some rows arrived, carrying their report.
     """
     rows = iter_decoded([e.prompt for e in examples], spec, actors=actors, batch_size=batch_size)
     return evaluate_rows(rows, examples, {"batch_size": batch_size, "ray_actors": actors}, on_batch)

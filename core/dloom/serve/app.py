@@ -18,13 +18,18 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.concurrency import run_in_threadpool
 
-from dloom.errors import ConfigurationError, DloomError
+from dloom.errors import (
+    ConfigurationError,
+    DloomError,
+    HTTPError,
+    QueueFullError,
+    WorkerDeadError,
+)
 from dloom.serve import errors
 from dloom.serve.limits import BodyLimit
 from dloom.serve.responses import error_body
-from dloom.serve.scheduler import QueueFullError, WorkerDeadError
 from dloom.serve.schemas import ChatCompletionRequest, CompletionRequest
-from dloom.serve.service import HTTPError, ServeConfig, Service
+from dloom.serve.service import ServeConfig, Service
 
 __all__ = ["ServeConfig", "create_app"]
 

@@ -18,6 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from dloom.errors import ServerFault
 from dloom.serve.metrics import ServerMetrics
 from dloom.serve.responses import error_body
 from dloom.serve.scheduler import Failed
@@ -25,11 +26,6 @@ from dloom.serve.scheduler import Failed
 Result = TypeVar("Result")
 ALTERNATIVE = re.compile(r"(str|int|float|bool|list\[.*\]|dict\[.*\])")
 """How pydantic names the alternative of a union type that a value failed."""
-
-
-class ServerFault(Exception):
-    """Work for a request raised what is not an ordinary exception (a plugin's
-    ``SystemExit`` or ``KeyboardInterrupt``): that request fails with 500, the server goes on."""
 
 
 def shielded(function: Callable[..., Result]) -> Callable[..., Result]:
@@ -116,8 +112,14 @@ def install(app: FastAPI, metrics: ServerMetrics) -> None:
             status_code=422,
         )
 
+    @app.exception_handler(ServerFault)  # a DloomError, but the server's failure: 500, not the client's 400
+    async def fault(request: Request, error: ServerFault) -> JSONResponse:
+        return server_failed(str(error))
+
     @app.exception_handler(Exception)
     async def failed(request: Request, error: Exception) -> JSONResponse:
+        return server_failed(f"{type(error).__name__}: {error}")
+
+    def server_failed(cause: str) -> JSONResponse:
         metrics.count_request("failed")
-        cause = str(error) if isinstance(error, ServerFault) else f"{type(error).__name__}: {error}"
         return JSONResponse(error_body(f"the server failed on this request: {cause}", "server_error"), status_code=500)

@@ -37,27 +37,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dloom.decode.decoder import BlockRecord, DiffusionDecoder
-from dloom.decode.session import DecodeSession, FinishedRows
-from dloom.errors import ConfigurationError, DloomError
+from dloom.decode.decoder import DiffusionDecoder
+from dloom.decode.session import BlockRecord, DecodeSession, FinishedRows
+from dloom.errors import ConfigurationError, QueueFullError, WorkerDeadError
 from dloom.serve.decoders import LaneKey, Resolved
 from dloom.serve.metrics import ServerMetrics
-
-
-class QueueFullError(DloomError):
-    """The server's token budget is taken by admitted rows; retry later (HTTP 429).
-
-    :ivar retry_after: seconds after which a retry may be admitted (:meth:`Scheduler.
-        retry_after`), sent as the ``Retry-After`` header.
-    """
-
-    def __init__(self, message: str, retry_after: int = 1) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-class WorkerDeadError(DloomError):
-    """The worker thread has stopped on an error: nothing can be decoded (HTTP 503)."""
 
 
 @dataclass(frozen=True)

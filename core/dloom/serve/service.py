@@ -23,7 +23,7 @@ from typing import Any, cast
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from dloom.errors import DloomError, ModelError
+from dloom.errors import DloomError, HTTPError, ModelError
 from dloom.model.adapter import ModelAdapter
 from dloom.serve.decoders import DecodeDefaults, DecoderPool, Resolved
 from dloom.serve.files import ServerFiles
@@ -76,14 +76,6 @@ class ServeConfig:
     name: str | None = None
     max_body_bytes: int = MAX_BODY_BYTES
     graph_dirs: tuple[str, ...] = ()
-
-
-class HTTPError(Exception):
-    """A refusal with its status code and OpenAI error type."""
-
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None):
-        super().__init__(message)
-        self.status, self.kind, self.code = status, kind, code
 
 
 @dataclass

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from dloom import DiffusionDecoder
-from dloom.decode.decoder import StepRecord
+from dloom.decode.session import StepRecord
 from dloom.errors import ConfigurationError
 
 from .frame import rank_frame
