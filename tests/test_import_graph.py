@@ -181,8 +181,8 @@ def upward_imports(edges: Edges) -> list[str]:
 
 SUBPACKAGES = {
     "hooks": {"specs", "calls", "registry", "composition"},
-    "model": {"adapter", "runner", "profiles", "checkpoints", "files", "attention", "tensor_check",
-              "config_limits", "json_files"},
+    "model": {"adapter", "runner", "profiles", "families", "builtin_families", "checkpoints", "files",
+              "attention", "tensor_check", "config_limits", "json_files"},
     "decode": {"decoder", "decoders", "session", "kernel", "speculation", "generation", "prompts",
                "commit", "logprobs", "batching", "oracle", "step"},
     "ar": {"target", "decoder", "result", "chains"},
