@@ -13,8 +13,9 @@ span), ``V`` vocabulary size, ``N`` drafts of a draft graph (plus the root, node
 of a verification layout, ``S`` its width.
 
 Besides the five decoding hooks (:data:`DECODING_HOOKS`), ``dloom_register_strategies``
-registers strategies, ``dloom_register_families`` model families, ``dloom_register_commands`` adds commands to the ``dloom`` command line
-and ``dloom_configure`` lets the plugins of a decoder check its settings once.
+registers strategies, ``dloom_register_families`` model families, ``dloom_register_commands``
+adds commands to the ``dloom`` command line and ``dloom_configure`` lets the plugins of a
+decoder check its settings once.
 
 Every list of hook names the core uses is derived here, from the specifications themselves:
 :data:`HOOKS` (all of them), :data:`DECODING_HOOKS` (the single-answer ones, which the
