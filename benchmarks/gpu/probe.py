@@ -110,13 +110,12 @@ def build(name: str, smoke: bool, device, dtype):
     import torch
     import transformers
 
-    from dloom import ModelAdapter
-    from dloom.model.checkpoints import native_config, native_layout
-    from dloom.model.profiles import detect_profile
+    from dloom import ModelAdapter, get_registry
+    from dloom.model.checkpoints import native_config
 
     raw = family_config(name, smoke)
-    profile = detect_profile(raw)
-    layout = native_layout(profile.name)
+    family = get_registry().families.detect(raw)
+    profile, layout = family.profile, family.layout
     config = native_config(layout, raw) if layout else transformers.AutoConfig.for_model(
         raw["model_type"], **{k: v for k, v in raw.items() if k not in ("model_type", "architectures")}
     )

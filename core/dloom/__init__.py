@@ -23,6 +23,7 @@ from dloom.hooks.registry import get_registry
 from dloom.hooks.specs import hookimpl
 from dloom.metrics import GenerationResult
 from dloom.model.adapter import ModelAdapter, load_model
+from dloom.model.families import FamilyRegistration
 from dloom.types import (
     BlockSchedule,
     ChainLayout,
@@ -49,6 +50,7 @@ __all__ = [
     "DiffusionDecoder",
     "DraftChains",
     "DraftGraph",
+    "FamilyRegistration",
     "GenerationResult",
     "ModelAdapter",
     "Parameter",

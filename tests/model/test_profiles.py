@@ -25,12 +25,12 @@ from conftest import tiny_model
 from dloom import DiffusionDecoder, ModelAdapter, load_model
 from dloom.cli.commands import app
 from dloom.errors import ModelError
-from dloom.model.checkpoints import native_config, native_layout
+from dloom.hooks.registry import get_registry
+from dloom.model.checkpoints import native_config
 from dloom.model.profiles import (
     CAUSAL_LM,
     DIFFUSION_GEMMA,
     DREAM,
-    FAMILIES,
     FAST_DLLM_V2,
     LLADA,
     LLADA2,
@@ -38,10 +38,19 @@ from dloom.model.profiles import (
     SDAR_MOE,
     TRANSFORMERS,
     ModelProfile,
-    detect_profile,
 )
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "real-families"
+
+
+def detect_profile(config) -> ModelProfile:
+    """The profile of the registered family that recognises ``config``."""
+    return get_registry().families.detect(config).profile
+
+
+def native_layout(family: str):
+    """The native layout registered with ``family``'s profile."""
+    return get_registry().families.get(family).layout
 
 LLADA_CONFIG = json.loads((FIXTURES / "llada" / "checkpoint" / "config.json").read_text())
 DREAM_CONFIG = {
@@ -179,7 +188,7 @@ def test_family_conventions():
     table = {
         p.name: (p.mask_token_id, p.mask_token, p.eos_token_ids, p.shift_logits, p.attention,
                  p.block_length, p.block_size_key, p.block_alignment, p.ships_code)
-        for p in FAMILIES
+        for p in (family.profile for family in get_registry().families if family.identifiers)
     }
     assert table == {
         "llada": (126336, "<|mdm_mask|>", (126081, 126348), False, "bidirectional", None, None, "prompt", True),

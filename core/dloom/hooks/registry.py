@@ -1,5 +1,8 @@
 """The global strategy registry, fed by the ``dloom`` entry-point group.
 
+It also holds the model families (:attr:`Registry.families`) that the plugins, and first the
+core's own plugin modules (:data:`CORE_PLUGINS`), register through ``dloom_register_families``.
+
 Loading is isolated per entry point: a plugin that fails to import or to register is
 reported (a :class:`RuntimeWarning` and an entry in :attr:`Registry.failures`) and skipped,
 unless ``DLOOM_STRICT_PLUGINS=1``, which makes it fatal (a :class:`PluginLoadError` naming
@@ -35,9 +38,13 @@ import pluggy
 from dloom.errors import PluginLoadError, UnknownStrategyError, warn
 from dloom.hooks import specs as hookspecs
 from dloom.hooks.specs import PROJECT_NAME
+from dloom.model.families import FamilyTable, collect_families
 from dloom.types import DECODERS, Claim, Parameter, StrategyRegistration
 
 BUILTIN_DISTRIBUTION = "dloom"
+CORE_PLUGINS = {"families": "dloom.model.builtin_families"}
+"""The core's own plugin modules by plugin name, loaded (by module name, as an entry point
+is) before the ``dloom`` entry-point group; failures there are bugs, never skipped."""
 DECODING_HOOKS = hookspecs.DECODING_HOOKS  # kept importable here for plugins and tests
 
 
@@ -105,6 +112,9 @@ class Registry:
     modules: dict[str, ModuleType] = field(default_factory=dict)
     """Each loaded plugin's module (what its module-level hooks, such as
     ``dloom_register_commands``, are called on), by plugin name."""
+    families: FamilyTable = field(default_factory=FamilyTable)
+    """The model families registered through ``dloom_register_families``
+    (:mod:`dloom.model.families`)."""
 
     def get(self, name: str) -> Strategy:
         """Return the strategy called ``name``.
@@ -246,7 +256,8 @@ def _entry_points() -> Iterable[importlib.metadata.EntryPoint]:
 def _register_plugin(
     registry: Registry, name: str, module: ModuleType, version: str, builtin: bool
 ) -> None:
-    """Run one plugin's ``dloom_register_strategies``, stamping what it registers."""
+    """Run one plugin's ``dloom_register_strategies`` and ``dloom_register_families``, stamping
+    what they register; a refused family raises, so nothing of the plugin is registered."""
     pm = pluggy.PluginManager(PROJECT_NAME)
     pm.add_hookspecs(hookspecs)
     pm.register(module, name=name)
@@ -275,6 +286,11 @@ def _register_plugin(
 
     for impl in pm.hook.dloom_register_strategies.get_hookimpls():
         impl.function(register=register)
+    # model families (dloom.model.families): a refused one raises, skipping the whole plugin
+    families = collect_families(
+        (impl.function for impl in pm.hook.dloom_register_families.get_hookimpls()), name, registry.families
+    )
+    registry.families.add(families)
     for strategy in registered:
         registry.strategies[strategy.name] = strategy
     hooks = set(hooks_implemented_by(module))
@@ -320,6 +336,12 @@ def real_interrupts() -> Iterator[list[int]]:
 def load_registry() -> Registry:
     """Load every selected plugin from the ``dloom`` entry-point group into a new registry."""
     registry = Registry()
+    try:
+        version = importlib.metadata.version(BUILTIN_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
+        version = "unknown"
+    for name, module in CORE_PLUGINS.items():
+        _register_plugin(registry, name, importlib.import_module(module), version, builtin=True)
     with real_interrupts() as received:
         for ep in _entry_points():
             _load_entry_point(registry, ep, received)

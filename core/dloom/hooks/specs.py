@@ -13,8 +13,9 @@ span), ``V`` vocabulary size, ``N`` drafts of a draft graph (plus the root, node
 of a verification layout, ``S`` its width.
 
 Besides the five decoding hooks (:data:`DECODING_HOOKS`), ``dloom_register_strategies``
-registers strategies, ``dloom_register_commands`` adds commands to the ``dloom`` command line
-and ``dloom_configure`` lets the plugins of a decoder check its settings once.
+registers strategies, ``dloom_register_families`` model families, ``dloom_register_commands``
+adds commands to the ``dloom`` command line and ``dloom_configure`` lets the plugins of a
+decoder check its settings once.
 
 Every list of hook names the core uses is derived here, from the specifications themselves:
 :data:`HOOKS` (all of them), :data:`DECODING_HOOKS` (the single-answer ones, which the
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     import torch
     import typer
 
+    from dloom.model.families import FamilyRegistration
     from dloom.types import (
         BlockSchedule,
         ChainLayout,
@@ -62,6 +64,23 @@ def dloom_register_strategies(register: Callable[[StrategyRegistration], None]) 
     :param register: call it once per strategy with a
         :class:`~dloom.types.StrategyRegistration`. The core stamps each strategy with the
         name of the plugin that registered it and rejects a name that is already taken.
+    """
+
+
+@hookspec
+def dloom_register_families(register: Callable[[FamilyRegistration], None]) -> None:
+    """Register the model families this plugin provides.
+
+    Called once per process on the global registry, for every loaded plugin (the core's
+    families first, :mod:`dloom.model.builtin_families`), like
+    :func:`dloom_register_strategies`.
+
+    :param register: call it once per family with a
+        :class:`~dloom.model.families.FamilyRegistration` (a profile and its native layout).
+        The core stamps each family with the plugin's name and refuses a name or a
+        ``model_type``, architecture or code module that another family already claims
+        (the plugin is then reported and skipped); :mod:`dloom.model.families` gives the
+        precedence by which a config's family is recognised.
     """
 
 

@@ -8,7 +8,10 @@
   are read off the model once, there.
 * :mod:`dloom.model.runner`: the model runner, block forwards over ``transformers`` KV caches
   (Fast-dLLM's prefix and dual cache).
-* :mod:`dloom.model.profiles`: model families, the conventions a checkpoint's config implies.
+* :mod:`dloom.model.profiles`: model families, the conventions a checkpoint's config implies;
+  :mod:`dloom.model.families`: a family (profile and native layout) as a registration of the
+  ``dloom_register_families`` hook, and how a config's family is recognised;
+  :mod:`dloom.model.builtin_families`: the core's families, registered through that hook.
 * :mod:`dloom.model.checkpoints`, :mod:`dloom.model.files`, :mod:`dloom.model.json_files`,
   :mod:`dloom.model.config_limits`, :mod:`dloom.model.tensor_check`: reading and checking a
   checkpoint's files, config and tensors before loading it.

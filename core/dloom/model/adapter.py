@@ -23,17 +23,12 @@ from typing import Any
 import torch
 
 from dloom.errors import ModelError
-from dloom.model.checkpoints import native_config, native_layout
+from dloom.model.checkpoints import NativeLayout, native_config
 from dloom.model.config_limits import check_size_against_weights, check_token_ids
+from dloom.model.families import needs_remote_code
 from dloom.model.files import check_model_files, tensor_headers
 from dloom.model.json_files import MAX_TOKENIZER_BYTES, read_json, read_json_object
-from dloom.model.profiles import (
-    BLOCK_ALIGNMENTS,
-    ModelProfile,
-    config_dict,
-    detect_profile,
-    needs_remote_code,
-)
+from dloom.model.profiles import BLOCK_ALIGNMENTS, ModelProfile, config_dict
 from dloom.model.tensor_check import check_tensors
 
 ATTENTION_KINDS = ("bidirectional", "block-causal", "causal")
@@ -365,18 +360,17 @@ def _eos_ids(raw: dict[str, Any], path: Path, tokenizer: Any, profile: ModelProf
 
 
 def _load_network(
-    path: Path, raw: dict[str, Any], profile: ModelProfile, model_kwargs: dict[str, Any]
+    path: Path, raw: dict[str, Any], layout: NativeLayout | None, model_kwargs: dict[str, Any]
 ) -> tuple[Any, torch.nn.Module]:
-    """The checkpoint's config and model: onto the family's native class when
-    :mod:`dloom.model.checkpoints` knows its layout (no remote code), else as ``transformers``
-    loads it. Before any weight is read, the config's size is checked against the bytes
+    """The checkpoint's config and model: onto the family's native class when its family
+    has a ``layout`` (no remote code), else as ``transformers`` loads it. Before any weight
+    is read, the config's size is checked against the bytes
     of its tensors (:func:`dloom.model.config_limits.check_size_against_weights`) and the
     tensors' names, shapes and dtypes against the model built from it on the ``meta``
     device (:func:`dloom.model.tensor_check.check_tensors`); only a checkpoint that runs its own
     modelling code (``auto_map`` with ``trust_remote_code``) is loaded unchecked."""
     import transformers
 
-    layout = native_layout(profile.name)
     where = repr(str(path / "config.json"))
     if layout is not None:
         config = native_config(layout, raw)
@@ -457,10 +451,12 @@ def load_model(
 ) -> ModelAdapter:
     """Load a model and its tokenizer from a local directory or a toy-zoo name.
 
-    The model's family is recognised from its ``config.json`` (:func:`dloom.model.profiles.
-    detect_profile`). A known family (LLaDA, Dream, SDAR, SDAR-MoE, Fast-dLLM v2) is loaded onto
-    ``transformers``' own class with its config and tensor names translated
-    (:mod:`dloom.model.checkpoints`); its ``.py`` files are never imported, whatever
+    The model's family is recognised from its ``config.json`` among the registered families
+    (:meth:`dloom.model.families.FamilyTable.detect`; plugins add families through
+    ``dloom_register_families``). A known family (LLaDA, Dream, SDAR, SDAR-MoE, Fast-dLLM v2, or a
+    plugin's with a layout) is loaded onto ``transformers``' own class with its config and
+    tensor names translated (its :class:`~dloom.model.checkpoints.NativeLayout`); its ``.py``
+    files are never imported, whatever
     ``trust_remote_code`` says. Conventions come from, in order: the arguments, the config's
     ``dloom`` section (``mask_token_id``, ``eos_token_ids``, ``shift``, ``attention``,
     ``block_length``, ``block_alignment``, ``gen_length``), the config's own fields
@@ -490,18 +486,21 @@ def load_model(
         if dtype not in DTYPES:
             raise ModelError(f"dtype {dtype!r} is not supported; allowed: {', '.join(DTYPES)}")
         dtype = DTYPES[dtype]
+    from dloom.hooks.registry import get_registry
+
     raw = config_dict(path)
-    profile = detect_profile(raw)
+    family = get_registry().families.detect(raw)
+    profile = family.profile
     if profile.unsupported:
         raise ModelError(f"model {name!r} is {profile.family}; {profile.unsupported}")
-    if needs_remote_code(raw, profile) and not trust_remote_code:
+    if needs_remote_code(raw, family) and not trust_remote_code:
         raise ModelError(
             f"model {name!r} (model_type {raw.get('model_type')!r}) ships its own modelling "
             "code (auto_map in config.json) and is no family dloom knows; dloom never runs it "
             "unless asked: read the .py files in the checkpoint, then pass --trust-remote-code "
             "(trust_remote_code=True)"
         )
-    remote = trust_remote_code and native_layout(profile.name) is None
+    remote = trust_remote_code and family.layout is None
     model_kwargs: dict[str, Any] = {"dtype": dtype, "local_files_only": True, "trust_remote_code": remote}
     if device_map is not None:
         if not transformers.utils.is_accelerate_available():
@@ -510,7 +509,7 @@ def load_model(
                 "accelerate); or load on one device with --device"
             )
         model_kwargs["device_map"] = device_map
-    config, model = _load_network(path, raw, profile, model_kwargs)
+    config, model = _load_network(path, raw, family.layout, model_kwargs)
     if device_map is None:
         model = model.to(device)
     model = model.eval()

@@ -13,7 +13,8 @@ loads each checkpoint onto the native class instead:
 The native classes keep SDPA (and flash attention where it is installed), ``transformers``
 caches and ``device_map`` working, and they compute RoPE's ``inv_freq`` themselves (the
 buffers that ``transformers`` 5 leaves uninitialised in the remote code).
-:func:`native_layout` says which layout (if any) applies to a config, and
+Each layout is registered with its family's profile as one
+:class:`dloom.model.families.FamilyRegistration` (:mod:`dloom.model.builtin_families`), and
 :func:`dloom.model.tensor_check.check_tensors` checks a checkpoint's tensor names, shapes and
 dtypes against the native model before any weight is read; a checkpoint's ``.py`` files
 are never imported.
@@ -32,7 +33,8 @@ from dloom.errors import ModelError
 class NativeLayout:
     """How one family's checkpoint maps onto a native ``transformers`` class.
 
-    :ivar family: the profile name it serves (``"llada"``).
+    :ivar family: the name of the profile it is registered with (``"llada"``), used in
+        messages.
     :ivar model_type: the native ``model_type`` (``"llama"``, ``"qwen2"``, ``"qwen3"``,
         ``"qwen3_moe"``).
     :ivar convert: the checkpoint's config dict -> keyword arguments of the native config.
@@ -190,20 +192,13 @@ LLADA_KEYS = {
     _block("ff_out"): r"model.layers.\1.mlp.down_proj.",
 }
 
-LAYOUTS: dict[str, NativeLayout] = {
-    "llada": NativeLayout("llada", "llama", _llada_config, LLADA_KEYS),
-    "dream": NativeLayout("dream", "qwen2", _qwen_config(causal=False)),
-    "sdar": NativeLayout("sdar", "qwen3", _qwen_config(causal=True)),
-    # Tensor names are Qwen3-MoE's own (``mlp.gate``, ``mlp.experts.E.{gate,up,down}_proj``);
-    # transformers' qwen3_moe weight conversion stacks the experts at load time.
-    "sdar-moe": NativeLayout("sdar-moe", "qwen3_moe", _sdar_moe_config),
-    "fast-dllm-v2": NativeLayout("fast-dllm-v2", "qwen2", _qwen_config(causal=True)),
-}
-
-
-def native_layout(profile_name: str) -> NativeLayout | None:
-    """The native layout of a family, or ``None`` for one loaded as it is."""
-    return LAYOUTS.get(profile_name)
+LLADA_LAYOUT = NativeLayout("llada", "llama", _llada_config, LLADA_KEYS)
+DREAM_LAYOUT = NativeLayout("dream", "qwen2", _qwen_config(causal=False))
+SDAR_LAYOUT = NativeLayout("sdar", "qwen3", _qwen_config(causal=True))
+# Tensor names are Qwen3-MoE's own (``mlp.gate``, ``mlp.experts.E.{gate,up,down}_proj``);
+# transformers' qwen3_moe weight conversion stacks the experts at load time.
+SDAR_MOE_LAYOUT = NativeLayout("sdar-moe", "qwen3_moe", _sdar_moe_config)
+FAST_DLLM_V2_LAYOUT = NativeLayout("fast-dllm-v2", "qwen2", _qwen_config(causal=True))
 
 
 def native_config(layout: NativeLayout, raw: Mapping[str, Any]) -> Any:

@@ -243,7 +243,8 @@ def check_model_files(
 
     :raises ModelError: naming the file or device that cannot be used.
     """
-    from dloom.model.profiles import detect_profile, needs_remote_code
+    from dloom.hooks.registry import get_registry
+    from dloom.model.families import needs_remote_code
 
     if device_map is None:
         check_device(device)
@@ -257,7 +258,7 @@ def check_model_files(
             return
         directory = zoo.locate(str(name_or_path))
     config = check_config(directory)
-    profile = detect_profile(config)
-    if profile.unsupported or (needs_remote_code(config, profile) and not trust_remote_code):
+    family = get_registry().families.detect(config)
+    if family.profile.unsupported or (needs_remote_code(config, family) and not trust_remote_code):
         return
     check_weights(directory)

@@ -4,10 +4,13 @@ A :class:`ModelProfile` records what dloom must know about one family of release
 checkpoints (LLaDA, Dream, SDAR, SDAR-MoE, Fast-dLLM v2, ...) beyond what its ``config.json`` says: the
 mask token, the EOS ids, whether logits are shifted by one, the attention kind, where a
 block-causal model's block size is written and how its blocks are laid out.
-:func:`detect_profile` picks the profile from the config alone (``model_type``,
-``architectures``, ``auto_map``); :func:`dloom.load_model` uses it for defaults that explicit
-arguments and the checkpoint's own files override, and loads the known families onto
-``transformers``' own classes (:mod:`dloom.model.checkpoints`), never running their code.
+:func:`dloom.load_model` uses the profile of the checkpoint's family for defaults that
+explicit arguments and the checkpoint's own files override, and loads the known families
+onto ``transformers``' own classes (:mod:`dloom.model.checkpoints`), never running their
+code. A family is a profile and its layout, registered through the
+``dloom_register_families`` hook (:mod:`dloom.model.families`; the built-in ones below in
+:mod:`dloom.model.builtin_families`), and recognised from the config alone
+(``model_type``, ``architectures``, ``auto_map``) by :meth:`dloom.model.families.FamilyTable.detect`.
 
 The facts below come from the released checkpoints' configs and code (``docs/models.md``
 cites the sources) and are checked against the published code on tiny checkpoints in the
@@ -223,11 +226,6 @@ TRANSFORMERS = ModelProfile(
     family="native transformers model (conventions from its config, e.g. the toy zoo)",
 )
 
-#: Families recognised from a config, tried in order.
-FAMILIES: tuple[ModelProfile, ...] = (
-    LLADA, DREAM, SDAR, SDAR_MOE, FAST_DLLM_V2, LLADA2, DIFFUSION_GEMMA,
-)
-
 
 def config_dict(config: Any) -> dict[str, Any]:
     """A config as a plain dict: a mapping, a ``transformers`` config or a directory (whose
@@ -239,38 +237,3 @@ def config_dict(config: Any) -> dict[str, Any]:
 
         return check_config(Path(config))
     return config.to_dict()
-
-
-def detect_profile(config: Any) -> ModelProfile:
-    """The profile of a checkpoint, from its config alone.
-
-    A known family (:data:`FAMILIES`) is recognised by ``model_type``, ``architectures`` or
-    the ``auto_map`` module names. Otherwise a config without a mask token whose attention
-    is not declared bidirectional (``is_causal`` is not ``False``, no ``dloom`` section) is a
-    :data:`CAUSAL_LM`; anything else is a :data:`TRANSFORMERS` model whose conventions all
-    come from the config.
-
-    :param config: a mapping, a ``transformers`` config or a checkpoint directory.
-    """
-    values = config_dict(config)
-    for profile in FAMILIES:
-        if profile.matches(values):
-            return profile
-    if (
-        values.get("mask_token_id") is None
-        and values.get("is_causal", True) is not False
-        and not values.get("dloom")
-    ):
-        return CAUSAL_LM
-    return TRANSFORMERS
-
-
-def needs_remote_code(config: Mapping[str, Any], profile: ModelProfile) -> bool:
-    """Whether loading the checkpoint would run code shipped with it: an ``auto_map`` for a
-    ``model_type`` that ``transformers`` does not know, outside the known families (which
-    load onto native classes)."""
-    if profile in FAMILIES or not config.get("auto_map"):
-        return False
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
-    return config.get("model_type") not in CONFIG_MAPPING
