@@ -301,6 +301,16 @@ CASES = [
              ConfigurationError, "dtype torch.float32", "integer dtype"),
     api_case("API: tensor id 99999", lambda env: lambda: env.decoder().generate(torch.tensor([[5, 99999]])),
              ModelError, "prompt 0", "token id 99999 at position 1"),
+    cli_case("a prompt of mask tokens only (issue 55)",
+             lambda env: ["generate", "--prompts", env.jsonl("masks.jsonl", [b'{"input_ids": [5, 6]}', b'{"input_ids": [1, 1, 1]}'])],
+             ConfigurationError, "masks.jsonl:2", "made only of the mask token (id 1)", "at least one other token"),
+    api_case("API: a prompt of mask tokens only (issue 55)",
+             lambda env: lambda: env.decoder().generate([[5, 6, 7, 8], [1, 1, 1]]),
+             ConfigurationError, "prompt 1 is made only of the mask token (id 1)"),
+    api_case("API: a padded tensor row of mask tokens only (issue 55)",
+             lambda env: lambda: env.decoder().generate(
+                 torch.tensor([[5, 6, 7, 8], [0, 1, 1, 1]]), torch.tensor([[1, 1, 1, 1], [0, 1, 1, 1]])),
+             ConfigurationError, "prompt 1 is made only of the mask token (id 1)"),
     api_case("API: text outside the vocabulary", lambda env: lambda: env.decoder().generate(["COPY HELLO"]),
              ModelError, "'COPY HELLO'", "characters outside the vocabulary"),
     api_case("API: flat list of ids", lambda env: lambda: env.decoder().generate([5, 6, 7]),
@@ -622,7 +632,7 @@ def test_bad_input_is_refused_clearly(case: Case, env: Env, monkeypatch):
 def test_the_matrix_covers_the_issue():
     """The closing note's count: every row is a distinct input."""
     names = [c.values[0].name if hasattr(c, "values") else c.name for c in CASES]
-    assert len(names) == len(set(names)) == 99
+    assert len(names) == len(set(names)) == 102
 
 
 # --- what is not a refusal -------------------------------------------------------------------

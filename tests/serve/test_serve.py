@@ -214,6 +214,7 @@ BAD_REQUESTS = [
     ({"extra_body": {"top_k": 5}}, 422, "top_k: Extra inputs are not permitted"),
     ({"prompt": ""}, 400, "prompt 0 is empty"),
     ({"prompt": [5, 999]}, 400, "token id 999; allowed: 0..56"),
+    ({"prompt": [[5, 6], [1, 1, 1]]}, 400, "prompt 1 is made only of the mask token (id 1)"),
     ({"prompt": "copy\nab"}, 400, "the model's tokenizer cannot encode the prompt"),
     ({"prompt": "copy " + "a" * 100}, 400, "exceeds the model's context of 128 tokens; dloom refuses it rather than truncate"),
     ({"model": "gpt-4"}, 404, "model 'gpt-4' is not served here"),

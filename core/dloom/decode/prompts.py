@@ -7,7 +7,8 @@
   on a GPU);
 * :func:`check_prompts` refuses prompts that cannot be decoded as given: text with
   characters the tokenizer cannot encode, token ids that are not integers (a float or a
-  bool would be truncated silently) or lie outside ``[0, vocab)``, and mixed batches.
+  bool would be truncated silently) or lie outside ``[0, vocab)``, mixed batches, and prompts
+  made only of the mask token (:func:`check_not_mask_only`).
 
 A bare string is one prompt: ``decoder.generate("copy ab")`` decodes ``["copy ab"]`` (as
 a tokenizer does with one text), never one prompt per character. Every message names the
@@ -126,8 +127,24 @@ def _check_ids(ids: Any, label: str, size: int | None) -> list[int]:
     return checked
 
 
+def check_not_mask_only(ids: Sequence[int], label: str, mask_token_id: int | None) -> None:
+    """Refuse a prompt made only of the mask token: it gives the model nothing to condition
+    on, every position's distribution is the same, and which position is decoded first is
+    left to floating-point rounding, which differs with the batch's shape (padding), so its
+    output would depend on the prompts it is batched with.
+
+    :raises ConfigurationError: naming the prompt and the mask id.
+    """
+    if mask_token_id is not None and ids and all(int(t) == mask_token_id for t in ids):
+        raise ConfigurationError(
+            f"{label} is made only of the mask token (id {mask_token_id}); a dLLM has nothing to "
+            "condition on and its output would depend on the batch; allowed: a prompt with at "
+            "least one other token"
+        )
+
+
 def _check_tensor(
-    prompts: torch.Tensor, attention_mask: torch.Tensor | None, size: int | None
+    prompts: torch.Tensor, attention_mask: torch.Tensor | None, size: int | None, mask_token_id: int | None,
 ) -> None:
     if prompts.dtype in (torch.bool,) or prompts.dtype.is_floating_point or prompts.is_complex():
         raise ConfigurationError(
@@ -140,16 +157,23 @@ def _check_tensor(
             f"attention_mask has shape {tuple(attention_mask.shape)}; allowed: the prompts' "
             f"shape {tuple(prompts.shape)}"
         )
-    if size is not None and prompts.numel():
-        low, high = torch.stack([prompts.min(), prompts.max()]).tolist()  # one host sync
-        if low < 0 or high >= size:
-            value = low if low < 0 else high
-            row, column = (prompts == value).nonzero()[0].tolist()
-            raise ModelError(
-                f"prompt {row} has token id {value} at position {column}, outside the "
-                f"vocabulary; allowed: 0 .. {size - 1}"
-            )
-
+    if not prompts.numel():
+        return
+    real = torch.ones_like(prompts, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    mask_id = -1 if mask_token_id is None else mask_token_id
+    only_masks = ((prompts == mask_id) | ~real).all(-1) & real.any(-1)
+    low, high, first_mask_only = torch.stack(  # one host sync
+        [prompts.min().long(), prompts.max().long(), torch.where(only_masks.any(), only_masks.long().argmax(), -1)]
+    ).tolist()
+    if size is not None and (low < 0 or high >= size):
+        value = low if low < 0 else high
+        row, column = (prompts == value).nonzero()[0].tolist()
+        raise ModelError(
+            f"prompt {row} has token id {value} at position {column}, outside the "
+            f"vocabulary; allowed: 0 .. {size - 1}"
+        )
+    if first_mask_only >= 0:
+        check_not_mask_only([mask_id], f"prompt {first_mask_only}", mask_token_id)
 
 def check_prompts(
     model: Any,
@@ -164,12 +188,13 @@ def check_prompts(
     :param prompts: texts, token-id lists, a bare string (one prompt) or a ``(B, P)``
         integer tensor.
     :param sources: one label per prompt for the messages (default ``"prompt i"``).
-    :raises ConfigurationError: for no prompts, a mixed batch, or ids that are not integers.
+    :raises ConfigurationError: for no prompts, a mixed batch, ids that are not integers, or a
+        prompt made only of the mask token.
     :raises ModelError: for text the tokenizer cannot encode or ids outside the vocabulary.
     """
     size = vocabulary_size(model)
     if isinstance(prompts, torch.Tensor):
-        _check_tensor(prompts, attention_mask, size)
+        _check_tensor(prompts, attention_mask, size, model.mask_token_id)
         return prompts
     if isinstance(prompts, str):
         prompts = [prompts]
@@ -196,5 +221,6 @@ def check_prompts(
         ids = _check_ids(ids, label, size)
         if not ids:
             raise ModelError(f"{label} is empty; every prompt needs at least one token")
+        check_not_mask_only(ids, label, model.mask_token_id)
         rows.append(ids)
     return rows

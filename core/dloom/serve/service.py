@@ -23,6 +23,7 @@ from typing import Any, cast
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from dloom.decode.prompts import check_not_mask_only
 from dloom.errors import DloomError, HTTPError, ModelError
 from dloom.model.adapter import ModelAdapter
 from dloom.serve.decoders import DecodeDefaults, DecoderPool, Resolved
@@ -187,6 +188,7 @@ class Service:
         if self.vocab_size is not None and not all(0 <= t < self.vocab_size for t in row):
             bad = next(t for t in row if not 0 <= t < self.vocab_size)
             raise ModelError(f"prompt {index} has token id {bad}; allowed: 0..{self.vocab_size - 1}")
+        check_not_mask_only(row, f"prompt {index}", self.model.mask_token_id)
         context = self.model.max_context
         if context is not None and len(row) + self.gen_length > context:
             raise ModelError(
