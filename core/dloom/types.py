@@ -613,10 +613,10 @@ class StrategyRegistration:
         edits) on the revisable kernel: it is offered them in ``selectable``, told apart from
         masked ones by :attr:`BlockSchedule.masked`. ``False``: a fill rule, offered masked
         positions only, on any kernel.
-    :ivar edit_budget: for an editing rule, the name of its parameter that bounds the post
-        steps of a block (steps begun with no mask in it): once they are spent the kernel
-        settles the block without a further forward. ``None``: no bound (a block settles
-        at a post step that changes nothing).
+    :ivar edit_budget: for an editing rule (required), the name of its integer parameter
+        that bounds the post steps of a block (steps begun with no mask in it): once they
+        are spent the kernel settles the block without a further forward, so every block
+        ends within the budget however the rule edits.
     :ivar kernels: the transition kernels the strategy supports (names of
         :data:`dloom.decode.transition.KERNELS`, chosen by the model's profile); a decoder
         pairing it with another kernel is refused when it is built. ``("absorbing",)``: a

@@ -142,3 +142,21 @@ def test_an_editing_rule_is_refused_on_the_absorbing_kernel_and_spiffy_on_the_re
         dloom.DiffusionDecoder(sharp_adapter, "joint_threshold", gen_length=8, block_length=4)
     with pytest.raises(ConfigurationError, match="'spiffy' supports the 'absorbing' kernel.*not the model's 'revisable'"):
         dloom.DiffusionDecoder(revisable(sharp_adapter), "spiffy+threshold", gen_length=8, block_length=4)
+
+
+def test_an_editing_rule_must_bound_its_post_steps():
+    """Without an edit budget a rule that always edits would keep its block open forever."""
+    from dloom.errors import PluginLoadError
+    from dloom.hooks.registry import check_registration
+    from dloom.types import Parameter, StrategyRegistration
+
+    unbounded = StrategyRegistration("edits_forever", object, edits=True, kernels=("revisable",))
+    with pytest.raises(PluginLoadError, match="edit_budget must name the integer parameter.*got None, allowed: none"):
+        check_registration(unbounded, [])
+    misnamed = StrategyRegistration(
+        "edits_forever", object, parameters=(Parameter("rounds", 4, int, "post steps"), Parameter("tau", 0.5, float, "x")),
+        edits=True, edit_budget="tau", kernels=("revisable",),
+    )
+    with pytest.raises(PluginLoadError, match="got 'tau', allowed: rounds"):
+        check_registration(misnamed, [])
+    check_registration(dataclasses.replace(misnamed, edit_budget="rounds"), [])

@@ -42,7 +42,8 @@ class RevisableKernel(KernelStep):
         kernel is the absorbing one.
     :param post_step_budget: the most post steps a block takes (the editing rule's edit
         budget): a block whose post steps are spent settles without a further forward.
-        ``None``: no bound.
+        ``None`` (a rule built outside the registry): none beyond a post step that changes
+        nothing.
 
     :ivar post_steps: ``(B,)`` long, each row's steps in its block since the block held no
         mask (the step that began so included).

@@ -174,7 +174,9 @@ def check_registration(registration: StrategyRegistration, others: Iterable[Stra
     registered before it).
 
     :raises PluginLoadError: a decoder not in :data:`dloom.types.DECODERS`, an option
-        that names none of the strategy's parameters, or one another strategy owns.
+        that names none of the strategy's parameters, or one another strategy owns; an
+        editing rule whose ``edit_budget`` names none of its integer parameters (a block it
+        edits must settle within a bound).
     """
     where = f"strategy {registration.name!r}"
     if registration.decoder not in DECODERS:
@@ -182,6 +184,13 @@ def check_registration(registration: StrategyRegistration, others: Iterable[Stra
             f"{where} names decoder {registration.decoder!r}; allowed: {', '.join(DECODERS)}"
         )
     parameters = [p.name for p in registration.parameters]
+    if registration.edits:
+        budgets = [p.name for p in registration.parameters if p.kind is int]
+        if registration.edit_budget not in budgets:
+            raise PluginLoadError(
+                f"{where} edits, so its edit_budget must name the integer parameter that bounds "
+                f"a block's post steps; got {registration.edit_budget!r}, allowed: {', '.join(budgets) or 'none'}"
+            )
     owners = {option: s.name for s in others for option in s.registration.options}
     for option in registration.options:
         if option not in parameters:
