@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import dloom
+from dloom.decode.commit import sorted_profile
 from dloom.decode.revisable import RevisableKernel
 from dloom.errors import ConfigurationError
 from dloom.hooks.composition import build_plugin_manager, compose
@@ -160,3 +161,44 @@ def test_an_editing_rule_must_bound_its_post_steps():
     with pytest.raises(PluginLoadError, match="got 'tau', allowed: rounds"):
         check_registration(misnamed, [])
     check_registration(dataclasses.replace(misnamed, edit_budget="rounds"), [])
+
+
+class EditOnce:
+    """A third-party editing rule, as docs/hooks.md describes one: the most confident masked
+    position, and every offered filled position in the block's first post step only."""
+
+    def __init__(self, rounds: int) -> None:
+        self.rounds = rounds
+        self.seen: list[tuple[bool, bool]] = []
+
+    @dloom.hookimpl
+    def dloom_select_commit(self, confidence, selectable, schedule):
+        masked = selectable & schedule.masked
+        self.seen.append((bool((selectable & ~schedule.masked).any()), bool((schedule.post_steps > 0).any())))
+        _, ranks = sorted_profile(confidence, masked)
+        edits = selectable & ~schedule.masked & (schedule.post_steps == 1).unsqueeze(1)
+        return (masked & (ranks == 0)) | edits
+
+
+def test_a_registered_third_party_editing_rule_is_offered_filled_positions(sharp_adapter, monkeypatch):
+    from dloom.hooks.registry import Strategy, get_registry
+    from dloom.types import Parameter, StrategyRegistration
+
+    rules: list[EditOnce] = []
+
+    def build(rounds):
+        rules.append(EditOnce(rounds))
+        return rules[-1]
+
+    registration = StrategyRegistration(
+        "edit_once", build, parameters=(Parameter("rounds", 3, int, "post steps"),),
+        kernels=("revisable",), edits=True, edit_budget="rounds",
+    )
+    monkeypatch.setitem(get_registry().strategies, "edit_once", Strategy("edit_once", "test", registration))
+    result = dloom.DiffusionDecoder(revisable(sharp_adapter), "edit_once", gen_length=8, block_length=4).generate(PROMPTS)
+    offered_edits = any(edits for edits, _ in rules[-1].seen)
+    post_steps_seen = any(post for _, post in rules[-1].seen)
+    assert offered_edits and post_steps_seen
+    fills_only = dloom.DiffusionDecoder(sharp_adapter, "quota", gen_length=8, block_length=4, steps=8).generate(PROMPTS)
+    # one position per step, then post steps: at least one more forward per block than filling alone
+    assert all(int(a) > int(b) for a, b in zip(result.nfe, fills_only.nfe))
