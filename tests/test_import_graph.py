@@ -16,7 +16,8 @@ annotation naming a module depends on it as much as a call does). The rules:
   never on import, and are not edges.
 * Layers, lowest first: the library, then the front-ends ``dloom.serve`` (the HTTP server),
   ``dloom.ray`` (scale-out; its Ray Serve deployment wraps the HTTP server) and
-  ``dloom.cli`` (the command line, which mounts ``dloom serve`` and ``--ray``). A module imports only modules of its own layer or lower ones.
+  ``dloom.cli`` (the command line, which mounts ``dloom serve`` and ``--ray``), and last the
+  plugin SDK ``dloom.sdk``. A module imports only modules of its own layer or lower ones.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ from pathlib import Path
 import pytest
 
 CORE = Path(__file__).resolve().parents[1] / "core" / "dloom"
-FRONT_ENDS = {"dloom.serve": 1, "dloom.ray": 2, "dloom.cli": 3}
-"""Each front-end's layer; every other module of ``dloom`` is the library, layer 0."""
+FRONT_ENDS = {"dloom.serve": 1, "dloom.ray": 2, "dloom.cli": 3, "dloom.sdk": 4}
+"""Each front-end's layer, and above them the plugin SDK (``dloom.sdk.cli`` hands plugins the
+command line's helpers), which no module of the package imports; every other module of
+``dloom`` is the library, layer 0."""
 PLUGIN_PACKAGE = "dloom_plugins"
 
 Edges = dict[str, dict[str, int]]
@@ -187,8 +190,9 @@ SUBPACKAGES = {
                "commit", "logprobs", "batching", "oracle", "step"},
     "ar": {"target", "decoder", "result", "chains"},
     "cli": {"commands", "exits", "plugins"},
+    "sdk": {"cli", "zoo"},
 }
-"""The library's subpackages by role and the command line, with their modules."""
+"""The library's subpackages by role, the command line and the plugin SDK, with their modules."""
 TOP_LEVEL = {"__init__", "types", "errors", "metrics", "factory", "evaluation", "startup", "old_paths"}
 """The only modules directly in ``dloom/``: the public API and what every role shares."""
 
