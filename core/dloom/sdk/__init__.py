@@ -11,6 +11,18 @@ zoo's model names and task prompts). Every other module of the package (``dloom.
 ``dloom.model``, ``dloom.hooks``, ``dloom.ar``, ...) is internal: it may move or change in
 any release, and only the SDK's modules map its names to where they live now.
 
+Names the reference below lists without an entry of their own:
+
+* ``hookimpl``: the marker of a hook implementation, ``@hookimpl def dloom_select_commit(...)``
+  (a function or a method; the hooks are in the hook reference);
+* ``DIFFUSION`` (``"diffusion"``) and ``AR_TARGET`` (``"ar-target"``): the decoders a
+  registration's ``decoder`` names;
+* ``StrategySpec``: what names a strategy, a string (``"spiffy+quota"``), a plugin object or
+  a list of those;
+* ``ACCEPT_TAG`` and ``RESAMPLE_TAG``: the tags of the arrays a chain verifier draws from a
+  row's :class:`RowStreams` besides the target kernel's own sample (the ratio test's accept
+  and resample draws; a drafter's kernel steps use the tags 0 and 1).
+
 **Version policy.** dloom is 0.x. In 0.x:
 
 * a patch release (``0.x.y`` to ``0.x.y+1``) changes no name, signature or field of the SDK;

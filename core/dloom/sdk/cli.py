@@ -3,6 +3,12 @@
 spells ``--model`` or ``--strategy`` as the core's do, and the helpers the core's commands
 use to build a decoder, read prompts, refuse an output path and report an error.
 
+The option defaults, each the core commands' own (a ``typer.Option``): ``ModelOption``
+(``--model``), ``StrategyOption`` (``--strategy``), ``ParamOption`` (``--param``),
+``GenLengthOption``, ``BlockLengthOption``, ``StepsOption``, ``TemperatureOption``,
+``RemaskingOption``, ``CacheOption``, ``CacheRefreshOption``, ``DeviceOption``,
+``DtypeOption`` and ``JsonOption`` (``--json``).
+
 Importing this module imports the command line (typer, rich); :mod:`dloom.sdk` does not.
 The version policy is :mod:`dloom.sdk`'s.
 """

@@ -1,6 +1,9 @@
 """The SDK's view of the toy zoo: the model names it resolves and the prompts of its task
 suite (for a plugin that calibrates or evaluates on them, as Spiffy's ``dloom calibrate``).
 
+``MODEL_NAMES``: the zoo's model names (``toy-dllm``, ``toy-ar``, ...), which ``--model``
+and :func:`dloom.load_model` resolve.
+
 Importing this module imports the task suite; :mod:`dloom.sdk` does not. The version policy
 is :mod:`dloom.sdk`'s.
 """
