@@ -91,16 +91,22 @@ def test_every_sdk_name_resolves(name):
     assert missing == []
 
 
-def test_the_sdk_cli_consoles_follow_the_command_line(monkeypatch):
+def test_the_sdk_cli_reports_where_the_command_line_reports(monkeypatch):
+    """A plugin's command prints and fails through the command line's consoles and report,
+    even when those are swapped (as the tests of the core's commands swap them)."""
     from rich.console import Console
 
     from dloom.cli import commands
     from dloom.sdk import cli
 
     swapped, swapped_err = Console(width=50), Console(width=60, stderr=True)
+    reported: list[Exception] = []
     monkeypatch.setattr(commands, "console", swapped)
     monkeypatch.setattr(commands, "err_console", swapped_err)
-    assert cli.stdout() is swapped and cli.stderr() is swapped_err
+    monkeypatch.setattr(commands, "fail", reported.append)
+    error = dloom.sdk.ConfigurationError("bad")
+    cli.fail(error)
+    assert cli.stdout() is swapped and cli.stderr() is swapped_err and reported == [error]
 
 
 def test_the_sdk_holds_the_whole_top_level_api():

@@ -34,7 +34,6 @@ from dloom.cli.commands import (
     TemperatureOption,
     build_decoder,
     check_output,
-    fail,
     read_prompts,
 )
 
@@ -70,3 +69,9 @@ def stdout() -> Console:
 def stderr() -> Console:
     """The console for notes and progress bars (standard error), read at each call."""
     return _commands.err_console
+
+
+def fail(error: Exception) -> None:
+    """Report ``error`` as the core's commands report a dloom error (``error: ...`` on
+    standard error) and exit with status 2 (the command line's own report, read at each call)."""
+    _commands.fail(error)
