@@ -8,6 +8,8 @@
   except a block right after a ``<!-- no-run -->`` comment;
 * the plugin tutorial (``docs/plugins.md``) builds: its files make a package that pip
   installs, ``dloom plugins`` lists it as documented, and its own tests pass;
+* the plugin page lists the whole SDK, the API reference turns Sphinx roles into code, and
+  no diagram needs a CDN;
 * the README and the docs' home page show the headline table of the latest report, and
   Fréchet's default δ is the one that report chose at matched accuracy.
 """
@@ -234,6 +236,46 @@ def test_the_plugin_tutorial_builds_installs_lists_and_passes_its_tests(tmp_path
         for module in ("dloom_top_k", "test_top_k"):
             sys.modules.pop(module, None)
         reset_registry()
+
+
+# --- the SDK and the API reference -------------------------------------------------------
+
+
+def test_the_plugin_page_lists_the_whole_sdk():
+    """The table of ``docs/plugins.md#the-sdk`` names each name of ``dloom.sdk`` once, and
+    nothing else."""
+    import dloom.sdk
+
+    section = (DOCS / "plugins.md").read_text().split("\n## The SDK\n")[1].split("\n## ")[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| For ")]
+    assert sorted(re.findall(r"`(\w+)`", "\n".join(rows))) == sorted(dloom.sdk.__all__)
+
+
+def sphinx_roles():
+    spec = importlib.util.spec_from_file_location("sphinx_roles", ROOT / "docs_extensions" / "sphinx_roles.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_api_reference_turns_sphinx_roles_into_code():
+    markdown = sphinx_roles().markdown
+    assert markdown("See :class:`~dloom.sdk.KernelStep` and :func:`dloom.sdk.commit_top`.") == (
+        "See `KernelStep` and `dloom.sdk.commit_top`."
+    )
+    assert markdown(":meth:`~.settings.FailFastSettings.load` (:data:`HOOKS`)") == "`load` (`HOOKS`)"
+    assert markdown("Decode::\n\n    decoder.generate(prompts)\n\nA :: B") == (
+        "Decode:\n\n    decoder.generate(prompts)\n\nA :: B"
+    )
+    config = (ROOT / "mkdocs.yml").read_text()
+    for option in ("docs_extensions/sphinx_roles.py:SphinxRoles", "inherited_members: false", 'filters: ["!^_"]'):
+        assert option in config
+
+
+def test_diagrams_render_offline():
+    """No page draws with mermaid, which the theme fetches from a CDN: diagrams are text."""
+    assert [p.name for p in PAGES if "```mermaid" in p.read_text()] == []
+    assert "mermaid" not in (ROOT / "mkdocs.yml").read_text()
 
 
 # --- the headline table ------------------------------------------------------------------

@@ -34,9 +34,11 @@ ROOT = Path(__file__).resolve().parents[1]
 CORE = ROOT / "core" / "dloom"
 PLUGINS = ROOT / "plugins" / "dloom_plugins"
 PLUGIN_PACKAGE = "dloom_plugins"
-FRONT_ENDS = {"dloom.serve": 1, "dloom.ray": 2, "dloom.cli": 3}
-"""Each front-end's layer; every other module of ``dloom`` is the library, layer 0."""
-PLUGIN_LAYER = 4
+FRONT_ENDS = {"dloom.serve": 1, "dloom.ray": 2, "dloom.cli": 3, "dloom.sdk": 4}
+"""Each front-end's layer, and above them the plugin SDK (``dloom.sdk.cli`` hands plugins the
+command line's helpers), which no module of the package imports; every other module of
+``dloom`` is the library, layer 0."""
+PLUGIN_LAYER = 5
 SDK = "dloom.sdk"
 """The plugins' one way into the core, beside the top-level ``dloom``."""
 DRAWING = {"rich"}

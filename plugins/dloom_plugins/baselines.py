@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from dloom import BlockSchedule, Claim, Parameter, StrategyRegistration, hookimpl
-from dloom.decode.commit import commit_top, sorted_profile
+from dloom.sdk import commit_top, sorted_profile
 
 
 class QuotaCommit:

@@ -6,11 +6,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dloom.ar.decoder import ARTargetDecoder, load_ar_target_decoder
-from dloom.errors import ConfigurationError
-from dloom.hooks.composition import StrategySpec, compose
-from dloom.hooks.registry import Registry
-from dloom.model.adapter import ModelAdapter
+from dloom.sdk import (
+    ARTargetDecoder,
+    ConfigurationError,
+    ModelAdapter,
+    Registry,
+    StrategySpec,
+    compose,
+    load_ar_target_decoder,
+)
 
 from .plugin import FailFast
 from .settings import FailFastSettings

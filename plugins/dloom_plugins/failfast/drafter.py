@@ -19,15 +19,26 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import DynamicCache
 
-from dloom.decode.kernel import KernelStep, RowStreams, without_mask
-from dloom.decode.step import ForwardPlan, StepInput
-from dloom.errors import HookContractError, NonFiniteLogitsError
-from dloom.model.adapter import ModelAdapter, padding_or_none, position_ids_from_mask
-from dloom.model.runner import BlockForward, record_view
-from dloom.types import ChainState, DraftChains, VerificationLayout
+from dloom.sdk import (
+    BlockForward,
+    ChainState,
+    DraftChains,
+    ForwardPlan,
+    HookContractError,
+    KernelStep,
+    ModelAdapter,
+    NonFiniteLogitsError,
+    RowStreams,
+    StepInput,
+    VerificationLayout,
+    padding_or_none,
+    position_ids_from_mask,
+    record_view,
+    without_mask,
+)
 
 if TYPE_CHECKING:
-    from dloom.decode.decoder import DiffusionDecoder
+    from dloom.sdk import DiffusionDecoder
 
 
 class DrafterKernel(KernelStep):

@@ -16,11 +16,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dloom.decode.decoder import DiffusionDecoder
-from dloom.decode.decoders import DIFFUSION
-from dloom.errors import CompositionError, ConfigurationError, UnknownStrategyError
-from dloom.hooks.composition import Composition, compose
-from dloom.model.adapter import ModelAdapter
+from dloom.sdk import (
+    DIFFUSION,
+    Composition,
+    CompositionError,
+    ConfigurationError,
+    DiffusionDecoder,
+    ModelAdapter,
+    UnknownStrategyError,
+    compose,
+)
 
 from .settings import FailFastSettings
 

@@ -19,9 +19,17 @@ from typing import Any
 import torch
 
 from dloom import hookimpl
-from dloom.ar.chains import TargetKernel, chain_layout, match_chains
-from dloom.errors import ConfigurationError, ModelError
-from dloom.types import ChainLayout, ChainState, ChainVerdict, DraftChains
+from dloom.sdk import (
+    ChainLayout,
+    ChainState,
+    ChainVerdict,
+    ConfigurationError,
+    DraftChains,
+    ModelError,
+    TargetKernel,
+    chain_layout,
+    match_chains,
+)
 
 from .drafter import DraftingRound
 from .drafter_decoder import drafter_decoder

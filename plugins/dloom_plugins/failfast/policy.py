@@ -7,7 +7,7 @@ import dataclasses
 
 import torch
 
-from dloom.types import DraftChains
+from dloom.sdk import DraftChains
 
 from .settings import FailFastSettings
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dloom.errors import ConfigurationError, ModelError
-from dloom.model.adapter import ModelAdapter
+from dloom.sdk import ConfigurationError, ModelAdapter, ModelError
 
 POLICIES = ("failfast", "naive")
 VERIFICATIONS = ("match", "ratio")

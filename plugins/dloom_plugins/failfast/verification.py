@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from dloom.ar.chains import ACCEPT_TAG, RESAMPLE_TAG
-from dloom.decode.kernel import RowStreams, gumbel_argmax, uniform_noise
+from dloom.sdk import ACCEPT_TAG, RESAMPLE_TAG, RowStreams, gumbel_argmax, uniform_noise
 
 
 def verify_ratio(

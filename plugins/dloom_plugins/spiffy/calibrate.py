@@ -32,8 +32,7 @@ from typing import Any
 import torch
 
 from dloom import DiffusionDecoder
-from dloom.decode.session import StepRecord
-from dloom.errors import ConfigurationError
+from dloom.sdk import ConfigurationError, StepRecord
 
 from .frame import rank_frame
 from .graph import CalibratedGraph, GraphNode

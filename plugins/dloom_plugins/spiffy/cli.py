@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any, cast
 import typer
 from rich.progress import Progress
 
-from dloom.cli import commands as core
-from dloom.cli.commands import (
+from dloom.sdk import DIFFUSION, ConfigurationError, DloomError, decoder_kind
+from dloom.sdk.cli import (
     BlockLengthOption,
     DeviceOption,
     DtypeOption,
@@ -25,12 +25,14 @@ from dloom.cli.commands import (
     TemperatureOption,
     build_decoder,
     check_output,
+    fail,
     read_prompts,
+    stderr,
+    stdout,
 )
-from dloom.errors import ConfigurationError, DloomError
 
 if TYPE_CHECKING:
-    from dloom.decode.decoder import DiffusionDecoder
+    from dloom.sdk import DiffusionDecoder
 
 
 def register_commands(cli: typer.Typer) -> None:
@@ -63,8 +65,7 @@ def calibrate(
     force: bool = typer.Option(False, "--force", help="Overwrite --output if it exists."),
 ) -> None:
     """Record the base strategy's transitions and write a Spiffy draft graph of D nodes."""
-    from dloom.decode.decoders import DIFFUSION, decoder_kind
-    from dloom.evaluation import select_examples
+    from dloom.sdk.zoo import select_examples
 
     from .calibrate import calibrate as run_calibration
 
@@ -88,7 +89,7 @@ def calibrate(
             block_length=block_length, steps=steps, temperature=temperature,
             remasking=remasking, seed=seed,
         ))
-        with Progress(console=core.err_console, transient=True) as bar:
+        with Progress(console=stderr(), transient=True) as bar:
             task = bar.add_task("calibrating", total=len(prompts))
             graph = run_calibration(
                 decoder, prompts, budget, token_ranks=token_ranks, score=score, batch_size=batch_size,
@@ -96,9 +97,9 @@ def calibrate(
             )
         graph.save(output)
     except DloomError as error:
-        core.fail(error)
+        fail(error)
     info = graph.calibration
-    core.console.print(
+    stdout().print(
         f"wrote {output}: {graph.budget} nodes from {info['paths']} paths over {len(prompts)} "
         f"prompts ({info['distinct_formulas']} distinct formulas), base {decoder.composition.name}, "
         f"block {graph.block_length}"

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dloom.decode.kernel import propose, without_mask
+from dloom.sdk import propose, without_mask
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from dloom.errors import ConfigurationError
+from dloom.sdk import ConfigurationError
 
 FORMAT = "dloom-draft-graph"
 VERSION = 1
@@ -321,7 +321,7 @@ def calibrate_command(config: Mapping[str, Any]) -> str:
     """The ``dloom calibrate`` command that makes a graph for the decoder whose
     :attr:`~dloom.DiffusionDecoder.setup` is ``config``, or, for a model built in memory
     (not a zoo name or directory), what to do instead."""
-    from dloom import zoo
+    from dloom.sdk.zoo import MODEL_NAMES
 
     model = str(config["model"])
     options = [f"--strategy {config['commit_rule']}"]
@@ -333,7 +333,7 @@ def calibrate_command(config: Mapping[str, Any]) -> str:
     if steps is not None and steps != gen_length:
         options.append(f"--steps {steps}")
     command = f"dloom calibrate {{model}} {' '.join(options)} -o graph.json"
-    if model in zoo.MODEL_NAMES or Path(model).is_dir():
+    if model in MODEL_NAMES or Path(model).is_dir():
         return f"Calibrate one with `{command.format(model='--model ' + shlex.quote(model))}`"
     return (
         f"Model {model!r} is built in memory, so it cannot be calibrated by name; save it "

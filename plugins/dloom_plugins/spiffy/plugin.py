@@ -47,9 +47,17 @@ from typing import Any
 import torch
 
 from dloom import hookimpl
-from dloom.decode.speculation import follow_graph, layout_drafts
-from dloom.errors import ConfigurationError, warn
-from dloom.types import DecodeState, DraftGraph, NodeLogits, Verdict, VerificationLayout
+from dloom.sdk import (
+    ConfigurationError,
+    DecodeState,
+    DraftGraph,
+    NodeLogits,
+    Verdict,
+    VerificationLayout,
+    follow_graph,
+    layout_drafts,
+    warn,
+)
 
 from .frame import rank_frame
 from .graph import (
