@@ -195,6 +195,39 @@ def test_generate_defaults_to_quota(tiny_model_dir, prompts_file):
     assert all(r["tpf"] <= 1.0 for r in rows)
 
 
+HOOK_SWAP = "spiffy+quota+threshold@select_commit"  # threshold's commit rule replaces quota's
+
+
+@pytest.mark.filterwarnings("ignore:no built-in draft graph")  # an uncalibrated graph still drafts
+def test_generate_takes_a_hook_swap(tiny_model_dir, prompts_file):
+    """``NAME@HOOK`` in ``--strategy`` runs, with the tokens of the composition it amounts to."""
+    swapped, plain = (
+        invoke(*generate_args(tiny_model_dir, prompts_file, "--strategy", spec, "--param", "tau=0.8"))
+        for spec in (HOOK_SWAP, "spiffy+threshold")
+    )
+    assert swapped.exit_code == plain.exit_code == 0, swapped.output
+    rows = [json.loads(line) for line in swapped.stdout.splitlines()]
+    assert {r["config"]["strategy"] for r in rows} == {HOOK_SWAP}
+    assert [r["tokens"] for r in rows] == [json.loads(line)["tokens"] for line in plain.stdout.splitlines()]
+
+
+@pytest.mark.filterwarnings("ignore:no built-in draft graph")
+def test_eval_takes_a_hook_swap():
+    def summary(spec: str) -> dict:
+        result = invoke("eval", "--strategy", spec, "-n", "4", "--json", "--outputs")
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout.splitlines()[-1])
+
+    swapped, plain = summary(HOOK_SWAP), summary("spiffy+threshold")
+    assert swapped["config"]["strategy"] == HOOK_SWAP
+    assert swapped["outputs"] == plain["outputs"] and swapped["accuracy"] == plain["accuracy"]
+
+
+def test_a_malformed_hook_swap_exits_2(tiny_model_dir, prompts_file):
+    result = invoke(*generate_args(tiny_model_dir, prompts_file, "--strategy", "quota+threshold@nohook"))
+    assert_usage_error(result, "cannot replace 'nohook'")
+
+
 def assert_usage_error(result, *fragments: str) -> None:
     assert result.exit_code == 2, result.output
     message = flat(result.stderr)

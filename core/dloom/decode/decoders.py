@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import torch
 
+    from dloom.hooks.composition import Composition
     from dloom.hooks.registry import Registry
     from dloom.metrics import GenerationResult
     from dloom.model.adapter import ModelAdapter
@@ -37,9 +38,11 @@ class Decoder(Protocol):
 
     :ivar model: the adapter of the model whose outputs are produced (tokenizer, padding,
         chat template, context length): the dLLM, or the AR target.
+    :ivar composition: the strategy's plugins and who answers each hook.
     """
 
     model: ModelAdapter
+    composition: Composition
 
     @property
     def name(self) -> str:
@@ -68,18 +71,22 @@ class Decoder(Protocol):
 def decoder_kind(strategy: Any, registry: Registry | None = None) -> str:
     """The decoder (one of :data:`DECODERS`) that the strategy spec ``strategy`` runs in.
 
-    A string spec (``"a+b"``) is looked up in the registry: a component whose registration
-    names a decoder other than ``"diffusion"`` decides it (that decoder then refuses the
-    components it cannot run). Plugin objects run in the diffusion decoder.
+    A string spec (``"a+b"``, ``"a+b+c@prune"``) is read by the one spec parser
+    (:func:`dloom.hooks.composition.strategy_names`) and its names looked up in the registry:
+    a component whose registration names a decoder other than ``"diffusion"`` decides it
+    (that decoder then refuses the components it cannot run). Plugin objects run in the
+    diffusion decoder.
 
     :raises UnknownStrategyError: for a name no plugin registered.
+    :raises ConfigurationError: for a malformed spec.
     """
     if not isinstance(strategy, str):
         return DIFFUSION
+    from dloom.hooks.composition import strategy_names
     from dloom.hooks.registry import get_registry
 
     registry = registry or get_registry()
-    kinds = [registry.get(part.strip()).registration.decoder for part in strategy.split("+") if part.strip()]
+    kinds = [registry.get(name).registration.decoder for name in strategy_names(strategy)]
     return next((kind for kind in kinds if kind != DIFFUSION), DIFFUSION)
 
 
@@ -107,10 +114,10 @@ def ar_target_decoder(
 
 
 def load_ar_target_decoder(
-    target: str, drafter: str | None, strategy: str, params: Mapping[str, Any] | None = None,
-    **settings: Any,
+    target: str | ModelAdapter, drafter: str | ModelAdapter | None, strategy: Any,
+    params: Mapping[str, Any] | None = None, **settings: Any,
 ) -> Decoder:
-    """:func:`ar_target_decoder` with both models loaded by zoo name or directory, taking
+    """:func:`ar_target_decoder` with each model given by zoo name or directory loaded, taking
     the diffusion decoder's setting names (what ``dloom generate`` passes): ``gen_length``
     is ``max_new_tokens``, ``cache`` the drafter's cache, ``mask_token_id`` the drafter's."""
     from dloom.ar.decoder import load_ar_target_decoder as load
