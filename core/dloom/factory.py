@@ -16,7 +16,6 @@ own output (an exit status and a message, an HTTP error, an error record).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -40,8 +39,6 @@ DEFAULT_TARGET = "toy-ar"
 """The AR target an ``"ar-target"`` strategy decodes with when given none."""
 DEFAULT_DRAFTER = "toy-dllm"
 """The dLLM drafter an ``"ar-target"`` strategy drafts with when given none."""
-DEFAULT_STRATEGY = "quota"
-"""The strategy every front-end decodes with when given none (``--strategy``'s default)."""
 
 
 @dataclass(frozen=True)
@@ -61,7 +58,7 @@ class Models:
     drafter: str | ModelAdapter | None = None
     loading: Mapping[str, Any] = field(default_factory=dict)
 
-    def load(self) -> Models:
+    def load(self) -> LoadedModels:
         """These models with every named one loaded.
 
         :raises dloom.errors.ModelError: for a model that cannot be loaded.
@@ -71,14 +68,22 @@ class Models:
         loading = dict(self.loading)
         if self.kind == DIFFUSION:
             model = self.model if not isinstance(self.model, str) else load_model(self.model, **loading)
-            return dataclasses.replace(self, model=model)
+            return LoadedModels(self.kind, model, None, self.loading)
         mask_token_id = loading.pop("mask_token_id", None)
         loading.pop("device_map", None)  # refused for an AR target by select_models
         model = self.model if not isinstance(self.model, str) else load_model(self.model, require_mask=False, **loading)
         drafter = self.drafter
         if isinstance(drafter, str):
             drafter = load_model(drafter, mask_token_id=mask_token_id, **loading)
-        return dataclasses.replace(self, model=model, drafter=drafter)
+        return LoadedModels(self.kind, model, drafter, self.loading)
+
+
+@dataclass(frozen=True)
+class LoadedModels(Models):
+    """:class:`Models` whose models are loaded (what :meth:`Models.load` returns)."""
+
+    model: ModelAdapter
+    drafter: ModelAdapter | None = None
 
 
 def parse_params(pairs: list[str]) -> dict[str, str]:
@@ -142,7 +147,8 @@ def decoder_over(models: Models, strategy: Any, params: Mapping[str, Any], **set
         loaded = "a dLLM" if models.kind == DIFFUSION else "an AR target and its dLLM drafter"
         raise ConfigurationError(
             f"strategy {strategy!r} runs in the {kind} decoder, but the models here are {loaded}, "
-            f"for the {models.kind} decoder's strategies ({', '.join(strategies_for(models.kind))})"
+            f"for the {models.kind} decoder's strategies ({', '.join(strategies_for(models.kind))}); "
+            f"load the models for it (e.g. dloom serve --strategy {strategy})"
         )
     return DECODER_BUILDERS[kind](models, strategy, dict(params), **settings)
 

@@ -29,6 +29,7 @@ from dloom.cli.exits import OutputError, write_results
 from dloom.cli.plugins import DloomGroup, StrategyOptionsCommand
 from dloom.errors import ConfigurationError, DloomError
 from dloom.factory import DECODER_BUILDERS, DEFAULT_MODEL, build_decoder, parse_params  # noqa: F401 - DECODER_BUILDERS: re-exported
+from dloom.hooks.registry import DEFAULT_STRATEGY
 
 app = typer.Typer(
     cls=DloomGroup,
@@ -184,7 +185,7 @@ MaxBatchTokensOption = typer.Option(
     None, "--max-batch-tokens", min=1,
     help="Cap on prompts x (prompt + generated) tokens per batch (default: fit a 2 GiB budget).",
 )
-StrategyOption = typer.Option("quota", "--strategy", "-s", help="Strategy name(s), joined with '+'.")
+StrategyOption = typer.Option(DEFAULT_STRATEGY, "--strategy", "-s", help="Strategy name(s), joined with '+'.")
 ParamOption = typer.Option([], "--param", "-p", help="Strategy parameter NAME=VALUE (repeatable).")
 GenLengthOption = typer.Option(None, help="Generated positions (default: the model's, else 128).")
 BlockLengthOption = typer.Option(None, help="Positions per block (default min(32, gen_length)).")
@@ -472,7 +473,7 @@ def demo(
     from dloom.evaluation import evaluate, select_examples
     from dloom.hooks.registry import get_registry
 
-    baseline = "quota"
+    baseline = DEFAULT_STRATEGY
     try:
         examples = select_examples("all", n)
         strategies = get_registry().strategies.values()
@@ -488,7 +489,7 @@ def demo(
         for name in names:
             try:
                 decoder = build_decoder(model, name, [])
-                rules[name] = decoder.composition.provider("dloom_select_commit")  # type: ignore[attr-defined]  # all dLLM decoders
+                rules[name] = decoder.composition.provider("dloom_select_commit")
                 reports[name] = evaluate(decoder, examples, batch_size=batch_size)
             except DloomError as error:
                 if name == baseline:
@@ -510,7 +511,7 @@ def demo(
             "tpf": report.tpf, "tps": report.tps,
             "nfe_ratio_vs_baseline": base.nfe_mean / report.nfe_mean if report.nfe_mean else 0.0,
             "identical_to_baseline": identical(report, base), "n": report.n,
-            "identical_to_commit_rule": identical(report, reports[rule]) if rule != name else None,
+            "identical_to_commit_rule": identical(report, reports[rule]) if rule is not None and rule != name else None,
         })
     if as_json:
         write_results(sys.stdout, json.dumps({"model": model or DEFAULT_MODEL, "baseline": baseline, "rows": rows}, indent=2) + "\n")

@@ -39,6 +39,10 @@ from dloom.types import DECODERS, Claim, Parameter, StrategyRegistration
 
 BUILTIN_DISTRIBUTION = "dloom"
 DECODING_HOOKS = hookspecs.DECODING_HOOKS  # kept importable here for plugins and tests
+DEFAULT_STRATEGY = "quota"
+"""The strategy decoded with when none is named, the one place that names it:
+:class:`dloom.DiffusionDecoder`'s default and that of every front-end (``--strategy`` of
+the command line and ``dloom serve``, Ray's specs). A built-in plugin registers it."""
 
 
 @dataclass(frozen=True)
