@@ -7,7 +7,8 @@ the decoder names the models it needs: a dLLM (``"diffusion"``), or an AR target
 drafter (``"ar-target"``). :func:`select_models` checks which model options apply and
 names the models (:class:`Models`); :meth:`Models.load` loads them; :func:`decoder_over`
 builds a strategy's decoder over them (loading any still named). :func:`build_decoder` is
-the three in a row, for a front-end that decodes with one strategy; the server loads its
+:func:`select_models` then :func:`decoder_over`, for a front-end that decodes with one
+strategy (the command line, Ray's actors); the server (here or in Ray Serve's replicas) loads its
 models once and builds a decoder per request setting over them. :func:`parse_params` reads
 ``NAME=VALUE`` strategy parameters. All raise :class:`dloom.errors.DloomError` subclasses on
 bad input, before any model is loaded where they can; each front-end turns those into its

@@ -598,6 +598,12 @@ def test_dloom_serve_serves_failfast_with_the_output_of_the_cli():
     assert answer.usage.strategy == "failfast"
 
 
+def test_a_hook_swap_is_a_server_default(model):
+    """The server's default strategy is read by the one spec parser, ``NAME@HOOK`` included."""
+    pool = DecoderPool(model, DecodeDefaults(strategy="spiffy+quota+threshold@select_commit", block_length=BLOCK))
+    assert pool.default.decoder.composition.provider("dloom_select_commit") == "threshold"
+
+
 def test_dloom_serve_refuses_bad_defaults_before_it_listens():
     result = CliRunner().invoke(cli_app, ["serve", "--strategy", "nope"])
     assert result.exit_code == 2 and "unknown strategy 'nope'" in result.output
