@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from dloom.decode.decoders import (
     AR_TARGET,
     DIFFUSION,
-    Decoder,
+    ComposedDecoder,
     decoder_kind,
     load_ar_target_decoder,
     strategies_for,
@@ -131,7 +131,7 @@ def select_models(
     return Models(kind, model or DEFAULT_MODEL, None, loading)
 
 
-def decoder_over(models: Models, strategy: Any, params: Mapping[str, Any], **settings: Any) -> Decoder:
+def decoder_over(models: Models, strategy: Any, params: Mapping[str, Any], **settings: Any) -> ComposedDecoder:
     """The decoder of ``strategy`` over ``models`` (named ones are loaded first), built by
     the builder of the decoder the strategy's registration names (:data:`DECODER_BUILDERS`).
 
@@ -159,7 +159,7 @@ def build_decoder(
     trust_remote_code: bool = False, device: str = "cpu", dtype: str = "float32",
     device_map: str | None = None, target: str | None = None, drafter: str | None = None,
     **settings: Any,
-) -> Decoder:
+) -> ComposedDecoder:
     """Load the models and build the decoder that ``strategy``'s registration names
     (:func:`select_models`, then :func:`decoder_over`).
 
@@ -184,7 +184,7 @@ def build_decoder(
     return decoder
 
 
-def _ar_target_decoder(models: Models, strategy: Any, params: dict[str, Any], **settings: Any) -> Decoder:
+def _ar_target_decoder(models: Models, strategy: Any, params: dict[str, Any], **settings: Any) -> ComposedDecoder:
     """An ``"ar-target"`` strategy's decoder: ``models.model`` (the AR target) decodes,
     ``models.drafter`` drafts."""
     if settings.pop("cache_refresh", None) is not None:
@@ -195,7 +195,7 @@ def _ar_target_decoder(models: Models, strategy: Any, params: dict[str, Any], **
     return load_ar_target_decoder(models.model, models.drafter, strategy, params, **loading, **settings)
 
 
-def _diffusion_decoder(models: Models, strategy: Any, params: dict[str, Any], **settings: Any) -> Decoder:
+def _diffusion_decoder(models: Models, strategy: Any, params: dict[str, Any], **settings: Any) -> ComposedDecoder:
     """A ``"diffusion"`` strategy's :class:`~dloom.DiffusionDecoder` over the dLLM ``models.model``."""
     from dloom.decode.decoder import DiffusionDecoder
 

@@ -366,14 +366,14 @@ def test_build_decoder_dispatches_on_the_registration_not_the_name(monkeypatch):
 def test_every_decoder_follows_the_decoder_protocol(tiny_adapter):
     from dloom import DiffusionDecoder
     from dloom.check import tiny
-    from dloom.decode.decoders import Decoder, ar_target_decoder
+    from dloom.decode.decoders import ComposedDecoder, Decoder, ar_target_decoder
 
     diffusion = DiffusionDecoder(tiny_adapter, "threshold", gen_length=8, block_length=8)
-    assert isinstance(diffusion, Decoder)
+    assert isinstance(diffusion, Decoder) and isinstance(diffusion, ComposedDecoder)
     assert diffusion.name == "threshold" and diffusion.totals() is None
     target, drafter = tiny.tiny_ar(0, vocab=8), tiny.tiny_dllm(0, vocab=8)
     ar = ar_target_decoder(target, drafter, "failfast", {"n_max": 4, "initial_length": 2}, max_new_tokens=4)
-    assert isinstance(ar, Decoder)
+    assert isinstance(ar, Decoder) and isinstance(ar, ComposedDecoder)
     assert ar.name == "failfast" and ar.config["gen_length"] == 4
     ar.generate([[1, 2]])
     assert ar.totals()["rows"] == 1

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 from dloom.types import AR_TARGET, DECODERS, DIFFUSION
 
-__all__ = ["AR_TARGET", "DECODERS", "DIFFUSION", "Decoder", "ar_target_decoder", "decoder_kind",
+__all__ = ["AR_TARGET", "DECODERS", "DIFFUSION", "ComposedDecoder", "Decoder", "ar_target_decoder", "decoder_kind",
            "load_ar_target_decoder", "strategies_for"]
 
 
@@ -38,11 +38,9 @@ class Decoder(Protocol):
 
     :ivar model: the adapter of the model whose outputs are produced (tokenizer, padding,
         chat template, context length): the dLLM, or the AR target.
-    :ivar composition: the strategy's plugins and who answers each hook.
     """
 
     model: ModelAdapter
-    composition: Composition
 
     @property
     def name(self) -> str:
@@ -66,6 +64,17 @@ class Decoder(Protocol):
     def totals(self) -> dict[str, Any] | None:
         """Counts the decoder adds up over its :meth:`generate` calls, JSON-ready, or
         ``None`` when every figure is already in each result."""
+
+
+@runtime_checkable
+class ComposedDecoder(Decoder, Protocol):
+    """A :class:`Decoder` that runs a strategy's composition of plugins: each decoder of
+    :data:`DECODERS` (what :mod:`dloom.factory` builds).
+
+    :ivar composition: the strategy's plugins and who answers each hook.
+    """
+
+    composition: Composition
 
 
 def decoder_kind(strategy: Any, registry: Registry | None = None) -> str:
@@ -101,7 +110,7 @@ def strategies_for(kind: str, registry: Registry | None = None) -> list[str]:
 def ar_target_decoder(
     target: ModelAdapter, drafter: ModelAdapter | None, strategy: Any,
     params: Mapping[str, Any] | None = None, **settings: Any,
-) -> Decoder:
+) -> ComposedDecoder:
     """The ``"ar-target"`` decoder of ``strategy`` over loaded models: ``target`` (an AR
     model) decodes, ``drafter`` (a dLLM sharing its tokenizer) drafts.
 
@@ -116,7 +125,7 @@ def ar_target_decoder(
 def load_ar_target_decoder(
     target: str | ModelAdapter, drafter: str | ModelAdapter | None, strategy: Any,
     params: Mapping[str, Any] | None = None, **settings: Any,
-) -> Decoder:
+) -> ComposedDecoder:
     """:func:`ar_target_decoder` with each model given by zoo name or directory loaded, taking
     the diffusion decoder's setting names (what ``dloom generate`` passes): ``gen_length``
     is ``max_new_tokens``, ``cache`` the drafter's cache, ``mask_token_id`` the drafter's."""

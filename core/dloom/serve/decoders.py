@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dloom.decode.decoders import Decoder, decoder_kind
+from dloom.decode.decoders import ComposedDecoder, decoder_kind
 from dloom.factory import LoadedModels, decoder_over
 from dloom.hooks.registry import DEFAULT_STRATEGY
 from dloom.model.adapter import ModelAdapter
@@ -61,7 +61,7 @@ class Resolved:
     """A request's decoder and the lane its rows join."""
 
     key: LaneKey
-    decoder: Decoder
+    decoder: ComposedDecoder
 
 
 class DecoderPool:

@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from dloom.decode.decoders import Decoder
+from dloom.decode.decoders import ComposedDecoder
 from dloom.serve.scheduler import Finished
 
 
-def guarantee(decoder: Decoder, speculation: dict[str, Any] | None) -> str:
+def guarantee(decoder: ComposedDecoder, speculation: dict[str, Any] | None) -> str:
     """The guarantee of a decode, as ``benchmarks/report.py`` states it: a speculative run's
     measured one (``lossless`` or ``near-lossless``) against its commit rule (an AR-target
     decoder's: against its target, which has none), else the commit rule's declared claim."""
@@ -30,7 +30,7 @@ def guarantee(decoder: Decoder, speculation: dict[str, Any] | None) -> str:
 
 
 def usage(
-    decoder: Decoder, prompt_tokens: int, completion_tokens: int, rows: list[Finished]
+    decoder: ComposedDecoder, prompt_tokens: int, completion_tokens: int, rows: list[Finished]
 ) -> dict[str, Any]:
     """The ``usage`` object of a response whose rows finished as ``rows``."""
     nfe = sum(row.nfe for row in rows)
