@@ -36,6 +36,11 @@ def test_every_front_end_builds_with_the_one_factory(monkeypatch):
     assert built == [((None, "threshold", ["tau=0.5"]), dict(
         device="cpu", dtype="float32", target=None, drafter=None, seed=3,
     ))]
+    from dloom.ray import serve
+    from dloom.serve import decoders
+
+    # the server's decoders, and the models of Ray Serve's replicas, come from the factory
+    assert (decoders.decoder_over, serve.select_models) == (factory.decoder_over, factory.select_models)
 
 
 def test_dloom_serve_prints_the_library_error_and_exits_2():

@@ -106,6 +106,10 @@ def test_plugins_json():
     assert report == {
         "plugins": [
             {
+                "name": "families", "version": "0.1.0", "builtin": True,
+                "hooks": ["dloom_register_families"], "strategies": [],
+            },
+            {
                 "name": "baselines", "version": "0.1.0", "builtin": True,
                 "hooks": ["dloom_register_strategies", "dloom_select_commit"],
                 "strategies": ["quota", "dream", "threshold", "factor", "joint_threshold"],
@@ -193,6 +197,39 @@ def test_generate_defaults_to_quota(tiny_model_dir, prompts_file):
     # one token per step: a row needs at least as many forwards as tokens up to its EOS
     assert all(len(r["tokens"]) <= r["nfe"] <= 8 for r in rows)
     assert all(r["tpf"] <= 1.0 for r in rows)
+
+
+HOOK_SWAP = "spiffy+quota+threshold@select_commit"  # threshold's commit rule replaces quota's
+
+
+@pytest.mark.filterwarnings("ignore:no built-in draft graph")  # an uncalibrated graph still drafts
+def test_generate_takes_a_hook_swap(tiny_model_dir, prompts_file):
+    """``NAME@HOOK`` in ``--strategy`` runs, with the tokens of the composition it amounts to."""
+    swapped, plain = (
+        invoke(*generate_args(tiny_model_dir, prompts_file, "--strategy", spec, "--param", "tau=0.8"))
+        for spec in (HOOK_SWAP, "spiffy+threshold")
+    )
+    assert swapped.exit_code == plain.exit_code == 0, swapped.output
+    rows = [json.loads(line) for line in swapped.stdout.splitlines()]
+    assert {r["config"]["strategy"] for r in rows} == {HOOK_SWAP}
+    assert [r["tokens"] for r in rows] == [json.loads(line)["tokens"] for line in plain.stdout.splitlines()]
+
+
+@pytest.mark.filterwarnings("ignore:no built-in draft graph")
+def test_eval_takes_a_hook_swap():
+    def summary(spec: str) -> dict:
+        result = invoke("eval", "--strategy", spec, "-n", "4", "--json", "--outputs")
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout.splitlines()[-1])
+
+    swapped, plain = summary(HOOK_SWAP), summary("spiffy+threshold")
+    assert swapped["config"]["strategy"] == HOOK_SWAP
+    assert swapped["outputs"] == plain["outputs"] and swapped["accuracy"] == plain["accuracy"]
+
+
+def test_a_malformed_hook_swap_exits_2(tiny_model_dir, prompts_file):
+    result = invoke(*generate_args(tiny_model_dir, prompts_file, "--strategy", "quota+threshold@nohook"))
+    assert_usage_error(result, "cannot replace 'nohook'")
 
 
 def assert_usage_error(result, *fragments: str) -> None:
@@ -334,14 +371,14 @@ def test_build_decoder_dispatches_on_the_registration_not_the_name(monkeypatch):
 def test_every_decoder_follows_the_decoder_protocol(tiny_adapter):
     from dloom import ARTargetDecoder, DiffusionDecoder
     from dloom.check import tiny
-    from dloom.decode.decoders import Decoder
+    from dloom.decode.decoders import ComposedDecoder, Decoder
 
     diffusion = DiffusionDecoder(tiny_adapter, "threshold", gen_length=8, block_length=8)
-    assert isinstance(diffusion, Decoder)
+    assert isinstance(diffusion, Decoder) and isinstance(diffusion, ComposedDecoder)
     assert diffusion.name == "threshold" and diffusion.totals() is None
     target, drafter = tiny.tiny_ar(0, vocab=8), tiny.tiny_dllm(0, vocab=8)
     ar = ARTargetDecoder(target, "failfast", drafter=drafter, params={"n_max": 4, "initial_length": 2}, max_new_tokens=4)
-    assert isinstance(ar, Decoder)
+    assert isinstance(ar, Decoder) and isinstance(ar, ComposedDecoder)
     assert ar.name == "failfast" and ar.config["gen_length"] == 4
     ar.generate([[1, 2]])
     assert ar.totals()["rows"] == 1

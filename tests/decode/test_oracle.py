@@ -10,7 +10,7 @@ import torch
 
 from conftest import EOS_ID, MASK_ID, PAD_ID
 from dloom import DiffusionDecoder, ModelAdapter, hookimpl, load_model
-from dloom.decode.oracle import OracleCommit, oracle_nfe
+from dloom.decode.oracle import OneTokenPerStep, OracleCommit, oracle_nfe
 from dloom.errors import ConfigurationError, OracleMismatchError
 from dloom.evaluation import select_examples
 
@@ -44,6 +44,7 @@ def check_bound(model, prompts, lengths, others: int) -> torch.Tensor:
     output equals quota's on that prompt (at least ``others`` such rows besides quota's)."""
     oracle = oracle_nfe(DiffusionDecoder(model, "quota", **lengths), prompts)
     reference = DiffusionDecoder(model, "quota", steps=lengths["gen_length"], **lengths).generate(prompts)
+    assert oracle.reference_nfe.tolist() == reference.nfe.tolist()  # the oracle's reference is this decode
     assert oracle.reached.sum() >= len(prompts) // 2
     assert (oracle.nfe >= 1).all()
     assert (oracle.nfe[oracle.reached] <= oracle.reference_nfe[oracle.reached]).all()
@@ -72,6 +73,14 @@ def test_oracle_bounds_every_rule_on_toy_dllm():
     oracle = check_bound(model, prompts, dict(gen_length=32, block_length=32), others=len(prompts))
     assert oracle.reached.all()  # a trained model: no dead end
     assert oracle.nfe.float().mean() < 4
+
+
+@pytest.mark.parametrize("lengths", [dict(gen_length=16, block_length=8), dict(gen_length=16, block_length=16)])
+def test_the_oracle_reference_decodes_as_quota_with_one_step_per_position(sharp_adapter, lengths):
+    """The core's own reference rule commits what quota with ``steps == gen_length`` does."""
+    own = DiffusionDecoder(sharp_adapter, OneTokenPerStep(), steps=16, **lengths).generate(tiny_prompts())
+    quota = DiffusionDecoder(sharp_adapter, "quota", steps=16, **lengths).generate(tiny_prompts())
+    assert own.token_lists == quota.token_lists and own.nfe.tolist() == quota.nfe.tolist()
 
 
 def test_broken_oracle_is_caught(sharp_adapter):

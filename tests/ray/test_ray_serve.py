@@ -75,3 +75,12 @@ def test_bad_settings_are_refused_before_any_replica_starts():
         server_application(strategy="no-such-rule")
     with pytest.raises(ConfigurationError, match="num_replicas is 0"):
         server_application(num_replicas=0)
+    with pytest.raises(ConfigurationError, match="--model toy-dllm does not apply to --strategy failfast"):
+        server_application("toy-dllm", strategy="failfast")
+
+
+def test_a_hook_swap_and_an_ar_target_strategy_are_taken_on_the_driver():
+    """The driver reads the default strategy with the one spec parser (``NAME@HOOK`` included)
+    and takes the models an AR-target strategy runs on; no replica starts."""
+    for strategy in ("spiffy+quota+threshold@select_commit", "failfast"):
+        assert server_application(strategy=strategy) is not None

@@ -9,6 +9,7 @@ the batch holds). Blocks of 8 positions (4 per prompt) so that streams have seve
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import socket
 import subprocess
@@ -101,6 +102,7 @@ def test_models_and_health(served, client):
     ("threshold", {"tau": 0.8}, "none", "approximate (of quota)"),
     ("frechet", None, "dual", "bound frechet"),
     ("spiffy+threshold", None, "none", "lossless against threshold"),
+    ("spiffy+quota+threshold@select_commit", None, "none", "lossless against threshold"),  # a hook swap
 ])
 def test_a_completion_equals_the_offline_decode(model, client, strategy, params, cache, guarantee):
     prompt = PROMPTS[1]
@@ -205,7 +207,7 @@ BAD_REQUESTS = [
     ({"extra_body": {"params": {"tau": 0.5}}}, 400, "unknown parameter 'tau' for strategy 'quota'"),
     ({"extra_body": {"cache": "weird"}}, 400, "cache is 'weird'; allowed: none, prefix, dual"),
     ({"extra_body": {"strategy": "spiffy", "cache": "prefix", "cache_refresh": 2}}, 400, "cache_refresh=2 applies to plain steps"),
-    ({"extra_body": {"strategy": "failfast"}}, 400, "dloom.ARTargetDecoder"),
+    ({"extra_body": {"strategy": "failfast"}}, 400, "strategy 'failfast' runs in the ar-target decoder, but the models here are a dLLM"),
     ({"max_tokens": 33}, 400, "max_tokens 33 exceeds the 32 positions"),
     ({"max_tokens": 0}, 422, "max_tokens: Input should be greater than or equal to 1"),
     ({"temperature": -1}, 422, "temperature: Input should be greater than or equal to 0"),
@@ -529,6 +531,78 @@ def test_dloom_serve_runs_the_server(model):
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+def cli_generate(*args: str) -> dict:
+    """The one row of ``dloom generate --json ARGS``."""
+    result = CliRunner().invoke(cli_app, ["generate", "--json", *args])
+    assert result.exit_code == 0, result.output
+    (row,) = [json.loads(line) for line in result.stdout.splitlines()]
+    return row
+
+
+FAILFAST_PROMPT = "add 25 17"
+
+
+def test_failfast_is_served_with_the_output_of_the_cli():
+    """An AR-target strategy is served on the models the factory loads for it (the AR target
+    answers, the dLLM drafts), with the tokens ``dloom generate`` decodes."""
+    from dloom.factory import select_models
+
+    models = select_models(None, "failfast").load()
+    config = ServeConfig(models.model, DecodeDefaults(strategy="failfast"), drafter=models.drafter)
+    with Served(config) as server:
+        client = server.client()
+        answer = client.completions.create(model="toy-ar", prompt=FAILFAST_PROMPT)
+        streamed = client.completions.create(model="toy-ar", prompt=FAILFAST_PROMPT, stream=True)
+        streamed_text = "".join(chunk.choices[0].text for chunk in streamed)
+        with pytest.raises(openai.BadRequestError, match="ignore_eos is not supported with strategy 'failfast'"):
+            client.completions.create(model="toy-ar", prompt=FAILFAST_PROMPT, extra_body={"ignore_eos": True})
+        with pytest.raises(openai.BadRequestError, match="strategy 'quota' runs in the diffusion decoder"):
+            client.completions.create(model="toy-ar", prompt=FAILFAST_PROMPT, extra_body={"strategy": "quota"})
+    row = cli_generate("--strategy", "failfast", FAILFAST_PROMPT)
+    assert answer.choices[0].text == streamed_text == row["text"] != ""
+    assert answer.usage.completion_tokens == len(row["tokens"]) and answer.usage.nfe == row["nfe"]
+    assert answer.usage.strategy == "failfast" and answer.usage.guarantee == "lossless against the AR target toy-ar"
+
+
+@pytest.mark.slow  # a fresh process imports torch and loads two models: 10-20 s
+def test_dloom_serve_serves_failfast_with_the_output_of_the_cli():
+    """``dloom serve --strategy failfast`` in its own process answers the openai client with
+    the text ``dloom generate --strategy failfast`` prints."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen(
+        [sys.executable, "-c", "from dloom.cli.commands import app; app()", "serve", "--port", str(port),
+         "--strategy", "failfast", "--target", "toy-ar", "--drafter", "toy-dllm"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+
+        def healthy() -> bool:
+            assert process.poll() is None, process.stderr.read()
+            try:
+                return httpx.get(f"{url}/health").status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_for(healthy, seconds=60)
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        answer = client.completions.create(model="toy-ar", prompt=FAILFAST_PROMPT)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    assert answer.choices[0].text == cli_generate("--strategy", "failfast", FAILFAST_PROMPT)["text"] != ""
+    assert answer.usage.strategy == "failfast"
+
+
+def test_a_hook_swap_is_a_server_default(model):
+    """The server's default strategy is read by the one spec parser, ``NAME@HOOK`` included."""
+    pool = DecoderPool(model, DecodeDefaults(strategy="spiffy+quota+threshold@select_commit", block_length=BLOCK))
+    assert pool.default.decoder.composition.provider("dloom_select_commit") == "threshold"
 
 
 def test_dloom_serve_refuses_bad_defaults_before_it_listens():

@@ -29,6 +29,7 @@ from dloom.cli.exits import write_results
 from dloom.cli.plugins import DloomGroup, StrategyOptionsCommand
 from dloom.errors import ConfigurationError, DloomError, OutputError
 from dloom.factory import DEFAULT_MODEL, build_decoder, parse_params
+from dloom.hooks.registry import DEFAULT_STRATEGY
 
 app = typer.Typer(
     cls=DloomGroup,
@@ -204,7 +205,7 @@ MaxBatchTokensOption = typer.Option(
     None, "--max-batch-tokens", min=1,
     help="Cap on prompts x (prompt + generated) tokens per batch (default: fit a 2 GiB budget).",
 )
-StrategyOption = typer.Option("quota", "--strategy", "-s", help="Strategy name(s), joined with '+'.")
+StrategyOption = typer.Option(DEFAULT_STRATEGY, "--strategy", "-s", help="Strategy name(s), joined with '+'.")
 ParamOption = typer.Option([], "--param", "-p", help="Strategy parameter NAME=VALUE (repeatable).")
 GenLengthOption = typer.Option(None, help="Generated positions (default: the model's, else 128).")
 BlockLengthOption = typer.Option(None, help="Positions per block (default min(32, gen_length)).")
@@ -499,7 +500,7 @@ def demo(
     from dloom.hooks.composition import compose
     from dloom.hooks.registry import get_registry
 
-    baseline = "quota"
+    baseline = DEFAULT_STRATEGY
     try:
         examples = select_examples("all", n)
         # the demo decodes one dLLM: strategies of another decoder (an AR target's) do not run here
@@ -520,7 +521,7 @@ def demo(
             try:
                 decoder = build_decoder(model, name, [])
                 kernel = kernel or decoder.model.kernel  # type: ignore[attr-defined]  # all dLLM decoders
-                rules[name] = decoder.composition.provider("dloom_select_commit")  # type: ignore[attr-defined]  # all dLLM decoders
+                rules[name] = decoder.composition.provider("dloom_select_commit")
                 with progress_bar(f"eval {decoder.name}", len(examples)) as on_batch:
                     reports[name] = evaluate(decoder, examples, batch_size=batch_size, on_batch=on_batch)
             except DloomError as error:
@@ -543,7 +544,7 @@ def demo(
             "tpf": report.tpf, "tps": report.tps,
             "nfe_ratio_vs_baseline": base.nfe_mean / report.nfe_mean if report.nfe_mean else 0.0,
             "identical_to_baseline": identical(report, base), "n": report.n,
-            "identical_to_commit_rule": identical(report, reports[rule]) if rule != name else None,
+            "identical_to_commit_rule": identical(report, reports[rule]) if rule is not None and rule != name else None,
         })
     if as_json:
         write_results(sys.stdout, json.dumps({"model": model or DEFAULT_MODEL, "baseline": baseline, "rows": rows}, indent=2) + "\n")

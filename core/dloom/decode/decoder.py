@@ -54,7 +54,7 @@ from dloom.errors import (
 )
 from dloom.hooks import calls as hooks
 from dloom.hooks.composition import StrategySpec, build_plugin_manager, compose
-from dloom.hooks.registry import Registry
+from dloom.hooks.registry import DEFAULT_STRATEGY, Registry
 from dloom.hooks.timing import HookTimer
 from dloom.metrics import ForwardClock, GenerationResult
 from dloom.model.adapter import ModelAdapter, position_ids_from_mask
@@ -115,7 +115,7 @@ class DiffusionDecoder:
     def __init__(
         self,
         model: ModelAdapter,
-        strategy: StrategySpec = "quota",
+        strategy: StrategySpec = DEFAULT_STRATEGY,
         *,
         gen_length: int | None = None,
         block_length: int | None = None,

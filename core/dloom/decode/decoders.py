@@ -21,13 +21,14 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import torch
 
+    from dloom.hooks.composition import Composition
     from dloom.hooks.registry import Registry
     from dloom.metrics import GenerationResult
     from dloom.model.adapter import ModelAdapter
 
 from dloom.types import AR_TARGET, DECODERS, DIFFUSION
 
-__all__ = ["AR_TARGET", "DECODERS", "DIFFUSION", "Decoder", "decoder_kind", "strategies_for"]
+__all__ = ["AR_TARGET", "DECODERS", "DIFFUSION", "ComposedDecoder", "Decoder", "decoder_kind", "strategies_for"]
 
 
 @runtime_checkable
@@ -65,21 +66,36 @@ class Decoder(Protocol):
         ``None`` when every figure is already in each result."""
 
 
+@runtime_checkable
+class ComposedDecoder(Decoder, Protocol):
+    """A :class:`Decoder` that runs a strategy's composition of plugins: each decoder of
+    :data:`DECODERS` (what :mod:`dloom.factory` builds).
+
+    :ivar composition: the strategy's plugins and who answers each hook.
+    """
+
+    composition: Composition
+
+
 def decoder_kind(strategy: Any, registry: Registry | None = None) -> str:
     """The decoder (one of :data:`DECODERS`) that the strategy spec ``strategy`` runs in.
 
-    A string spec (``"a+b"``) is looked up in the registry: a component whose registration
-    names a decoder other than ``"diffusion"`` decides it (that decoder then refuses the
-    components it cannot run). Plugin objects run in the diffusion decoder.
+    A string spec (``"a+b"``, ``"a+b+c@prune"``) is read by the one spec parser
+    (:func:`dloom.hooks.composition.strategy_names`) and its names looked up in the registry:
+    a component whose registration names a decoder other than ``"diffusion"`` decides it
+    (that decoder then refuses the components it cannot run). Plugin objects run in the
+    diffusion decoder.
 
     :raises UnknownStrategyError: for a name no plugin registered.
+    :raises ConfigurationError: for a malformed spec.
     """
     if not isinstance(strategy, str):
         return DIFFUSION
+    from dloom.hooks.composition import strategy_names
     from dloom.hooks.registry import get_registry
 
     registry = registry or get_registry()
-    kinds = [registry.get(part.strip()).registration.decoder for part in strategy.split("+") if part.strip()]
+    kinds = [registry.get(name).registration.decoder for name in strategy_names(strategy)]
     return next((kind for kind in kinds if kind != DIFFUSION), DIFFUSION)
 
 

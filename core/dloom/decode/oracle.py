@@ -4,8 +4,9 @@ The oracle decodes with the engine itself (its layout, blocks, block alignment, 
 progression, EOS handling) under a commit rule that knows the answer: at every forward it
 commits each masked position of the active block whose candidate (the argmax) already equals
 the token the reference decode ends with there, and, where none does, the most confident
-position (every commit rule commits at least one). The reference is quota with one token per
-step, greedy, without a cache: the process every lossless strategy reproduces.
+position (every commit rule commits at least one). The reference commits one token per step,
+the most confident (:class:`OneTokenPerStep`: LLaDA's quota rule with ``steps ==
+gen_length``), greedy, without a cache: the process every lossless strategy reproduces.
 
 The commit hook sees confidences, not candidates, so the oracle also observes every kernel
 step's proposal (the decoder's ``on_proposal`` observer, called just before the commit rule)
@@ -37,6 +38,23 @@ from dloom.decode.prompts import check_prompts
 from dloom.decode.session import StepRecord
 from dloom.errors import ConfigurationError, OracleMismatchError
 from dloom.hooks.specs import hookimpl
+from dloom.types import BlockSchedule
+
+
+class OneTokenPerStep:
+    """The reference's commit rule: each step commits the most confident selectable position
+    (ties: the leftmost), the quota rule's commits when the step budget is one step per
+    position (the core's own, so the oracle needs no plugin)."""
+
+    @hookimpl
+    def dloom_select_commit(
+        self, confidence: torch.Tensor, selectable: torch.Tensor, schedule: BlockSchedule
+    ) -> torch.Tensor:
+        """``(B, K)`` bool: one position per row, the highest of ``confidence`` ``(B, K)``
+        among ``selectable`` ``(B, K)``."""
+        _, ranks = sorted_profile(confidence, selectable)
+        return commit_top(ranks, selectable, torch.ones_like(ranks[:, 0]))
+
 
 
 @dataclass(frozen=True)
@@ -140,7 +158,7 @@ def oracle_nfe(decoder: DiffusionDecoder, prompts: Prompts, oracle=OracleCommit)
     model = decoder.model
     prompts = check_prompts(model, prompts, None)
     lengths: dict[str, Any] = dict(gen_length=decoder.gen_length, block_length=decoder.block_length)
-    reference = DiffusionDecoder(model, "quota", steps=decoder.gen_length, **lengths)
+    reference = DiffusionDecoder(model, OneTokenPerStep(), steps=decoder.gen_length, **lengths)
     eos_ids = torch.tensor(model.eos_token_ids, dtype=torch.long, device=model.device)
     rows = []
     for index, prompt in enumerate(prompts):

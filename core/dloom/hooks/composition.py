@@ -192,7 +192,14 @@ class Composition:
         return bool(read)
 
 
-def _split(spec: StrategySpec) -> list[str | object]:
+def split_spec(spec: StrategySpec) -> list[str | object]:
+    """The members of a strategy spec, the one parser of spec strings: ``"a+b+c@prune"`` is
+    ``["a", "b", Replacement("c", ("dloom_prune",))]``; plugin objects and the items of a
+    sequence are taken as they are (a string item is split too).
+
+    :raises ConfigurationError: for an empty member or a ``NAME@HOOK`` without one side.
+    :raises CompositionError: for ``@HOOK`` naming no decoding hook.
+    """
     if isinstance(spec, str):
         parts = [part.strip() for part in spec.split("+")]
         if not all(parts):
@@ -207,9 +214,17 @@ def _split(spec: StrategySpec) -> list[str | object]:
     if isinstance(spec, Sequence):
         flat: list[str | object] = []
         for item in spec:
-            flat.extend(_split(item) if isinstance(item, str) else [item])
+            flat.extend(split_spec(item) if isinstance(item, str) else [item])
         return flat
     return [spec]
+
+
+def strategy_names(spec: StrategySpec) -> list[str]:
+    """The registered strategy names ``spec`` names, ``@HOOK`` suffixes removed
+    (``"spiffy+quota+myprune@prune"``: ``["spiffy", "quota", "myprune"]``); plugin objects
+    are left out."""
+    members = [m.plugin if isinstance(m, Replacement) else m for m in split_spec(spec)]
+    return [m for m in members if isinstance(m, str)]
 
 
 def _route_params(
@@ -268,7 +283,7 @@ def compose(
             )
         return spec
     registry = registry or get_registry()
-    members = _split(spec)
+    members = split_spec(spec)
     replacing = {id(m.plugin) if not isinstance(m.plugin, str) else m.plugin: m.hooks
                  for m in members if isinstance(m, Replacement)}
     items = [m.plugin if isinstance(m, Replacement) else m for m in members]

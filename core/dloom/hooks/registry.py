@@ -46,6 +46,10 @@ CORE_PLUGINS = {"families": "dloom.model.builtin_families"}
 """The core's own plugin modules by plugin name, loaded (by module name, as an entry point
 is) before the ``dloom`` entry-point group; failures there are bugs, never skipped."""
 DECODING_HOOKS = hookspecs.DECODING_HOOKS  # kept importable here for plugins and tests
+DEFAULT_STRATEGY = "quota"
+"""The strategy decoded with when none is named, the one place that names it:
+:class:`dloom.DiffusionDecoder`'s default and that of every front-end (``--strategy`` of
+the command line and ``dloom serve``, Ray's specs). A built-in plugin registers it."""
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from typing import Any
 
 from dloom import errors
 from dloom.errors import ConfigurationError, DloomError
+from dloom.hooks.registry import DEFAULT_STRATEGY
 
 Prompt = str | list[int]
 SHARD_GLOB = "rows-*.jsonl"
@@ -54,7 +55,7 @@ class DecodeSpec:
     """
 
     model: str | None = None
-    strategy: str = "quota"
+    strategy: str = DEFAULT_STRATEGY
     params: tuple[str, ...] = ()
     settings: dict[str, Any] = field(default_factory=dict)
     device: str = "cpu"

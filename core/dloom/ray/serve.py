@@ -1,7 +1,8 @@
 """A Ray Serve deployment of ``dloom serve``'s OpenAI-compatible app.
 
 :func:`server_application` returns a bound Ray Serve application: each replica loads the
-model itself (one replica per GPU with ``ray_actor_options={"num_gpus": 1}``) and runs the
+models the default strategy runs on itself (:func:`dloom.factory.select_models`, as ``dloom
+serve`` does; one replica per GPU with ``ray_actor_options={"num_gpus": 1}``) and runs the
 same FastAPI app as ``dloom serve`` (:func:`dloom.serve.app.create_app`), scheduler and
 continuous batching included; Ray Serve's proxy spreads requests over the replicas. Run it
 with ``serve.run(app, route_prefix="/")`` and point any OpenAI client at ``/v1``.
@@ -17,20 +18,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from dloom.errors import ConfigurationError
-from dloom.hooks.registry import get_registry
-
-
-def _check_strategy(strategy: str) -> None:
-    """Refuse an unknown strategy name on the driver, before any replica starts."""
-    registry = get_registry()
-    for part in strategy.split("+"):
-        registry.get(part.strip())
+from dloom.factory import select_models
+from dloom.hooks.registry import DEFAULT_STRATEGY
 
 
 def server_application(
-    model: str = "toy-dllm",
+    model: str | None = None,
     *,
-    strategy: str = "quota",
+    strategy: str = DEFAULT_STRATEGY,
     params: Mapping[str, Any] | None = None,
     cache: str = "none",
     gen_length: int | None = None,
@@ -44,10 +39,13 @@ def server_application(
     autoscaling_config: Mapping[str, Any] | None = None,
     ray_actor_options: Mapping[str, Any] | None = None,
     name: str = "dloom",
+    target: str | None = None,
+    drafter: str | None = None,
 ):
     """The dloom server as a Ray Serve application (``serve.run`` it).
 
-    :param model: a zoo name or a checkpoint directory every replica can read.
+    :param model: a zoo name or a checkpoint directory every replica can read (the dLLM;
+        default ``toy-dllm``).
     :param strategy: the default strategy (a request may name another).
     :param params: default strategy parameters.
     :param cache: the default KV cache mode.
@@ -64,7 +62,11 @@ def server_application(
     :param ray_actor_options: each replica's resources (default ``{"num_cpus": 1}``; add
         ``"num_gpus": 1`` on a GPU cluster).
     :param name: the deployment's name.
-    :raises ConfigurationError: for a replica count below 1.
+    :param target: the AR target of an ``"ar-target"`` default strategy (default ``toy-ar``);
+        its outputs are served.
+    :param drafter: the dLLM drafter of an ``"ar-target"`` default strategy (default ``toy-dllm``).
+    :raises ConfigurationError: for a replica count below 1, or a model option the default
+        strategy does not take (:func:`dloom.factory.select_models`).
     :raises UnknownStrategyError: for a default strategy no plugin registers.
     """
     from dloom.serve.decoders import DecodeDefaults
@@ -72,21 +74,20 @@ def server_application(
 
     if autoscaling_config is None and num_replicas < 1:
         raise ConfigurationError(f"num_replicas is {num_replicas}; allowed: >= 1")
-    _check_strategy(strategy)
+    models = select_models(model, strategy, target=target, drafter=drafter, device=device, dtype=dtype)
     defaults = DecodeDefaults(
         strategy=strategy, params=dict(params or {}), cache=cache, gen_length=gen_length,
         block_length=block_length,
     )
 
     def build_app():
-        """Runs in each replica: load the model there and build the server app."""
-        from dloom.model.adapter import load_model
+        """Runs in each replica: load the models there and build the server app."""
         from dloom.serve.app import ServeConfig, create_app
 
-        adapter = load_model(model, device=device, dtype=dtype)
+        loaded = models.load()
         return create_app(ServeConfig(
-            adapter, defaults, max_batch_size=max_batch_size,
-            max_queued_tokens=max_queued_tokens, plain_chat=plain_chat,
+            loaded.model, defaults, max_batch_size=max_batch_size,
+            max_queued_tokens=max_queued_tokens, plain_chat=plain_chat, drafter=loaded.drafter,
         ))
 
     options: dict[str, Any] = {

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import typer
 
+from dloom.hooks.registry import DEFAULT_STRATEGY
+
 
 def serve(
-    model: str = typer.Option("toy-dllm", "--model", "-m", help="Toy-zoo name or local checkpoint directory."),
-    strategy: str = typer.Option("quota", "--strategy", "-s", help="Default strategy (a request may name another)."),
+    model: str | None = typer.Option(None, "--model", "-m", help="Toy-zoo name or local checkpoint directory of the dLLM (default toy-dllm)."),
+    strategy: str = typer.Option(DEFAULT_STRATEGY, "--strategy", "-s", help="Default strategy (a request may name another that runs on the same models)."),
     param: list[str] = typer.Option([], "--param", "-p", help="Default strategy parameter NAME=VALUE (repeatable)."),
     host: str = typer.Option("127.0.0.1", help="Address to listen on."),
     port: int = typer.Option(8000, help="Port to listen on."),
@@ -30,15 +32,18 @@ def serve(
     graph_dir: list[str] = typer.Option([], "--graph-dir", help="Directory whose files requests may name in path parameters such as a draft graph (repeatable); requests never name paths."),
     device: str = typer.Option("cpu", help="torch device, e.g. cpu or cuda."),
     dtype: str = typer.Option("float32", help="float32, float64, bfloat16 or float16."),
+    target: str | None = typer.Option(None, "--target", help="AR target of an AR-target default strategy (default toy-ar); the server returns its outputs."),
+    drafter: str | None = typer.Option(None, "--drafter", help="dLLM drafter of an AR-target default strategy (default toy-dllm)."),
 ) -> None:
-    """Serve a dLLM over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions)."""
+    """Serve a dLLM (or an AR target with its dLLM drafter) over an OpenAI-compatible HTTP API
+    (/v1/completions, /v1/chat/completions). The models are those the default strategy runs
+    on, chosen and loaded by :mod:`dloom.factory` as ``dloom generate`` does."""
     from dloom.errors import ConfigurationError
-    from dloom.factory import parse_params
+    from dloom.factory import parse_params, select_models
 
     try:
         import uvicorn
 
-        from dloom import load_model
         from dloom.serve.app import ServeConfig, create_app
         from dloom.serve.decoders import DecodeDefaults
     except ImportError as error:
@@ -47,10 +52,10 @@ def serve(
         strategy=strategy, params=parse_params(param), cache=cache, cache_refresh=cache_refresh,
         gen_length=gen_length, block_length=block_length, steps=steps, remasking=remasking,
     )
-    adapter = load_model(model, device=device, dtype=dtype)
+    models = select_models(model, strategy, target=target, drafter=drafter, device=device, dtype=dtype).load()
     app = create_app(ServeConfig(
-        adapter, defaults, max_batch_size=max_batch_size,
+        models.model, defaults, max_batch_size=max_batch_size,
         max_queued_tokens=max_queued_tokens, plain_chat=plain_chat,
-        max_body_bytes=max_body_bytes, graph_dirs=tuple(graph_dir),
+        max_body_bytes=max_body_bytes, graph_dirs=tuple(graph_dir), drafter=models.drafter,
     ))
     uvicorn.run(app, host=host, port=port, log_level="info")

@@ -1,12 +1,14 @@
-"""Decoders by settings: each request's dloom settings resolved into a
-:class:`~dloom.DiffusionDecoder`, validated exactly as the CLI validates them.
+"""Decoders by settings: each request's dloom settings resolved into a decoder built by the
+one factory (:func:`dloom.factory.decoder_over`), validated exactly as the CLI validates them.
 
 A request names a strategy, its parameters, a cache mode, a temperature and a seed; the
-server's command line fixes the rest (lengths, steps, remasking). Building the decoder is
-the validation: an unknown strategy, parameter or value raises the same
-:class:`~dloom.errors.DloomError` with the same message as ``dloom generate``. Two requests
-whose settings build the same decoder (``{"tau": 0.9}`` and the default) share one
-:class:`LaneKey`, so the scheduler can batch them together.
+server's command line fixes the rest (lengths, steps, remasking) and the models: a dLLM, or
+for an ``"ar-target"`` strategy an AR target and its dLLM drafter. Building
+the decoder is the validation: an unknown strategy, parameter or value raises the same
+:class:`~dloom.errors.DloomError` with the same message as ``dloom generate``; a strategy
+that needs other models than the server's is refused. Two requests whose settings build
+the same decoder (``{"tau": 0.9}`` and the default) share one :class:`LaneKey`, so the
+scheduler can batch them together.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dloom.decode.decoder import DiffusionDecoder
+from dloom.decode.decoders import ComposedDecoder, decoder_kind
+from dloom.factory import LoadedModels, decoder_over
+from dloom.hooks.registry import DEFAULT_STRATEGY
 from dloom.model.adapter import ModelAdapter
 
 
@@ -30,7 +34,7 @@ class DecodeDefaults:
     ``gen_length``, ``block_length``, ``steps`` and ``remasking`` are fixed per server.
     """
 
-    strategy: str = "quota"
+    strategy: str = DEFAULT_STRATEGY
     params: Mapping[str, Any] | None = None
     cache: str = "none"
     cache_refresh: int | None = None
@@ -57,21 +61,28 @@ class Resolved:
     """A request's decoder and the lane its rows join."""
 
     key: LaneKey
-    decoder: DiffusionDecoder
+    decoder: ComposedDecoder
 
 
 class DecoderPool:
     """Builds, validates and keeps decoders for request settings (thread-safe).
 
-    :param model: the served model.
+    :param model: the served model: a dLLM, or the AR target of an ``"ar-target"``
+        default strategy.
     :param defaults: the server's settings.
     :param capacity: decoders kept for reuse (least recently used dropped first; a lane
         holds its own decoder, so dropping one never disturbs a running batch).
+    :param drafter: the AR target's dLLM drafter (``"ar-target"`` strategies only).
+    :raises DloomError: the CLI's error for bad default settings.
     """
 
-    def __init__(self, model: ModelAdapter, defaults: DecodeDefaults, capacity: int = 64) -> None:
+    def __init__(
+        self, model: ModelAdapter, defaults: DecodeDefaults, capacity: int = 64, *,
+        drafter: ModelAdapter | None = None,
+    ) -> None:
         self.model = model
         self.defaults = defaults
+        self.models = LoadedModels(decoder_kind(defaults.strategy), model, drafter)
         self.capacity = capacity
         self._lock = threading.Lock()
         self._decoders: OrderedDict[str, Resolved] = OrderedDict()
@@ -106,14 +117,14 @@ class DecoderPool:
             if request_key in self._decoders:
                 self._decoders.move_to_end(request_key)
                 return self._decoders[request_key]
-        decoder = DiffusionDecoder(
-            self.model, given["strategy"], params=given["params"], cache=given["cache"],
+        decoder = decoder_over(
+            self.models, given["strategy"], given["params"], cache=given["cache"],
             cache_refresh=given["cache_refresh"], temperature=given["temperature"],
             seed=seed, gen_length=d.gen_length, block_length=d.block_length, steps=d.steps,
             remasking=d.remasking,
         )
-        random = decoder.temperature > 0 or decoder.remasking == "random"
         config = dict(decoder.config)
+        random = config["temperature"] > 0 or config["remasking"] == "random"
         if not random or seed is None:
             config["seed"] = None  # the seed changes nothing, or nothing is reproducible
         resolved = Resolved(LaneKey(json.dumps(config, sort_keys=True, default=str)), decoder)

@@ -11,17 +11,17 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from dloom.decode.decoder import DiffusionDecoder
+from dloom.decode.decoders import ComposedDecoder
 from dloom.serve.scheduler import Finished
 
 
-def guarantee(decoder: DiffusionDecoder, speculation: dict[str, Any] | None) -> str:
+def guarantee(decoder: ComposedDecoder, speculation: dict[str, Any] | None) -> str:
     """The guarantee of a decode, as ``benchmarks/report.py`` states it: a speculative run's
-    measured one (``lossless`` or ``near-lossless``) against its commit rule, else the
-    commit rule's declared claim."""
+    measured one (``lossless`` or ``near-lossless``) against its commit rule (an AR-target
+    decoder's: against its target, which has none), else the commit rule's declared claim."""
     rule = decoder.composition.provider("dloom_select_commit")
     if speculation is not None:
-        return f"{speculation['guarantee']} against {rule}"
+        return f"{speculation['guarantee']} against {rule or f'the AR target {decoder.model.name}'}"
     component = next(c for c in decoder.composition.components if c.name == rule)
     if component.strategy is None:
         return "undeclared (a plugin object without a registration)"
@@ -30,7 +30,7 @@ def guarantee(decoder: DiffusionDecoder, speculation: dict[str, Any] | None) -> 
 
 
 def usage(
-    decoder: DiffusionDecoder, prompt_tokens: int, completion_tokens: int, rows: list[Finished]
+    decoder: ComposedDecoder, prompt_tokens: int, completion_tokens: int, rows: list[Finished]
 ) -> dict[str, Any]:
     """The ``usage`` object of a response whose rows finished as ``rows``."""
     nfe = sum(row.nfe for row in rows)

@@ -8,7 +8,8 @@ that keeps a running batch per lane (continuous batching at block boundaries).
 * **Lanes.** Rows whose settings build the same decoder (:class:`~dloom.serve.decoders.
   LaneKey`) wait in one lane; only rows of one lane can share a forward batch.
 * **Continuous batching.** One worker thread owns the device. Each lane with rows has one
-  running batch, a :class:`~dloom.decode.session.DecodeSession`; the worker takes the lanes
+  running batch, a :class:`~dloom.decode.session.DecodeSession` (a decoder that does not
+  step, an ``"ar-target"`` one, decodes its rows whole: :mod:`dloom.serve.batches`); the worker takes the lanes
   in turn, one step (one forward of the batch) at a time. Before each step the lane's
   waiting rows join its batch, oldest first, up to ``max_batch_size`` rows in it: a row
   joins between two forwards, at its own first block boundary, while the rows already there
@@ -37,9 +38,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dloom.decode.decoder import DiffusionDecoder
-from dloom.decode.session import BlockRecord, DecodeSession, FinishedRows
+from dloom.decode.decoders import Decoder
+from dloom.decode.session import BlockRecord, FinishedRows
 from dloom.errors import ConfigurationError, QueueFullError, WorkerDeadError
+from dloom.serve.batches import RunningBatch, open_batch
 from dloom.serve.decoders import LaneKey, Resolved
 from dloom.serve.metrics import ServerMetrics
 
@@ -125,9 +127,9 @@ class Lane:
     """
 
     key: LaneKey
-    decoder: DiffusionDecoder
+    decoder: Decoder
     waiting: deque[Job] = field(default_factory=deque)
-    session: DecodeSession | None = None
+    session: RunningBatch | None = None
     running: dict[int, Job] = field(default_factory=dict)
     withdrawn: list[int] = field(default_factory=list)
     joining: int = 0  # rows taken from the queue that the worker is admitting now
@@ -339,7 +341,7 @@ class Scheduler:
         """Admit ``joining`` into ``lane``'s running batch, take one step, post the events of
         the rows that finished (the one place that decides how rows share the device)."""
         if lane.session is None:
-            lane.session = DecodeSession(lane.decoder, logprobs=lane.key.logprobs, ignore_eos=lane.key.ignore_eos)
+            lane.session = open_batch(lane.decoder, lane.key.logprobs, lane.key.ignore_eos)
         session = lane.session
         failed: list[tuple[Job, Event]] = []
         if joining:

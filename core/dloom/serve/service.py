@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from dloom.decode.prompts import check_not_mask_only
 from dloom.errors import DloomError, HTTPError, ModelError
 from dloom.model.adapter import ModelAdapter
+from dloom.serve.batches import check_batchable
 from dloom.serve.decoders import DecodeDefaults, DecoderPool, Resolved
 from dloom.serve.files import ServerFiles
 from dloom.serve.limits import (
@@ -57,7 +58,8 @@ POLL_SECONDS = 0.5  # how often a waiting response checks that its client is sti
 class ServeConfig:
     """What ``dloom serve`` configures.
 
-    :ivar model: the served model.
+    :ivar model: the served model: a dLLM, or the AR target of an ``"ar-target"`` default
+        strategy (whose outputs the server returns).
     :ivar defaults: the decoding settings (a request may override strategy, params, cache).
     :ivar max_batch_size: rows decoded together, at most.
     :ivar max_queued_tokens: token budget of admitted rows (``prompt + gen_length`` each).
@@ -67,6 +69,7 @@ class ServeConfig:
     :ivar max_body_bytes: the longest request body taken; a longer one gets 413.
     :ivar graph_dirs: directories whose files requests may name in path parameters
         (:mod:`dloom.serve.files`); a request never names a path itself.
+    :ivar drafter: the AR target's dLLM drafter, for an ``"ar-target"`` default strategy.
     """
 
     model: ModelAdapter
@@ -77,6 +80,7 @@ class ServeConfig:
     name: str | None = None
     max_body_bytes: int = MAX_BODY_BYTES
     graph_dirs: tuple[str, ...] = ()
+    drafter: ModelAdapter | None = None
 
 
 @dataclass
@@ -114,8 +118,8 @@ class Service:
         self.config = config
         self.model = config.model
         self.name = config.name or config.model.name
-        self.pool = DecoderPool(config.model, config.defaults)
-        self.gen_length = self.pool.default.decoder.gen_length
+        self.pool = DecoderPool(config.model, config.defaults, drafter=config.drafter)
+        self.gen_length = self.pool.default.decoder.config["gen_length"]
         self.metrics = ServerMetrics(config.max_batch_size)
         self.scheduler = Scheduler(
             self.gen_length, config.max_batch_size, config.max_queued_tokens, self.metrics
@@ -139,6 +143,7 @@ class Service:
         speculates = resolved.decoder.composition.provider("dloom_draft") is not None
         check_openai_fields(body, speculates)
         top = requested_logprobs(body)
+        check_batchable(resolved.decoder, top, body.ignore_eos)
         if top is not None or body.ignore_eos:  # such rows decode in their own lane
             key = dataclasses.replace(resolved.key, logprobs=top, ignore_eos=body.ignore_eos)
             resolved = dataclasses.replace(resolved, key=key)
