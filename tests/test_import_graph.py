@@ -180,8 +180,8 @@ def upward_imports(edges: Edges) -> list[str]:
 
 
 SUBPACKAGES = {
-    "hooks": {"specs", "calls", "registry", "composition"},
-    "model": {"adapter", "runner", "profiles", "checkpoints", "files", "attention", "tensor_check",
+    "hooks": {"specs", "calls", "registry", "composition", "cache_policies"},
+    "model": {"adapter", "runner", "cache_policy", "profiles", "checkpoints", "files", "attention", "tensor_check",
               "config_limits", "json_files"},
     "decode": {"decoder", "decoders", "session", "kernel", "speculation", "generation", "prompts",
                "commit", "logprobs", "batching", "oracle", "step"},

@@ -62,11 +62,12 @@ from dloom.errors import (
     NonFiniteLogitsError,
 )
 from dloom.hooks import calls as hooks
+from dloom.hooks.cache_policies import cache_policy
 from dloom.hooks.composition import StrategySpec, build_plugin_manager, compose
 from dloom.hooks.registry import Registry
 from dloom.metrics import ForwardClock, GenerationResult, HookTimer
 from dloom.model.adapter import ModelAdapter, position_ids_from_mask
-from dloom.model.runner import CACHE_MODES, check_refresh
+from dloom.model.runner import check_refresh
 from dloom.types import DecodeState
 
 DEFAULT_GEN_LENGTH = 128
@@ -88,9 +89,10 @@ class DiffusionDecoder:
     :param temperature: 0 for greedy, > 0 samples with float64 Gumbel-max.
     :param remasking: confidence kind, one of :data:`dloom.decode.kernel.REMASKING`.
     :param seed: seeds every prompt's random stream (:class:`dloom.decode.kernel.RowStreams`; ``None``: nondeterministic).
-    :param cache: KV cache mode, one of :data:`dloom.model.runner.CACHE_MODES`: ``"none"``,
-        ``"prefix"`` (reuse the keys and values before the active block) or ``"dual"`` (also
-        those after it); exact for block-causal models, approximate for bidirectional ones.
+    :param cache: KV cache policy, the name of a registered one
+        (:func:`dloom.hooks.cache_policies.cache_modes`): ``"none"``, ``"prefix"`` (reuse the
+        keys and values before the active block) or ``"dual"`` (also those after it), or a
+        plugin's; exact for block-causal models, approximate for bidirectional ones.
     :param cache_refresh: with a cache, rebuild it with a full forward every
         ``cache_refresh`` forwards of a block (``None``: once per block). Bounds the drift of
         a bidirectional model's cached decoding; plain steps only, so speculative
@@ -222,12 +224,11 @@ class DiffusionDecoder:
             )
         if self.draft_budget is not None and self.draft_budget < 0:
             raise ConfigurationError(f"draft_budget is {self.draft_budget!r}; allowed: >= 0 or None")
-        if self.cache not in CACHE_MODES:
-            raise ConfigurationError(f"cache is {self.cache!r}; allowed: {', '.join(CACHE_MODES)}")
-        check_refresh(self.cache, self.cache_refresh)
+        self.cache_policy = cache_policy(self.cache)
+        check_refresh(self.cache_policy, self.cache_refresh)
         if not isinstance(self.static_shapes, bool):
             raise ConfigurationError(f"static_shapes is {self.static_shapes!r}; allowed: True or False")
-        if self.cache != "none" and self.model.cache_argument is None:
+        if self.cache_policy.records and self.model.cache_argument is None:
             raise ModelError(
                 f"cache {self.cache!r} needs a model whose forward takes a transformers cache; "
                 f"model {self.model.name!r} takes none (use cache='none')"
@@ -313,7 +314,7 @@ class DiffusionDecoder:
             run = functools.partial(evaluate_in_parts, static_rows=static_call_rows(layout, call_rows))
         outputs = self.forward_clock.timed(run, forward.evaluate, state.tokens, layout, first_window, call_rows)
         verdict = hooks.verify(self.pm, state, graph, NodeLogits(outputs, layout, self.block_length), kernel)
-        return verdict, layout_is_exact(layout, self.cache, self.model.attention)
+        return verdict, layout_is_exact(layout, self.cache_policy, self.model.attention)
 
     def _check(self, forward: int, non_finite: int, idle: int, blocks: torch.Tensor) -> None:
         """Raise for the contract violations the step's synchronisation found (``blocks``:
@@ -459,7 +460,7 @@ class DiffusionDecoder:
         x, decoding, forward, kernel = step.tokens, step.decoding, step.forward, step.kernel
         n_full, first_window, last_window = step.plan
         full_logits, full_rows = None, torch.zeros_like(decoding)
-        if self.cache != "none" and n_full:
+        if self.cache_policy.records and n_full:
             full_logits, full_rows = self.forward_clock.timed(forward.run, x, n_full, first_window, last_window, False)
         state = DecodeState(
             tokens=x, attention_mask=step.attention_mask, block_start=forward.start,

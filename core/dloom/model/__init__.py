@@ -8,6 +8,8 @@
   are read off the model once, there.
 * :mod:`dloom.model.runner`: the model runner, block forwards over ``transformers`` KV caches
   (Fast-dLLM's prefix and dual cache).
+* :mod:`dloom.model.cache_policy`: the cache policies the runner asks (``none``, ``prefix``,
+  ``dual``, registered through a hook as a plugin's are).
 * :mod:`dloom.model.profiles`: model families, the conventions a checkpoint's config implies.
 * :mod:`dloom.model.checkpoints`, :mod:`dloom.model.files`, :mod:`dloom.model.json_files`,
   :mod:`dloom.model.config_limits`, :mod:`dloom.model.tensor_check`: reading and checking a
