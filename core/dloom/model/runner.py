@@ -117,6 +117,9 @@ class BlockForward:
     keys a packed call attends to, the rows' record then the window and the spans, have
     one shape for a fixed set of rows.
 
+    :ivar policy: the :class:`~dloom.model.cache_policy.CachePolicy` ``mode`` names: what
+        this runner asks whether forwards read a record, how wide a cached window is, and
+        how many slack columns a static record has.
     :ivar start: ``(B,)`` long, each row's active block; :meth:`advance` moves rows on.
     :ivar window_start: ``(B,)`` long, first recomputed column of a cached forward (one
         before the block for a shifted model).
