@@ -68,6 +68,17 @@ NOT_A_POLICY_SOURCE = """
         register("dual-ish")
 """
 
+EXITS_SOURCE = """
+    import sys
+
+    import dloom
+
+
+    @dloom.hookimpl
+    def dloom_register_cache_policies(register):
+        sys.exit(4)
+"""
+
 PROMPTS = [[5], [5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15, 16, 17], [18, 19, 20, 21, 22]]
 
 
@@ -146,6 +157,7 @@ def test_a_policy_refuses_what_it_cannot_do(site, tiny_adapter):
 @pytest.mark.parametrize("source, message", [
     (TAKEN_SOURCE, "cache policy 'dual' is already registered"),
     (NOT_A_POLICY_SOURCE, "register\\(\\) takes a dloom cache policy .*got 'dual-ish'"),
+    (EXITS_SOURCE, "SystemExit: 4"),
 ])
 def test_a_broken_cache_policy_is_reported_and_skipped(site, monkeypatch, source, message):
     site.install("badcache", source)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from types import ModuleType
 
 from dloom.errors import ConfigurationError, PluginLoadError
-from dloom.hooks.registry import Registry, get_registry, report_failure
+from dloom.hooks.registry import Registry, get_registry, real_interrupts, report_failure
 from dloom.hooks.specs import hookimpl
 from dloom.model.cache_policy import BUILTIN_POLICIES, CachePolicy
 
@@ -49,16 +49,19 @@ def load_cache_policies(registry: Registry) -> dict[str, CachePolicy]:
         plugin's under ``DLOOM_STRICT_PLUGINS=1``.
     """
     policies: dict[str, CachePolicy] = {}
-    _register_from(policies, "dloom", sys.modules[__name__], registry, builtin=True)
-    for plugin, module in registry.modules.items():
-        _register_from(policies, plugin, module, registry, builtin=False)
+    _register_from(policies, "dloom", sys.modules[__name__], registry, [], builtin=True)
+    with real_interrupts() as received:
+        for plugin, module in registry.modules.items():
+            _register_from(policies, plugin, module, registry, received, builtin=False)
     return policies
 
 
 def _register_from(
-    policies: dict[str, CachePolicy], plugin: str, module: ModuleType, registry: Registry, builtin: bool
+    policies: dict[str, CachePolicy], plugin: str, module: ModuleType, registry: Registry,
+    received: list[int], builtin: bool,
 ) -> None:
-    """Add one module's policies to ``policies``: all of them, or none when any is refused."""
+    """Add one module's policies to ``policies``: all of them, or none when any is refused
+    (any exception counts, ``BaseException`` included, but a real Ctrl-C: ``received``)."""
     hook = getattr(module, "dloom_register_cache_policies", None)
     if hook is None:
         return
@@ -76,8 +79,8 @@ def _register_from(
 
     try:
         hook(register=register)
-    except Exception as error:  # noqa: BLE001 - isolate every third-party plugin
-        if builtin:
+    except BaseException as error:  # noqa: BLE001 - isolate every third-party plugin
+        if builtin or (received and isinstance(error, KeyboardInterrupt)):
             raise
         report_failure(registry, f"{plugin} (dloom_register_cache_policies)", error)
         return
