@@ -38,7 +38,7 @@ import torch
 
 from dloom import DiffusionDecoder, load_model, zoo
 from dloom.evaluation import evaluate, select_examples
-from dloom.model.runner import CACHE_MODES
+from dloom.model.cache_policy import BUILTIN_CACHE_MODES as CACHE_MODES
 from dloom.zoo.tasks import FAMILIES, Example
 
 FILLER = " "

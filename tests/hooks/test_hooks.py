@@ -388,7 +388,8 @@ def hookspec_functions() -> dict[str, object]:
 def test_every_hook_is_specified():
     assert hookspecs.HOOKS == tuple(hookspec_functions())
     assert set(hookspec_functions()) == {
-        "dloom_register_strategies", "dloom_register_families", "dloom_register_commands", "dloom_configure",
+        "dloom_register_strategies", "dloom_register_families", "dloom_register_commands",
+        "dloom_register_cache_policies", "dloom_configure",
         "dloom_select_commit", "dloom_draft", "dloom_prune", "dloom_build_mask", "dloom_verify",
     }
     assert DECODING_HOOKS == ("dloom_select_commit", "dloom_draft", "dloom_prune", "dloom_build_mask", "dloom_verify")

@@ -24,7 +24,8 @@ from dloom.cli.commands import app
 from dloom.decode import session as running_batch
 from dloom.errors import ConfigurationError, ModelError
 from dloom.model.attention import block_causal_mask, block_ids, model_mask
-from dloom.model.runner import CACHE_MODES, BlockForward
+from dloom.model.cache_policy import BUILTIN_CACHE_MODES as CACHE_MODES
+from dloom.model.runner import BlockForward
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13], [14], [15, 16, 17, 18]]
 

@@ -213,7 +213,7 @@ StepsOption = typer.Option(None, help="Step budget for quota rules (default gen_
 TemperatureOption = typer.Option(0.0, help="0 = greedy; > 0 samples.")
 RemaskingOption = typer.Option("low_confidence", help="low_confidence, random, margin or entropy.")
 CacheOption = typer.Option(
-    "none", "--cache", help="KV cache: none, prefix or dual (exact for block-causal models)."
+    "none", "--cache", help="KV cache policy (listed when the command line is built)."
 )
 CacheRefreshOption = typer.Option(
     None, "--cache-refresh", help="With --cache: a full forward every N forwards of a block (default: once per block)."

@@ -13,7 +13,10 @@
   itself, with the same message as ``--param``; a strategy spec without that strategy
   refuses it, naming its components.
 
-Both are read from the registry when the command line is built (once per invocation).
+* **Cache policies.** ``--cache``'s help lists the registered cache policies
+  (:func:`dloom.hooks.cache_policies.cache_help`).
+
+All are read from the registry when the command line is built (once per invocation).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any
 import typer
 from rich.console import Console
 from rich.markup import escape
-from typer.core import TyperCommand, TyperGroup
+from typer.core import TyperCommand, TyperGroup, TyperOption
 
 from dloom.cli.exits import end_quietly
 from dloom.errors import DloomError, PluginLoadError
@@ -34,6 +37,17 @@ from dloom.startup import hand_interrupts_to_commands
 
 PARAM_OPTION = "param"
 """The ``--param`` option's parameter name: commands with it take strategy options."""
+
+CACHE_OPTION = "cache"
+"""The ``--cache`` option's parameter name: its help lists the registered cache policies."""
+
+
+def cache_option_help() -> str:
+    """``--cache``'s help: every registered cache policy and what it keeps
+    (:func:`dloom.hooks.cache_policies.cache_help`)."""
+    from dloom.hooks.cache_policies import cache_help
+
+    return f"KV cache policy ({cache_help()}); exact for block-causal models."
 
 
 def _or_exit(build: Any) -> Any:
@@ -117,6 +131,9 @@ class StrategyOptionsCommand(TyperCommand):
 
     def get_params(self, ctx: Any) -> list[Any]:
         own = super().get_params(ctx)
+        for param in own:
+            if param.name == CACHE_OPTION and isinstance(param, TyperOption):  # lists the policies
+                param.help = _or_exit(cache_option_help)
         help_option = self.get_help_option(ctx)
         extra = [param for param, _, _ in self._strategy_options(ctx)]
         if help_option is None:

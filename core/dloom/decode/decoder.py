@@ -53,12 +53,13 @@ from dloom.errors import (
     NonFiniteLogitsError,
 )
 from dloom.hooks import calls as hooks
+from dloom.hooks.cache_policies import cache_policy
 from dloom.hooks.composition import StrategySpec, build_plugin_manager, compose
 from dloom.hooks.registry import DEFAULT_STRATEGY, Registry
 from dloom.hooks.timing import HookTimer
 from dloom.metrics import ForwardClock, GenerationResult
 from dloom.model.adapter import ModelAdapter, position_ids_from_mask
-from dloom.model.runner import CACHE_MODES, check_refresh
+from dloom.model.runner import check_refresh
 
 DEFAULT_GEN_LENGTH = 128
 DEFAULT_BLOCK_LENGTH = 32
@@ -79,9 +80,10 @@ class DiffusionDecoder:
     :param temperature: 0 for greedy, > 0 samples with float64 Gumbel-max.
     :param remasking: confidence kind, one of :data:`dloom.decode.kernel.REMASKING`.
     :param seed: seeds every prompt's random stream (:class:`dloom.decode.kernel.RowStreams`; ``None``: nondeterministic).
-    :param cache: KV cache mode, one of :data:`dloom.model.runner.CACHE_MODES`: ``"none"``,
-        ``"prefix"`` (reuse the keys and values before the active block) or ``"dual"`` (also
-        those after it); exact for block-causal models, approximate for bidirectional ones.
+    :param cache: KV cache policy, the name of a registered one
+        (:func:`dloom.hooks.cache_policies.cache_modes`): ``"none"``, ``"prefix"`` (reuse the
+        keys and values before the active block) or ``"dual"`` (also those after it), or a
+        plugin's; exact for block-causal models, approximate for bidirectional ones.
     :param cache_refresh: with a cache, rebuild it with a full forward every
         ``cache_refresh`` forwards of a block (``None``: once per block). Bounds the drift of
         a bidirectional model's cached decoding; plain steps only, so speculative
@@ -190,7 +192,7 @@ class DiffusionDecoder:
         self.speculative_step: SpeculativeStepper | None = None
         if self.composition.provider("dloom_draft") is not None:
             self.speculative_step = SpeculativeStepper(
-                self.pm, self.forward_clock, self.cache, model.attention, self.block_length,
+                self.pm, self.forward_clock, self.cache_policy, model.attention, self.block_length,
                 self.mask_token_id, self.draft_budget, self.static_shapes,
             )
         if self.speculative_step is not None and self.cache_refresh is not None:
@@ -226,12 +228,11 @@ class DiffusionDecoder:
             )
         if self.draft_budget is not None and self.draft_budget < 0:
             raise ConfigurationError(f"draft_budget is {self.draft_budget!r}; allowed: >= 0 or None")
-        if self.cache not in CACHE_MODES:
-            raise ConfigurationError(f"cache is {self.cache!r}; allowed: {', '.join(CACHE_MODES)}")
-        check_refresh(self.cache, self.cache_refresh)
+        self.cache_policy = cache_policy(self.cache)
+        check_refresh(self.cache_policy, self.cache_refresh)
         if not isinstance(self.static_shapes, bool):
             raise ConfigurationError(f"static_shapes is {self.static_shapes!r}; allowed: True or False")
-        if self.cache != "none" and self.model.cache_argument is None:
+        if self.cache_policy.records and self.model.cache_argument is None:
             raise ModelError(
                 f"cache {self.cache!r} needs a model whose forward takes a transformers cache; "
                 f"model {self.model.name!r} takes none (use cache='none')"

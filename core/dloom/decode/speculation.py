@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
 from dloom.decode.kernel import KernelStep, selectable_positions
 from dloom.errors import HookContractError
 from dloom.types import DecodeState, DraftGraph, NodeLogits, Verdict, VerificationLayout
+
+if TYPE_CHECKING:
+    from dloom.model.cache_policy import CachePolicy
 
 
 def follow_graph(graph: DraftGraph, node_logits: NodeLogits, kernel: KernelStep) -> Verdict:
@@ -190,10 +194,13 @@ def layout_part(layout: VerificationLayout, first: int, stop: int) -> Verificati
     )
 
 
-def layout_is_exact(layout: VerificationLayout, cache: str, attention: str) -> bool:
+def layout_is_exact(layout: VerificationLayout, cache: CachePolicy, attention: str) -> bool:
     """Whether every node's logits equal a standalone forward's (see
-    :class:`~dloom.types.VerificationLayout`)."""
-    return not layout.packed or cache == "dual" or attention == "block-causal"
+    :class:`~dloom.types.VerificationLayout`): a rows layout always; a packed one where no
+    span can change the context's keys and values (a policy whose cached forwards read
+    the context from the record, :attr:`~dloom.model.cache_policy.CachePolicy.fixed_context`,
+    or a block-causal model)."""
+    return not layout.packed or cache.fixed_context or attention == "block-causal"
 
 
 def layout_drafts(

@@ -32,6 +32,7 @@ from dloom.types import DecodeState, NodeLogits, VerificationLayout
 
 if TYPE_CHECKING:
     from dloom.decode.transition import TransitionKernel
+    from dloom.model.cache_policy import CachePolicy
 
 
 class BlockForwards(Protocol):
@@ -153,7 +154,7 @@ class SpeculativeStepper:
 
     :param pm: the decoder's plugin manager (its draft, prune, build_mask and verify hooks).
     :param clock: times the forwards.
-    :param cache: the decoder's cache mode (:data:`dloom.model.runner.CACHE_MODES`).
+    :param cache: the decoder's cache policy (:class:`~dloom.model.cache_policy.CachePolicy`).
     :param attention: the model's attention kind (whether a layout is exact depends on it).
     :param block_length: ``K``.
     :param mask_token_id: the mask id.
@@ -164,7 +165,7 @@ class SpeculativeStepper:
     """
 
     def __init__(
-        self, pm: pluggy.PluginManager, clock: ForwardClock, cache: str, attention: str,
+        self, pm: pluggy.PluginManager, clock: ForwardClock, cache: CachePolicy, attention: str,
         block_length: int, mask_token_id: int, draft_budget: int | None, static_shapes: bool,
     ) -> None:
         self.pm, self.clock = pm, clock
@@ -176,7 +177,7 @@ class SpeculativeStepper:
         x, decoding, forward, kernel = step.tokens, step.decoding, step.forward, step.kernel
         n_full, first_window, last_window = step.plan
         full_logits, full_rows = None, torch.zeros_like(decoding)
-        if self.cache != "none" and n_full:
+        if self.cache.records and n_full:
             full_logits, full_rows = self.clock.timed(forward.run, x, n_full, first_window, last_window, False)
         state = DecodeState(
             tokens=x, attention_mask=step.attention_mask, block_start=forward.start,

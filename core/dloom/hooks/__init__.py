@@ -5,4 +5,5 @@
 * :mod:`dloom.hooks.registry`: the strategies registered by plugins (entry points).
 * :mod:`dloom.hooks.composition`: one plugin manager per strategy, composed from plugins.
 * :mod:`dloom.hooks.timing`: the hook timer, dloom's own wrapper plugin.
+* :mod:`dloom.hooks.cache_policies`: the KV cache policies registered by the core and plugins.
 """

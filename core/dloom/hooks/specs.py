@@ -14,8 +14,8 @@ of a verification layout, ``S`` its width.
 
 Besides the five decoding hooks (:data:`DECODING_HOOKS`), ``dloom_register_strategies``
 registers strategies, ``dloom_register_families`` model families, ``dloom_register_commands``
-adds commands to the ``dloom`` command line and ``dloom_configure`` lets the plugins of a
-decoder check its settings once.
+adds commands to the ``dloom`` command line, ``dloom_register_cache_policies`` adds KV cache
+policies and ``dloom_configure`` lets the plugins of a decoder check its settings once.
 
 Every list of hook names the core uses is derived here, from the specifications themselves:
 :data:`HOOKS` (all of them), :data:`DECODING_HOOKS` (the single-answer ones, which the
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     import torch
     import typer
 
+    from dloom.model.cache_policy import CachePolicy
     from dloom.model.families import FamilyRegistration
     from dloom.types import (
         BlockSchedule,
@@ -94,6 +95,21 @@ def dloom_register_commands(cli: typer.Typer) -> None:
     command named like a core command or another plugin's is reported and skipped.
 
     :param cli: a :class:`typer.Typer` of this plugin's own: ``@cli.command()`` adds one.
+    """
+
+
+@hookspec
+def dloom_register_cache_policies(register: Callable[[CachePolicy], None]) -> None:
+    """Register the KV cache policies this plugin provides (values of a decoder's ``cache``).
+
+    Called once per process (per loaded registry), for the core's built-in policies first
+    (:mod:`dloom.model.cache_policy`, registered by :mod:`dloom.hooks.cache_policies`), then for every plugin loaded from the ``dloom``
+    entry-point group that implements it (:mod:`dloom.hooks.cache_policies`).
+
+    :param register: call it once per policy with an object of the
+        :class:`~dloom.model.cache_policy.CachePolicy` protocol; its ``name`` becomes a value
+        of ``cache``. A name that is already taken, or an object that is no policy, is
+        reported and skipped.
     """
 
 

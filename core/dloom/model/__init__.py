@@ -8,6 +8,8 @@
   are read off the model once, there.
 * :mod:`dloom.model.runner`: the model runner, block forwards over ``transformers`` KV caches
   (Fast-dLLM's prefix and dual cache).
+* :mod:`dloom.model.cache_policy`: the cache policies the runner asks (``none``, ``prefix``,
+  ``dual``, registered through a hook as a plugin's are).
 * :mod:`dloom.model.profiles`: model families, the conventions a checkpoint's config implies;
   :mod:`dloom.model.families`: a family (profile and native layout) as a registration of the
   ``dloom_register_families`` hook, and how a config's family is recognised;

@@ -3,13 +3,12 @@
 The decoder asks a :class:`BlockForward`, built once per generation, for "the logits of
 every row's active block this step". Rows advance through their blocks independently, so
 each row has its own active block (``start`` per row) and its own cache state. The cache
-mode decides how much of the sequence a row's forward recomputes:
-
-- ``"none"``: every step is a forward over the whole sequence.
-- ``"prefix"``: a row's first step in a block is a full forward that also records the keys
-  and values of every position; its later steps in the block recompute the block and
-  everything after it, reading the keys and values before the block from that record.
-- ``"dual"``: later steps recompute the block alone, reading everything else from the record.
+policy (:mod:`dloom.model.cache_policy`) decides how much of the sequence a row's forward
+recomputes; with one that records (``"prefix"``, ``"dual"``), a row's first step in a block
+is a full forward that also records the keys and values of every position, and its later
+steps recompute the row's window alone (``"prefix"``: the block and everything after it;
+``"dual"``: the block), reading every other position from that record. Without one
+(``"none"``) every step is a forward over the whole sequence.
 
 One call (:meth:`BlockForward.run`) serves every row: rows that need a full forward (block
 start, or a refresh) get one, the others one cached forward over their windows: at most two
@@ -37,15 +36,16 @@ import functools
 import torch
 
 from dloom.errors import ConfigurationError, HookContractError
+from dloom.hooks.cache_policies import cache_modes, cache_policy
 from dloom.model.adapter import ModelAdapter
 from dloom.model.attention import mask_from_block_ids, model_mask
+from dloom.model.cache_policy import CachePolicy
 from dloom.types import VerificationLayout
 
-CACHE_MODES = ("none", "prefix", "dual")
 
-
-def check_refresh(mode: str, refresh: int | None) -> None:
-    """Refuse a ``refresh`` interval that is not a positive int, or one without a cache.
+def check_refresh(policy: CachePolicy, refresh: int | None) -> None:
+    """Refuse a ``refresh`` interval that is not a positive int, or one with a policy that
+    records nothing.
 
     :raises ConfigurationError: naming the bad value and what is allowed.
     """
@@ -53,22 +53,24 @@ def check_refresh(mode: str, refresh: int | None) -> None:
         return
     if isinstance(refresh, bool) or not isinstance(refresh, int) or refresh < 1:
         raise ConfigurationError(f"cache_refresh is {refresh!r}; allowed: an int >= 1, or None")
-    if mode == "none":
+    if not policy.records:
+        recording = " or ".join(repr(name) for name in cache_modes(records=True))
         raise ConfigurationError(
-            f"cache_refresh={refresh} needs cache='prefix' or 'dual'; with cache='none' every forward is full"
+            f"cache_refresh={refresh} needs cache={recording}; with cache={policy.name!r} every forward is full"
         )
 
 
 class BlockForward:
     """Every row's active-block logits, one model forward per row per call, reusing keys and
-    values per mode.
+    values as the cache policy says.
 
     Shapes: ``B`` rows, ``L`` sequence length, ``K`` block length, ``V`` vocabulary, ``W``
     the recomputed window of a cached forward.
 
-    :param model: the model adapter; ``prefix`` and ``dual`` need a model whose forward takes
+    :param model: the model adapter; a policy that records needs a model whose forward takes
         a ``transformers`` cache (:attr:`ModelAdapter.cache_argument`).
-    :param mode: one of :data:`CACHE_MODES`.
+    :param mode: a registered cache policy's name (:func:`dloom.hooks.cache_policies.cache_modes`)
+        or a :class:`~dloom.model.cache_policy.CachePolicy`.
     :param padding_mask: ``(B, L)`` padding mask (1 = real token), or ``None`` when no row is
         padded.
     :param position_ids: ``(B, L)`` long.
@@ -88,8 +90,8 @@ class BlockForward:
     the same shapes whatever the blocks: a full forward is ``(R, L)`` and computes the logits
     of the last ``S`` columns; a cached window is ``(R, W)`` with ``W = K + shift`` for dual
     and ``W = S`` for prefix (columns past ``L`` are invisible padding); the record is a
-    ``(B, H, L + P, D)`` buffer per layer (``P = S`` slack columns for prefix, where a
-    window's invisible columns write, else 0), allocated at the batch's first full forward
+    ``(B, H, L + P, D)`` buffer per layer (``P`` the policy's slack columns, where a
+    window's invisible columns write: ``S`` for prefix, 0 for dual), allocated at the batch's first full forward
     and from then on written in place: by every full forward (which runs on a
     ``DynamicCache``, bit-identical to the default path, and copies its keys and values in)
     and by every cached window, which writes its own at its columns (:func:`static_view`);
@@ -115,6 +117,9 @@ class BlockForward:
     keys a packed call attends to, the rows' record then the window and the spans, have
     one shape for a fixed set of rows.
 
+    :ivar policy: the :class:`~dloom.model.cache_policy.CachePolicy` ``mode`` names: what
+        this runner asks whether forwards read a record, how wide a cached window is, and
+        how many slack columns a static record has.
     :ivar start: ``(B,)`` long, each row's active block; :meth:`advance` moves rows on.
     :ivar window_start: ``(B,)`` long, first recomputed column of a cached forward (one
         before the block for a shifted model).
@@ -127,7 +132,7 @@ class BlockForward:
     def __init__(
         self,
         model: ModelAdapter,
-        mode: str,
+        mode: str | CachePolicy,
         padding_mask: torch.Tensor | None,
         position_ids: torch.Tensor,
         start: int | torch.Tensor,
@@ -136,10 +141,9 @@ class BlockForward:
         block_ids: torch.Tensor | None = None,
         static_width: int | None = None,
     ) -> None:
-        if mode not in CACHE_MODES:
-            raise ConfigurationError(f"cache is {mode!r}; allowed: {', '.join(CACHE_MODES)}")
-        check_refresh(mode, refresh)
-        self.model, self.mode, self.refresh = model, mode, refresh
+        self.policy = policy = cache_policy(mode)
+        check_refresh(policy, refresh)
+        self.model, self.refresh = model, refresh
         self.position_ids = position_ids
         self.block_length = block_length
         self.shift = model.shift
@@ -150,16 +154,19 @@ class BlockForward:
         self._window: tuple | None = None
         self.start = torch.as_tensor(start, dtype=torch.long, device=device).expand(batch).clone()
         self.static_width = None if static_width is None else min(static_width, self.length)
-        # slack columns past L where a static prefix window's invisible columns write
-        self.slack = self.static_width if self.static_width is not None and mode == "prefix" else 0
+        # slack columns past L where a static window's invisible columns write
+        self.slack = (
+            0 if self.static_width is None
+            else policy.static_slack(block_length, self.shift, self.static_width)
+        )
         self._set_masks(padding_mask, block_ids)
         self.query_positions = 0
         self.calls = 0  # model calls
         self.row_forwards = 0  # rows over all model calls
         self._store: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-        self._needs_full = torch.full((batch,), mode != "none", dtype=torch.bool, device=device)
+        self._needs_full = torch.full((batch,), policy.records, dtype=torch.bool, device=device)
         self._on_cache = torch.zeros(batch, dtype=torch.long, device=device)
-        if mode != "none":
+        if policy.records:
             model.check_takes_cache()
 
     def _set_masks(self, padding_mask: torch.Tensor | None, block_ids: torch.Tensor | None) -> None:
@@ -217,7 +224,7 @@ class BlockForward:
     def advance(self, moving: torch.Tensor) -> None:
         """Move the rows ``moving`` (``(B,)`` bool) on to their next block."""
         self.start = self.start + self.block_length * moving.long()
-        if self.mode != "none":
+        if self.policy.records:
             self._needs_full = self._needs_full | moving
 
     def select(self, index: torch.Tensor) -> None:
@@ -263,7 +270,7 @@ class BlockForward:
         self.start = torch.cat([self.start + widened, start])
         self._window = None
         self._needs_full = torch.cat(
-            [self._needs_full, torch.full((joining,), self.mode != "none", dtype=torch.bool, device=device)]
+            [self._needs_full, torch.full((joining,), self.policy.records, dtype=torch.bool, device=device)]
         )
         self._on_cache = torch.cat([self._on_cache, torch.zeros(joining, dtype=torch.long, device=device)])
         if self._store is not None:
@@ -297,7 +304,7 @@ class BlockForward:
         """
         batch = tokens.shape[0]
         keep = self._kept(first_window, last_window)
-        if self.mode == "none":
+        if not self.policy.records:
             raw = self._run(tokens, self._full_mask, self.position_ids, None, keep)
             picked = self._pick(raw, self.window_start, keep)
             return picked, torch.ones(batch, dtype=torch.bool, device=tokens.device)
@@ -403,17 +410,16 @@ class BlockForward:
 
     def query_width(self, first_window: int) -> int:
         """Tokens one layout row's forward computes in :meth:`evaluate`: the whole sequence
-        without a cache, the window with one."""
-        return self.length if self.mode == "none" else self.window_width(first_window)
+        when the policy records nothing, the window when it does."""
+        return self.window_width(first_window)
 
     def window_width(self, first_window: int) -> int:
-        """``W``: the block (and the column before it, shifted) for dual, everything from the
-        earliest window start on for prefix."""
-        if self.mode == "dual":
-            return self.block_length + self.shift
-        if self.static_width is not None:
-            return self.static_width
-        return self.length - first_window
+        """``W``, the policy's (:meth:`dloom.model.cache_policy.CachePolicy.window_width`):
+        for dual the block (and the column before it, shifted), for prefix everything from
+        the earliest window start on."""
+        return self.policy.window_width(
+            self.length, self.block_length, self.shift, first_window, self.static_width
+        )
 
     def _windows(self, rows: torch.Tensor | None, width: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(R, W)`` columns of the rows' windows (clamped into the sequence) and which of
@@ -518,14 +524,14 @@ class BlockForward:
         source = layout.source
         span = self.window_start[source].unsqueeze(1) + torch.arange(width, device=tokens.device)
         primary = tokens[source].scatter(1, span, layout.input_ids[:, :width])
-        if layout.next_block and (layout.packed or self.mode != "none"):
+        if layout.next_block and (layout.packed or self.policy.records):
             raise HookContractError(
-                f"a verification layout asked for next-block logits with cache {self.mode!r}"
+                f"a verification layout asked for next-block logits with cache {self.policy.name!r}"
                 f"{' and packed spans' if layout.packed else ''}; only a rows layout without a "
                 "cache computes them (the whole canvas is in its forward)"
             )
         if not layout.packed:
-            if self.mode == "none":
+            if not self.policy.records:
                 mask = None if self._full_mask is None else self._full_mask[source]
                 raw = self._run(primary, mask, self.position_ids[source])
                 if layout.next_block:  # and the next block's K columns (clamped at the end)
@@ -541,7 +547,7 @@ class BlockForward:
         source = layout.source
         count = len(source)
         appended = layout.input_ids[:, width:]
-        if self.mode == "none":
+        if not self.policy.records:
             recomputed = torch.arange(self.length, device=device).expand(count, -1)
             real = torch.ones_like(recomputed, dtype=torch.bool)
             cached = recomputed[:, :0]
@@ -578,7 +584,7 @@ class BlockForward:
         inputs = torch.cat([torch.gather(primary, 1, recomputed), appended], dim=1)
         positions = torch.gather(self.position_ids[source], 1, query_abs)
         model_input = model_mask(mask, self.model.model)
-        cache = None if self.mode == "none" else self._row_cache(source)
+        cache = self._row_cache(source) if self.policy.records else None
         raw = self._run(inputs, model_input, positions, cache)
         first = torch.take_along_dim(raw, (span - window_first).unsqueeze(-1), dim=1)
         return torch.cat([first, raw[:, n_recomputed:]], dim=1)

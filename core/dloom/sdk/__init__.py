@@ -92,6 +92,7 @@ from dloom.model.adapter import (
     padding_or_none,
     position_ids_from_mask,
 )
+from dloom.model.cache_policy import CachePolicy, DualCache, NoCache, PrefixCache
 from dloom.model.families import FamilyRegistration
 from dloom.model.profiles import ModelProfile
 from dloom.model.runner import BlockForward, record_view
@@ -173,8 +174,13 @@ __all__ = [
     "TargetKernel",
     "ACCEPT_TAG",
     "RESAMPLE_TAG",
-    # models and their forward; a model family (dloom_register_families)
+    # models and their forward; a model family (dloom_register_families); a KV cache policy
+    # (dloom_register_cache_policies)
     "FamilyRegistration",
+    "CachePolicy",
+    "NoCache",
+    "PrefixCache",
+    "DualCache",
     "ModelProfile",
     "ModelAdapter",
     "load_model",

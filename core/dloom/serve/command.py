@@ -23,7 +23,7 @@ def serve(
     block_length: int | None = typer.Option(None, help="Positions per block: the granularity of streaming."),
     steps: int | None = typer.Option(None, help="Step budget for quota rules (default gen_length)."),
     remasking: str = typer.Option("low_confidence", help="low_confidence, random, margin or entropy."),
-    cache: str = typer.Option("none", "--cache", help="Default KV cache: none, prefix or dual."),
+    cache: str = typer.Option("none", "--cache", help="Default KV cache policy: none, prefix, dual or a plugin's (dloom_register_cache_policies)."),
     cache_refresh: int | None = typer.Option(None, "--cache-refresh", help="With --cache: a full forward every N forwards of a block."),
     max_batch_size: int = typer.Option(16, min=1, help="Rows decoded together, at most."),
     max_queued_tokens: int = typer.Option(65536, min=1, help="Token budget of admitted rows (prompt + gen_length each); beyond it requests get 429."),

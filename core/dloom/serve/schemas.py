@@ -52,7 +52,7 @@ class GenerationFields(BaseModel):
     params: dict[str, ParamValue] | None = Field(
         None, description="strategy parameters by name ('tau') or component ('spiffy.budget')"
     )
-    cache: str | None = Field(None, description="KV cache: none, prefix or dual")
+    cache: str | None = Field(None, description="KV cache policy: none, prefix, dual or a plugin's")
     cache_refresh: int | None = Field(
         None, ge=1, le=MAX_CACHE_REFRESH, description="with a cache: a full forward every N forwards"
     )
