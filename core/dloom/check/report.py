@@ -11,7 +11,12 @@
   chi-square test on tiny enumerable models (:mod:`dloom.check.sampling`):
   ``lossless`` / ``not lossless`` / ``inconclusive``; against an AR target (``against``
   :data:`TARGET`, FailFast) the same two checks on model pairs (:mod:`dloom.check.target`);
-* no claim: says so (and measures the agreement with ``against`` if one is given).
+* no claim: says so (and measures the agreement with ``against`` if one is given);
+* a claim whose ``holds_when`` excludes the parameters: ``not claimed``, nothing to test.
+
+Before any of these the commit rule's hook contract is probed (:mod:`dloom.check.contract`);
+a break, or a :class:`~dloom.errors.HookContractError` raised while checking, is the verdict
+``contract broken`` (a failed check, exit status 1, with its report).
 
 The checks take their options as keywords: the fields of :class:`GreedyOptions`,
 :class:`~dloom.check.sampling.SamplingOptions` and :class:`~dloom.check.bounds.BoundOptions`.
