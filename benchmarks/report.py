@@ -89,6 +89,7 @@ from benchmarks.report_measure import (
     compare,
     drop_texts,
     frechet,
+    registered_config,
     same_outputs,
     spiffy_over,
 )
@@ -110,7 +111,7 @@ from benchmarks.report_tables import (  # noqa: F401  (headline_table, oracle_ta
 )
 from benchmarks.report_targets import checklist, choose_delta
 from dloom import DiffusionDecoder, load_model
-from dloom.errors import ConfigurationError, ModelError
+from dloom.errors import ConfigurationError, DloomError, ModelError
 from dloom.evaluation import SUITES, select_examples, workload_suite
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -426,7 +427,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: steady CPU timings)")
     parser.add_argument("--configs", default="all", help="headline matrix: comma-separated configuration names "
-                        f"(the baseline always runs): {', '.join(c.name for c in CONFIGS)}")
+                        f"(the baseline always runs): {', '.join(c.name for c in CONFIGS)}, or any "
+                        "registered strategy or composition (at its defaults, no cache)")
     parser.add_argument("--deltas", default=",".join(f"{d:g}" for d in defaults.deltas),
                         help="full matrix: Fréchet's δ grid, each in [0, 1)")
     parser.add_argument("--caches", default=",".join(defaults.caches), help="full matrix: cache modes, none first")
@@ -462,14 +464,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     settings = parse_settings(parser, args)
     torch.set_num_threads(args.threads)
-    wanted = None if args.configs == "all" else set(args.configs.split(","))
-    unknown = (wanted or set()) - {c.name for c in CONFIGS}
-    if unknown:
-        parser.error(f"unknown configuration {min(unknown)!r}")
+    wanted = None if args.configs == "all" else list(dict.fromkeys(args.configs.split(",")))
+    known = {c.name for c in CONFIGS}
+    registered = []  # any other registered strategy, at its defaults
+    for name in [n for n in wanted or [] if n not in known]:
+        try:
+            registered.append(registered_config(name))
+        except DloomError as error:
+            parser.error(f"unknown configuration {name!r}: neither one of the report's "
+                         f"({', '.join(sorted(known))}) nor a registered strategy ({error})")
     if wanted is not None and settings.matrix == "full":
         parser.error("--configs picks configurations of the headline matrix; the full matrix takes "
                      "--deltas, --caches and --calibration-* instead")
-    configs = [c for c in CONFIGS if c is BASELINE or wanted is None or c.name in wanted]
+    configs = [c for c in CONFIGS if c is BASELINE or wanted is None or c.name in wanted] + registered
     command = " ".join(["python -m benchmarks.report", *options(args, defaults)]
                        + (["--micro"] if args.micro else []))
     try:

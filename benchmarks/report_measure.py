@@ -20,6 +20,7 @@ import torch
 from dloom import DiffusionDecoder, hookimpl
 from dloom.decode.oracle import oracle_nfe
 from dloom.evaluation import evaluate
+from dloom.hooks.composition import compose
 from dloom.hooks.registry import get_registry
 
 HOOKS = ("forward", "select_commit", "draft", "prune", "build_mask", "verify")
@@ -65,6 +66,17 @@ CONFIGS: tuple[Config, ...] = (
         {"delta": 0.0, "layout": "packed"}, cache="dual", headline=True,
     ),
 )
+
+
+def registered_config(name: str) -> Config:
+    """A configuration for any registered strategy or composition (``name`` as
+    ``--strategy`` takes it: a third party's, once its plugin is installed), at its default
+    parameters, without a cache.
+
+    :raises DloomError: naming the unknown strategy or the malformed composition.
+    """
+    compose(name)
+    return Config(name, f"{name} (registered strategy, defaults)", name)
 """The headline matrix: the toy report's configurations, Spiffy with its built-in graphs."""
 
 

@@ -6,32 +6,66 @@ Run (not part of the default test run; ``docs/benchmarks/index.md`` has the work
     python -m pytest benchmarks/test_bench_strategies.py --benchmark-autosave   # keep a run under .benchmarks/
     python -m pytest benchmarks/test_bench_strategies.py --benchmark-compare    # against the last saved run
 
-Micro-benchmarks time one call of each decoding hook: every commit rule's
-``dloom_select_commit`` on a (64, 32) block of random confidences, and Spiffy's
-``dloom_draft``, ``dloom_prune``, ``dloom_build_mask`` and ``dloom_verify`` on the arguments
-of a real decode (captured from its first verification). End-to-end benchmarks decode 32
-held-out prompts per strategy on the toy zoo's ``toy-dllm`` when its weights are present,
-else on a tiny random model; each records NFE, tokens per forward and hook shares in
-``extra_info`` so the JSON carries them next to the timings.
+    python -m pytest benchmarks/test_bench_strategies.py --strategies quota,threshold,my-rule,spiffy+my-rule
+    python -m pytest benchmarks/test_bench_strategies.py --benchmark-disable --bench-prompts 2   # CI: runs once
+
+Micro-benchmarks time one call of each decoding hook: the ``dloom_select_commit`` of every
+commit rule among the strategies (``--strategies``, ``benchmarks/conftest.py``; default the
+built-ins) on a (64, 32) block of random confidences, and Spiffy's ``dloom_draft``,
+``dloom_prune``, ``dloom_build_mask`` and ``dloom_verify`` on the arguments of a real decode
+(captured from its first verification). End-to-end benchmarks decode ``--bench-prompts``
+(32) held-out prompts per strategy on the toy zoo's ``toy-dllm`` when its weights are
+present, else on a tiny random model; each records NFE, tokens per forward and hook shares
+in ``extra_info`` so the JSON carries them next to the timings.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import inspect
 import warnings
 
 import pytest
 import torch
 
 from dloom import BlockSchedule, DiffusionDecoder, ModelAdapter, hookimpl, load_model
+from dloom.decode.kernel import commit_signals
+from dloom.errors import DloomError
 from dloom.hooks import specs as hookspecs
-from dloom.hooks.registry import get_registry
+from dloom.hooks.composition import compose
+from dloom.hooks.registry import get_registry, hooks_implemented_by
 from dloom.zoo import model_path
 from dloom.zoo.tasks import held_out
 from dloom_plugins.spiffy import Spiffy
 
-COMMIT_RULES = ["quota", "threshold", "factor", "frechet"]
 SPECULATION_HOOKS = [hook.removeprefix("dloom_") for hook in hookspecs.SPECULATION_HOOKS]
+
+
+def strategies(config: pytest.Config) -> list[str]:
+    """The strategies of ``--strategies``, each checked to be registered (or composable)."""
+    names = [name.strip() for name in config.getoption("--strategies").split(",") if name.strip()]
+    for name in names:
+        try:
+            compose(name)
+        except DloomError as error:
+            raise pytest.UsageError(f"--strategies: {error}") from None
+    return names
+
+
+def is_commit_rule(name: str) -> bool:
+    """Whether ``name`` is one registered strategy that answers ``dloom_select_commit``."""
+    if "+" in name or "@" in name:
+        return False
+    return "dloom_select_commit" in hooks_implemented_by(get_registry().get(name).registration.plugin_class)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    names = strategies(metafunc.config)
+    if "rule_name" in metafunc.fixturenames:
+        metafunc.parametrize("rule_name", [name for name in names if is_commit_rule(name)])
+    if "strategy_name" in metafunc.fixturenames:
+        metafunc.parametrize("strategy_name", names)
 
 
 def commit_rule(name: str):
@@ -40,15 +74,22 @@ def commit_rule(name: str):
     )
 
 
-@pytest.mark.parametrize("name", COMMIT_RULES)
-def test_select_commit(benchmark, name):
-    """One ``dloom_select_commit`` call on a (64, 32) block of random confidences."""
+def test_select_commit(benchmark, rule_name):
+    """One ``dloom_select_commit`` call on a (64, 32) block of random confidences (and
+    the signals the rule declared, from random logits over 16 tokens), with the
+    arguments it takes."""
     generator = torch.Generator().manual_seed(0)
     confidence = torch.rand(64, 32, dtype=torch.float64, generator=generator)
     selectable = torch.rand(64, 32, generator=generator) < 0.7
     schedule = BlockSchedule(0, 32, selectable.sum(-1))
-    rule = commit_rule(name)
-    commit = benchmark(rule.dloom_select_commit, confidence=confidence, selectable=selectable, schedule=schedule)
+    rule = commit_rule(rule_name)
+    arguments = {"confidence": confidence, "selectable": selectable, "schedule": schedule}
+    declared = getattr(rule.dloom_select_commit, hookspecs.SIGNALS_ATTRIBUTE, ())
+    if declared:
+        logits = torch.randn(64, 32, 17, dtype=torch.float64, generator=generator)
+        arguments["signals"] = commit_signals(logits, logits[..., :16].argmax(-1), declared, 16)
+    taken = inspect.signature(rule.dloom_select_commit).parameters
+    commit = benchmark(rule.dloom_select_commit, **{k: v for k, v in arguments.items() if k in taken})
     assert (commit & ~selectable).sum() == 0
 
 
@@ -66,9 +107,20 @@ def model() -> ModelAdapter:
                         pad_token_id=0, default_gen_length=32, name="tiny-random")
 
 
-def prompts_for(model: ModelAdapter) -> list:
-    """32 held-out task prompts, or random ids for a model without a tokenizer."""
-    return [e.prompt for e in held_out(32)] if model.tokenizer is not None else [[5, 6, 7, 8]] * 32
+SPECULATION_PROMPTS = 8
+"""The fewest prompts the speculation hooks' arguments are captured from (on fewer, toy-dllm
+may finish every block before Spiffy drafts)."""
+
+
+def prompt_list(model: ModelAdapter, count: int) -> list:
+    """``count`` held-out task prompts, or fixed ids for a model without a tokenizer."""
+    return [e.prompt for e in held_out(count)] if model.tokenizer is not None else [[5, 6, 7, 8]] * count
+
+
+@pytest.fixture(scope="module")
+def prompts(request, model) -> list:
+    """The ``--bench-prompts`` prompts every decode takes."""
+    return prompt_list(model, request.config.getoption("--bench-prompts"))
 
 
 def decoder_for(model: ModelAdapter, strategy: str) -> DiffusionDecoder:
@@ -80,7 +132,9 @@ def decoder_for(model: ModelAdapter, strategy: str) -> DiffusionDecoder:
 
 class FirstCalls:
     """A ``wrapper=True`` plugin keeping the arguments of the first call of each
-    speculation hook (the state's tokens copied, since the decoder updates them in place)."""
+    speculation hook (the state's tokens copied, since the decoder updates them in place,
+    and the kernel step copied, since it keeps one row per row of the running batch and
+    follows the batch as rows leave)."""
 
     def __init__(self) -> None:
         self.calls: dict[str, dict] = {}
@@ -90,6 +144,10 @@ class FirstCalls:
             if "state" in arguments:
                 state = arguments["state"]
                 arguments["state"] = dataclasses.replace(state, tokens=state.tokens.clone())
+            if "kernel" in arguments:
+                kernel = copy.copy(arguments["kernel"])
+                kernel.generator = copy.copy(kernel.generator)
+                arguments["kernel"] = kernel
             self.calls[hook] = arguments
 
     @hookimpl(wrapper=True)
@@ -114,13 +172,13 @@ class FirstCalls:
 
 
 @pytest.fixture(scope="module")
-def speculation(model) -> tuple[Spiffy, dict[str, dict]]:
+def speculation(model, prompts) -> tuple[Spiffy, dict[str, dict]]:
     """Spiffy over threshold 0.9, configured by a decoder, and the arguments its four
     speculation hooks received in a real decode."""
     decoder = decoder_for(model, "spiffy+threshold")
     first = FirstCalls()
     decoder.pm.register(first)
-    decoder.generate(prompts_for(model))
+    decoder.generate(prompts if len(prompts) >= SPECULATION_PROMPTS else prompt_list(model, SPECULATION_PROMPTS))
     spiffy = next(p for p in decoder.pm.get_plugins() if isinstance(p, Spiffy))
     assert set(first.calls) == set(SPECULATION_HOOKS), "the decode never speculated"
     return spiffy, first.calls
@@ -136,11 +194,10 @@ def test_speculation_hook(benchmark, speculation, hook):
                                 drafts=spiffy.graph.budget)
 
 
-@pytest.mark.parametrize("name", [*COMMIT_RULES, "spiffy+quota", "spiffy+threshold"])
-def test_decode(benchmark, model, name):
-    """Decode 32 held-out prompts (or random ids without a tokenizer) with each strategy."""
-    decoder = decoder_for(model, name)
-    result = benchmark.pedantic(decoder.generate, args=(prompts_for(model),), rounds=3, warmup_rounds=1)
+def test_decode(benchmark, model, prompts, strategy_name):
+    """Decode the prompts (held-out ones, or fixed ids without a tokenizer) with each strategy."""
+    decoder = decoder_for(model, strategy_name)
+    result = benchmark.pedantic(decoder.generate, args=(prompts,), rounds=3, warmup_rounds=1)
     benchmark.extra_info.update(
         model=model.name, nfe_mean=float(result.nfe.double().mean()), tpf=result.tpf,
         hook_share=result.hook_share, speculation=result.speculation,

@@ -8,6 +8,11 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
+
+import dloom
+from dloom.decode.commit import commit_top, sorted_profile
+from dloom.hooks.registry import Strategy, get_registry
 
 ROOT = Path(__file__).resolve().parents[1]
 START, END = "<!-- report:headline:start -->", "<!-- report:headline:end -->"
@@ -108,7 +113,36 @@ def test_missing_markers_stop_the_run(report_module):
 def test_an_unknown_configuration_is_refused(report_module, capsys):
     with pytest.raises(SystemExit):
         report_module.main(["--configs", "nonsense"])
-    assert "unknown configuration 'nonsense'" in capsys.readouterr().err
+    err = " ".join(capsys.readouterr().err.split())
+    assert "unknown configuration 'nonsense': neither one of the report's (factor, frechet," in err
+    assert "nor a registered strategy (unknown strategy 'nonsense'" in err
+
+
+class TopTwo:
+    """A third party's commit rule: the two most confident positions per step."""
+
+    @dloom.hookimpl
+    def dloom_select_commit(self, confidence, selectable):
+        _, ranks = sorted_profile(confidence, selectable)
+        return commit_top(ranks, selectable, torch.full_like(ranks[:, 0], 2))
+
+
+def test_any_registered_strategy_is_a_configuration(report_module, tmp_path):
+    registration = dloom.StrategyRegistration("top-two", TopTwo, claim=dloom.Claim("approximate", against="quota"))
+    get_registry().strategies["top-two"] = Strategy("top-two", "third-party", registration)
+    for name in ("README.md", "docs/index.md"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text((ROOT / name).read_text())
+    report_module.main([
+        "--model", "toy-dllm", "-n", "2", "--configs", "top-two,spiffy+top-two", "--target", "none",
+        "--out", str(tmp_path / "report.json"), "--docs", str(tmp_path / "docs"), "--readme", str(tmp_path / "README.md"),
+    ])
+    base, rule, ours = json.loads((tmp_path / "report.json").read_text())["rows"]
+    assert (base["name"], rule["name"], ours["name"], ours["strategy"]) == ("quota", "top-two", "spiffy+top-two", "spiffy+top-two")
+    assert rule["guarantee"] == "approximate" and rule["nfe_mean"] < base["nfe_mean"]
+    assert ours["label"] == "spiffy+top-two (registered strategy, defaults)"
+    assert ours["guarantee"] == "lossless" and ours["identical_to_commit_rule"] == 1.0
+    assert "| spiffy+top-two (registered strategy, defaults) |" in (tmp_path / "docs/benchmarks/report.md").read_text()
 
 
 @pytest.mark.parametrize("assistant, chosen_by, says", [

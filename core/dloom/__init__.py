@@ -20,7 +20,7 @@ from dloom.ar.decoder import ARTargetDecoder
 from dloom.decode.decoder import DiffusionDecoder
 from dloom.hooks.composition import replace
 from dloom.hooks.registry import get_registry
-from dloom.hooks.specs import hookimpl
+from dloom.hooks.specs import hookimpl, reads_signals
 from dloom.metrics import GenerationResult
 from dloom.model.adapter import ModelAdapter, load_model
 from dloom.model.families import FamilyRegistration
@@ -60,6 +60,7 @@ __all__ = [
     "get_registry",
     "hookimpl",
     "load_model",
+    "reads_signals",
     "replace",
 ]
 __version__ = "0.1.0"

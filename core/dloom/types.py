@@ -520,6 +520,8 @@ class Parameter:
 
 
 CLAIM_KINDS = ("lossless", "bound", "approximate", "reference")
+CLAIM_SETTINGS = ("temperature", "remasking")
+"""Decoder settings a claim's ``holds_when`` may name, besides the strategy's parameters."""
 
 
 @dataclass(frozen=True)
@@ -544,6 +546,11 @@ class Claim:
     :ivar bound_function: the bound ``bound`` names, supplied by the plugin that declares the
         claim (``dloom check`` finds a named bound among the registered strategies' claims).
     :ivar conditions: when the claim holds, in words (temperature, remasking, cache).
+    :ivar holds_when: when the claim holds, checked: ``{name: value}`` of the strategy's
+        parameters and decoder settings (:data:`CLAIM_SETTINGS`) at which it holds, each a
+        value or a list/tuple of the values allowed (``{"gamma": 0}``: "lossless at
+        gamma = 0"). Elsewhere the decoder records the claim as not made and ``dloom check``
+        does not test it (:meth:`unmet`). Empty: it holds at every value.
     """
 
     kind: str
@@ -551,6 +558,7 @@ class Claim:
     bound: str | None = None
     conditions: str = ""
     bound_function: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
+    holds_when: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.kind not in CLAIM_KINDS:
@@ -563,12 +571,31 @@ class Claim:
             )
         if self.kind == "bound" and not self.bound:
             raise ConfigurationError("a 'bound' claim needs bound=: the name of the bound")
+        for name, allowed in self.holds_when.items():
+            if isinstance(allowed, (list, tuple, set, frozenset)) and not allowed:
+                raise ConfigurationError(f"holds_when[{name!r}] allows no value; give a value or a non-empty list")
+
+    def unmet(self, values: Mapping[str, Any]) -> list[str]:
+        """The conditions of :attr:`holds_when` that ``values`` (parameters and decoder
+        settings by name; a name missing from it is not judged) break, worded
+        ``"k = 2 (holds at k = 1)"``; empty when the claim holds there."""
+        broken = []
+        for name, allowed in self.holds_when.items():
+            if name in values and values[name] not in _choices(allowed):
+                broken.append(f"{name} = {values[name]!r} (holds at {_condition(name, allowed)})")
+        return broken
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        record: dict[str, Any] = {
             "kind": self.kind, "against": self.against, "bound": self.bound,
             "conditions": self.conditions,
         }
+        if self.holds_when:
+            record["holds_when"] = {
+                name: list(_choices(allowed)) if isinstance(allowed, (list, tuple, set, frozenset)) else allowed
+                for name, allowed in self.holds_when.items()
+            }
+        return record
 
     def describe(self, conditions: bool = True) -> str:
         """One line, e.g. ``lossless against quota (any temperature)``; ``conditions=False``
@@ -579,7 +606,21 @@ class Claim:
             "approximate": "approximate" + (f" (of {self.against})" if self.against else ""),
             "reference": "reference process",
         }[self.kind]
+        if self.holds_when:
+            text += " at " + ", ".join(_condition(n, a) for n, a in self.holds_when.items())
         return f"{text} ({self.conditions})" if conditions and self.conditions else text
+
+
+def _choices(allowed: Any) -> tuple[Any, ...]:
+    if isinstance(allowed, (set, frozenset)):
+        return tuple(sorted(allowed, key=repr))
+    return tuple(allowed) if isinstance(allowed, (list, tuple)) else (allowed,)
+
+
+def _condition(name: str, allowed: Any) -> str:
+    """``"gamma = 0"`` or ``"remasking in ('low_confidence', 'margin')"``."""
+    choices = _choices(allowed)
+    return f"{name} = {choices[0]!r}" if len(choices) == 1 else f"{name} in {choices!r}"
 
 
 DIFFUSION = "diffusion"
@@ -635,3 +676,14 @@ class StrategyRegistration:
     kernels: Sequence[str] = ("absorbing",)
     edits: bool = False
     edit_budget: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.claim is not None:
+            known = {p.name for p in self.parameters}
+            unknown = sorted(set(self.claim.holds_when) - known - set(CLAIM_SETTINGS))
+            if unknown:
+                raise ConfigurationError(
+                    f"strategy {self.name!r}: its claim's holds_when names {unknown[0]!r}, which is "
+                    f"neither a parameter nor a decoder setting; allowed: "
+                    f"{', '.join([*sorted(known), *CLAIM_SETTINGS])}"
+                )

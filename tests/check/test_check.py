@@ -148,6 +148,66 @@ def test_strategies_json_and_table_show_claims(monkeypatch):
     assert "bound frechet" in table and "approximate (of quota)" in table
 
 
+class TopK:
+    """Commit the ``k`` most confident positions per step: quota at one token per step
+    when ``k == 1``."""
+
+    def __init__(self, k: int = 1) -> None:
+        self.k = k
+
+    @dloom.hookimpl
+    def dloom_select_commit(self, confidence, selectable, schedule):
+        _, ranks = sorted_profile(confidence, selectable)
+        return commit_top(ranks, selectable, torch.full_like(ranks[:, 0], self.k))
+
+
+TOP_K = StrategyRegistration(
+    "top-k", TopK, parameters=[dloom.Parameter("k", 1, int, "positions per step", low=1)],
+    guarantee="quota's outputs at k = 1", claim=Claim("lossless", against="quota", holds_when={"k": 1}),
+)
+
+
+def test_a_claim_holds_at_the_parameter_values_it_names():
+    register(TOP_K)
+    claim = TOP_K.claim
+    assert claim.describe() == "lossless against quota at k = 1"
+    assert claim.to_json()["holds_when"] == {"k": 1} and Claim(**claim.to_json()).unmet({"k": 2})
+    assert claim.unmet({"k": 1}) == [] and claim.unmet({"k": 3}) == ["k = 3 (holds at k = 1)"]
+    assert check_strategy("top-k", temperature=0).verdict == "lossless"
+    report = check_strategy("top-k", params={"k": 2}, temperature=0)
+    assert (report.verdict, report.exit_code) == ("not claimed", 0)
+    assert "makes no lossless claim at k = 2 (holds at k = 1): nothing to test" in report.reason
+    with pytest.warns(UserWarning, match="not claimed at k = 2"):  # tested anyway when asked
+        assert check_lossless("top-k", "quota", params={"k": 2}, temperature=0).verdict == "not lossless"
+    model = tiny_dllm(0)
+    assert DiffusionDecoder(model, "top-k", gen_length=4).guarantees == {"top-k": "quota's outputs at k = 1"}
+    with pytest.warns(UserWarning, match="'top-k': lossless against quota not claimed at k = 2"):
+        decoder = DiffusionDecoder(model, "top-k", k=2, gen_length=4)
+    assert decoder.guarantees["top-k"] == "lossless against quota not claimed at k = 2 (holds at k = 1)"
+
+
+def test_a_claim_made_at_temperature_zero_is_not_sampled():
+    greedy_only = StrategyRegistration(
+        "top-one-greedy", TopOne, claim=Claim("lossless", against="quota", holds_when={"temperature": [0, 0.0]})
+    )
+    report = check_strategy(greedy_only, **FAST)
+    assert report.verdict == "lossless" and "sampling" not in report.evidence
+    assert any("sampling test skipped: the claim is not made at temperature = 1.0" in n for n in report.notes)
+    sampled_only = StrategyRegistration(
+        "top-one-sampled", TopOne, claim=Claim("lossless", against="quota", holds_when={"temperature": 1.0})
+    )
+    report = check_strategy(sampled_only, **FAST)
+    assert report.verdict == "lossless" and "greedy" not in report.evidence and "sampling" in report.evidence
+    assert check_strategy(sampled_only, temperature=0).verdict == "not claimed"
+
+
+def test_holds_when_names_a_parameter_or_a_decoder_setting():
+    with pytest.raises(ConfigurationError, match="holds_when names 'gamma', which is neither a parameter"):
+        StrategyRegistration("x", TopK, claim=Claim("lossless", against="quota", holds_when={"gamma": 0}))
+    with pytest.raises(ConfigurationError, match=r"holds_when\['k'\] allows no value"):
+        Claim("lossless", against="quota", holds_when={"k": []})
+
+
 # --- statistics --------------------------------------------------------------------------
 
 
@@ -505,6 +565,66 @@ def test_cli_check_inconclusive_exits_3(run):
     result = run("--strategy", "top-one", "--samples", "200", "--seeds", "1")
     assert result.exit_code == 3, result.output
     assert "top-one: inconclusive" in result.stdout
+
+
+class LastPosition:
+    """Commit the block's last position at every step, selectable or not: from the second step
+    of a block on, it is already decoded (and the row commits nothing else)."""
+
+    @dloom.hookimpl
+    def dloom_select_commit(self, confidence, selectable, schedule):
+        commit = torch.zeros_like(selectable)
+        commit[:, -1] = True
+        return commit
+
+
+class AlsoDecoded:
+    """The most confident position, and every position that is not selectable: the
+    decoder drops the extra commits, so it decodes like TopOne without an error."""
+
+    @dloom.hookimpl
+    def dloom_select_commit(self, confidence, selectable, schedule):
+        return TopOne().dloom_select_commit(confidence, selectable, schedule) | ~selectable
+
+
+class Raises:
+    @dloom.hookimpl
+    def dloom_select_commit(self, confidence, selectable, schedule):
+        raise RuntimeError("boom")
+
+
+def test_the_decoder_names_a_commit_to_a_decoded_position():
+    decoder = DiffusionDecoder(tiny_dllm(0), LastPosition(), gen_length=4, block_length=4)
+    with pytest.raises(HookContractError, match="'LastPosition' committed positions that were already decoded"):
+        decoder.generate([[3]])
+    with pytest.raises(HookContractError, match="'Nothing' committed no position in a row that had masked"):
+        DiffusionDecoder(tiny_dllm(0), Nothing(), gen_length=4, block_length=4).generate([[3]])
+
+
+@pytest.mark.parametrize("kind", ["lossless", "approximate", None])
+def test_commits_to_decoded_positions_break_the_contract_whatever_the_claim(kind):
+    claim = None if kind is None else Claim(kind, against="quota")
+    report = check_strategy(StrategyRegistration("also-decoded", AlsoDecoded, claim=claim), temperature=0)
+    assert (report.verdict, report.exit_code, report.refuted) == ("contract broken", 1, True)
+    contract = report.evidence["contract"]
+    assert "that were not selectable (already decoded" in report.reason
+    assert any(c and not s for c, s in zip(contract["committed"], contract["selectable"]))
+    assert "contract probe: block of" in report.render()
+    assert check_strategy(StrategyRegistration("top", TopOne), temperature=0).verdict == "no claim"
+
+
+def test_cli_check_reports_a_contract_break_as_a_failed_check(run):
+    register(StrategyRegistration("last-position", LastPosition, claim=Claim("lossless", against="quota")))
+    result = run("--strategy", "last-position", "--json")
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.stdout)
+    assert (report["verdict"], report["exit_code"]) == ("contract broken", 1)
+    assert report["evidence"]["contract"]["committed"][-1] is True
+    register(StrategyRegistration("raises", Raises, claim=Claim("approximate")))
+    result = run("--strategy", "raises")
+    assert result.exit_code == 1, result.output
+    assert result.stdout.startswith("raises: contract broken")
+    assert "raised RuntimeError in dloom_select_commit: boom" in " ".join(result.stdout.split())
 
 
 @pytest.mark.parametrize(

@@ -28,9 +28,9 @@ def test_values_come_back_under_their_names_in_one_read(monkeypatch):
 
 def test_a_step_status_names_every_field_and_defaults_the_optional_ones():
     status = StepStatus.read({
-        "non_finite": torch.tensor(False), "idle": torch.tensor(True), "leaving": torch.tensor(2),
+        "non_finite": torch.tensor(False), "idle": torch.tensor(1), "leaving": torch.tensor(2),
         "plan": torch.tensor([1, 0, 5]), "can_draft": torch.tensor(False),
     })
-    assert status == StepStatus(non_finite=False, idle=True, leaving=2, plan=ForwardPlan(1, 0, 5), can_draft=False)
+    assert status == StepStatus(non_finite=False, idle=1, leaving=2, plan=ForwardPlan(1, 0, 5), can_draft=False)
     assert (status.accepted, status.verifications, status.primed, status.blocks_done) == (0, 0, False, 0)
-    assert isinstance(status.idle, bool) and isinstance(status.plan, ForwardPlan)
+    assert isinstance(status.non_finite, bool) and status.idle == 1 and isinstance(status.plan, ForwardPlan)

@@ -34,6 +34,7 @@ import torch
 
 from dloom.check import joints as J
 from dloom.check.resolve import Resolved
+from dloom.decode.kernel import commit_signals
 from dloom.errors import ConfigurationError
 from dloom.hooks import calls as hooks
 from dloom.hooks.composition import build_plugin_manager, compose
@@ -152,6 +153,22 @@ def _describe(joint: J.Joint, kind: str, index: int, problem: str, **more: Any) 
     return record
 
 
+def _signals(joint: np.ndarray, tokens: np.ndarray, names: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """The signals ``names`` a commit rule sees for ``joint``: those of its marginals (one
+    row, ``(1, n, V)`` with ``V`` the largest vocabulary, zero-padded), the greedy ``tokens``
+    the candidates."""
+    margs = J.marginals(joint)
+    probs = torch.zeros(1, len(margs), max(len(m) for m in margs), dtype=torch.float64)
+    for position, marginal in enumerate(margs):
+        probs[0, position, : len(marginal)] = torch.from_numpy(np.asarray(marginal, dtype=np.float64))
+    mask_id = probs.shape[-1]  # a column of -inf logits past the vocabulary: never a candidate
+    logits = torch.cat([probs.log(), torch.full_like(probs[..., :1], -torch.inf)], dim=-1)
+    signals = commit_signals(logits, torch.from_numpy(tokens)[None], names, mask_id)
+    if "probabilities" in signals:
+        signals["probabilities"] = signals["probabilities"][..., :mask_id]
+    return signals
+
+
 def check_bound(
     strategy: Resolved,
     bound: str | None,
@@ -163,6 +180,7 @@ def check_bound(
     counterexample."""
     bound_function = resolve_bound(bound) if bound is not None else None
     pm = build_plugin_manager(compose(strategy.spec, strategy.params))
+    names = hooks.declared_signals(pm)
     rng = np.random.default_rng(options.seed)
     kinds = [RANDOM_KINDS[i % len(RANDOM_KINDS)] for i in range(options.random_joints)]
     kinds += [ADVERSARIAL_KINDS[i % len(ADVERSARIAL_KINDS)] for i in range(options.adversarial_joints)]
@@ -179,7 +197,8 @@ def check_bound(
             width = len(tokens)
             selectable = torch.ones(1, width, dtype=torch.bool)
             schedule = BlockSchedule(torch.zeros(1, dtype=torch.long), 1, torch.tensor([width]))
-            commit = hooks.select_commit(pm, torch.tensor(confidence)[None], selectable, schedule)
+            signals = _signals(joint, tokens, names) if names else None
+            commit = hooks.select_commit(pm, torch.tensor(confidence)[None], selectable, schedule, signals)
             positions = np.flatnonzero(commit[0].numpy())
             if len(positions) >= 2:
                 certified += 1

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 import torch
 
 from dloom.decode.decoder import DiffusionDecoder
-from dloom.decode.kernel import without_mask
+from dloom.decode.kernel import commit_signals, without_mask
 from dloom.decode.session import finished_rows
 from dloom.errors import ConfigurationError, HookContractError, NonFiniteLogitsError
 from dloom.hooks import calls as hooks
@@ -109,7 +109,9 @@ def _step(
         torch.full((count,), step, dtype=torch.long), steps_per_block,
         torch.full((count,), width, dtype=torch.long),
     )
-    commit = hooks.select_commit(decoder.pm, confidence, selectable.clone(), schedule)
+    names = hooks.declared_signals(decoder.pm)
+    signals = commit_signals(logits.expand(count, *logits.shape), candidates, names, mask_id) if names else None
+    commit = hooks.select_commit(decoder.pm, confidence, selectable.clone(), schedule, signals)
     if not bool(commit.any(-1).all()):
         raise HookContractError(
             f"commit rule {decoder.composition.provider('dloom_select_commit')!r} committed no "

@@ -11,7 +11,12 @@
   chi-square test on tiny enumerable models (:mod:`dloom.check.sampling`):
   ``lossless`` / ``not lossless`` / ``inconclusive``; against an AR target (``against``
   :data:`TARGET`, FailFast) the same two checks on model pairs (:mod:`dloom.check.target`);
-* no claim: says so (and measures the agreement with ``against`` if one is given).
+* no claim: says so (and measures the agreement with ``against`` if one is given);
+* a claim whose ``holds_when`` excludes the parameters: ``not claimed``, nothing to test.
+
+Before any of these the commit rule's hook contract is probed (:mod:`dloom.check.contract`);
+a break, or a :class:`~dloom.errors.HookContractError` raised while checking, is the verdict
+``contract broken`` (a failed check, exit status 1, with its report).
 
 The checks take their options as keywords: the fields of :class:`GreedyOptions`,
 :class:`~dloom.check.sampling.SamplingOptions` and :class:`~dloom.check.bounds.BoundOptions`.
@@ -19,6 +24,7 @@ The checks take their options as keywords: the fields of :class:`GreedyOptions`,
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from functools import partial
@@ -28,15 +34,22 @@ import torch
 
 from dloom.check import tiny
 from dloom.check.bounds import BoundOptions, check_bound
+from dloom.check.contract import probe_commit_rule
 from dloom.check.greedy import GreedyComparison, compare_greedy
 from dloom.check.progress import stage
 from dloom.check.resolve import Resolved, reference, resolve
 from dloom.check.sampling import SamplingOptions, SamplingTest, sampling_test
-from dloom.errors import ConfigurationError, each_warning_once
+from dloom.errors import ConfigurationError, HookContractError, each_warning_once
 from dloom.model.adapter import ModelAdapter, load_model
 
-REFUTED = ("not lossless", "unsound")
-EXIT_CODES = {"not lossless": 1, "unsound": 1, "inconclusive": 3}
+NOT_CLAIMED = "not claimed"
+"""The verdict when the declared claim's ``holds_when`` excludes the parameters or
+temperature checked: nothing to test (exit 0)."""
+CONTRACT_BROKEN = "contract broken"
+"""The verdict when a hook of the strategy breaks its contract (:mod:`dloom.check.contract`,
+or a :class:`~dloom.errors.HookContractError` raised while checking): a failed check."""
+REFUTED = ("not lossless", "unsound", CONTRACT_BROKEN)
+EXIT_CODES = {"not lossless": 1, "unsound": 1, CONTRACT_BROKEN: 1, "inconclusive": 3}
 """``dloom check`` exit status by verdict; every other verdict exits 0 (2: usage error)."""
 DEFAULT_PROMPTS = 32
 TARGET = "target"
@@ -54,10 +67,11 @@ class CheckReport:
     :ivar claim: the claim tested (``Claim.to_json``), or ``None``.
     :ivar claimed_by: the component of a composition that declared it.
     :ivar verdict: ``lossless``, ``not lossless``, ``inconclusive``, ``sound``, ``unsound``,
-        ``reference``, ``approximate`` or ``no claim``.
+        ``contract broken``, ``reference``, ``approximate``, ``not claimed`` or ``no claim``.
     :ivar reason: the verdict in one sentence.
     :ivar evidence: ``greedy`` (agreement, first difference), ``sampling`` (per seed:
-        p-value, power, ...) and ``bound`` (joints tried, counterexample), as run.
+        p-value, power, ...), ``bound`` (joints tried, counterexample) and ``contract``
+        (the hook contract break: the error, or the probe's situation), as run.
     :ivar notes: what was assumed or skipped.
     """
 
@@ -126,8 +140,19 @@ class CheckReport:
                 c = bound["counterexample"]
                 lines.append(f"    counterexample (joint {c['joint']}, {c['kind']}, shape {c['shape']}): {c['problem']}")
                 lines.append(f"    confidences {[round(x, 6) for x in c['confidence']]}")
+        contract = self.evidence.get("contract")
+        if contract and "block_length" in contract:
+            lines.append(
+                f"  contract probe: block of {contract['block_length']}, {contract['steps_per_block']} "
+                f"steps per block, step {contract['step']}, row {contract['row']}: selectable "
+                f"{_bits(contract['selectable'])}, committed {_bits(contract['committed'])}"
+            )
         lines.extend(f"  note: {note}" for note in self.notes)
         return "\n".join(lines)
+
+
+def _bits(flags: list[bool]) -> str:
+    return "".join("1" if flag else "0" for flag in flags)
 
 
 def _claim_text(claim: dict[str, Any]) -> str:
@@ -248,6 +273,31 @@ def _split(options: Mapping[str, Any], *kinds: type) -> tuple[Any, ...]:
 # --- the checks --------------------------------------------------------------------------
 
 
+def _guarded(
+    ours: Resolved, claim: dict[str, Any] | None, notes: list[str], run: Callable[[], CheckReport],
+    probe: bool = True,
+) -> CheckReport:
+    """``run()``, after probing the commit rule's contract (``probe``); a contract break,
+    found by the probe or raised while checking, is the verdict :data:`CONTRACT_BROKEN`."""
+    claimed_by = ours.claimed_by if claim else None
+    try:
+        if probe:
+            stage(f"hook contract of {ours.name}'s commit rule")
+            found = probe_commit_rule(ours)
+            if found is not None:
+                return CheckReport(
+                    ours.name, claim, claimed_by, CONTRACT_BROKEN,
+                    f"the commit rule broke the dloom_select_commit contract: {found.problem}",
+                    {"contract": found.to_json()}, notes,
+                )
+        return run()
+    except HookContractError as error:
+        return CheckReport(
+            ours.name, claim, claimed_by, CONTRACT_BROKEN, f"a hook broke its contract: {error}",
+            {"contract": {"error": str(error)}}, notes,
+        )
+
+
 def check_lossless(
     strategy: Any,
     against: Any,
@@ -273,28 +323,43 @@ def check_lossless(
     """
     greedy, sampling = _split(options, GreedyOptions, SamplingOptions)
     ours = resolve(strategy, params)
-    return _lossless(ours, against, against_params, greedy, sampling, claim=None, notes=[])
+    notes: list[str] = []
+    return _guarded(ours, None, notes, partial(
+        _lossless, ours, against, against_params, greedy, sampling, claim=None, notes=notes
+    ))
 
 
 def _lossless(
     ours: Resolved, against: Any, against_params: dict[str, Any] | None, greedy_options: GreedyOptions,
-    options: SamplingOptions, claim: dict[str, Any] | None, notes: list[str],
+    options: SamplingOptions, claim: dict[str, Any] | None, notes: list[str], run_greedy: bool = True,
 ) -> CheckReport:
+    """Greedy identity (unless ``run_greedy`` is false: a claim not made at temperature 0),
+    then the sampling test at ``options.temperature > 0``."""
     sample: Callable[[], SamplingTest]
+    greedy: GreedyComparison | None = None
     if against == TARGET:
         from dloom.check.target import ar_target_factory, target_sampling_test
 
         make_decoder = ar_target_factory(ours.spec, ours.params)
         ref_name = "the target"
-        greedy = greedy_options.run_against_target(make_decoder, notes)
+        if run_greedy:
+            greedy = greedy_options.run_against_target(make_decoder, notes)
         sample = partial(target_sampling_test, make_decoder, options)
     else:
         ref = reference(against, ours, against_params)
         ref_name = ref.name
-        greedy = greedy_options.run(ours, ref, notes)
+        if run_greedy:
+            greedy = greedy_options.run(ours, ref, notes)
         sample = partial(sampling_test, ours, ref, options)
-    evidence: dict[str, Any] = {"greedy": greedy.to_json()}
+    evidence: dict[str, Any] = {}
     report = CheckReport(ours.name, claim, ours.claimed_by if claim else None, "", "", evidence, notes)
+    if greedy is None:
+        test = sample()
+        evidence["sampling"] = test.to_json()
+        report.verdict = test.verdict
+        report.reason = f"sampling at T={options.temperature:g}: {test.reason}"
+        return report
+    evidence["greedy"] = greedy.to_json()
     if greedy.first_difference is not None:
         first = greedy.first_difference
         report.verdict = "not lossless"
@@ -338,7 +403,8 @@ def check_soundness(
     ours = resolve(strategy, params)
     if bound is None and ours.claim is not None:
         bound = ours.claim.bound
-    return _sound(ours, bound, bound_options, claim=None, notes=[])
+    notes: list[str] = []
+    return _guarded(ours, None, notes, partial(_sound, ours, bound, bound_options, claim=None, notes=notes))
 
 
 def _sound(
@@ -387,10 +453,10 @@ def check_strategy(
     a plugin's warning shows once (:func:`dloom.errors.each_warning_once`).
     """
     with each_warning_once():
-        return _check_claim(strategy, against, params, against_params, options)
+        return _check_strategy(strategy, against, params, against_params, options)
 
 
-def _check_claim(
+def _check_strategy(
     strategy: Any, against: Any, params: dict[str, Any] | None, against_params: dict[str, Any] | None,
     options: dict[str, Any],
 ) -> CheckReport:
@@ -398,9 +464,38 @@ def _check_claim(
         options, GreedyOptions, SamplingOptions, BoundOptions
     )
     ours = resolve(strategy, params)
-    claim = ours.claim
     notes: list[str] = []
+    claim_json = ours.claim.to_json() if ours.claim is not None else None
+    return _guarded(ours, claim_json, notes, partial(
+        _check_claim, ours, against, against_params, notes, greedy_options, sampling_options,
+        bound_options,
+    ))
+
+
+def _check_claim(
+    ours: Resolved, against: Any, against_params: dict[str, Any] | None, notes: list[str],
+    greedy_options: GreedyOptions, sampling_options: SamplingOptions, bound_options: BoundOptions,
+) -> CheckReport:
+    """:func:`check_strategy` once the commit rule kept its contract."""
+    claim = ours.claim
     claim_json = claim.to_json() if claim is not None else None
+    unmet = claim.unmet(ours.claim_values) if claim is not None else []
+    run_greedy = True
+    if claim is not None and claim.kind == "lossless" and not unmet:
+        # the greedy check runs at temperature 0, the sampling test at the option's
+        greedy_unmet = claim.unmet({"temperature": 0.0, "remasking": "low_confidence"})
+        sampling_unmet = claim.unmet({"temperature": sampling_options.temperature, "remasking": "low_confidence"})
+        if greedy_unmet and (sampling_unmet or sampling_options.temperature <= 0):
+            unmet = greedy_unmet
+        elif sampling_unmet and sampling_options.temperature > 0:
+            notes.append(f"sampling test skipped: the claim is not made at {', '.join(sampling_unmet)}")
+            sampling_options = dataclasses.replace(sampling_options, temperature=0.0)
+        elif greedy_unmet:
+            notes.append(f"greedy check skipped: the claim is not made at {', '.join(greedy_unmet)}")
+            run_greedy = False
+    if claim is not None and unmet:
+        reason = f"{ours.name} makes no {claim.kind} claim at {', '.join(unmet)}: nothing to test"
+        return CheckReport(ours.name, claim_json, ours.claimed_by, NOT_CLAIMED, reason, {}, notes)
     if claim is None or claim.kind in ("approximate", "reference"):
         if claim is None:
             verdict, target = "no claim", against
@@ -438,7 +533,7 @@ def _check_claim(
         else:
             notes.append(f"testing against {against}, not the declared {target}")
             target = against
-    return _lossless(ours, target, against_params, greedy_options, sampling_options, claim_json, notes)
+    return _lossless(ours, target, against_params, greedy_options, sampling_options, claim_json, notes, run_greedy)
 
 
 # --- assertions for plugin authors' tests --------------------------------------------------

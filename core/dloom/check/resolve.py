@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dloom.decode.transition import ABSORBING, common_kernel
 from dloom.errors import ConfigurationError
-from dloom.hooks.composition import StrategySpec, compose
+from dloom.hooks.composition import StrategySpec, claim_values, compose
 from dloom.hooks.registry import Strategy, get_registry, hooks_implemented_by
 from dloom.model.adapter import ModelAdapter
 from dloom.types import Claim, StrategyRegistration
@@ -37,6 +37,8 @@ class Resolved:
     :ivar claimed_by: the component that declared it.
     :ivar kernel: the transition kernel it is checked on (the first every component
         supports: :func:`dloom.decode.transition.common_kernel`).
+    :ivar claim_values: the claiming component's parameters, given or default (what the
+        claim's ``holds_when`` is judged at, with the check's temperature).
     """
 
     name: str
@@ -45,13 +47,15 @@ class Resolved:
     claim: Claim | None
     claimed_by: str | None
     kernel: str = ABSORBING
+    claim_values: Mapping[str, Any] = field(default_factory=dict)
 
     def on(self, model: ModelAdapter) -> ModelAdapter:
         """``model`` decoding with this strategy's kernel."""
         return model if model.kernel == self.kernel else dataclasses.replace(model, kernel=self.kernel)
 
 
-def _build(registration: StrategyRegistration, params: Mapping[str, Any]) -> object:
+def _values(registration: StrategyRegistration, params: Mapping[str, Any]) -> dict[str, Any]:
+    """Every parameter of ``registration``, given (coerced) or default."""
     known = {p.name: p for p in registration.parameters}
     unknown = sorted(set(params) - set(known))
     if unknown:
@@ -59,11 +63,10 @@ def _build(registration: StrategyRegistration, params: Mapping[str, Any]) -> obj
             f"unknown parameter {unknown[0]!r} for strategy {registration.name!r}; allowed: "
             + (", ".join(known) or "none")
         )
-    values = {
+    return {
         name: p.coerce(params[name], registration.name) if name in params else p.default
         for name, p in known.items()
     }
-    return registration.plugin_class(**values)
 
 
 def resolve(strategy: Any, params: Mapping[str, Any] | None = None) -> Resolved:
@@ -83,21 +86,28 @@ def resolve(strategy: Any, params: Mapping[str, Any] | None = None) -> Resolved:
         registered = get_registry().strategies.get(strategy.name)
         if registered is not None and registered.registration is strategy:
             return resolve(strategy.name, params)
-        plugin = _build(strategy, params)
+        values = _values(strategy, params)
+        plugin = strategy.plugin_class(**values)
         default_rule = strategy.default_commit_rule
         if default_rule is not None and "dloom_select_commit" not in hooks_implemented_by(plugin):
             # as its registration would compose: a speculator runs over its default rule
-            return Resolved(strategy.name, [plugin, default_rule], {}, strategy.claim, strategy.name)
-        return Resolved(strategy.name, plugin, {}, strategy.claim, strategy.name)
+            return Resolved(strategy.name, [plugin, default_rule], {}, strategy.claim, strategy.name, claim_values=values)
+        return Resolved(strategy.name, plugin, {}, strategy.claim, strategy.name, claim_values=values)
     if isinstance(strategy, str):
         composition = compose(strategy, params)  # validates names and parameters early
         claims = [
-            (c.name, c.strategy.claim) for c in composition.components
+            (c, c.strategy.claim) for c in composition.components
             if c.strategy is not None and c.strategy.claim is not None
         ]
         claims.sort(key=lambda item: CLAIM_PRIORITY.index(item[1].kind))
-        claimed_by, claim = claims[0] if claims else (None, None)
-        return Resolved(composition.name, strategy, params, claim, claimed_by, common_kernel(composition))
+        kernel = common_kernel(composition)
+        if not claims:
+            return Resolved(composition.name, strategy, params, None, None, kernel=kernel)
+        component, claim = claims[0]
+        return Resolved(
+            composition.name, strategy, params, claim, component.name, kernel=kernel,
+            claim_values=claim_values(component),
+        )
     if params:
         raise ConfigurationError("parameters cannot be routed to a bare plugin object; set them on it")
     return Resolved(type(strategy).__name__, strategy, {}, None, None)

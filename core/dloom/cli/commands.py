@@ -687,7 +687,7 @@ def check(
     a bound (soundness on random and adversarial joints), or nothing to test.
 
     Exit status: 0 the claim holds or there is nothing to test, 1 refuted (not lossless,
-    unsound), 2 usage error, 3 inconclusive.
+    unsound) or a hook broke its contract (contract broken), 2 usage error, 3 inconclusive.
     """
     import time
 

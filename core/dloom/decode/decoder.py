@@ -36,7 +36,7 @@ import torch
 
 from dloom.decode.decoders import DIFFUSION
 from dloom.decode.generation import Prompts, prepare_prompts, token_lists_and_texts
-from dloom.decode.kernel import REMASKING
+from dloom.decode.kernel import REMASKING, idle_problem
 from dloom.decode.prompts import check_lengths, check_special_ids, vocabulary_size
 from dloom.decode.session import (
     BlockRecord,
@@ -313,10 +313,9 @@ class DiffusionDecoder:
                 f"{int(blocks.min())}, forward {forward}; try dtype='float32' or check the checkpoint"
             )
         if idle:
+            rule = str(self.composition.provider("dloom_select_commit"))
             raise HookContractError(
-                f"commit rule {self.composition.provider('dloom_select_commit')!r} "
-                f"committed no position in a row that had masked positions "
-                f"(block {int(blocks.min())}, forward {forward}); every step must commit at least one"
+                f"{idle_problem(rule, idle)} (block {int(blocks.min())}, forward {forward})"
             )
 
     def _layout(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor):

@@ -205,6 +205,33 @@ def propose(
     return candidates, confidence
 
 
+def commit_signals(
+    logits: torch.Tensor, candidates: torch.Tensor, names: tuple[str, ...], mask_token_id: int
+) -> dict[str, torch.Tensor]:
+    """The signals ``names`` (:data:`dloom.hooks.specs.COMMIT_SIGNALS`) of the block's
+    distribution ``softmax(logits)``, mask token left out, in float64: what a commit rule
+    declared with :func:`dloom.hooks.specs.reads_signals`. Only those are computed.
+
+    :param logits: ``(B, K, V)`` logits of the active block, any float dtype.
+    :param candidates: ``(B, K)`` long, the step's candidates (:func:`propose`).
+    :return: ``{name: tensor}``: ``confidence``, ``margin``, ``entropy`` ``(B, K)``,
+        ``probabilities`` ``(B, K, V)``.
+    """
+    probs = torch.softmax(without_mask(logits, mask_token_id), dim=-1)
+    signals: dict[str, torch.Tensor] = {}
+    for name in names:
+        if name == "confidence":
+            signals[name] = torch.gather(probs, -1, candidates.unsqueeze(-1)).squeeze(-1)
+        elif name == "margin":
+            top2 = torch.topk(probs, k=2, dim=-1).values
+            signals[name] = top2[..., 0] - top2[..., 1]
+        elif name == "entropy":
+            signals[name] = -torch.sum(probs * torch.log(probs.clamp_min(1e-300)), dim=-1)
+        else:  # probabilities
+            signals[name] = probs
+    return signals
+
+
 def greedy_float32(
     logits: torch.Tensor, mask_token_id: int, confidence: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -284,11 +311,34 @@ class Settlement(NamedTuple):
     complete: torch.Tensor
 
 
+IDLE = 1
+"""``KernelStep.idle``: a row with a selectable position committed nothing."""
+IDLE_DECODED = 2
+"""``KernelStep.idle``: a row committed nothing because its commits all fell on positions
+already decoded (not selectable)."""
+
+
+def idle_problem(rule: str, code: int) -> str:
+    """What the commit rule ``rule`` (its plugin's name) did wrong, for an ``idle`` code of
+    :class:`KernelStep` (``IDLE`` or ``IDLE_DECODED``)."""
+    if code >= IDLE_DECODED:
+        return (
+            f"commit rule {rule!r} committed positions that were already decoded (not "
+            "selectable) and nothing else in a row that had masked positions; commit a subset "
+            "of selectable"
+        )
+    return (
+        f"commit rule {rule!r} committed no position in a row that had masked positions; "
+        "every step must commit at least one"
+    )
+
+
 class KernelStep:
     """The absorbing transition kernel ``K``: one step on the active block, for every row of
     a batch (:class:`dloom.decode.transition.TransitionKernel`; a committed token is final).
 
-    Propose candidates and confidences (:func:`dloom.decode.kernel.propose`), ask the commit rule
+    Propose candidates and confidences (:func:`dloom.decode.kernel.propose`), compute the
+    signals the commit rule declared (:func:`commit_signals`), ask the commit rule
     (``dloom_select_commit``) and commit. Counts each row's steps in its current block (the
     quota schedule's ``step_in_block``) and records contract violations on the device, for
     the decoder to check at its next host synchronisation. Rows are in different blocks:
@@ -306,11 +356,16 @@ class KernelStep:
         step's candidates ``(B, K)`` long and confidences ``(B, K)``; it must not modify them
         (the commit hook is given the confidences only). ``None``: nothing is called.
 
+    :ivar signals: the signals the commit rule declared (:func:`dloom.hooks.calls.declared_signals`),
+        computed at every step (:func:`commit_signals`); empty for the built-in rules.
     :ivar steps: ``(B,)`` long, kernel steps each row has taken in its current block.
     :ivar generated: ``(B, K)`` bool, the generated positions of each row's active block
         (:func:`eos_clear`; set by :meth:`restrict`), or ``None`` when every position of
         every block is generated.
-    :ivar idle: ``()`` bool, some row with a selectable position committed nothing.
+    :ivar idle: ``()`` long: :data:`IDLE` when some row with a selectable position committed
+        nothing, :data:`IDLE_DECODED` when (also) some row committed nothing because the
+        rule's commits all fell on positions that were not selectable (already decoded), 0
+        otherwise (:func:`idle_problem` words it).
     :ivar non_finite: ``()`` bool, some stepping row's logits held NaN or inf.
     """
 
@@ -319,6 +374,7 @@ class KernelStep:
         masked_at_start, on_proposal: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
     ) -> None:
         self.pm = pm
+        self.signals = hooks.declared_signals(pm)
         self.on_proposal = on_proposal
         self.temperature, self.remasking, self.generator = temperature, remasking, generator
         self.mask_token_id, self.eos_ids = mask_token_id, eos_ids
@@ -326,8 +382,8 @@ class KernelStep:
         self.masked_at_start = masked_at_start
         self.steps = torch.zeros_like(masked_at_start)
         self.generated: torch.Tensor | None = None  # (B, K) bool (restrict) when a block holds prompt positions
-        self.idle = torch.zeros((), dtype=torch.bool, device=masked_at_start.device)
-        self.non_finite = torch.zeros_like(self.idle)
+        self.idle = torch.zeros((), dtype=torch.long, device=masked_at_start.device)
+        self.non_finite = torch.zeros((), dtype=torch.bool, device=masked_at_start.device)
 
     def __call__(
         self, block: torch.Tensor, logits: torch.Tensor, advance: torch.Tensor
@@ -342,9 +398,17 @@ class KernelStep:
         if self.on_proposal is not None:
             self.on_proposal(candidates, confidence)
         schedule = BlockSchedule(self.steps, self.steps_per_block, self.masked_at_start)
-        commit = hooks.select_commit(self.pm, confidence, selectable, schedule)
+        signals = None
+        if self.signals:  # only what the rule declared (the default rules declare none)
+            signals = commit_signals(logits, candidates, self.signals, self.mask_token_id)
+        answer = hooks.proposed_commit(self.pm, confidence, selectable, schedule, signals)
+        commit = answer & selectable
         stepping = selectable.any(-1)
-        self.idle = self.idle | (stepping & ~commit.any(-1)).any()
+        empty = stepping & ~commit.any(-1)
+        # IDLE_DECODED when a row came out empty because the rule committed only positions
+        # that were not selectable (already decoded): the message names that bug instead
+        stray = empty & (answer & ~selectable).any(-1)
+        self.idle = torch.maximum(self.idle, empty.any().long() + stray.any().long())
         # NaN or inf anywhere in a stepping row's logits reaches its candidates' logits or
         # confidences (a logsumexp, a softmax, an argmax): checked on (B, K), not (B, K, V).
         picked = torch.gather(logits, -1, candidates.unsqueeze(-1)).squeeze(-1)

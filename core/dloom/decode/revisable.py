@@ -27,6 +27,7 @@ from dloom.decode.kernel import (
     RowStreams,
     Settlement,
     apply_commit,
+    commit_signals,
     eos_clear,
     propose,
 )
@@ -80,9 +81,14 @@ class RevisableKernel(KernelStep):
         schedule = BlockSchedule(
             self.steps, self.steps_per_block, self.masked_at_start, masked=masked, post_steps=self.post_steps,
         )
-        commit = hooks.select_commit(self.pm, confidence, selectable, schedule)
-        filling = fillable.any(-1)
-        self.idle = self.idle | (filling & ~(commit & masked).any(-1)).any()
+        signals = None
+        if self.signals:  # only what the rule declared
+            signals = commit_signals(logits, candidates, self.signals, self.mask_token_id)
+        answer = hooks.proposed_commit(self.pm, confidence, selectable, schedule, signals)
+        commit = answer & selectable
+        empty = fillable.any(-1) & ~(commit & masked).any(-1)
+        stray = empty & (answer & ~selectable).any(-1)  # IDLE_DECODED: it committed only positions not offered
+        self.idle = torch.maximum(self.idle, empty.any().long() + stray.any().long())
         picked = torch.gather(logits, -1, candidates.unsqueeze(-1)).squeeze(-1)
         finite = torch.isfinite(picked) & torch.isfinite(confidence)
         self.non_finite = self.non_finite | (selectable.any(-1, keepdim=True) & ~finite).any()

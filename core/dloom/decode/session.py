@@ -183,7 +183,8 @@ class StepStatus:
     """What a step's one host synchronisation read (:meth:`DecodeSession.step`).
 
     :ivar non_finite: some stepping row's logits held NaN or inf.
-    :ivar idle: some row that could step committed nothing.
+    :ivar idle: the kernel's idle code: 0, or why some row that could step committed nothing
+        (:data:`dloom.decode.kernel.IDLE`, :data:`dloom.decode.kernel.IDLE_DECODED`).
     :ivar leaving: rows that finished in the step.
     :ivar plan: the next forward's plan, over the rows that stay.
     :ivar can_draft: some staying row's last distribution is known (a draft may start).
@@ -194,7 +195,7 @@ class StepStatus:
     """
 
     non_finite: bool
-    idle: bool
+    idle: int
     leaving: int
     plan: ForwardPlan
     can_draft: bool
@@ -210,7 +211,7 @@ class StepStatus:
         read = read_on_host(values)
         plan = ForwardPlan(*read.pop("plan"))
         fields: dict[str, Any] = {name: value[0] for name, value in read.items()}
-        for flag in ("non_finite", "idle", "can_draft", "primed"):
+        for flag in ("non_finite", "can_draft", "primed"):
             if flag in fields:
                 fields[flag] = bool(fields[flag])
         return cls(plan=plan, **fields)

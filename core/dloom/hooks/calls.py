@@ -15,6 +15,7 @@ import pluggy
 import torch
 
 from dloom.errors import DloomError, HookContractError
+from dloom.hooks.specs import SIGNALS_ATTRIBUTE
 from dloom.types import (
     BlockSchedule,
     ChainLayout,
@@ -72,16 +73,44 @@ def select_commit(
     confidence: torch.Tensor,
     selectable: torch.Tensor,
     schedule: BlockSchedule,
+    signals: Mapping[str, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Positions to unmask: ``(B, K)`` bool, restricted to ``selectable``.
 
     Whether every row with a selectable position committed one is checked by the decoder
     together with its other per-step checks (one host synchronisation per step).
+
+    :param signals: the signals the rule declared (:func:`declared_signals`), by name;
+        ``None``: none.
     """
+    return proposed_commit(pm, confidence, selectable, schedule, signals) & selectable
+
+
+def declared_signals(pm: pluggy.PluginManager) -> tuple[str, ...]:
+    """The signals (:data:`~dloom.hooks.specs.COMMIT_SIGNALS`) the commit rules of ``pm``
+    declared with :func:`~dloom.hooks.specs.reads_signals`, in declaration order."""
+    names: dict[str, None] = {}
+    for impl in pm.hook.dloom_select_commit.get_hookimpls():
+        names.update(dict.fromkeys(getattr(impl.function, SIGNALS_ATTRIBUTE, ())))
+    return tuple(names)
+
+
+def proposed_commit(
+    pm: pluggy.PluginManager,
+    confidence: torch.Tensor,
+    selectable: torch.Tensor,
+    schedule: BlockSchedule,
+    signals: Mapping[str, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """The commit rule's answer as it gave it: ``(B, K)`` bool, type and shape checked but
+    *not* restricted to ``selectable``, so that a caller can see commits to positions that
+    are not selectable (already decoded, or in a row that is not decoding): a contract
+    break that :func:`select_commit` drops."""
     commit = _answer(
         pm,
         _call(
-            pm, "dloom_select_commit", confidence=confidence, selectable=selectable, schedule=schedule
+            pm, "dloom_select_commit", confidence=confidence, selectable=selectable, schedule=schedule,
+            signals={} if signals is None else signals,
         ),
         "dloom_select_commit",
         torch.Tensor,
@@ -91,7 +120,7 @@ def select_commit(
             f"plugin {providers(pm, 'dloom_select_commit')}: dloom_select_commit must return a bool tensor of shape {tuple(selectable.shape)}, "
             f"got {commit.dtype} {tuple(commit.shape)}"
         )
-    return commit & selectable
+    return commit
 
 
 def configure(pm: pluggy.PluginManager, config: Mapping[str, Any]) -> None:

@@ -14,6 +14,7 @@ replacements of one hook are an error.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -149,11 +150,21 @@ class Composition:
         only for greedy decoding (``temperature == 0``) with ``low_confidence`` remasking,
         where the confidence is the committed token's probability. Under sampling or another
         remasking the bound is not claimed; what still holds is recorded instead.
+
+        A claim with ``holds_when`` (:attr:`dloom.Claim.holds_when`) is not made where the
+        component's parameters, the temperature or the remasking break it: the guarantee
+        recorded says so.
         """
         recorded = {}
         for name, guarantee in self.guarantees.items():
-            claim = next(c.strategy.claim for c in self.components if c.name == name and c.strategy is not None)
-            if claim is not None and claim.kind == "bound" and (temperature > 0 or remasking != "low_confidence"):
+            component = next(c for c in self.components if c.name == name and c.strategy is not None)
+            claim = component.strategy.claim if component.strategy is not None else None
+            unmet = claim.unmet(claim_values(component, temperature, remasking)) if claim is not None else []
+            if claim is not None and unmet:
+                plain = dataclasses.replace(claim, holds_when={}).describe(conditions=False)
+                guarantee = f"{plain} not claimed at {', '.join(unmet)}"
+                warn(f"strategy {name!r}: {guarantee}")
+            elif claim is not None and claim.kind == "bound" and (temperature > 0 or remasking != "low_confidence"):
                 why = f"temperature {temperature:g}" if temperature > 0 else f"remasking {remasking!r}"
                 guarantee = (
                     f"bound {claim.bound} not certified under {why} (it needs temperature 0 and "
@@ -182,14 +193,40 @@ class Composition:
             step_in_block=torch.zeros(1, dtype=torch.long), steps_per_block=2,
             masked_at_block_start=torch.full((1,), 4, dtype=torch.long),
         )
-        try:
-            plugin.dloom_select_commit(
-                confidence=torch.tensor([[0.9, 0.6, 0.3, 0.1]]),
-                selectable=torch.ones(1, 4, dtype=torch.bool), schedule=schedule,
-            )
+        confidence = torch.tensor([[0.9, 0.6, 0.3, 0.1]], dtype=torch.float64)
+        probabilities = torch.stack([confidence, 1 - confidence], dim=-1)  # (1, 4, 2)
+        entropy = -(probabilities * probabilities.log()).sum(-1)
+        signals = {
+            "confidence": confidence, "margin": (2 * confidence - 1).abs(), "entropy": entropy,
+            "probabilities": probabilities,
+        }
+        arguments = {
+            "confidence": confidence, "selectable": torch.ones(1, 4, dtype=torch.bool),
+            "schedule": schedule, "signals": signals,
+        }
+        try:  # as pluggy calls it: with the arguments the implementation names
+            taken = inspect.signature(plugin.dloom_select_commit).parameters
+            plugin.dloom_select_commit(**{k: v for k, v in arguments.items() if k in taken})
         except Exception:  # noqa: BLE001 - cannot tell: assume the steps matter
             return True
         return bool(read)
+
+
+def claim_values(component: Component, temperature: float | None = None, remasking: str | None = None) -> dict[str, Any]:
+    """What a component's claim is judged at (:meth:`dloom.Claim.unmet`): every parameter
+    of its strategy (given or default, coerced as its plugin got it), and the decoder's
+    ``temperature`` and ``remasking`` where given."""
+    values: dict[str, Any] = {}
+    if component.strategy is not None:
+        registration = component.strategy.registration
+        for parameter in registration.parameters:
+            given = component.params.get(parameter.name, parameter.default)
+            values[parameter.name] = parameter.coerce(given, registration.name)
+    if temperature is not None:
+        values["temperature"] = temperature
+    if remasking is not None:
+        values["remasking"] = remasking
+    return values
 
 
 def split_spec(spec: StrategySpec) -> list[str | object]:

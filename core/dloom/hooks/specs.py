@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 import pluggy
 
+from dloom.errors import ConfigurationError
+
 if TYPE_CHECKING:
     import torch
     import typer
@@ -53,6 +55,42 @@ PROJECT_NAME = "dloom"
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+COMMIT_SIGNALS = ("confidence", "margin", "entropy", "probabilities")
+"""What a commit rule may read of the block's distribution, ``softmax(logits)`` with the
+mask token left out (float64; ``signals`` of :func:`dloom_select_commit`):
+
+* ``confidence``: ``(B, K)``, the candidate token's probability;
+* ``margin``: ``(B, K)``, the top-1 minus the top-2 probability;
+* ``entropy``: ``(B, K)``, the entropy in nats (``>= 0``; lower is surer);
+* ``probabilities``: ``(B, K, V)``, the whole distribution.
+"""
+SIGNALS_ATTRIBUTE = "dloom_signals"
+
+
+def reads_signals(*names: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Declare the signals (:data:`COMMIT_SIGNALS`) a ``dloom_select_commit``
+    implementation reads from its ``signals`` argument; the kernel computes those, and only
+    those, at every step::
+
+        @dloom.hookimpl
+        @dloom.reads_signals("entropy")
+        def dloom_select_commit(self, selectable, signals): ...
+
+    :raises ConfigurationError: for a name not in :data:`COMMIT_SIGNALS`, or none.
+    """
+    unknown = [name for name in names if name not in COMMIT_SIGNALS]
+    if unknown or not names:
+        what = f"unknown signal {unknown[0]!r}" if unknown else "no signal named"
+        raise ConfigurationError(
+            f"reads_signals({', '.join(map(repr, names))}): {what}; allowed: {', '.join(COMMIT_SIGNALS)}"
+        )
+
+    def mark(function: Callable[..., Any]) -> Callable[..., Any]:
+        setattr(function, SIGNALS_ATTRIBUTE, tuple(dict.fromkeys(names)))
+        return function
+
+    return mark
 
 
 @hookspec
@@ -118,6 +156,7 @@ def dloom_select_commit(
     confidence: torch.Tensor,
     selectable: torch.Tensor,
     schedule: BlockSchedule,
+    signals: Mapping[str, torch.Tensor],
 ) -> torch.Tensor | None:
     """Choose which masked positions of the active block to unmask this step.
 
@@ -132,6 +171,9 @@ def dloom_select_commit(
         offered the filled generated positions whose candidate differs from their token:
         committing one rewrites it (``schedule.masked`` tells them apart).
     :param schedule: where this step lies in the block's step budget (used by quota rules).
+    :param signals: what the rule declared with :func:`reads_signals` of the block's
+        distribution, by name (:data:`COMMIT_SIGNALS`), whatever the decoder's remasking;
+        empty for a rule that declared none.
     :return: ``(B, K)`` bool, the positions to commit: a subset of ``selectable`` holding at
         least one position in every row that has a selectable one; ``None`` if this plugin
         is not a commit rule.

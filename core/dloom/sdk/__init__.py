@@ -84,7 +84,7 @@ from dloom.errors import (
 )
 from dloom.hooks.composition import Composition, StrategySpec, compose, replace
 from dloom.hooks.registry import Registry, get_registry
-from dloom.hooks.specs import hookimpl
+from dloom.hooks.specs import COMMIT_SIGNALS, hookimpl, reads_signals
 from dloom.metrics import GenerationResult
 from dloom.model.adapter import (
     ModelAdapter,
@@ -143,7 +143,9 @@ __all__ = [
     "UnknownStrategyError",
     "PluginLoadError",
     "warn",
-    # commit rules (dloom_select_commit)
+    # commit rules (dloom_select_commit), and the signals of the distribution they may read
+    "reads_signals",
+    "COMMIT_SIGNALS",
     "commit_top",
     "sorted_profile",
     # the transition kernel: the seam, its implementations, one step's per-row random
