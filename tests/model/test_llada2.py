@@ -124,6 +124,34 @@ def test_its_own_code_is_never_imported(tmp_path):
     assert type(loaded.model) is BailingMoeV2ForCausalLM
 
 
+def test_a_saved_copy_loads_back_as_llada2(tmp_path):
+    """``save_pretrained`` writes dloom's own ``model_type``; it loads back with the family's
+    conventions and the same logits."""
+    adapter().model.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "dloom_bailing_moe_v2"
+    again = load_model(tmp_path)
+    assert (again.profile, again.mask_token_id, again.attention) == ("llada2", 156895, "block-causal")
+    inputs = entry_inputs("seq2_block4")
+    with torch.no_grad():
+        assert torch.equal(again.model(**inputs).logits, logits(inputs))
+
+
+def test_device_map_places_it_through_accelerate():
+    """``device_map="auto"`` loads through accelerate (no layer split across devices) and
+    gives the same logits and decode as a plain load."""
+    placed = load_model(CHECKPOINT, device_map="auto")
+    assert type(placed.model) is BailingMoeV2ForCausalLM
+    inputs = entry_inputs("seq1_block4")
+    with torch.no_grad():
+        assert torch.equal(placed.model(**inputs).logits, logits(inputs))
+    prompt = reference()["prompts"][0]
+    decodes = [
+        DiffusionDecoder(model, "threshold", tau=0.9, gen_length=8, block_length=4).generate([prompt])
+        for model in (placed, adapter())
+    ]
+    assert decodes[0].generated.tolist() == decodes[1].generated.tolist()
+
+
 def test_a_misspelled_expert_tensor_is_refused_before_loading(tmp_path):
     directory = tmp_path / "llada2"
     shutil.copytree(CHECKPOINT, directory)
@@ -257,6 +285,62 @@ def test_llada21_without_edits_is_the_threshold_decode_plus_one_check_per_block(
     prompt, block = len(run["prompt"]), settings["block_length"]
     blocks = -(-(prompt + settings["gen_length"]) // block) - prompt // block
     assert int(result.nfe[0]) + blocks == run["forwards"]
+
+
+def full_prefix_decode(run: dict) -> tuple[list[int], int]:
+    """LLaDA2's ``generate`` loop as it computes: every step one forward over the whole
+    prefix up to the active block's end (no cache), the head over every position; commit
+    the block's masked positions with probability above the threshold, else the most
+    likely one; stop after the block that holds the EOS.
+
+    :return: the tokens after the prompt (``gen_length`` of them) and the forwards made.
+    """
+    settings, prompt = run["settings"], run["prompt"]
+    block, mask_id = settings["block_length"], settings["mask_id"]
+    blocks = -(-(len(prompt) + settings["gen_length"]) // block)
+    x = torch.full((1, blocks * block), mask_id)
+    x[0, : len(prompt)] = torch.tensor(prompt)
+    mask, positions = block_mask(blocks * block, block), torch.arange(blocks * block)[None]
+    forwards = 0
+    for end in range((len(prompt) // block + 1) * block, blocks * block + 1, block):
+        while (masked := x[0, end - block : end] == mask_id).any():
+            forwards += 1
+            with torch.no_grad():
+                out = adapter().model(x[:, :end], mask[..., :end, :end], positions[:, :end]).logits
+            confidence, candidates = out[0, -block:].double().softmax(-1).max(-1)
+            confidence = torch.where(masked, confidence, -torch.inf)
+            commit = confidence > settings["threshold"]
+            if not commit.any():
+                commit = confidence == confidence.max()
+            x[0, end - block : end] = torch.where(commit, candidates, x[0, end - block : end])
+        if (x[0, len(prompt) : end] == settings["eos_id"]).any():
+            break
+    return x[0, len(prompt) : len(prompt) + settings["gen_length"]].tolist(), forwards
+
+
+@pytest.mark.parametrize("name", ["generate_greedy_thr0.95_p0", "generate_greedy_block32_p1"])
+def test_the_cached_decode_gives_the_full_prefix_tokens_in_fewer_flops(name):
+    """LLaDA2's ``generate`` recomputes the whole prefix at every step; on this block-causal
+    model dloom's dual cache is exact (earlier blocks never attend to later ones), so it gives
+    the same tokens and forwards while computing the body over the active block only and the
+    head over the block's columns only. Measured with ``torch``'s FLOP counter on the
+    fixture (figures in docs/models.md)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    run = runs(name)[0]
+    with FlopCounterMode(display=False) as reference_flops:
+        tokens, forwards = full_prefix_decode(run)
+    assert (tokens, forwards) == (run["generated"], run["forwards"])
+    block = None if run["settings"]["block_length"] == 32 else 4
+    with FlopCounterMode(display=False) as dloom_flops:
+        result = decoder_for(run, "dual", block).generate([run["prompt"]])
+    assert result.generated[0].tolist()[: len(tokens)] == tokens and int(result.nfe[0]) == forwards
+    body = {
+        counter: sum(counter.get_flop_counts()["BailingMoeV2ForCausalLM.model"].values())
+        for counter in (reference_flops, dloom_flops)
+    }
+    assert dloom_flops.get_total_flops() < 0.5 * reference_flops.get_total_flops()
+    assert body[dloom_flops] < 0.7 * body[reference_flops]
 
 
 def test_a_wrong_fill_rule_or_block_layout_misses_the_reference():
