@@ -8,7 +8,10 @@ published on-disk format (no ``.py`` files) and what the released modelling and
   and causal 4-D masks, a left-padded batch under a 4-D mask and under a 2-D mask;
 - the same tokens and the same number of forwards as LLaDA2's greedy ``generate``
   (threshold with a top-1 fallback, blocks aligned at position 0, blocks the prompt fills
-  skipped, EOS), under every cache mode and in a padded batch.
+  skipped, EOS), under every cache mode and in a padded batch;
+- the same for LLaDA2.1's editing ``generate``, with ``joint_threshold`` on the revisable
+  kernel;
+- fewer FLOPs than the reference's full-prefix recomputation, with the exact dual cache.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typer.testing import CliRunner
 
 from dloom import DiffusionDecoder, load_model
 from dloom.cli.commands import app
-from dloom.errors import ModelError
+from dloom.errors import ConfigurationError, ModelError
 from dloom.model.bailing import BailingMoeV2ForCausalLM
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "real-families" / "llada2"
@@ -272,19 +275,43 @@ def test_prompts_of_different_lengths_decode_in_one_padded_batch(prefix):
     assert result.nfe.tolist() == [r["forwards"] for r in group]
 
 
-@pytest.mark.parametrize("run", runs("llada21_noedit"), ids=lambda r: r["name"])
-def test_llada21_without_edits_is_the_threshold_decode_plus_one_check_per_block(run):
-    """LLaDA2.1's ``generate`` with editing off (editing threshold 1.0) commits as LLaDA2.0's:
-    same tokens as dloom's ``threshold``. It makes one more forward per block, after the
-    block's last mask, to look for edits (none), which dloom does not need."""
+LLADA21 = runs("llada21_")
+
+
+@pytest.mark.parametrize("cache_mode", ["none", "prefix", "dual"])
+@pytest.mark.parametrize("run", LLADA21, ids=lambda r: r["name"])
+def test_dloom_decodes_as_llada21s_editing_generate(run, cache_mode):
+    """LLaDA2.1's ``generate`` (fill above ``threshold``, else the most confident; rewrite a
+    filled generated position whose argmax differs with probability above
+    ``editing_threshold``; once the block holds no mask, edit rounds until one changes
+    nothing or ``max_post_steps`` have run) is ``joint_threshold`` on the revisable kernel,
+    which the family's profile names: same tokens and forwards, quality mode (0.7 / 0.5),
+    speed mode (0.5 / 0.0) and no edits (0.5 / 1.0, one checking forward per block more
+    than LLaDA2.0's decode), under every cache mode."""
     settings = run["settings"]
-    assert (settings["editing_threshold"], settings["num_to_transfer"]) == (1.0, 1)
-    decoder = DiffusionDecoder(adapter(), "threshold", tau=settings["threshold"], gen_length=16, block_length=4)
+    assert adapter().kernel == "revisable"
+    decoder = DiffusionDecoder(
+        adapter(), "joint_threshold", tau=settings["threshold"], edit_tau=settings["editing_threshold"],
+        max_post_steps=settings["max_post_steps"], num_to_transfer=settings["num_to_transfer"],
+        gen_length=settings["gen_length"], block_length=settings["block_length"], cache=cache_mode,
+    )
     result = decoder.generate([run["prompt"]])
-    assert result.generated[0].tolist()[:16] == run["generated"]
-    prompt, block = len(run["prompt"]), settings["block_length"]
-    blocks = -(-(prompt + settings["gen_length"]) // block) - prompt // block
-    assert int(result.nfe[0]) + blocks == run["forwards"]
+    assert result.generated[0].tolist()[: len(run["generated"])] == run["generated"]
+    assert result.nfe.tolist() == [run["forwards"]]
+
+
+def test_edits_change_the_decode():
+    """Negative control: the quality and speed runs differ from the run without edits, so an
+    editing rule that never edits fails them."""
+    by_name = {r["name"]: r["generated"] for r in LLADA21}
+    for row in (0, 1):
+        assert by_name[f"llada21_quality_p{row}"] != by_name[f"llada21_noedit_p{row}"]
+        assert by_name[f"llada21_speed_p{row}"] != by_name[f"llada21_noedit_p{row}"]
+
+
+def test_the_lossless_speculative_strategies_are_refused_on_its_kernel():
+    with pytest.raises(ConfigurationError, match=r"strategy 'spiffy' supports the 'absorbing' kernel\(s\), not the model's 'revisable'"):
+        DiffusionDecoder(adapter(), "spiffy", gen_length=8, block_length=4)
 
 
 def full_prefix_decode(run: dict) -> tuple[list[int], int]:
@@ -353,6 +380,19 @@ def test_a_wrong_fill_rule_or_block_layout_misses_the_reference():
     shifted = dataclasses.replace(adapter(), block_alignment="prompt")
     threshold = DiffusionDecoder(shifted, "threshold", tau=0.5, gen_length=16, block_length=4)
     assert threshold.generate([run["prompt"]]).generated[0].tolist()[:16] != run["generated"]
+
+
+def test_cli_generates_with_llada21s_quality_mode(tmp_path):
+    run = runs("llada21_quality_p0")[0]
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"input_ids": run["prompt"]}) + "\n")
+    result = CliRunner().invoke(app, [
+        "generate", "--model", str(CHECKPOINT), "--prompts", str(prompts), "--strategy", "joint_threshold",
+        "--param", "tau=0.7", "--param", "edit_tau=0.5", "--param", "max_post_steps=16",
+        "--gen-length", "16", "--block-length", "4", "--json",
+    ])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout.splitlines()[-1])["tokens"][:16] == run["generated"]
 
 
 def test_cli_generates_with_the_threshold_strategy(tmp_path):

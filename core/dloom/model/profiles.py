@@ -194,6 +194,7 @@ LLADA2 = ModelProfile(
     block_alignment="absolute",  # generate() aligns its block mask at position 0
     ships_code=True,
     chat_template=True,
+    kernel="revisable",  # LLaDA2.1 edits filled tokens (joint_threshold); fill rules decode as on "absorbing"
 )
 
 DIFFUSION_GEMMA = ModelProfile(
