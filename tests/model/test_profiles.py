@@ -196,12 +196,12 @@ def test_family_conventions():
         "sdar": (None, "<|MASK|>", (), False, "block-causal", 4, "block_size", "absolute", True),
         "sdar-moe": (None, "<|MASK|>", (), False, "block-causal", 4, "block_size", "absolute", True),
         "fast-dllm-v2": (151665, "|<MASK>|", (151645,), True, "block-causal", 32, "bd_size", "absolute", True),
-        "llada2": (None, None, (), None, None, None, None, "prompt", True),
+        "llada2": (156895, "<|mask|>", (156892,), False, "block-causal", 32, None, "absolute", True),
         "diffusion-gemma": (None, None, (), None, None, None, None, "prompt", False),
     }
-    assert DIFFUSION_GEMMA.unsupported and LLADA2.unsupported
-    assert all(p.unsupported is None for p in (LLADA, DREAM, SDAR, SDAR_MOE, FAST_DLLM_V2))
-    assert all(native_layout(p.name) is not None for p in (LLADA, DREAM, SDAR, SDAR_MOE, FAST_DLLM_V2))
+    assert DIFFUSION_GEMMA.unsupported
+    assert all(p.unsupported is None for p in (LLADA, DREAM, SDAR, SDAR_MOE, FAST_DLLM_V2, LLADA2))
+    assert all(native_layout(p.name) is not None for p in (LLADA, DREAM, SDAR, SDAR_MOE, FAST_DLLM_V2, LLADA2))
     assert (CAUSAL_LM.attention, CAUSAL_LM.shift_logits, CAUSAL_LM.mask_token_id) == ("causal", True, None)
     assert all(p.chat_template for p in (LLADA, DREAM, SDAR, FAST_DLLM_V2, CAUSAL_LM))
 
@@ -234,11 +234,15 @@ def test_unknown_remote_code_model_needs_the_flag(tmp_path, monkeypatch):
         load_model(tmp_path)
 
 
-def test_llada2_is_refused_with_the_reason_before_loading(tmp_path, monkeypatch):
+@pytest.mark.parametrize("key, value", [("score_function", "softmax"), ("use_sliding_window", True)])
+def test_a_llada2_config_the_native_class_does_not_compute_is_refused_before_loading(tmp_path, monkeypatch, key, value):
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", None)
-    (tmp_path / "config.json").write_text(json.dumps(LLADA2_CONFIG))
-    with pytest.raises(ModelError, match=r"is LLaDA2.0 .*BailingMoeV2.*no native transformers class"):
-        load_model(tmp_path, trust_remote_code=True)
+    directory = tmp_path / "llada2"
+    shutil.copytree(FIXTURES / "llada2" / "checkpoint", directory)
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, key: value}))
+    with pytest.raises(ModelError, match=rf"LLaDA2 config {key}={value!r} is not computed by dloom's BailingMoeV2"):
+        load_model(directory, trust_remote_code=True)
 
 
 # --- LLaDA: a bidirectional Llama, mask 126336, EOS/EOT, no shift, padding honoured --------

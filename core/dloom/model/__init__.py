@@ -17,5 +17,7 @@
 * :mod:`dloom.model.checkpoints`, :mod:`dloom.model.files`, :mod:`dloom.model.json_files`,
   :mod:`dloom.model.config_limits`, :mod:`dloom.model.tensor_check`: reading and checking a
   checkpoint's files, config and tensors before loading it.
+* :mod:`dloom.model.bailing`: BailingMoeV2, the network of LLaDA2.x, which ``transformers``
+  lacks, as a ``transformers`` model written here.
 * :mod:`dloom.model.attention`: the attention masks the models are called with.
 """

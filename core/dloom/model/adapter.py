@@ -455,7 +455,8 @@ def load_model(
     (:meth:`dloom.model.families.FamilyTable.detect`; plugins add families through
     ``dloom_register_families``). A known family (LLaDA, Dream, SDAR, SDAR-MoE, Fast-dLLM v2, or a
     plugin's with a layout) is loaded onto ``transformers``' own class with its config and
-    tensor names translated (its :class:`~dloom.model.checkpoints.NativeLayout`); its ``.py``
+    tensor names translated (its :class:`~dloom.model.checkpoints.NativeLayout`), LLaDA2.x
+    onto dloom's own BailingMoeV2 class (:mod:`dloom.model.bailing`); its ``.py``
     files are never imported, whatever
     ``trust_remote_code`` says. Conventions come from, in order: the arguments, the config's
     ``dloom`` section (``mask_token_id``, ``eos_token_ids``, ``shift``, ``attention``,
@@ -474,8 +475,7 @@ def load_model(
         over the visible GPUs); ``device`` is then ignored.
     :raises ModelError: for a missing directory, an unknown dtype, no mask token, an
         unknown checkpoint with its own code without ``trust_remote_code``, a config value
-        with no native equivalent, or a family dloom cannot decode (DiffusionGemma,
-        LLaDA2.0).
+        with no native equivalent, or a family dloom cannot decode (DiffusionGemma).
     """
     check_model_files(name_or_path, device, device_map, trust_remote_code)
     import transformers

@@ -16,6 +16,7 @@ from dloom.hooks.specs import hookimpl
 from dloom.model.checkpoints import (
     DREAM_LAYOUT,
     FAST_DLLM_V2_LAYOUT,
+    LLADA2_LAYOUT,
     LLADA_LAYOUT,
     SDAR_LAYOUT,
     SDAR_MOE_LAYOUT,
@@ -51,8 +52,8 @@ BUILTIN_FAMILIES: tuple[FamilyRegistration, ...] = (
     FamilyRegistration(SDAR, SDAR_LAYOUT),
     FamilyRegistration(SDAR_MOE, SDAR_MOE_LAYOUT),
     FamilyRegistration(FAST_DLLM_V2, FAST_DLLM_V2_LAYOUT),
-    FamilyRegistration(LLADA2),  # recognised to be refused: profile.unsupported says why
-    FamilyRegistration(DIFFUSION_GEMMA),  # likewise
+    FamilyRegistration(LLADA2, LLADA2_LAYOUT),  # onto dloom's own class (dloom.model.bailing)
+    FamilyRegistration(DIFFUSION_GEMMA),  # recognised to be refused: profile.unsupported says why
     FamilyRegistration(CAUSAL_LM, recognises=is_causal_lm),  # e.g. a Qwen2.5 target
     FamilyRegistration(TRANSFORMERS),  # the catch-all: conventions from the config (the zoo)
 )

@@ -13,6 +13,9 @@ loads each checkpoint onto the native class instead:
 The native classes keep SDPA (and flash attention where it is installed), ``transformers``
 caches and ``device_map`` working, and they compute RoPE's ``inv_freq`` themselves (the
 buffers that ``transformers`` 5 leaves uninitialised in the remote code).
+LLaDA2.x (BailingMoeV2) has no ``transformers`` class: its layout names dloom's own
+(:mod:`dloom.model.bailing`), registered with ``transformers``' auto classes, onto which the
+checkpoint loads under its own tensor names.
 Each layout is registered with its family's profile as one
 :class:`dloom.model.families.FamilyRegistration` (:mod:`dloom.model.builtin_families`), and
 :func:`dloom.model.tensor_check.check_tensors` checks a checkpoint's tensor names, shapes and
@@ -172,6 +175,40 @@ def _sdar_moe_config(raw: Mapping[str, Any]) -> dict[str, Any]:
     return values
 
 
+#: LLaDA2.x config values the BailingMoeV2 class computes; any other value is refused.
+LLADA2_REQUIRED = {
+    "score_function": "sigmoid", "norm_topk_prob": True, "use_sliding_window": False,
+    "norm_head": False, "norm_softmax": False, "use_rmsnorm": True, "tie_word_embeddings": False,
+}
+LLADA2_KEYS = (
+    "vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers",
+    "num_attention_heads", "num_key_value_heads", "head_dim", "partial_rotary_factor", "rms_norm_eps",
+    "hidden_act", "use_qkv_bias", "use_bias", "use_qk_norm", "num_experts", "num_experts_per_tok",
+    "n_group", "topk_group", "routed_scaling_factor", "norm_topk_prob", "num_shared_experts",
+    "first_k_dense_replace", "max_position_embeddings", "initializer_range", *SPECIAL_IDS,
+)
+
+
+def _llada2_config(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """LLaDA2.x's config (``llada2_moe``) as dloom's own BailingMoeV2 config
+    (:mod:`dloom.model.bailing`, registered with ``transformers``' auto classes here).
+
+    :raises ModelError: for a value the class does not compute (another router score
+        function, a sliding window, a normalised head, RoPE scaling, ...), naming the key.
+    """
+    from dloom.model import bailing
+
+    for key, allowed in LLADA2_REQUIRED.items():
+        if key in raw and raw[key] != allowed:
+            raise ModelError(
+                f"LLaDA2 config {key}={raw[key]!r} is not computed by dloom's BailingMoeV2 "
+                f"class (it needs {key}={allowed!r})"
+            )
+    bailing.register()
+    rope = _rope(raw)["rope_parameters"]
+    return {**_common(raw, LLADA2_KEYS), "rope_theta": rope["rope_theta"]}
+
+
 def _block(i: str) -> str:
     return rf"^model\.transformer\.blocks\.(\d+)\.{i}\."
 
@@ -199,6 +236,8 @@ SDAR_LAYOUT = NativeLayout("sdar", "qwen3", _qwen_config(causal=True))
 # transformers' qwen3_moe weight conversion stacks the experts at load time.
 SDAR_MOE_LAYOUT = NativeLayout("sdar-moe", "qwen3_moe", _sdar_moe_config)
 FAST_DLLM_V2_LAYOUT = NativeLayout("fast-dllm-v2", "qwen2", _qwen_config(causal=True))
+# No transformers class: dloom's own (dloom.model.bailing), tensor names as published.
+LLADA2_LAYOUT = NativeLayout("llada2", "dloom_bailing_moe_v2", _llada2_config)
 
 
 def native_config(layout: NativeLayout, raw: Mapping[str, Any]) -> Any:

@@ -1,7 +1,7 @@
 """Model families: the conventions a checkpoint's own config implies.
 
 A :class:`ModelProfile` records what dloom must know about one family of released dLLM
-checkpoints (LLaDA, Dream, SDAR, SDAR-MoE, Fast-dLLM v2, ...) beyond what its ``config.json`` says: the
+checkpoints (LLaDA, Dream, SDAR, SDAR-MoE, Fast-dLLM v2, LLaDA2.x, ...) beyond what its ``config.json`` says: the
 mask token, the EOS ids, whether logits are shifted by one, the attention kind, where a
 block-causal model's block size is written and how its blocks are laid out.
 :func:`dloom.load_model` uses the profile of the checkpoint's family for defaults that
@@ -181,18 +181,20 @@ FAST_DLLM_V2 = ModelProfile(
 
 LLADA2 = ModelProfile(
     name="llada2",
-    family="LLaDA2.0 (inclusionAI LLaDA2.0-mini / -flash, a BailingMoeV2 MoE)",
-    model_types=("llada2_moe",),
+    family="LLaDA2.0 / LLaDA2.1 (inclusionAI LLaDA2.x-mini / -flash, a BailingMoeV2 MoE)",
+    model_types=("llada2_moe", "dloom_bailing_moe_v2"),  # the released config, dloom's saved one
     architectures=("LLaDA2MoeModelLM",),
     code_modules=("modeling_llada2_moe", "configuration_llada2_moe"),
+    mask_token_id=156895,  # <|mask|>
+    mask_token="<|mask|>",
+    eos_token_ids=(156892,),  # <|endoftext|>
+    shift_logits=False,
+    attention="block-causal",
+    block_length=32,  # its generate()'s default
+    block_alignment="absolute",  # generate() aligns its block mask at position 0
     ships_code=True,
-    unsupported=(
-        "its architecture (BailingMoeV2: a fused query_key_value projection, QK norms, partial "
-        "rotary embeddings and a sigmoid-routed, group-limited mixture of experts with a shared "
-        "expert and expert-bias routing) has no native transformers class in transformers 5 "
-        "(bailing_hybrid is a different, MLA/linear-attention model), so it cannot load "
-        "without its own code, which dloom never runs for a known family; see docs/models.md"
-    ),
+    chat_template=True,
+    kernel="revisable",  # LLaDA2.1 edits filled tokens (joint_threshold); fill rules decode as on "absorbing"
 )
 
 DIFFUSION_GEMMA = ModelProfile(

@@ -10,7 +10,8 @@ family's through its key map, any other as ``transformers`` loads it):
   ``transformers`` skips on load, such as a saved RoPE ``inv_freq``), and every parameter
   must have a source. Tied parameters (the output head tied to the embedding) need one
   source between them; per-expert tensors of a mixture of experts fill the stacked expert
-  parameter, every expert of it; a checkpoint saved from the base model (without the
+  parameter, every expert of it (a model with one module per expert names them as they
+  are); a checkpoint saved from the base model (without the
   ``base_model_prefix``) matches too.
 - **shapes**: each tensor's shape must be its parameter's (a per-expert tensor: one slice
   of the stacked one).
@@ -114,6 +115,8 @@ def check_tensors(
     for name, header in tensors.items():
         target = _target_name(name, key_mapping or {}, places, prefix)
         expert = EXPERT_TENSOR.match(target)
+        if expert is not None and f"{expert['experts']}.{FUSED_EXPERTS[expert['proj']]}" not in places:
+            expert = None  # a model that keeps one module per expert (BailingMoeV2) names it as is
         if expert is not None:
             target = f"{expert['experts']}.{FUSED_EXPERTS[expert['proj']]}"
             seen_experts.setdefault((expert["experts"], expert["proj"]), set()).add(int(expert["index"]))
