@@ -576,7 +576,7 @@ def test_the_long_dllm_stage_starts_from_its_causal_stage(monkeypatch, tmp_path)
     train.main(["--model", "long-dllm-ar", *common])
     blocks = []
     loss = run.dllm_loss
-    monkeypatch.setattr(run, "dllm_loss", lambda *args: blocks.append(args[-12:-1]) or loss(*args))
+    monkeypatch.setattr(run, "dllm_loss", lambda *args, **kw: blocks.append(args[-12:-1]) or loss(*args, **kw))
     train.main(["--model", "long-dllm", "--init-from", str(tmp_path / "long-dllm-ar"), "--seed", "1",
                 "--masks", "block", "--prefix-share", "0.5", "--causal-share", "0.25", "--loss-mean", "row",
                 "--decoder-share", "0.25", "--decoder-fill", "model", "--decoder-rounds", "3",

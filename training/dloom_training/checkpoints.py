@@ -86,7 +86,8 @@ def unfinished_run(directory: Path) -> dict | None:
 _HISTORY_KEYS = (
     "seed", "peak_lr", "steps", "batch", "train_weights", "pad_weight", "t_max", "masks", "prefix_share",
     "causal_share", "loss_mean", "decoder_share", "decoder_fill", "decoder_rounds", "decoder_taus", "first_forward_share",
-    "own_earlier_share", "label_smoothing", "ema", "init_from", "train_seconds",
+    "own_earlier_share", "label_smoothing", "edit_share", "edit_draft_share", "edit_taus", "edit_rate", "ema",
+    "init_from", "train_seconds",
     "final_loss_avg", "overall", "per_family",
 )
 

@@ -16,7 +16,7 @@ from dloom.zoo.tasks import GEN_LENGTH
 from .codec import CHARACTERS, Codec
 from .rows import encode_prompts, position_ids, region_logits
 
-__all__ = ["DECODING_ORDERS", "Trace", "decode_ar", "decode_dllm", "trace_dllm"]
+__all__ = ["DECODING_ORDERS", "Trace", "decode_ar", "decode_dllm", "decode_threshold", "trace_dllm"]
 
 
 DECODING_ORDERS = ("confidence", "left-to-right")
@@ -111,3 +111,40 @@ def decode_ar(model: LlamaForCausalLM, prompts: Sequence[str], codec: Codec = CH
         x, positions = nxt[:, None], positions[:, -1:] + 1
         attention_mask = torch.cat([attention_mask, torch.ones_like(nxt)[:, None]], dim=1)
     return [codec.decode(row) for row in torch.stack(generated, 1).tolist()]
+
+
+@torch.no_grad()
+def decode_threshold(
+    model: LlamaForCausalLM, prompts: Sequence[str], tau: float, codec: Codec = CHARACTERS
+) -> tuple[list[str], torch.Tensor]:
+    """Greedy threshold decoding of a dLLM (Fast-dLLM's rule, as dloom's ``threshold`` strategy
+    and :func:`~dloom_training.decoder_states.threshold_rollout` apply it): blocks left to right
+    (the model's ``dloom.block_length``), each forward commits, in the leftmost block with masks,
+    every masked position whose confidence (the argmax's probability, the mask token excluded)
+    exceeds ``tau``, and at least the surest one.  Only the rows still decoding are run.
+
+    :return: the answers, and ``(B,)`` long the forwards each row took.
+    """
+    dloom = getattr(model.config, "dloom", {})
+    gen_length = dloom.get("gen_length", GEN_LENGTH)
+    block_of = torch.arange(gen_length) // dloom.get("block_length", gen_length)
+    prompt_ids, prompt_mask = encode_prompts(prompts, codec=codec)
+    region = torch.full((len(prompts), gen_length), tok.MASK_ID, dtype=torch.long)
+    forwards = torch.zeros(len(prompts), dtype=torch.long)
+    while bool((region == tok.MASK_ID).any()):
+        rows = (region == tok.MASK_ID).any(-1).nonzero()[:, 0]
+        attention_mask = torch.cat([prompt_mask[rows], torch.ones_like(region[rows])], dim=1)
+        output = model(input_ids=torch.cat([prompt_ids[rows], region[rows]], dim=1), attention_mask=attention_mask,
+                       position_ids=position_ids(attention_mask))
+        logits = region_logits(model, output.logits, prompt_ids.shape[1]).float()
+        logits[..., tok.MASK_ID] = -math.inf
+        probability, candidate = logits.softmax(-1).max(-1)
+        open_positions = region[rows] == tok.MASK_ID
+        open_block = block_of[open_positions.int().argmax(-1)]
+        selectable = open_positions & (block_of[None, :] == open_block[:, None])
+        confidence = torch.where(selectable, probability, -math.inf)
+        commit = selectable & (confidence > tau)
+        commit[torch.arange(len(rows)), confidence.argmax(-1)] = True
+        region[rows] = torch.where(commit, candidate, region[rows])
+        forwards[rows] += 1
+    return [codec.decode(row) for row in region.tolist()], forwards

@@ -16,7 +16,7 @@ from dloom.zoo.tasks import Example, held_out
 
 from .checkpoints import PROGRESS, unfinished_run
 from .codec import CHARACTERS, Codec
-from .decoding import decode_ar, decode_dllm
+from .decoding import decode_ar, decode_dllm, decode_threshold
 from .models import n_params
 from .workloads import CHECKABLE, SHORT, SPECS, Workload
 
@@ -24,14 +24,22 @@ __all__ = ["accuracy_line", "end_run", "evaluate", "evaluate_saved", "reevaluate
 
 
 def evaluate(
-    model: LlamaForCausalLM, kind: str, examples: Sequence[Example], batch: int = 128, codec: Codec = CHARACTERS
+    model: LlamaForCausalLM, kind: str, examples: Sequence[Example], batch: int = 128, codec: Codec = CHARACTERS,
+    tau: float | None = None,
 ) -> dict:
-    """Exact-match accuracy (``TaskFamily.check``) overall and per family, plus samples."""
+    """Exact-match accuracy (``TaskFamily.check``) overall and per family, plus samples: a dLLM
+    decoded one token per step, or with ``tau`` by the threshold rule (:func:`decode_threshold`;
+    the result then also has ``nfe``, the mean forwards per prompt)."""
     model.eval()
     answers: list[str] = []
+    forwards: list[torch.Tensor] = []
     for start in range(0, len(examples), batch):
         prompts = [e.prompt for e in examples[start : start + batch]]
-        if kind == "dllm":
+        if kind == "dllm" and tau is not None:
+            texts, taken = decode_threshold(model, prompts, tau, codec)
+            answers += texts
+            forwards.append(taken)
+        elif kind == "dllm":
             answers += decode_dllm(model, prompts, codec=codec)
         else:
             answers += decode_ar(model, prompts, codec)
@@ -45,6 +53,7 @@ def evaluate(
         "per_family": {f: sum(v) / len(v) for f, v in per.items()},
         "n": len(hits),
         "samples": samples,
+        **({"nfe": float(torch.cat(forwards).float().mean())} if forwards else {}),
     }
 
 

@@ -15,6 +15,7 @@ from dloom.zoo.tasks import GEN_LENGTH, Example
 
 from .codec import CHARACTERS, Codec
 from .decoder_states import least_confident, own_commits, threshold_rollout
+from .edit_rows import EDIT_RATE, EDIT_TAUS, Edits, draft_edits, noise_edits
 from .rows import (
     answer_lengths,
     answer_region,
@@ -54,6 +55,10 @@ def dllm_loss(
     own_earlier_share: float = 0.0,
     label_smoothing: float = 0.0,
     codec: Codec = CHARACTERS,
+    edit_share: float = 0.0,
+    edit_draft_share: float = 0.0,
+    edit_taus: Sequence[float] = EDIT_TAUS,
+    edit_rate: float = EDIT_RATE,
 ) -> torch.Tensor:
     """Masked-diffusion cross-entropy over the masked positions of a ``gen_length`` region.
 
@@ -122,6 +127,16 @@ def dllm_loss(
     8-character answer.  ``label_smoothing`` ``ε`` is the cross-entropy's (``torch``'s: the
     target ``1 - ε`` plus ``ε`` spread over the vocabulary), which caps a scored position's
     confidence below 1.  ``codec`` encodes the prompts and answers.
+
+    An ``edit_share`` of the rows (drawn per row, apart from the prefix and decoder rows; block
+    masks only) are token-to-token editing rows (LLaDA2.1's T2T rows, :mod:`dloom_training.edit_rows`):
+    some filled positions of the drawn block hold a wrong token, shown to the model, and the
+    whole drawn block is scored: its wrong tokens against the right ones (restore), its right
+    tokens against themselves (keep) and its masks (fill).  An ``edit_draft_share`` of them take
+    their wrong tokens from the model's own draft of the block at a low threshold drawn from
+    ``edit_taus`` (:func:`~dloom_training.edit_rows.draft_edits`), the others from uniform
+    noise over up to ``edit_rate`` of their filled block positions
+    (:func:`~dloom_training.edit_rows.noise_edits`).  No other row shows a wrong token it scores.
     """
     prompt_ids, prompt_mask = encode_prompts([e.prompt for e in batch], extra_pad, codec)
     target = answer_region([e.answer for e in batch], gen_length, codec)
@@ -181,7 +196,20 @@ def dllm_loss(
                     [batch[i] for i in rows.tolist()], target[rows], drawn_block & ~masked[rows], guess,
                     settled, lengths[rows], gen, codec)
                 masked[rows] |= mistaken
+    scored = masked  # the positions the loss covers: the masks, and an edit row's whole drawn block
+    if edit_share > 0 and block_length is not None:
+        edit_rows = (row_kind[:, 0] >= prefix_share + decoder_share) & (
+            row_kind[:, 0] < prefix_share + decoder_share + edit_share) & ~causal
+        rows = edit_rows.nonzero()[:, 0]
+        drafted = torch.rand(len(rows), generator=gen) < edit_draft_share
+        shown, scored = shown.clone(), masked.clone()
+        for part, edits in _edits(model, batch, prompt_ids, prompt_mask, target, masked, lengths, current[:, 0],
+                                  block_length, rows, drafted, edit_taus, edit_rate, gen, codec):
+            shown[part], masked[part], target[part], lengths[part] = edits.shown, edits.masked, edits.target, \
+                edits.lengths
+            scored[part] = (block_of[None, :] == current[part])
     masked, later = masked & ~causal[:, None], later & ~causal[:, None]  # causal rows: the clean answer
+    scored = scored & ~causal[:, None]
     noisy = torch.where(masked | later, torch.full_like(target, tok.MASK_ID), shown)
     input_ids = torch.cat([prompt_ids, noisy], dim=1)
     attention_mask = torch.cat([prompt_mask, torch.ones_like(noisy)], dim=1)
@@ -193,13 +221,36 @@ def dllm_loss(
     through_eos = torch.arange(gen_length)[None, :] <= lengths[:, None]  # the answer and its first <eos>
     weight = torch.where(through_eos, 1.0, pad_weight)
     parts = []
-    if masked.any():
-        parts.append(_weighted_mean(logits, target, weight, masked, by_row=loss_mean == "row",
+    if scored.any():
+        parts.append(_weighted_mean(logits, target, weight, scored, by_row=loss_mean == "row",
                                     label_smoothing=label_smoothing))
     through = causal[:, None] & through_eos  # causal rows: the causal stage's positions
     if through.any():
         parts.append(_weighted_mean(logits, target, weight, through, label_smoothing=label_smoothing))
     return torch.stack(parts).sum()
+
+def _edits(
+    model: LlamaForCausalLM, batch: Sequence[Example], prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+    target: torch.Tensor, masked: torch.Tensor, lengths: torch.Tensor, current: torch.Tensor, block_length: int,
+    rows: torch.Tensor, drafted: torch.Tensor, edit_taus: Sequence[float], edit_rate: float, gen: torch.Generator,
+    codec: Codec,
+) -> list[tuple[torch.Tensor, Edits]]:
+    """The edit rows ``rows`` of a batch, ``drafted`` (``(len(rows),)`` bool) from the model's
+    drafts and the rest from noise: ``(row indices, their Edits)`` for each source with rows."""
+    parts = []
+    drafts, noised = rows[drafted], rows[~drafted]
+    if len(drafts):
+        taus = torch.tensor(list(edit_taus), dtype=torch.float)
+        tau = taus[torch.randint(len(taus), (len(drafts),), generator=gen)]
+        parts.append((drafts, draft_edits(model, [batch[i] for i in drafts.tolist()], prompt_ids[drafts],
+                                          prompt_mask[drafts], target[drafts], masked[drafts], current[drafts],
+                                          block_length, lengths[drafts], tau, gen, codec)))
+    if len(noised):
+        block = (torch.arange(target.shape[1]) // block_length)[None, :] == current[noised, None]
+        parts.append((noised, noise_edits(target[noised], masked[noised], block, lengths[noised], edit_rate,
+                                          codec.size, gen)))
+    return parts
+
 
 LOSS_MEANS = ("token", "row")
 """How :func:`dllm_loss` averages its masked rows' cross-entropy."""

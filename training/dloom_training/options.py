@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .edit_rows import EDIT_RATE, EDIT_TAUS
 from .losses import DECODER_TAUS
 
 __all__ = ["RowOptions", "check_parallel_options"]
@@ -34,6 +35,10 @@ class RowOptions:
     first_forward_share: float = 0.0
     own_earlier_share: float = 0.0
     label_smoothing: float = 0.0
+    edit_share: float = 0.0
+    edit_draft_share: float = 0.0
+    edit_taus: tuple[float, ...] = EDIT_TAUS
+    edit_rate: float = EDIT_RATE
 
     @classmethod
     def new(cls, given: Mapping[str, Any]) -> RowOptions:
@@ -47,27 +52,32 @@ class RowOptions:
         recorded = {f.name: run[f.name] for f in dataclasses.fields(cls) if f.name in run}
         fixed = {"pad_weight": run["pad_weight"], "t_max": run["t_max"]}
         options = {**recorded, **_present(given), **fixed}
-        options["decoder_taus"] = tuple(options.get("decoder_taus", DECODER_TAUS))
+        for key, default in (("decoder_taus", DECODER_TAUS), ("edit_taus", EDIT_TAUS)):
+            options[key] = tuple(options.get(key, default))
         return cls(**options)
 
     def record(self) -> dict[str, Any]:
         """The options as a run's record lists them (thresholds as a list)."""
-        return {**dataclasses.asdict(self), "decoder_taus": list(self.decoder_taus)}
+        return {**dataclasses.asdict(self), "decoder_taus": list(self.decoder_taus), "edit_taus": list(self.edit_taus)}
 
     def check(self, name: str) -> None:
         """Check the options of run ``name`` before any work.
 
         :raises ValueError: naming the bad value and what is allowed: a prefix or decoder share
             without block masks, prefix and decoder shares above 1 together, a decoder fill or
-            more than one decoder round without decoder rows, fewer than one round, and
-            :func:`check_parallel_options`'s.
+            more than one decoder round without decoder rows, fewer than one round,
+            :func:`check_parallel_options`'s and :meth:`check_edits`'s.
         """
-        for option, share in (("prefix_share", self.prefix_share), ("decoder_share", self.decoder_share)):
+        for option, share in (("prefix_share", self.prefix_share), ("decoder_share", self.decoder_share),
+                              ("edit_share", self.edit_share)):
             if share and self.masks != "block":
                 raise ValueError(f"{name}: {option} {share} needs block masks, the run's are {self.masks!r}")
         if self.prefix_share + self.decoder_share > 1:
             raise ValueError(f"{name}: prefix_share {self.prefix_share} and decoder_share {self.decoder_share} "
                              "are shares of the same rows: their sum must be at most 1")
+        if self.prefix_share + self.decoder_share + self.edit_share > 1:
+            raise ValueError(f"{name}: prefix_share {self.prefix_share}, decoder_share {self.decoder_share} and "
+                             f"edit_share {self.edit_share} are shares of the same rows: their sum must be at most 1")
         if self.decoder_fill != "answer" and not self.decoder_share:
             raise ValueError(f"{name}: decoder_fill {self.decoder_fill!r} fills the decoder rows: "
                              "it needs a decoder_share")
@@ -76,13 +86,34 @@ class RowOptions:
                              "a decoder row's positions: it must be at least 1, and above 1 it needs a decoder_share")
         check_parallel_options(name, self.decoder_share, self.decoder_fill, self.decoder_taus,
                                self.first_forward_share, self.own_earlier_share, self.label_smoothing)
+        self.check_edits(name)
+
+    def check_edits(self, name: str) -> None:
+        """Check the editing rows' options (:func:`~dloom_training.losses.dllm_loss`'s ``edit_*``).
+
+        :raises ValueError: naming the bad value and what is allowed: a share outside ``[0, 1]``,
+            a draft share without edit rows, a draft threshold outside ``(0, 1)``, a noise rate
+            outside ``(0, 1]``.
+        """
+        for option, share in (("edit_share", self.edit_share), ("edit_draft_share", self.edit_draft_share)):
+            if not 0 <= share <= 1:
+                raise ValueError(f"{name}: {option} {share} is a share of rows: it must be in [0, 1]")
+        if self.edit_draft_share and not self.edit_share:
+            raise ValueError(f"{name}: edit_draft_share {self.edit_draft_share} is a share of the edit rows: "
+                             "it needs an edit_share")
+        if not self.edit_taus or any(not 0 < tau < 1 for tau in self.edit_taus):
+            raise ValueError(f"{name}: edit_taus {list(self.edit_taus)} are thresholds: each must be in (0, 1)")
+        if not 0 < self.edit_rate <= 1:
+            raise ValueError(f"{name}: edit_rate {self.edit_rate} is the largest share of a row's filled "
+                             "positions replaced: it must be in (0, 1]")
 
 
 def _present(given: Mapping[str, Any]) -> dict[str, Any]:
     """The ``given`` options that are set (not ``None``), thresholds as a tuple."""
     present = {key: value for key, value in given.items() if value is not None}
-    if "decoder_taus" in present:
-        present["decoder_taus"] = tuple(present["decoder_taus"])
+    for key in ("decoder_taus", "edit_taus"):
+        if key in present:
+            present[key] = tuple(present[key])
     return present
 
 

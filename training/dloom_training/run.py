@@ -32,7 +32,10 @@ from .options import RowOptions
 from .schedule import learning_rate
 from .workloads import SPECS, ModelSpec
 
-__all__ = ["RunPlan", "load_weights", "plan_run", "train_loop", "train_one"]
+MONITOR_EVERY = 300
+"""The steps between two monitor evaluations of a run by default (``--monitor-every``)."""
+
+__all__ = ["MONITOR_EVERY", "RunPlan", "load_weights", "plan_run", "train_loop", "train_one"]
 
 
 @dataclass
@@ -41,7 +44,11 @@ class RunPlan:
     budget, and where it starts (step, seconds, the earlier runs and the curves it continues).
 
     ``run`` is the unfinished run's record it continues (``None``: a new run); ``minutes`` and
-    ``steps`` the total budget (``steps`` set: the cosine runs over steps).
+    ``steps`` the total budget (``steps`` set: the cosine runs over steps).  ``monitor_n``: the
+    monitor's held-out prompts (``None``: the workload's ``monitor_per_family`` of each family);
+    ``monitor_tau``: the monitor also decodes a dLLM's prompts by the threshold rule at this
+    ``τ`` (its accuracy and forwards go to ``monitor_threshold_curve``); ``monitor_every``: the
+    steps between two monitors.
     """
 
     name: str
@@ -59,6 +66,9 @@ class RunPlan:
     history: list[dict] = field(default_factory=list)
     curves: dict[str, list] = field(default_factory=lambda: {"loss_curve": [], "monitor_curve": []})
     run: dict | None = None
+    monitor_n: int | None = None
+    monitor_tau: float | None = None
+    monitor_every: int = 300
 
     @property
     def spec(self) -> ModelSpec:
@@ -78,6 +88,7 @@ class RunPlan:
             "seed": self.seed, "peak_lr": self.peak, "steps": step, "batch": workload.batch,
             "train_weights": self.mix, **self.rows.record(), "ema": self.ema,
             "init_from": None if self.init_from is None else str(self.init_from),
+            "monitor_n": self.monitor_n, "monitor_tau": self.monitor_tau, "monitor_every": self.monitor_every,
             "train_seconds": round(elapsed, 1), "budget_seconds": self.budget, "total_steps": self.steps,
             "final_loss_avg": running, "finished": finished, **self.curves, "history": self.history,
         }
@@ -93,14 +104,38 @@ class RunPlan:
         self.rows.check(self.name)
         if not 0 <= self.ema < 1:
             raise ValueError(f"{self.name}: ema {self.ema} is a decay per step: it must be in [0, 1)")
+        if self.monitor_every < 1:
+            raise ValueError(f"{self.name}: monitor_every {self.monitor_every} is a number of steps: it must be at "
+                             "least 1")
+        if self.monitor_n is not None and self.monitor_n < 1:
+            raise ValueError(f"{self.name}: monitor_n {self.monitor_n} is a number of prompts: it must be at least 1")
+        if self.monitor_tau is not None and not 0 < self.monitor_tau < 1:
+            raise ValueError(f"{self.name}: monitor_tau {self.monitor_tau} is a threshold: it must be in (0, 1)")
 
 
 def plan_run(
     name: str, minutes: float | None, steps: int | None, seed: int, directory: Path, resume: bool, lr: float | None,
     weights: dict[str, float] | None, rows: dict, ema: float | None, init_from: Path | None,
+    monitor_n: int | None = None, monitor_tau: float | None = None, monitor_every: int | None = None,
 ) -> RunPlan:
     """The plan of a run of ``name`` whose checkpoint lives in ``directory`` (:func:`train_one`'s
-    arguments; ``rows``, the :class:`RowOptions` given, ``None`` for those not given)."""
+    arguments; ``rows``, the :class:`RowOptions` given, ``None`` for those not given).  An
+    unfinished run continued keeps its monitor settings but for those given."""
+    plan = _plan(name, minutes, steps, seed, directory, resume, lr, weights, rows, ema, init_from)
+    recorded = plan.run or {}
+    plan.monitor_n = monitor_n if monitor_n is not None else recorded.get("monitor_n")
+    plan.monitor_tau = monitor_tau if monitor_tau is not None else recorded.get("monitor_tau")
+    plan.monitor_every = monitor_every or recorded.get("monitor_every") or MONITOR_EVERY
+    if plan.monitor_tau is not None:
+        plan.curves.setdefault("monitor_threshold_curve", [])
+    return plan
+
+
+def _plan(
+    name: str, minutes: float | None, steps: int | None, seed: int, directory: Path, resume: bool, lr: float | None,
+    weights: dict[str, float] | None, rows: dict, ema: float | None, init_from: Path | None,
+) -> RunPlan:
+    """:func:`plan_run` but for the monitor settings."""
     spec = SPECS[name]
     run = unfinished_run(directory) if resume else None
     if run is None:
@@ -116,8 +151,8 @@ def plan_run(
         name, run["seed"], lr if lr is not None else run["peak_lr"], {**run["train_weights"], **(weights or {})},
         RowOptions.continued(run, rows), ema_before if ema is None else ema, ema_before,
         None if run["init_from"] is None else Path(run["init_from"]), minutes, steps, run["steps"],
-        run["train_seconds"], run["history"], {"loss_curve": run["loss_curve"], "monitor_curve": run["monitor_curve"]},
-        run,
+        run["train_seconds"], run["history"],
+        {key: run[key] for key in ("loss_curve", "monitor_curve", "monitor_threshold_curve") if key in run}, run,
     )
 
 
@@ -161,7 +196,8 @@ def batch_loss(plan: RunPlan, model: LlamaForCausalLM, batch: Sequence[Example],
     return dllm_loss(model, batch, extra_pad, gen, rows.pad_weight, rows.t_max, workload.gen_length, blocks,
                      rows.prefix_share, rows.causal_share, rows.loss_mean, rows.decoder_share, rows.decoder_fill,
                      rows.decoder_rounds, rows.decoder_taus, rows.first_forward_share, rows.own_earlier_share,
-                     rows.label_smoothing, workload.codec)
+                     rows.label_smoothing, workload.codec, edit_share=rows.edit_share,
+                     edit_draft_share=rows.edit_draft_share, edit_taus=rows.edit_taus, edit_rate=rows.edit_rate)
 
 
 def train_loop(
@@ -183,7 +219,8 @@ def train_loop(
     opt = torch.optim.AdamW(model.parameters(), lr=plan.peak, betas=(0.9, 0.98), weight_decay=0.01)
     gen = torch.Generator().manual_seed(part_seed(plan.seed, plan.start_step))
     batches: Iterator[tuple[list[Example], int]] = training_batches(plan.seed, plan.mix, workload, plan.start_step)
-    monitor = held_out(len(workload.suite) * workload.monitor_per_family, seed=1, suite=workload.suite)
+    monitor_n = plan.monitor_n or len(workload.suite) * workload.monitor_per_family
+    monitor = held_out(monitor_n, seed=1, suite=workload.suite)
     budget, total = plan.budget, plan.steps
     start = time.time() - plan.elapsed_before
     last_save = time.time()
@@ -212,7 +249,7 @@ def train_loop(
             plan.curves["loss_curve"].append([step, round(elapsed), round(running, 4)])
             print(f"[{name}] step {step} progress {progress:.3f} loss {loss.item():.4f} avg {running:.4f} "
                   f"lr {opt.param_groups[0]['lr']:.2e} elapsed {elapsed:.0f}s", flush=True)
-        if step % 300 == 0:
+        if step % plan.monitor_every == 0:
             monitor_step(plan, evaluated, monitor, step)
             model.train()
         if time.time() - last_save >= checkpoint_minutes * 60:
@@ -231,6 +268,12 @@ def monitor_step(plan: RunPlan, evaluated: LlamaForCausalLM, monitor: Sequence[E
     acc = evaluate(evaluated, plan.spec.kind, monitor, codec=plan.spec.workload.codec)
     plan.curves["monitor_curve"].append([step, round(acc["overall"], 3), acc["per_family"]])
     print(f"[{plan.name}] step {step} monitor {accuracy_line(acc)}", flush=True)
+    if plan.monitor_tau is not None and plan.spec.kind == "dllm":
+        acc = evaluate(evaluated, "dllm", monitor, codec=plan.spec.workload.codec, tau=plan.monitor_tau)
+        plan.curves["monitor_threshold_curve"].append([step, round(acc["overall"], 3), round(acc["nfe"], 2),
+                                                       acc["per_family"]])
+        print(f"[{plan.name}] step {step} monitor threshold {plan.monitor_tau:g} {accuracy_line(acc)} "
+              f"nfe {acc['nfe']:.2f}", flush=True)
 
 
 def train_one(
@@ -259,6 +302,13 @@ def train_one(
     first_forward_share: float | None = None,
     own_earlier_share: float | None = None,
     label_smoothing: float | None = None,
+    edit_share: float | None = None,
+    edit_draft_share: float | None = None,
+    edit_taus: Sequence[float] | None = None,
+    edit_rate: float | None = None,
+    monitor_n: int | None = None,
+    monitor_tau: float | None = None,
+    monitor_every: int | None = None,
 ) -> dict:
     """Train (or, with ``resume``, continue training) one model, save it, evaluate it.
 
@@ -301,8 +351,10 @@ def train_one(
             "causal_share": causal_share, "loss_mean": loss_mean, "decoder_share": decoder_share,
             "decoder_fill": decoder_fill, "decoder_rounds": decoder_rounds, "decoder_taus": decoder_taus,
             "first_forward_share": first_forward_share, "own_earlier_share": own_earlier_share,
-            "label_smoothing": label_smoothing}
-    plan = plan_run(name, minutes, steps, seed, directory, resume, lr, weights, rows, ema, init_from)
+            "label_smoothing": label_smoothing, "edit_share": edit_share, "edit_draft_share": edit_draft_share,
+            "edit_taus": edit_taus, "edit_rate": edit_rate}
+    plan = plan_run(name, minutes, steps, seed, directory, resume, lr, weights, rows, ema, init_from, monitor_n,
+                    monitor_tau, monitor_every)
     plan.check()
     torch.manual_seed(part_seed(plan.seed, plan.start_step))
     model, averaged = load_weights(plan, directory, resume)

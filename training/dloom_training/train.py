@@ -99,7 +99,9 @@ The long-answer zoo (issue 19; :mod:`dloom.zoo.long_tasks`, :mod:`dloom.zoo.corp
   no ``text``.  ``long-dllm-words-ar`` (long-dllm's shape, 2.67 M with the 2,351-token
   vocabulary) is its causal stage and ``long-dllm-words`` the dLLM made from it, as
   ``long-dllm`` from ``long-dllm-ar``; ``long-dllm-words-ar-small`` (``long-ar-small``'s
-  shape, 0.94 M) is the assistant of assisted generation.  The trainer encodes with the checkpoint's own
+  shape, 0.94 M) is the assistant of assisted generation; ``long-dllm-words-edit`` is
+  ``long-dllm-words`` trained on to edit its drafts (issue 53: token-to-token rows beside the
+  mask-to-token ones, ``--edit-share``; ``training/README.md`` has the run).  The trainer encodes with the checkpoint's own
   tokenizer (:class:`~dloom_training.codec.Codec`).
   Sizes from measured seconds per step (one thread, batch 32 of 184 positions,
   forward + backward + AdamW, the two cores lightly loaded): 0.65 M 0.5 s, 1.79 M 1.2 s,
@@ -238,9 +240,10 @@ from dloom.zoo import ZOO_DIR
 
 from .checkpoints import CHECKPOINT_MINUTES, unfinished_run
 from .decoder_states import DECODER_FILLS
+from .edit_rows import EDIT_RATE, EDIT_TAUS
 from .evaluation import end_run, reevaluate
 from .losses import DECODER_TAUS, LOSS_MEANS, MASK_ORDERS, T_MIN
-from .run import train_one
+from .run import MONITOR_EVERY, train_one
 from .workloads import ALL_MINUTES, LONG, RECIPE, SHORT, SPECS, ZOO
 
 __all__ = ["main"]
@@ -335,6 +338,29 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="with --decoder-fill threshold: the share of decoder rows whose earlier blocks are "
                         "decoded by the model itself with the threshold rule (its mistakes kept) instead of "
                         "holding the answer, default 0")
+    parser.add_argument("--edit-share", type=float, default=None, metavar="P",
+                        help="with --masks block: the share of rows (apart from --prefix-share's and "
+                        "--decoder-share's) that are token-to-token editing rows (LLaDA2.1): some filled positions "
+                        "of the drawn block hold a wrong token the model sees, and the whole block is scored (wrong "
+                        "tokens restored, right ones kept, masks filled), default 0")
+    parser.add_argument("--edit-draft-share", type=float, default=None, metavar="P",
+                        help="with --edit-share: the share of edit rows whose wrong tokens are the model's own "
+                        "commits in a draft of the block at a low threshold (--edit-tau); the others get uniform "
+                        "noise (--edit-rate), default 0")
+    parser.add_argument("--edit-tau", type=_thresholds, default=None, metavar="T,...",
+                        help="with --edit-draft-share: the low thresholds a draft edit row decodes its block at, "
+                        f"one per row (default {','.join(map(str, EDIT_TAUS))})")
+    parser.add_argument("--edit-rate", type=float, default=None, metavar="R",
+                        help="with --edit-share: a noise edit row replaces each filled position of its block with "
+                        f"probability r, r uniform over (0, R] per row (default {EDIT_RATE})")
+    parser.add_argument("--monitor-n", type=int, default=None, metavar="N",
+                        help="the monitor's held-out prompts (default: the workload's per-family count of each "
+                        "family); kept on --resume")
+    parser.add_argument("--monitor-tau", type=float, default=None, metavar="T",
+                        help="dLLMs: the monitor also decodes by the threshold rule at T (e.g. 0.9) and logs its "
+                        "accuracy and forwards per prompt; kept on --resume")
+    parser.add_argument("--monitor-every", type=int, default=None, metavar="N",
+                        help=f"steps between two monitor evaluations (default {MONITOR_EVERY}); kept on --resume")
     parser.add_argument("--label-smoothing", type=float, default=None, metavar="E",
                         help="dLLMs: the cross-entropy's label smoothing (e.g. 0.05), default 0")
     parser.add_argument("--causal-share", type=float, default=None, metavar="P",
@@ -382,12 +408,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.init_from is not None and (args.model not in dllms or args.resume):
         parser.error(f"--init-from starts a new dLLM: use it with --model {' or '.join(dllms)} and without --resume")
     shares = (("--prefix-share", args.prefix_share), ("--causal-share", args.causal_share),
-              ("--decoder-share", args.decoder_share))
+              ("--decoder-share", args.decoder_share), ("--edit-share", args.edit_share),
+              ("--edit-draft-share", args.edit_draft_share))
     for option, value in (("--masks", args.masks), ("--loss-mean", args.loss_mean),
                           ("--decoder-fill", args.decoder_fill), ("--decoder-rounds", args.decoder_rounds),
                           ("--decoder-tau", args.decoder_tau), ("--first-forward-share", args.first_forward_share),
                           ("--own-earlier-share", args.own_earlier_share),
-                          ("--label-smoothing", args.label_smoothing), *shares):
+                          ("--label-smoothing", args.label_smoothing), ("--edit-tau", args.edit_tau),
+                          ("--edit-rate", args.edit_rate), ("--monitor-tau", args.monitor_tau), *shares):
         if value is not None and args.model not in dllms:
             parser.error(f"{option} is a dLLM's training option: use it with --model {' or '.join(dllms)}")
     for option, value in shares:
@@ -396,6 +424,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     if (args.prefix_share or 0) + (args.decoder_share or 0) > 1:
         parser.error(f"--prefix-share {args.prefix_share} and --decoder-share {args.decoder_share} are shares of "
                      "the same rows: their sum must be at most 1")
+    if (args.prefix_share or 0) + (args.decoder_share or 0) + (args.edit_share or 0) > 1:
+        parser.error(f"--prefix-share {args.prefix_share}, --decoder-share {args.decoder_share} and --edit-share "
+                     f"{args.edit_share} are shares of the same rows: their sum must be at most 1")
+    if args.edit_rate is not None and not 0 < args.edit_rate <= 1:
+        parser.error(f"--edit-rate is the largest share of a row's filled positions replaced: it must be in (0, 1], "
+                     f"got {args.edit_rate}")
+    for option, count in (("--monitor-n", args.monitor_n), ("--monitor-every", args.monitor_every)):
+        if count is not None and count < 1:
+            parser.error(f"{option} must be at least 1, got {count}")
+    if args.monitor_tau is not None and not 0 < args.monitor_tau < 1:
+        parser.error(f"--monitor-tau is a threshold: it must be in (0, 1), got {args.monitor_tau}")
     if args.decoder_rounds is not None and args.decoder_rounds < 1:
         parser.error(f"--decoder-rounds is a number of forwards: it must be at least 1, got {args.decoder_rounds}")
     for option, value in (("--first-forward-share", args.first_forward_share),
@@ -444,7 +483,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                   args.pad_weight, args.t_max, init_from, args.checkpoint_minutes, args.masks, args.prefix_share,
                   args.causal_share, args.loss_mean, args.decoder_share, args.ema, args.decoder_fill,
                   args.decoder_rounds, args.decoder_tau, args.first_forward_share, args.own_earlier_share,
-                  args.label_smoothing)
+                  args.label_smoothing, args.edit_share, args.edit_draft_share, args.edit_tau, args.edit_rate,
+                  args.monitor_n, args.monitor_tau, args.monitor_every)
 
 
 if __name__ == "__main__":

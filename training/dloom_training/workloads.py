@@ -115,6 +115,10 @@ SPECS: dict[str, ModelSpec] = {
     # stage first (as long-dllm-ar for long-dllm), then the dLLM from it.
     "long-dllm-words-ar": ModelSpec("ar", hidden=192, layers=5, heads=6, ffn=512, share=0.4, workload=LONG_WORDS),
     "long-dllm-words": ModelSpec("dllm", hidden=192, layers=5, heads=6, ffn=512, share=0.4, workload=LONG_WORDS),
+    # long-dllm-words trained on to edit its drafts (issue 53): LLaDA2.1's token-to-token rows
+    # beside the mask-to-token ones, from long-dllm-words' weights (``--init-from``).
+    "long-dllm-words-edit": ModelSpec("dllm", hidden=192, layers=5, heads=6, ffn=512, share=0.4,
+                                      workload=LONG_WORDS),
     # long-ar-small's shape in word tokens: the small AR assistant of assisted generation
     # next to FailFast on long-dllm-words-ar (0.35x long-dllm-words with the larger embedding).
     "long-dllm-words-ar-small": ModelSpec("ar", hidden=128, layers=3, heads=4, ffn=384, share=0.2,
