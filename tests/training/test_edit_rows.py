@@ -178,3 +178,23 @@ def test_bad_edit_and_monitor_options_are_named_on_the_command_line(argv, messag
     with pytest.raises(SystemExit):
         main(["--model", "long-dllm-words-edit", "--masks", "block", "--steps", "1", *argv])
     assert message in capsys.readouterr().err
+
+
+def test_resuming_an_unfinished_edit_run_keeps_its_edit_and_monitor_options(tmp_path):
+    import json
+
+    from dloom_training.run import plan_run
+
+    record = {"seed": 31, "pad_weight": 1.0, "t_max": 1.0, "init_from": None, "train_weights": {"chain": 2.0},
+              "peak_lr": 1e-4, "budget_seconds": 600.0, "total_steps": None, "steps": 33, "train_seconds": 300.0,
+              "history": [], "loss_curve": [], "monitor_curve": [], "monitor_threshold_curve": [[30, 0.9, 12.0, {}]],
+              "masks": "block", "edit_share": 0.4, "edit_draft_share": 0.6, "edit_taus": [0.3, 0.5], "edit_rate": 0.2,
+              "monitor_n": 100, "monitor_tau": 0.9, "monitor_every": 100, "finished": False}
+    (tmp_path / "progress.json").write_text(json.dumps(record))
+    given = {"pad_weight": 1.0, "t_max": 1.0, "edit_rate": 0.25}
+    plan = plan_run("long-dllm-words-edit", None, None, 0, tmp_path, True, None, None, given, None, None)
+    plan.check()
+    rows = plan.rows
+    assert (rows.edit_share, rows.edit_draft_share, rows.edit_taus, rows.edit_rate) == (0.4, 0.6, (0.3, 0.5), 0.25)
+    assert (plan.monitor_n, plan.monitor_tau, plan.monitor_every, plan.start_step) == (100, 0.9, 100, 33)
+    assert plan.curves["monitor_threshold_curve"] == [[30, 0.9, 12.0, {}]]
