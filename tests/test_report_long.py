@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from transformers import LlamaForCausalLM
 
 from dloom import load_model
 from dloom.errors import ConfigurationError
@@ -21,7 +22,9 @@ from dloom.evaluation import select_examples
 from dloom.zoo import long_tasks
 from dloom.zoo import tokenizer as tok
 from dloom.zoo.tasks import is_held_out
-from dloom_training import train
+from dloom_training.checkpoints import save_model
+from dloom_training.models import build_config
+from dloom_training.workloads import LONG
 
 ROOT = Path(__file__).resolve().parents[1]
 START, END = "<!-- report:headline:start -->", "<!-- report:headline:end -->"
@@ -35,16 +38,16 @@ def targets(report_module):
 def tiny_model(name: str, directory: Path, hidden: int, layers: int, seed: int) -> Path:
     """A random ``name``-shaped (long workload) Llama with an untied, sharpened output layer,
     so that confidences vary and the rules take different numbers of steps."""
-    config = train.build_config(name)
+    config = build_config(name)
     config.hidden_size, config.intermediate_size, config.num_hidden_layers = hidden, 2 * hidden, layers
     config.num_attention_heads = config.num_key_value_heads = 2
     config.head_dim = hidden // 2
     config.tie_word_embeddings = False
     torch.manual_seed(seed)
-    model = train.LlamaForCausalLM(config)
+    model = LlamaForCausalLM(config)
     with torch.no_grad():
         model.lm_head.weight.mul_(40.0)
-    train.save_model(model, directory, train.LONG)
+    save_model(model, directory, LONG)
     return directory
 
 

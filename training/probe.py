@@ -42,13 +42,12 @@ from dloom.zoo import long_tasks
 from dloom.zoo import tokenizer as tok
 from dloom.zoo.tasks import Example, held_out
 from dloom_training.codec import Codec
-from dloom_training.train import (
-    DECODING_ORDERS,
+from dloom_training.decoding import DECODING_ORDERS, trace_dllm
+from dloom_training.rows import (
     answer_region,
     encode_prompts,
     position_ids,
     region_logits,
-    trace_dllm,
 )
 
 _EQUATION = re.compile(r"(\d+)([+-])(\d+)=(\d+)")

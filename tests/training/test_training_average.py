@@ -12,7 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from dloom_training.train import build_model, save_model
+from dloom_training.checkpoints import save_model
+from dloom_training.models import build_model
 
 SCRIPT = Path(__file__).resolve().parents[2] / "training" / "average.py"
 

@@ -9,11 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import LlamaForCausalLM
 
 from dloom.zoo import tokenizer as tok
 from dloom.zoo.tasks import GEN_LENGTH, Example
 from dloom_training.codec import CHARACTERS
-from dloom_training.train import build_model, dllm_loss
+from dloom_training.losses import dllm_loss
+from dloom_training.models import build_model
 
 BATCH = [Example("copy", "copy ab cd efg", "ab cd efg"), Example("sort", "sort 93027185", "01235789")]
 
@@ -32,7 +34,7 @@ def _loss(model, pad_weight):
 
 
 def test_pad_weight_one_is_the_plain_mean_over_masked_positions(monkeypatch):
-    from dloom_training import train
+    from dloom_training import losses
 
     per_position = []
     cross_entropy = torch.nn.functional.cross_entropy
@@ -42,7 +44,7 @@ def test_pad_weight_one_is_the_plain_mean_over_masked_positions(monkeypatch):
         per_position.append(losses.detach())
         return losses
 
-    monkeypatch.setattr(train.F, "cross_entropy", recording_cross_entropy)
+    monkeypatch.setattr(losses.F, "cross_entropy", recording_cross_entropy)
     torch.manual_seed(0)
     loss = _loss(build_model("toy-dllm"), 1.0)
     assert loss.item() == pytest.approx(per_position[0].mean().item())  # LLaDA's plain mean
@@ -82,11 +84,11 @@ def test_t_max_caps_the_mask_ratio():
 
 
 def test_block_masks_keep_earlier_blocks_clean_mask_later_ones_and_score_one_block(monkeypatch):
-    from dloom_training import train
+    from dloom_training import losses
 
     scored = []
     cross_entropy = torch.nn.functional.cross_entropy
-    monkeypatch.setattr(train.F, "cross_entropy", lambda *a, **k: scored.append(len(a[1])) or cross_entropy(*a, **k))
+    monkeypatch.setattr(losses.F, "cross_entropy", lambda *a, **k: scored.append(len(a[1])) or cross_entropy(*a, **k))
     model = _Recording()
     batch = [Example("copy", f"copy {i:02d}", "abcdefgh" * 3) for i in range(64)]
     dllm_loss(model, batch, 0, torch.Generator().manual_seed(0), 1.0, 1.0, GEN_LENGTH, 8)
@@ -131,7 +133,7 @@ def test_decoder_rows_leave_masked_the_block_positions_the_model_is_least_sure_o
     itself ranks surest with the block masked, and masks the rest: every revealed position's
     confidence is at least every masked one's (a variant revealing at random, or the least
     sure first, breaks it)."""
-    from dloom_training.train import encode_prompts, position_ids, region_logits
+    from dloom_training.rows import encode_prompts, position_ids, region_logits
 
     torch.manual_seed(0)
     model = _Calls(build_model("toy-dllm"))
@@ -182,7 +184,9 @@ def test_causal_rows_are_the_causal_stage_s_loss(tmp_path):
     """Rows trained causally see only the tokens before each position: on a dLLM made from a
     causal model, an all-causal batch has that model's own loss (a bidirectional mask on
     those rows would let every position see its answer)."""
-    from dloom_training.train import ar_loss, dllm_from_ar, save_model
+    from dloom_training.checkpoints import save_model
+    from dloom_training.losses import ar_loss
+    from dloom_training.models import dllm_from_ar
 
     torch.manual_seed(0)
     causal_model = build_model("toy-dllm-ar")
@@ -198,7 +202,7 @@ def test_causal_rows_are_the_causal_stage_s_loss(tmp_path):
 def test_the_row_mean_weighs_every_row_the_same():
     import torch.nn.functional as F
 
-    from dloom_training.train import _weighted_mean
+    from dloom_training.losses import _weighted_mean
 
     target = torch.zeros(2, 4, dtype=torch.long)
     logits = torch.zeros(2, 4, 3)
@@ -215,7 +219,7 @@ def test_the_row_mean_weighs_every_row_the_same():
 
 @pytest.mark.parametrize("share", ["prefix_share", "decoder_share"])
 def test_a_block_share_without_block_masks_is_refused(share, tmp_path):
-    from dloom_training.train import train_one
+    from dloom_training.run import train_one
 
     with pytest.raises(ValueError, match=f"{share} 0.5 needs block masks, the run's are 'uniform'"):
         train_one("toy-dllm", None, 1, 0, tmp_path, 4, masks="uniform", **{share: 0.5})
@@ -254,7 +258,8 @@ def test_t_max_outside_its_range_is_refused(bad, capsys):
 def test_reevaluate_replaces_the_accuracy_and_keeps_the_training_record(tmp_path):
     import json
 
-    from dloom_training.train import main, save_model
+    from dloom_training.checkpoints import save_model
+    from dloom_training.train import main
 
     torch.manual_seed(0)
     save_model(build_model("toy-ar-small"), tmp_path / "toy-ar-small")
@@ -270,7 +275,7 @@ def test_reevaluate_replaces_the_accuracy_and_keeps_the_training_record(tmp_path
 
 # --- a dLLM initialised from a causal checkpoint (Dream's recipe) ---------------------------
 def _saved(tmp_path, name):
-    from dloom_training.train import save_model
+    from dloom_training.checkpoints import save_model
 
     torch.manual_seed(0)
     model = build_model(name).eval()
@@ -283,7 +288,7 @@ def _forward(model, ids):
 
 
 def test_dllm_from_ar_keeps_the_weights_and_makes_attention_bidirectional(tmp_path):
-    from dloom_training.train import dllm_from_ar
+    from dloom_training.models import dllm_from_ar
 
     ar, path = _saved(tmp_path, "toy-dllm-ar")
     dllm = dllm_from_ar(path, "toy-dllm").eval()
@@ -302,7 +307,7 @@ def test_dllm_from_ar_keeps_the_weights_and_makes_attention_bidirectional(tmp_pa
 
 @pytest.mark.parametrize("source", ["toy-dllm", "toy-ar-small"])
 def test_dllm_from_ar_refuses_a_non_causal_or_differently_shaped_checkpoint(tmp_path, source):
-    from dloom_training.train import dllm_from_ar
+    from dloom_training.models import dllm_from_ar
 
     _, path = _saved(tmp_path, source)
     expected = "must have shifted logits" if source == "toy-dllm" else "architecture .* differs"
@@ -311,7 +316,7 @@ def test_dllm_from_ar_refuses_a_non_causal_or_differently_shaped_checkpoint(tmp_
 
 
 def test_a_shifted_dllm_is_scored_on_the_columns_before_the_answer():
-    from dloom_training.train import region_logits
+    from dloom_training.rows import region_logits
 
     logits = torch.arange(40.0).reshape(1, 40, 1)  # prompt of 8 columns, then 32 answer columns
     plain, shifted = _Fixed(), _Fixed()
@@ -389,7 +394,8 @@ def test_the_time_budget_is_split_by_the_recipe_shares(argv, budgets, monkeypatc
 # --- the long-answer workload: configs, block decoding, checkpoints and resuming ------------
 def test_long_models_share_one_wide_vocabulary_and_have_the_issue_s_shape():
     from dloom.zoo import long_tasks
-    from dloom_training.train import SPECS, build_config, n_params
+    from dloom_training.models import build_config, n_params
+    from dloom_training.workloads import SPECS
 
     configs = {name: build_config(name) for name in ("long-dllm-ar", "long-dllm", "long-ar", "long-ar-small")}
     assert {c.vocab_size for c in configs.values()} == {len(long_tasks.ALPHABET) + 3}
@@ -422,7 +428,7 @@ class _Ramp(torch.nn.Module):
 
 
 def test_block_decoding_finishes_each_block_before_the_next():
-    from dloom_training.train import decode_dllm
+    from dloom_training.decoding import decode_dllm
 
     model = _Ramp()
     decode_dllm(model, ["copy ab"])
@@ -433,7 +439,8 @@ def test_block_decoding_finishes_each_block_before_the_next():
 
 
 def test_trace_reports_each_commit_step_in_either_order():
-    from dloom_training.train import encode_prompts, trace_dllm
+    from dloom_training.decoding import trace_dllm
+    from dloom_training.rows import encode_prompts
 
     by_confidence = trace_dllm(_Ramp(), ["copy ab", "copy b"])
     assert by_confidence.step.tolist() == [[3, 2, 1, 0, 7, 6, 5, 4]] * 2  # the surest (rightmost) first
@@ -455,12 +462,11 @@ def _tiny_long_spec(monkeypatch):
     """long-dllm-ar made tiny (one layer of 16, batches of 4) so a run takes seconds."""
     import dataclasses
 
-    from dloom_training import train
+    from dloom_training.workloads import LONG, SPECS, ModelSpec
 
-    tiny = dataclasses.replace(train.LONG, batch=4, monitor_per_family=1)
-    spec = train.ModelSpec("ar", hidden=16, layers=1, heads=2, ffn=32, share=0.1, workload=tiny)
-    monkeypatch.setitem(train.SPECS, "long-dllm-ar", spec)
-    return train
+    tiny = dataclasses.replace(LONG, batch=4, monitor_per_family=1)
+    spec = ModelSpec("ar", hidden=16, layers=1, heads=2, ffn=32, share=0.1, workload=tiny)
+    monkeypatch.setitem(SPECS, "long-dllm-ar", spec)
 
 
 def _killed_after(batches, n):
@@ -476,9 +482,11 @@ def _killed_after(batches, n):
 def test_an_interrupted_run_saves_checkpoints_and_resume_continues_it(monkeypatch, tmp_path):
     import json
 
-    train = _tiny_long_spec(monkeypatch)
-    batches = train._batches
-    monkeypatch.setattr(train, "_batches", _killed_after(batches, 5))
+    from dloom_training import run, train
+
+    _tiny_long_spec(monkeypatch)
+    batches = run.training_batches
+    monkeypatch.setattr(run, "training_batches", _killed_after(batches, 5))
     argv = ["--model", "long-dllm-ar", "--out", str(tmp_path), "--threads", "1", "--eval-n", "4", "--seed", "3"]
     with pytest.raises(KeyboardInterrupt):
         train.main([*argv, "--steps", "12", "--checkpoint-minutes", "1e-9"])  # a checkpoint every step
@@ -486,10 +494,10 @@ def test_an_interrupted_run_saves_checkpoints_and_resume_continues_it(monkeypatc
     saved = json.loads((directory / "progress.json").read_text())
     assert (saved["steps"], saved["finished"], saved["total_steps"]) == (5, False, 12)
     assert not (directory / "eval.json").exists() and not (directory / ".partial").exists()
-    weights_at_5 = train.LlamaForCausalLM.from_pretrained(directory).state_dict()
+    weights_at_5 = LlamaForCausalLM.from_pretrained(directory).state_dict()
 
     started = []
-    monkeypatch.setattr(train, "_batches", lambda *args: started.append(args) or batches(*args))
+    monkeypatch.setattr(run, "training_batches", lambda *args: started.append(args) or batches(*args))
     train.main([*argv, "--resume"])  # its own budget, seed, lr and mix
     record = json.loads((directory / "eval.json").read_text())
     assert record["steps"] == 12 and record["seed"] == 3 and record["peak_lr"] == saved["peak_lr"]
@@ -497,30 +505,33 @@ def test_an_interrupted_run_saves_checkpoints_and_resume_continues_it(monkeypatc
     assert [point[0] for point in record["loss_curve"]] == [1, 6]  # first step of each part
     assert json.loads((directory / "progress.json").read_text())["finished"] is True
     assert set(record["per_family"]) == {"chain", "word", "tale", "prog"}
-    resumed = train.LlamaForCausalLM.from_pretrained(directory).state_dict()
+    resumed = LlamaForCausalLM.from_pretrained(directory).state_dict()
     assert any(not torch.equal(v, weights_at_5[k]) for k, v in resumed.items())  # it trained on
 
 
 def test_finish_ends_an_unfinished_run_where_it_stopped_and_evaluates_its_weights(monkeypatch, tmp_path, capsys):
     import json
 
-    train = _tiny_long_spec(monkeypatch)
-    monkeypatch.setattr(train, "_batches", _killed_after(train._batches, 3))
+    from dloom_training import evaluation, run, train
+    from dloom_training.checkpoints import unfinished_run
+
+    _tiny_long_spec(monkeypatch)
+    monkeypatch.setattr(run, "training_batches", _killed_after(run.training_batches, 3))
     argv = ["--model", "long-dllm-ar", "--out", str(tmp_path), "--threads", "1", "--eval-n", "4"]
     with pytest.raises(KeyboardInterrupt):
         train.main([*argv, "--steps", "10", "--checkpoint-minutes", "1e-9"])
     directory = tmp_path / "long-dllm-ar"
     weights = (directory / "model.safetensors").read_bytes()
     evaluated = []
-    evaluate = train.evaluate
-    monkeypatch.setattr(train, "evaluate", lambda *args, **kw: evaluated.append(args) or evaluate(*args, **kw))
+    evaluate = evaluation.evaluate
+    monkeypatch.setattr(evaluation, "evaluate", lambda *args, **kw: evaluated.append(args) or evaluate(*args, **kw))
     train.main([*argv, "--finish"])
     record = json.loads((directory / "eval.json").read_text())
     assert (record["steps"], record["total_steps"], record["ended_early"]) == (3, 10, True)
     assert set(record["per_family"]) == {"chain", "word", "tale", "prog"} and len(evaluated) == 1
     assert len(evaluated[0][2]) == 4  # --eval-n held-out prompts
     assert (directory / "model.safetensors").read_bytes() == weights  # the weights are not touched
-    assert train.unfinished_run(directory) is None  # --resume would start a new run from them
+    assert unfinished_run(directory) is None  # --resume would start a new run from them
     with pytest.raises(SystemExit):  # nothing left to end
         train.main([*argv, "--finish"])
     assert f"--finish: no unfinished run in {directory}" in capsys.readouterr().err
@@ -536,12 +547,12 @@ def test_finish_takes_one_model_and_no_other_mode(extra, tmp_path, capsys):
 
 
 def test_a_continued_run_warms_up_to_its_scheduled_rate():
-    from dloom_training.train import WARMUP, _lr
+    from dloom_training.schedule import WARMUP, learning_rate
 
-    scheduled = _lr(5_000, 0.5, 2e-3)
-    assert _lr(5_000, 0.5, 2e-3, start=5_000) == pytest.approx(scheduled / WARMUP)
-    assert _lr(5_000 + WARMUP, 0.5, 2e-3, start=5_000) == pytest.approx(scheduled)
-    assert _lr(0, 0.0, 2e-3) == pytest.approx(2e-3 / WARMUP)  # a new run: as before
+    scheduled = learning_rate(5_000, 0.5, 2e-3)
+    assert learning_rate(5_000, 0.5, 2e-3, start=5_000) == pytest.approx(scheduled / WARMUP)
+    assert learning_rate(5_000 + WARMUP, 0.5, 2e-3, start=5_000) == pytest.approx(scheduled)
+    assert learning_rate(0, 0.0, 2e-3) == pytest.approx(2e-3 / WARMUP)  # a new run: as before
 
 
 def test_weights_outside_the_model_s_workload_are_refused(capsys):
@@ -556,14 +567,16 @@ def test_the_long_dllm_stage_starts_from_its_causal_stage(monkeypatch, tmp_path)
     import dataclasses
     import json
 
-    train = _tiny_long_spec(monkeypatch)
-    tiny_ar = train.SPECS["long-dllm-ar"]
-    monkeypatch.setitem(train.SPECS, "long-dllm", dataclasses.replace(tiny_ar, kind="dllm"))
+    from dloom_training import run, train
+    from dloom_training.workloads import SPECS
+
+    _tiny_long_spec(monkeypatch)
+    monkeypatch.setitem(SPECS, "long-dllm", dataclasses.replace(SPECS["long-dllm-ar"], kind="dllm"))
     common = ["--out", str(tmp_path), "--threads", "1", "--eval-n", "4", "--steps", "2"]
     train.main(["--model", "long-dllm-ar", *common])
     blocks = []
-    loss = train.dllm_loss
-    monkeypatch.setattr(train, "dllm_loss", lambda *args: blocks.append(args[-12:-1]) or loss(*args))
+    loss = run.dllm_loss
+    monkeypatch.setattr(run, "dllm_loss", lambda *args, **kw: blocks.append(args[-12:-1]) or loss(*args, **kw))
     train.main(["--model", "long-dllm", "--init-from", str(tmp_path / "long-dllm-ar"), "--seed", "1",
                 "--masks", "block", "--prefix-share", "0.5", "--causal-share", "0.25", "--loss-mean", "row",
                 "--decoder-share", "0.25", "--decoder-fill", "model", "--decoder-rounds", "3",
@@ -587,15 +600,10 @@ def test_the_word_workload_counts_its_region_in_word_tokens_and_every_answer_fit
     import random
 
     from dloom.zoo import long_tasks
-    from dloom_training.train import (
-        LONG_WORDS,
-        MAX_EXTRA_PAD,
-        answer_lengths,
-        answer_region,
-        build_config,
-        encode_prompts,
-        n_params,
-    )
+    from dloom_training.data import MAX_EXTRA_PAD
+    from dloom_training.models import build_config, n_params
+    from dloom_training.rows import answer_lengths, answer_region, encode_prompts
+    from dloom_training.workloads import LONG_WORDS
 
     config = build_config("long-dllm-words")
     assert config.vocab_size == LONG_WORDS.codec.size == 3 + 96 + len(long_tasks.WORD_TOKENS)
@@ -624,11 +632,12 @@ def test_a_word_model_trains_saves_its_tokenizer_and_decodes_through_dloom(monke
     from transformers import AutoTokenizer
 
     from dloom_training import train
+    from dloom_training.workloads import LONG_WORDS, SPECS, ModelSpec
 
-    tiny = dataclasses.replace(train.LONG_WORDS, batch=4, monitor_per_family=1)
-    spec = train.ModelSpec("ar", hidden=16, layers=1, heads=2, ffn=32, share=0.1, workload=tiny)
-    monkeypatch.setitem(train.SPECS, "long-dllm-words-ar", spec)
-    monkeypatch.setitem(train.SPECS, "long-dllm-words", dataclasses.replace(spec, kind="dllm"))
+    tiny = dataclasses.replace(LONG_WORDS, batch=4, monitor_per_family=1)
+    spec = ModelSpec("ar", hidden=16, layers=1, heads=2, ffn=32, share=0.1, workload=tiny)
+    monkeypatch.setitem(SPECS, "long-dllm-words-ar", spec)
+    monkeypatch.setitem(SPECS, "long-dllm-words", dataclasses.replace(spec, kind="dllm"))
     common = ["--out", str(tmp_path), "--threads", "1", "--eval-n", "4", "--steps", "2"]
     train.main(["--model", "long-dllm-words-ar", *common])
     train.main(["--model", "long-dllm-words", "--init-from", str(tmp_path / "long-dllm-words-ar"), "--masks",
@@ -661,25 +670,28 @@ def test_a_word_model_trains_saves_its_tokenizer_and_decodes_through_dloom(monke
 def test_an_averaged_run_checkpoints_the_average_and_resume_continues_both(monkeypatch, tmp_path):
     import json
 
-    train = _tiny_long_spec(monkeypatch)
-    batches, load = train._batches, train.LlamaForCausalLM.from_pretrained
-    monkeypatch.setattr(train, "_batches", _killed_after(batches, 2))
+    from dloom_training import run, train
+    from dloom_training.checkpoints import TRAINING_WEIGHTS
+
+    _tiny_long_spec(monkeypatch)
+    batches, load = run.training_batches, LlamaForCausalLM.from_pretrained
+    monkeypatch.setattr(run, "training_batches", _killed_after(batches, 2))
     argv = ["--model", "long-dllm-ar", "--out", str(tmp_path), "--threads", "1", "--checkpoint-minutes", "1e-9"]
     with pytest.raises(KeyboardInterrupt):  # lr 5: warm-up steps of about 0.05, far above float16's rounding
         train.main([*argv, "--steps", "12", "--ema", "0.5", "--lr", "5"])
     directory = tmp_path / "long-dllm-ar"
-    trained, averaged = (load(d).state_dict() for d in (directory / train.TRAINING_WEIGHTS, directory))
+    trained, averaged = (load(d).state_dict() for d in (directory / TRAINING_WEIGHTS, directory))
     assert any(not torch.equal(v, averaged[k]) for k, v in trained.items())  # two steps: an average
 
     loaded = []
-    monkeypatch.setattr(train.LlamaForCausalLM, "from_pretrained",
+    monkeypatch.setattr(LlamaForCausalLM, "from_pretrained",
                         lambda path, **kw: loaded.append(Path(path)) or load(path, **kw))
-    monkeypatch.setattr(train, "_batches", _killed_after(batches, 1))
+    monkeypatch.setattr(run, "training_batches", _killed_after(batches, 1))
     with pytest.raises(KeyboardInterrupt):
         train.main([*argv, "--resume"])  # the run's own ema
-    assert loaded == [directory / train.TRAINING_WEIGHTS, directory]  # the optimizer's weights, the average
+    assert loaded == [directory / TRAINING_WEIGHTS, directory]  # the optimizer's weights, the average
     assert json.loads((directory / "progress.json").read_text())["ema"] == 0.5
-    next_trained, next_averaged = (load(d).state_dict() for d in (directory / train.TRAINING_WEIGHTS, directory))
+    next_trained, next_averaged = (load(d).state_dict() for d in (directory / TRAINING_WEIGHTS, directory))
     for k, v in next_averaged.items():  # decay 0.5: halfway from the saved average to the new weights
         torch.testing.assert_close(v.float(), (averaged[k].float() + next_trained[k].float()) / 2,
                                    atol=2e-4, rtol=2e-3)
@@ -706,7 +718,8 @@ def test_own_commits_target_the_right_answer_closest_to_the_model_s_guesses():
     own answer (``went``) is replaced by one with the guessed filler (``ran``); guesses no right
     answer fits all of (``sue xxn``) get the closest and are mistakes where they differ from
     it; a family without a listing keeps its answer, its wrong guesses mistakes too."""
-    from dloom_training.train import _own_commits, answer_region
+    from dloom_training.decoder_states import own_commits
+    from dloom_training.rows import answer_region
 
     went, ran = _tale("went"), _tale("ran")
     target = answer_region([went.answer, went.answer, "12-3=9"], 128)
@@ -716,7 +729,7 @@ def test_own_commits_target_the_right_answer_closest_to_the_model_s_guesses():
     settled = torch.zeros(3, 128, dtype=torch.bool)
     rows = [went, went, Example("chain", "chain 12-3", "12-3=9")]
     lengths = torch.tensor([len(e.answer) for e in rows])
-    chosen, chosen_lengths, mistaken = _own_commits(rows, target, revealed, guess, settled, lengths,
+    chosen, chosen_lengths, mistaken = own_commits(rows, target, revealed, guess, settled, lengths,
                                                     torch.Generator().manual_seed(0))
     listed = long_tasks_answers(went.prompt)
     text = _decoded(chosen[0])
@@ -727,7 +740,7 @@ def test_own_commits_target_the_right_answer_closest_to_the_model_s_guesses():
     assert mistaken[1].nonzero()[:, 0].tolist() == [4, 5]
     assert mistaken[2].nonzero()[:, 0].tolist() == [5]  # '8' for '9'
 
-    draws = [_decoded(_own_commits(rows[:1], target[:1], revealed[:1] & False, guess[:1], settled[:1],
+    draws = [_decoded(own_commits(rows[:1], target[:1], revealed[:1] & False, guess[:1], settled[:1],
                                    lengths[:1], torch.Generator().manual_seed(seed))[0][0])
              for seed in range(600)]
     goes = [d.split(" ")[1] for d in draws]  # nothing revealed: every tale fits, so each filler is drawn
@@ -751,19 +764,21 @@ def test_decoder_rows_filled_by_the_model_hold_its_guesses(monkeypatch):
     """With ``decoder_fill="model"`` the state a decoder row is trained in holds the model's
     guesses at the revealed positions where a right answer fits them (``sue ran`` in the first
     block), and the row's answer with ``"answer"`` (``sue wen``)."""
-    from dloom_training import train
+    from dloom_training import losses
+    from dloom_training.decoder_states import DECODER_FILLS
+    from dloom_training.rows import answer_region
 
     went, ran = _tale("went"), _tale("ran")
 
     def surest(model, prompt_ids, prompt_mask, target, block, count, rounds, hold_guesses):
         assert (rounds, hold_guesses) == (1, fill == "model")
         first_seven = block & (torch.arange(128) % 32 < 7)  # reveal the drawn block's first 7
-        return block & ~first_seven, train.answer_region([ran.answer] * len(block), 128)
+        return block & ~first_seven, answer_region([ran.answer] * len(block), 128)
 
-    monkeypatch.setattr(train, "_least_confident", surest)
+    monkeypatch.setattr(losses, "least_confident", surest)
     model = _Calls(build_model("long-dllm"))
     states = {}
-    for fill in train.DECODER_FILLS:
+    for fill in DECODER_FILLS:
         model.calls.clear()
         dllm_loss(model, [went] * 16, 0, torch.Generator().manual_seed(5), 1.0, 1.0, 128, 32, 0.0, 0.0, "row",
                   1.0, fill)
@@ -776,7 +791,7 @@ def test_decoder_rows_filled_by_the_model_hold_its_guesses(monkeypatch):
     # block 0 settled with 'went': the guesses of a later block are mostly mistakes, left masked
     later = ~first_block
     model_state, answer_state = states["model"][later], states["answer"][later]
-    guessed = train.answer_region([ran.answer], 128).expand_as(model_state)
+    guessed = answer_region([ran.answer], 128).expand_as(model_state)
     kept = model_state != tok.MASK_ID  # the settled blocks' answer, or a guess a right answer agrees with
     assert ((model_state == answer_state) | (model_state == guessed))[kept].all()
     assert int((states["model"][later] == tok.MASK_ID).sum()) > int((states["answer"][later] == tok.MASK_ID).sum())
@@ -798,7 +813,7 @@ def test_families_list_every_right_answer_and_only_right_ones(family):
 
 
 def test_a_model_fill_without_decoder_rows_is_refused(tmp_path):
-    from dloom_training.train import train_one
+    from dloom_training.run import train_one
 
     with pytest.raises(ValueError, match="decoder_fill 'model' fills the decoder rows: it needs a decoder_share"):
         train_one("toy-dllm", None, 1, 0, tmp_path, 4, masks="block", decoder_fill="model")
@@ -814,12 +829,9 @@ def test_decoder_rounds_of_a_block_s_length_reach_the_one_token_per_step_decoder
     tokens instead of the guesses, reaches other states."""
     from dloom.zoo import long_tasks
     from dloom.zoo.tasks import held_out
-    from dloom_training.train import (
-        _least_confident,
-        answer_region,
-        encode_prompts,
-        trace_dllm,
-    )
+    from dloom_training.decoder_states import least_confident
+    from dloom_training.decoding import trace_dllm
+    from dloom_training.rows import answer_region, encode_prompts
 
     torch.manual_seed(0)
     model = build_model("long-dllm").eval()
@@ -832,7 +844,7 @@ def test_decoder_rounds_of_a_block_s_length_reach_the_one_token_per_step_decoder
     decoded = trace.step < revealed  # block 0 is decoded first: step k commits one of its positions
 
     def state(rounds, hold_guesses):
-        masked, guess = _least_confident(model, prompt_ids, prompt_mask, target, block, revealed, rounds,
+        masked, guess = least_confident(model, prompt_ids, prompt_mask, target, block, revealed, rounds,
                                          hold_guesses)
         return block & ~masked, guess
 
@@ -844,7 +856,8 @@ def test_decoder_rounds_of_a_block_s_length_reach_the_one_token_per_step_decoder
 
 
 def test_decoder_rounds_below_one_or_without_decoder_rows_are_refused(tmp_path, capsys):
-    from dloom_training.train import main, train_one
+    from dloom_training.run import train_one
+    from dloom_training.train import main
 
     with pytest.raises(ValueError, match="decoder_rounds 2 is the number of forwards .* needs a decoder_share"):
         train_one("toy-dllm", None, 1, 0, tmp_path, 4, masks="block", decoder_rounds=2)
@@ -860,16 +873,17 @@ def test_decoder_rounds_below_one_or_without_decoder_rows_are_refused(tmp_path, 
 def test_a_checkpoint_saved_without_an_average_drops_an_earlier_run_s_training_weights(tmp_path):
     """A run resumed with ``--ema 0`` after an averaged one saves the optimizer's weights at
     the top level; the averaged run's ``training-weights/`` would be stale, so it goes."""
-    from dloom_training import train
+    from dloom_training import checkpoints
+    from dloom_training.workloads import SHORT
 
     torch.manual_seed(0)
     model, other = build_model("toy-ar-small"), build_model("toy-ar-small")
-    train.save_checkpoint(model, tmp_path, train.SHORT, {"ema": 0.5}, training=other)
-    assert (tmp_path / train.TRAINING_WEIGHTS / "model.safetensors").is_file()
-    train.save_checkpoint(other, tmp_path, train.SHORT, {"ema": 0.0})
-    assert not (tmp_path / train.TRAINING_WEIGHTS).exists()
+    checkpoints.save_checkpoint(model, tmp_path, SHORT, {"ema": 0.5}, training=other)
+    assert (tmp_path / checkpoints.TRAINING_WEIGHTS / "model.safetensors").is_file()
+    checkpoints.save_checkpoint(other, tmp_path, SHORT, {"ema": 0.0})
+    assert not (tmp_path / checkpoints.TRAINING_WEIGHTS).exists()
     assert (tmp_path / "model.safetensors").is_file()
-    assert json.loads((tmp_path / train.PROGRESS).read_text()) == {"ema": 0.0}
+    assert json.loads((tmp_path / checkpoints.PROGRESS).read_text()) == {"ema": 0.0}
 
 
 
@@ -898,7 +912,8 @@ def test_threshold_rows_hold_the_states_dloom_s_threshold_decoder_reaches():
     import dloom
     from dloom.zoo import long_tasks, model_path
     from dloom.zoo.tasks import held_out
-    from dloom_training.train import _least_confident, encode_prompts, threshold_rollout
+    from dloom_training.decoder_states import least_confident, threshold_rollout
+    from dloom_training.rows import encode_prompts
 
     adapter = dloom.load_model("long-dllm")
     from transformers import LlamaForCausalLM
@@ -934,7 +949,7 @@ def test_threshold_rows_hold_the_states_dloom_s_threshold_decoder_reaches():
         compared += len(cases)
         drawn = block_of[None, :] == current[:, None]
         shown = (expected != tok.MASK_ID) & drawn
-        masked, _ = _least_confident(model, prompt_ids, prompt_mask, given, drawn, shown.sum(-1, keepdim=True))
+        masked, _ = least_confident(model, prompt_ids, prompt_mask, given, drawn, shown.sum(-1, keepdim=True))
         answer_filled = torch.where(masked | (block_of[None, :] > current[:, None]), tok.MASK_ID, given)
         revealed = shown.any(-1)  # a forward in the block: the fills differ in what it committed
         assert torch.equal((answer_filled != expected).any(-1), revealed)
@@ -948,7 +963,7 @@ def test_threshold_rows_read_their_own_commits_and_score_the_rest_of_their_block
     block and every later block; ``first_forward_share`` 1 leaves every drawn block fully masked."""
     from dloom.zoo import long_tasks
     from dloom.zoo.tasks import held_out
-    from dloom_training.train import answer_region
+    from dloom_training.rows import answer_region
 
     torch.manual_seed(0)
     model = _Calls(build_model("long-dllm"))
@@ -1003,7 +1018,7 @@ def test_label_smoothing_raises_a_sure_prediction_s_loss_and_leaves_a_uniform_on
     ({"label_smoothing": 1.0}, r"label_smoothing 1.0 must be in \[0, 1\)"),
 ])
 def test_bad_parallel_options_are_refused_before_training(options, message, tmp_path):
-    from dloom_training.train import train_one
+    from dloom_training.run import train_one
 
     with pytest.raises(ValueError, match=message):
         train_one("long-dllm", None, 1, 0, tmp_path, 4, masks="block", **options)
@@ -1027,7 +1042,8 @@ def test_bad_parallel_options_are_named_on_the_command_line(argv, message, capsy
 
 def test_a_new_dllm_starts_from_a_shifted_dllm_checkpoint(tmp_path):
     """``--init-from`` a trained dLLM (long-dllm-par from long-dllm): its weights and shift as they are."""
-    from dloom_training.train import dllm_from_ar, save_model
+    from dloom_training.checkpoints import save_model
+    from dloom_training.models import dllm_from_ar
 
     torch.manual_seed(0)
     source = build_model("toy-dllm")

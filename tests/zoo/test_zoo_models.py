@@ -66,7 +66,7 @@ def test_ar_sizes_bracket_the_dllm():
 
 
 def test_ar_smoke_decode_answers_easy_families():
-    from dloom_training.train import decode_ar
+    from dloom_training.decoding import decode_ar
 
     model, _ = zoo.load("toy-ar")
     examples = held_out(14, families=["code", "story"])
@@ -79,7 +79,8 @@ def test_ar_decode_with_its_kv_cache_equals_recomputing_the_sequence():
     whole sequence every step (how it decoded before) gives the same answers."""
     from dloom.zoo import tokenizer as tok
     from dloom_training.codec import CHARACTERS
-    from dloom_training.train import decode_ar, encode_prompts, position_ids
+    from dloom_training.decoding import decode_ar
+    from dloom_training.rows import encode_prompts, position_ids
 
     model, _ = zoo.load("toy-ar")
     prompts = [e.prompt for e in held_out(14)]
