@@ -181,6 +181,40 @@ class Scheduler:
 
     # --- admission ---------------------------------------------------------------------
 
+    def check_cost(self, cost: int, at_least: bool = False) -> None:
+        """Refuse a request of ``cost`` tokens (``prompt + gen_length`` per row; with
+        ``at_least``, a lower bound of them) that could never fit the budget.
+
+        :raises ConfigurationError: when ``cost`` passes the whole budget (HTTP 400).
+        """
+        if cost > self.max_tokens:
+            raise ConfigurationError(
+                f"the request needs {'at least ' if at_least else ''}{cost} tokens (prompt + gen_length "
+                f"per prompt and choice), more than the server's whole budget of {self.max_tokens} "
+                "(--max-queued-tokens)"
+            )
+
+    def check_room(self, cost: int) -> None:
+        """Refuse a request of ``cost`` tokens that does not fit the budget now (a check
+        before any of its rows is built; :meth:`submit` checks again as it admits them).
+
+        :raises QueueFullError: when the admitted rows leave too little room (HTTP 429).
+        :raises WorkerDeadError: once the worker has stopped on an error (HTTP 503).
+        """
+        with self._ready:
+            self._check_room(cost)
+
+    def _check_room(self, cost: int) -> None:
+        """:meth:`check_room` with the lock held."""
+        if self.failure is not None:
+            raise WorkerDeadError(f"the server's decoding worker has stopped: {self.failure}")
+        if self._admitted_tokens + cost > self.max_tokens:
+            retry = self.retry_after()
+            raise QueueFullError(
+                f"the server is full: {self._admitted_tokens} of {self.max_tokens} tokens "
+                f"are admitted and the request needs {cost}; retry after {retry} s", retry,
+            )
+
     def submit(self, resolved: Resolved, jobs: list[Job]) -> None:
         """Admit all of a request's rows into their lane, or none of them.
 
@@ -191,20 +225,9 @@ class Scheduler:
             job.cost = len(job.prompt) + self.gen_length
             job.lane = resolved.key
         cost = sum(job.cost for job in jobs)
-        if cost > self.max_tokens:
-            raise ConfigurationError(
-                f"the request needs {cost} tokens (prompt + gen_length per prompt), more than "
-                f"the server's whole budget of {self.max_tokens} (--max-queued-tokens)"
-            )
+        self.check_cost(cost)
         with self._ready:
-            if self.failure is not None:
-                raise WorkerDeadError(f"the server's decoding worker has stopped: {self.failure}")
-            if self._admitted_tokens + cost > self.max_tokens:
-                retry = self.retry_after()
-                raise QueueFullError(
-                    f"the server is full: {self._admitted_tokens} of {self.max_tokens} tokens "
-                    f"are admitted and the request needs {cost}; retry after {retry} s", retry,
-                )
+            self._check_room(cost)
             lane = self._lanes.get(resolved.key)
             if lane is None:
                 lane = self._lanes[resolved.key] = Lane(resolved.key, resolved.decoder)
