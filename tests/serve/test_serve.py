@@ -32,8 +32,15 @@ from dloom.serve.app import ServeConfig, create_app
 from dloom.serve.background import BackgroundServer
 from dloom.serve.decoders import DecodeDefaults, DecoderPool
 from dloom.serve.metrics import ServerMetrics
+from dloom.serve.openai_fields import alternatives, completion_logprobs
 from dloom.serve.scheduler import Job, Scheduler
-from dloom.serve.text import StreamText, Visible, held_back, visible_output
+from dloom.serve.text import (
+    StreamText,
+    Visible,
+    held_back,
+    tokens_of_text,
+    visible_output,
+)
 
 MODEL = "toy-dllm"
 BLOCK = 8
@@ -132,6 +139,56 @@ def test_max_tokens_and_stop_cut_the_output(model, client):
     assert short.usage.completion_tokens == 5
     stopped = client.completions.create(model=MODEL, prompt=PROMPTS[4], stop=["wor", "zzz"])
     assert stopped.choices[0].text == full[: full.index("wor")] and stopped.choices[0].finish_reason == "stop"
+
+
+def test_a_stop_sequence_cuts_the_usage_and_the_logprobs_with_the_text(model, client):
+    """``copy hello world abc`` stopped at ``wor``: 'hello ' is 6 tokens, billed and described
+    by the logprobs (tokens, offsets, alternatives), in a plain and a streamed answer."""
+    full = offline(model, PROMPTS[4])[0]
+    assert full.startswith("hello world")
+    answer = client.completions.create(model=MODEL, prompt=PROMPTS[4], stop=["wor"], logprobs=2)
+    choice = answer.choices[0]
+    assert (choice.text, choice.finish_reason, answer.usage.completion_tokens) == ("hello ", "stop", 6)
+    assert choice.logprobs.tokens == list("hello ") and choice.logprobs.text_offset == [0, 1, 2, 3, 4, 5]
+    assert len(choice.logprobs.token_logprobs) == len(choice.logprobs.top_logprobs) == 6
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": PROMPTS[4]}], stop=["wor"], logprobs=True, top_logprobs=1,
+    )
+    assert chat.usage.completion_tokens == len(chat.choices[0].logprobs.content)
+    assert "".join(item.token for item in chat.choices[0].logprobs.content) == chat.choices[0].message.content
+    stream = client.completions.create(
+        model=MODEL, prompt=PROMPTS[4], stop=["wor"], stream=True,
+        extra_body={"stream_options": {"include_usage": True, "continuous_usage_stats": True}},
+    )
+    chunks = list(stream)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == "hello "
+    counts = [c.usage.completion_tokens for c in chunks]
+    assert counts == sorted(counts) and counts[-1] == 6 and chunks[-1].usage.total_tokens == answer.usage.total_tokens
+
+
+def test_the_tokens_of_a_cut_text_are_the_fewest_that_make_it():
+    pieces = {1: "he", 2: "llo w", 3: "orld", 4: "", 9: "<eos>"}
+
+    def decode(ids):
+        return "".join(pieces[t] for t in ids if t != 9)
+
+    assert tokens_of_text((1, 2, 3), 6, {9}, decode) == 2  # "llo w" straddles the cut: it counts
+    assert tokens_of_text((1, 2, 3), 0, {9}, decode) == 0
+    assert tokens_of_text((1, 9, 4, 2, 3), 7, {9}, decode) == 4
+    stopped = visible_output([1, 2, 3, 9], (9,), 32, ["wor"], decode, complete=True)
+    assert (stopped.text, stopped.tokens, stopped.finish_reason) == ("hello ", (1, 2), "stop")
+    assert visible_output([1, 2, 3, 9], (9,), 32, ["he"], decode, complete=True).tokens == ()
+    assert visible_output([1, 2, 3, 9], (9,), 32, ["xyz"], decode, complete=True).tokens == (1, 2, 3, 9)
+
+
+def test_top_logprobs_keep_ids_with_the_same_text_apart():
+    """Two ids that both decode to '' are two entries, each with its own value (a dict keyed
+    by text alone kept one, with the less likely value)."""
+    texts = {5: "a", 0: "", 1: "", 7: "a"}
+    top = alternatives([5, 0, 1, 7], [-0.1, -1.0, -2.0, -3.0], lambda ids: texts[ids[0]])
+    assert top == {"a": -0.1, "": -1.0, "token_id:1": -2.0, "token_id:7": -3.0}
+    built = completion_logprobs([5], [-0.1], [[5, 0, 1]], [[-0.1, -1.0, -2.0]], lambda ids: texts[ids[0]], 3)
+    assert built["top_logprobs"] == [{"a": -0.1, "": -1.0, "token_id:1": -2.0}]
 
 
 def test_chat_joins_messages_without_a_template(model, client):

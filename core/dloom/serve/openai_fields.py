@@ -89,14 +89,23 @@ def completion_logprobs(
         at += len(s)
     tops = None
     if top:
-        tops = [
-            {decode([t]): _finite(v) for t, v in zip(ids[:top], vals[:top])}
-            for ids, vals in zip(top_ids, top_values)
-        ]
+        tops = [alternatives(ids[:top], vals[:top], decode) for ids, vals in zip(top_ids, top_values)]
     return {
         "tokens": strings, "token_logprobs": [_finite(v) for v in values[: len(tokens)]],
         "top_logprobs": tops, "text_offset": offsets,
     }
+
+
+def alternatives(ids: Sequence[int], values: Sequence[float], decode: Callable[[list[int]], str]) -> dict[str, float]:
+    """One position's ``top_logprobs`` entry of a completion, most likely first: keyed by each
+    alternative's text, and, for an id whose text an earlier (likelier) id already has,
+    by ``token_id:<id>`` (vLLM's spelling of a token by its id), so distinct ids stay apart
+    (two ids that both decode to ``''`` are two entries, each with its own value)."""
+    entries: dict[str, float] = {}
+    for token, value in zip(ids, values):
+        text = decode([token])
+        entries[f"token_id:{token}" if text in entries else text] = _finite(value)
+    return entries
 
 
 def chat_logprobs(

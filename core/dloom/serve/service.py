@@ -54,7 +54,7 @@ from dloom.serve.schemas import (
     CompletionRequest,
     GenerationFields,
 )
-from dloom.serve.text import StreamText, Visible, visible_output
+from dloom.serve.text import StreamText, Visible, tokens_of_text, visible_output
 
 POLL_SECONDS = 0.5  # how often a waiting response checks that its client is still there
 
@@ -395,7 +395,7 @@ class Service:
                 if closed[index]:
                     continue
                 delta = texts[index].advance(shown)
-                counted[index] = len(shown.tokens)
+                counted[index] = self.counted(prepared, shown, texts[index].sent)
                 if delta or shown.finish_reason is not None:
                     closed[index] = shown.finish_reason is not None
                     body = {**head, "choices": [chunk(kind, index, delta, shown.finish_reason)]}
@@ -415,6 +415,15 @@ class Service:
         finally:
             if not done:
                 self.cancel(jobs)
+
+    def counted(self, prepared: Prepared, shown: Visible, sent: str) -> int:
+        """A streamed row's completion tokens so far, for ``continuous_usage_stats``: all its
+        visible tokens once it has finished or when no stop sequence may cut it, else those
+        that make the text ``sent`` so far (a stop sequence may still cut at it, and the
+        count never goes down)."""
+        if shown.finish_reason is not None or not prepared.stop:
+            return len(shown.tokens)
+        return tokens_of_text(shown.tokens, len(sent), set(self.model.eos_token_ids), self.model.decode)
 
     def logprobs(self, kind: str, prepared: Prepared, row: Finished, shown: Visible) -> dict[str, Any] | None:
         """A choice's ``logprobs`` object for its counted tokens (``None`` unless asked)."""
