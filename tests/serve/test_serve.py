@@ -100,7 +100,7 @@ def offline(model, prompt, strategy="quota", params=None, max_tokens=32, cache="
 def test_models_and_health(served, client):
     assert [m.id for m in client.models.list().data] == [MODEL]
     health = httpx.get(f"{served.url}/health").json()
-    assert health == {"status": "ok", "model": MODEL, "waiting": 0, "running": 0, "admitted_tokens": 0}
+    assert health == {"status": "ok", "model": MODEL, "waiting": 0, "running": 0, "admitted_tokens": 0, "line_tokens": 0}
 
 
 @pytest.mark.parametrize("strategy, params, cache, guarantee", [
@@ -418,10 +418,10 @@ def wait_for(condition, seconds: float = 10.0) -> None:
 
 
 def test_a_full_queue_answers_429_and_a_client_that_leaves_frees_its_place(model):
-    """With the worker paused, one request fills the token budget: the next gets 429; when
+    """With the worker paused and no line, one request fills the token budget: the next gets 429; when
     the first client disconnects its queued row leaves and frees the budget."""
     cost = len(model.encode([PROMPTS[0]])[0]) + 32
-    served = Served(ServeConfig(model, DecodeDefaults(block_length=BLOCK), max_queued_tokens=cost))
+    served = Served(ServeConfig(model, DecodeDefaults(block_length=BLOCK), max_queued_tokens=cost, max_waiting_tokens=0))
     try:
         served.service.scheduler.stop()  # rows stay queued
         with httpx.stream("POST", f"{served.url}/v1/completions", timeout=30,
@@ -455,6 +455,52 @@ class SlowForward(torch.nn.Module):
     def forward(self, **inputs):
         time.sleep(0.15)
         return self.inner(**inputs)
+
+
+def test_the_line_is_first_come_first_served_so_a_large_request_is_not_overtaken(model):
+    """Budget 120, gen_length 32: a small request (34 tokens) is admitted, a large one (102)
+    waits in line, and a small one after it waits behind it although it would fit; freeing
+    room admits the large one first. Beyond the line's budget: 429."""
+    scheduler = Scheduler(32, max_batch_size=4, max_tokens=120, metrics=ServerMetrics(4), max_waiting_tokens=140)
+    resolved = DecoderPool(model, DecodeDefaults(block_length=BLOCK)).default
+
+    def request(rows):
+        jobs = [Job([5, 6], False, lambda event: None, index=i) for i in range(rows)]
+        scheduler.submit(resolved, jobs)
+        return jobs
+
+    first = request(1)
+    large = request(3)
+    late = request(1)
+    assert [j.state for j in first + large + late] == ["queued", "waiting", "waiting", "waiting", "waiting"]
+    assert scheduler.load() == {"waiting": 5, "running": 0, "admitted_tokens": 34, "line_tokens": 136}
+    with pytest.raises(QueueFullError, match="34 of 120 tokens are admitted, 136 of 140 wait in line, and the request needs 34"):
+        request(1)
+    scheduler.cancel(first[0])  # room for the large request: it goes first, the late one still waits
+    assert [j.state for j in large + late] == ["queued"] * 3 + ["waiting"]
+    assert scheduler.load()["admitted_tokens"] == 102 and scheduler.load()["line_tokens"] == 34
+    scheduler.cancel(late[0])
+    assert scheduler.load() == {"waiting": 3, "running": 0, "admitted_tokens": 102, "line_tokens": 0}
+
+
+def test_a_request_beyond_the_budget_waits_in_line_and_is_answered(model):
+    """With the worker paused, one request fills the budget; the next, larger than the room
+    left, waits in line (no 429) and gets its offline answer once the worker runs."""
+    cost = len(model.encode([PROMPTS[0]])[0]) + 32
+    served = Served(ServeConfig(model, DecodeDefaults(block_length=BLOCK), max_queued_tokens=2 * cost))
+    try:
+        served.service.scheduler.stop()
+        with ThreadPoolExecutor(2) as pool:
+            first = pool.submit(served.client().completions.create, model=MODEL, prompt=PROMPTS[0])
+            wait_for(lambda: metrics_of(served)["dloom_admitted_tokens"] == cost)
+            second = pool.submit(served.client().completions.create, model=MODEL, prompt=PROMPTS[0], n=2)
+            wait_for(lambda: metrics_of(served)["dloom_line_tokens"] == 2 * cost)
+            served.service.scheduler.start()
+            assert first.result().choices[0].text == offline(model, PROMPTS[0])[0]
+            assert [c.text for c in second.result().choices] == [offline(model, PROMPTS[0])[0]] * 2
+        assert metrics_of(served)['dloom_requests_total{outcome="rejected"}'] == 0
+    finally:
+        served.stop()
 
 
 def test_a_client_leaving_mid_stream_is_discarded_and_the_server_goes_on(model):
@@ -626,7 +672,7 @@ def test_the_scheduler_admits_within_its_budget_and_frees_a_cancelled_row(model)
     with pytest.raises(QueueFullError, match="70 of 100 tokens are admitted and the request needs 35"):
         scheduler.submit(pool.default, [job()])
     scheduler.cancel(first)
-    assert first.state == "cancelled" and scheduler.load() == {"waiting": 1, "running": 0, "admitted_tokens": 35}
+    assert first.state == "cancelled" and scheduler.load() == {"waiting": 1, "running": 0, "admitted_tokens": 35, "line_tokens": 0}
     scheduler.submit(pool.default, [job()])
     with pytest.raises(ConfigurationError, match="more than the server's whole budget of 100"):
         scheduler.submit(pool.default, [job(), job(), job()])

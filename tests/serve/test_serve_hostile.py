@@ -28,7 +28,7 @@ from typer.testing import CliRunner
 
 import dloom
 from dloom.cli.commands import app as cli_app
-from dloom.errors import ConfigurationError, QueueFullError
+from dloom.errors import ConfigurationError, HTTPError, QueueFullError
 from dloom.hooks.registry import Strategy, get_registry
 from dloom.serve.app import ServeConfig, create_app
 from dloom.serve.background import BackgroundServer
@@ -417,10 +417,10 @@ def test_least_token_rows_counts_the_arrays_outside_strings(body, rows):
 
 
 def test_the_cost_is_checked_from_the_parsed_body_before_any_row_is_built(model, monkeypatch):
-    """Rows x n x (prompt + gen_length) against the budget (400) and the room left (429),
+    """Rows x n x (prompt + gen_length) against the budget (400) and the room left (429, with no line),
     for token ids exactly and for texts at one token each before they are encoded: no Job,
     no encoding, no per-row list."""
-    service = Service(ServeConfig(model, DecodeDefaults(block_length=BLOCK), max_queued_tokens=1000))
+    service = Service(ServeConfig(model, DecodeDefaults(block_length=BLOCK), max_queued_tokens=1000, max_waiting_tokens=0))
     gen = service.gen_length
     monkeypatch.setattr("dloom.serve.service.Job", None)  # building one would fail
     monkeypatch.setattr(service, "_encode", None)  # so would encoding a text
@@ -566,7 +566,8 @@ def test_a_connection_whose_request_arrives_too_slowly_is_closed(model):
 def test_a_429_says_when_to_retry(model):
     """The ``Retry-After`` of a full server: its estimate from the queue and recent rows."""
     cost = len(model.encode([PROMPTS[0]])[0]) + 32
-    with BackgroundServer(ServeConfig(model, DecodeDefaults(block_length=BLOCK), max_queued_tokens=cost)) as server:
+    config = ServeConfig(model, DecodeDefaults(block_length=BLOCK), max_queued_tokens=cost, max_waiting_tokens=0)
+    with BackgroundServer(config) as server:
         client = client_of(server)
         client.completions.create(model=MODEL, prompt=PROMPTS[0])  # a finished row: the estimate's basis
         scheduler = server.service.scheduler
@@ -586,6 +587,38 @@ def test_a_429_says_when_to_retry(model):
         assert retry == str(expected) and int(retry) >= 1
         assert f"retry after {retry} s" in str(raised.value)
         scheduler.start()
+
+
+@pytest.mark.slow
+def test_a_large_request_is_not_starved_by_a_flow_of_small_ones(model):
+    """The case that was starved (429 61 times in 62 s): budget 800 tokens, 24 clients
+    looping on small requests, one request of 9 rows. It waits in line, is overtaken by no
+    later request, and gets its offline answer; no request is refused."""
+    with BackgroundServer(ServeConfig(model, DecodeDefaults(block_length=BLOCK), max_queued_tokens=800)) as server:
+        stop = threading.Event()
+
+        def small(index: int) -> int:
+            answered = 0
+            with httpx.Client(timeout=120) as client:
+                while not stop.is_set():
+                    body = {"model": MODEL, "prompt": PROMPTS[index % len(PROMPTS)], "max_tokens": 8}
+                    assert client.post(f"{server.url}/v1/completions", json=body).status_code == 200
+                    answered += 1
+            return answered
+
+        with ThreadPoolExecutor(24) as pool:
+            flow = [pool.submit(small, index) for index in range(24)]
+            time.sleep(2)  # the flow is running: the budget is taken all the time
+            started = time.perf_counter()
+            large = httpx.post(f"{server.url}/v1/completions", timeout=120,
+                               json={"model": MODEL, "prompt": [PROMPTS[1]] * 9})
+            waited = time.perf_counter() - started
+            stop.set()
+            answered = sum(future.result() for future in flow)
+        assert large.status_code == 200, large.text
+        assert [c["text"] for c in large.json()["choices"]] == [offline(model, PROMPTS[1])] * 9
+        print(f"the 9-row request waited {waited:.1f} s while {answered} small requests were answered")
+        assert outcome(server, "rejected") == 0 and waited < 60
 
 
 def test_retry_after_grows_with_the_queue_and_is_bounded(model):
@@ -626,14 +659,26 @@ def test_the_limits_are_configured_on_the_command_line(tmp_path, monkeypatch):
     options = []
     monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: (served.append(app), options.append(kwargs)))
     result = CliRunner().invoke(cli_app, ["serve", "--max-header-bytes", "999", "--max-headers", "7", "--read-timeout", "2.5",
-                                          "--keep-alive-timeout", "3", "--max-connections", "9"])
+                                          "--keep-alive-timeout", "3", "--max-connections", "9", "--max-waiting-tokens", "0"])
     assert result.exit_code == 0, result.output
     assert options[0]["h11_max_incomplete_event_size"] == 999 and options[0]["timeout_keep_alive"] == 3.0
     assert options[0]["limit_concurrency"] == 9 and options[0]["http"].read_timeout == 2.5
     assert served[0].state.service.config.max_headers == 7
+    assert served[0].state.service.scheduler.max_waiting_tokens == 0
     for flag in ("--max-header-bytes", "--max-headers", "--read-timeout", "--keep-alive-timeout", "--max-connections"):
         result = CliRunner().invoke(cli_app, ["serve", flag, "0"])
         assert result.exit_code == 2 and flag in result.output
+
+
+def test_a_checkpoint_is_served_by_its_directory_name_not_its_path():
+    from dloom import zoo
+
+    path = zoo.locate(MODEL)
+    service = Service(ServeConfig(dloom.load_model(str(path)), DecodeDefaults(block_length=BLOCK)))
+    assert service.name == path.name
+    with pytest.raises(HTTPError) as refused:
+        service.check_model(CompletionRequest(model="other", prompt="x"))
+    assert str(path.parent) not in str(refused.value) and repr(path.name) in str(refused.value)
 
 
 @pytest.mark.parametrize("name, value, words", [

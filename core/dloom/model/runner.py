@@ -42,10 +42,15 @@ from dloom.model.attention import mask_from_block_ids, model_mask
 from dloom.types import VerificationLayout
 
 CACHE_MODES = ("none", "prefix", "dual")
+MAX_CACHE_REFRESH = 1 << 20
+"""The largest ``cache_refresh`` (beyond a block's forwards any interval is the same as
+``None``); every surface (Python, ``dloom generate``, ``dloom serve``, requests) is held to
+it by :func:`check_refresh`."""
 
 
 def check_refresh(mode: str, refresh: int | None) -> None:
-    """Refuse a ``refresh`` interval that is not a positive int, or one without a cache.
+    """Refuse a ``refresh`` interval that is not an int in ``1 .. MAX_CACHE_REFRESH``, or one
+    without a cache.
 
     :raises ConfigurationError: naming the bad value and what is allowed.
     """
@@ -53,6 +58,11 @@ def check_refresh(mode: str, refresh: int | None) -> None:
         return
     if isinstance(refresh, bool) or not isinstance(refresh, int) or refresh < 1:
         raise ConfigurationError(f"cache_refresh is {refresh!r}; allowed: an int >= 1, or None")
+    if refresh > MAX_CACHE_REFRESH:
+        raise ConfigurationError(
+            f"cache_refresh is {refresh}; allowed: at most {MAX_CACHE_REFRESH} (a larger interval is the "
+            "same as None: one full forward per block)"
+        )
     if mode == "none":
         raise ConfigurationError(
             f"cache_refresh={refresh} needs cache='prefix' or 'dual'; with cache='none' every forward is full"

@@ -24,7 +24,8 @@ def serve(
     cache: str = typer.Option("none", "--cache", help="Default KV cache: none, prefix or dual."),
     cache_refresh: int | None = typer.Option(None, "--cache-refresh", help="With --cache: a full forward every N forwards of a block."),
     max_batch_size: int = typer.Option(16, min=1, help="Rows decoded together, at most."),
-    max_queued_tokens: int = typer.Option(65536, min=1, help="Token budget of admitted rows (prompt + gen_length each); beyond it requests get 429."),
+    max_queued_tokens: int = typer.Option(65536, min=1, help="Token budget of admitted rows (prompt + gen_length each); beyond it requests wait in line (--max-waiting-tokens)."),
+    max_waiting_tokens: int = typer.Option(65536, min=0, help="Token budget of requests held in line, first come first served, until --max-queued-tokens has room; beyond it requests get 429 (0: at once)."),
     plain_chat: bool = typer.Option(False, "--plain-chat", help="Without a chat template, join chat messages with spaces instead of refusing."),
     max_body_bytes: int = typer.Option(4 * 1024 * 1024, min=1, help="Longest request body taken, in bytes; a longer one gets 413."),
     max_header_bytes: int = typer.Option(32 * 1024, min=1, help="Longest request head (request line and headers) taken, in bytes; a longer one gets 400."),
@@ -56,7 +57,7 @@ def serve(
     adapter = load_model(model, device=device, dtype=dtype)
     config = ServeConfig(
         adapter, defaults, max_batch_size=max_batch_size,
-        max_queued_tokens=max_queued_tokens, plain_chat=plain_chat,
+        max_queued_tokens=max_queued_tokens, max_waiting_tokens=max_waiting_tokens, plain_chat=plain_chat,
         max_body_bytes=max_body_bytes, graph_dirs=tuple(graph_dir), max_header_bytes=max_header_bytes,
         max_headers=max_headers, read_timeout=read_timeout, keep_alive_timeout=keep_alive_timeout,
         max_connections=max_connections,

@@ -52,6 +52,10 @@ def check_openai_fields(body: GenerationFields, speculates: bool) -> None:
             "sampling (dloom samples from the whole distribution), any top_p in (0, 1] with "
             "temperature 0 (the most likely token is always in the nucleus)"
         )
+    if body.stream_options is not None and not body.stream:
+        raise ConfigurationError(
+            "stream_options is given without stream; allowed: stream_options only with stream true (as OpenAI)"
+        )
     if isinstance(body, ChatCompletionRequest) and body.top_logprobs is not None and not body.logprobs:
         raise ConfigurationError(f"top_logprobs is {body.top_logprobs} without logprobs; allowed: with logprobs true")
     top = requested_logprobs(body)

@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, cast
 
 from fastapi import Request
@@ -67,9 +68,12 @@ class ServeConfig:
     :ivar defaults: the decoding settings (a request may override strategy, params, cache).
     :ivar max_batch_size: rows decoded together, at most.
     :ivar max_queued_tokens: token budget of admitted rows (``prompt + gen_length`` each).
+    :ivar max_waiting_tokens: token budget of the requests held in line, first come first
+        served, until the budget has room for them; beyond it requests get 429 (0: at once).
     :ivar plain_chat: without a chat template, join the messages' contents with spaces
         (else a chat request to such a model is refused with 400).
-    :ivar name: the model name clients use (default: the model's).
+    :ivar name: the model name clients use (default: the model's; for a local checkpoint,
+        its directory's name: no answer reveals a path on the server).
     :ivar max_body_bytes: the longest request body taken; a longer one gets 413.
     :ivar graph_dirs: directories whose files requests may name in path parameters
         (:mod:`dloom.serve.files`); a request never names a path itself.
@@ -85,6 +89,7 @@ class ServeConfig:
     defaults: DecodeDefaults = field(default_factory=DecodeDefaults)
     max_batch_size: int = 16
     max_queued_tokens: int = 65536
+    max_waiting_tokens: int = 65536
     plain_chat: bool = False
     name: str | None = None
     max_body_bytes: int = MAX_BODY_BYTES
@@ -130,12 +135,13 @@ class Service:
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
         self.model = config.model
-        self.name = config.name or config.model.name
+        self.name = config.name or Path(config.model.name).name  # a checkpoint's directory name, never its path
         self.pool = DecoderPool(config.model, config.defaults)
         self.gen_length = self.pool.default.decoder.gen_length
         self.metrics = ServerMetrics(config.max_batch_size)
         self.scheduler = Scheduler(
-            self.gen_length, config.max_batch_size, config.max_queued_tokens, self.metrics
+            self.gen_length, config.max_batch_size, config.max_queued_tokens, self.metrics,
+            max_waiting_tokens=config.max_waiting_tokens,
         )
         self.vocab_size = getattr(getattr(config.model.model, "config", None), "vocab_size", None)
         self.files = ServerFiles(config.graph_dirs)
