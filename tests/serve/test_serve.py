@@ -103,6 +103,19 @@ def test_models_and_health(served, client):
     assert health == {"status": "ok", "model": MODEL, "waiting": 0, "running": 0, "admitted_tokens": 0, "line_tokens": 0}
 
 
+def test_openapi_documents_the_request_bodies(served):
+    """The endpoints read their bodies themselves (off the event loop); /openapi.json still
+    describes them."""
+    document = httpx.get(f"{served.url}/openapi.json").json()
+    for path, name in (("/v1/completions", "CompletionRequest"), ("/v1/chat/completions", "ChatCompletionRequest")):
+        body = document["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        assert body == {"$ref": f"#/components/schemas/{name}"}
+    schemas = document["components"]["schemas"]
+    assert {"prompt", "n", "stream_options"} <= set(schemas["CompletionRequest"]["properties"])
+    assert schemas["ChatCompletionRequest"]["properties"]["messages"]["items"] == {"$ref": "#/components/schemas/ChatMessage"}
+    assert "StreamOptions" in schemas and "ChatMessage" in schemas
+
+
 @pytest.mark.parametrize("strategy, params, cache, guarantee", [
     ("quota", None, "none", "reference process"),
     ("threshold", {"tau": 0.8}, "none", "approximate (of quota)"),

@@ -27,7 +27,7 @@ from dloom.errors import (
     WorkerDeadError,
 )
 from dloom.serve import errors
-from dloom.serve.body import read_body
+from dloom.serve.body import add_schemas, documented, read_body
 from dloom.serve.limits import BodyLimit, HeaderLimit
 from dloom.serve.responses import error_body
 from dloom.serve.schemas import ChatCompletionRequest, CompletionRequest
@@ -106,7 +106,7 @@ def create_app(config: ServeConfig) -> FastAPI:
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": service.name, "object": "model", "created": 0, "owned_by": "dloom"}]}
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=documented(CompletionRequest))
     async def completions(request: Request):
         body = await read_body(request, CompletionRequest, service.check_rows)
         service.check_model(body)
@@ -115,7 +115,7 @@ def create_app(config: ServeConfig) -> FastAPI:
             return service.stream(request, prepared, "text_completion", body.include_usage)
         return await service.complete(request, prepared, "text_completion")
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=documented(ChatCompletionRequest))
     async def chat_completions(request: Request):
         body = await read_body(request, ChatCompletionRequest)
         service.check_model(body)
@@ -125,4 +125,5 @@ def create_app(config: ServeConfig) -> FastAPI:
             return service.stream(request, prepared, "chat.completion", body.include_usage)
         return await service.complete(request, prepared, "chat.completion")
 
+    add_schemas(app, [CompletionRequest, ChatCompletionRequest])
     return app

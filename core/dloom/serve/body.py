@@ -10,18 +10,20 @@ object being built for any of them.
 
 A body that is not UTF-8, not JSON, or nested deeper than Python's parser goes is refused
 with 400 and OpenAI's error object (counted as ``invalid``); one that does not match the
-schema with 422, as FastAPI would.
+schema with 422, as FastAPI would. Since FastAPI does not see such bodies, :func:`documented`
+and :func:`add_schemas` describe them in the app's OpenAPI document.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
-from fastapi import Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 
@@ -37,6 +39,31 @@ OTHER_ARRAYS = 2
 """Arrays of a completion body that are not a prompt's token ids: ``prompt`` itself (a list
 of rows) and ``stop``; no other field of :class:`~dloom.serve.schemas.CompletionRequest`
 holds an array."""
+
+
+def documented(schema: type[BaseModel]) -> dict[str, Any]:
+    """The ``openapi_extra`` of an endpoint that reads a ``schema`` body with
+    :func:`read_body` (FastAPI does not see it then): the body as a reference to the schema,
+    which :func:`add_schemas` puts in the OpenAPI document."""
+    reference = {"$ref": f"#/components/schemas/{schema.__name__}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": reference}}}}
+
+
+def add_schemas(app: FastAPI, schemas: Sequence[type[BaseModel]]) -> None:
+    """Put ``schemas`` (and the models they use) in ``app``'s OpenAPI document."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            document = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            components = document.setdefault("components", {}).setdefault("schemas", {})
+            for schema in schemas:
+                spec = schema.model_json_schema(ref_template="#/components/schemas/{model}")
+                components.update(spec.pop("$defs", {}))
+                components[schema.__name__] = spec
+            app.openapi_schema = document
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def least_token_rows(raw: bytes) -> int:
