@@ -320,6 +320,13 @@ CASES = [
     api_case("API: mask token id 9999",
              lambda env: lambda: dloom.DiffusionDecoder(dloom.load_model("toy-dllm", mask_token_id=9999)),
              ModelError, "mask token id 9999", "toy-dllm"),
+    # issue 55: one bound on cache_refresh for every surface (requests: tests/serve) -------------
+    cli_case("generate --cache-refresh 10**21", generate("--cache", "prefix", "--cache-refresh", str(10**21), "copy ab"),
+             ConfigurationError, f"cache_refresh is {10**21}; allowed: at most 1048576"),
+    cli_case("serve --cache-refresh 10**21", lambda env: ["serve", "--cache", "prefix", "--cache-refresh", str(10**21)],
+             ConfigurationError, f"cache_refresh is {10**21}; allowed: at most 1048576"),
+    api_case("API: cache_refresh 10**21", lambda env: lambda: env.decoder(cache="prefix", cache_refresh=10**21),
+             ConfigurationError, f"cache_refresh is {10**21}; allowed: at most 1048576"),
     # 4. lengths of zero ------------------------------------------------------------------------
     cli_case("--gen-length 0", generate("--gen-length", "0", "copy ab"), ConfigurationError, "gen_length is 0"),
     cli_case("--block-length 0", generate("--block-length", "0", "copy ab"), ConfigurationError,
@@ -632,7 +639,7 @@ def test_bad_input_is_refused_clearly(case: Case, env: Env, monkeypatch):
 def test_the_matrix_covers_the_issue():
     """The closing note's count: every row is a distinct input."""
     names = [c.values[0].name if hasattr(c, "values") else c.name for c in CASES]
-    assert len(names) == len(set(names)) == 102
+    assert len(names) == len(set(names)) == 105
 
 
 # --- what is not a refusal -------------------------------------------------------------------

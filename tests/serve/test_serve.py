@@ -33,8 +33,15 @@ from dloom.serve.app import ServeConfig, create_app
 from dloom.serve.background import BackgroundServer
 from dloom.serve.decoders import DecodeDefaults, DecoderPool
 from dloom.serve.metrics import ServerMetrics
+from dloom.serve.openai_fields import alternatives, completion_logprobs
 from dloom.serve.scheduler import Job, Scheduler
-from dloom.serve.text import StreamText, Visible, held_back, visible_output
+from dloom.serve.text import (
+    StreamText,
+    Visible,
+    held_back,
+    tokens_of_text,
+    visible_output,
+)
 
 MODEL = "toy-dllm"
 BLOCK = 8
@@ -94,7 +101,20 @@ def offline(model, prompt, strategy="quota", params=None, max_tokens=32, cache="
 def test_models_and_health(served, client):
     assert [m.id for m in client.models.list().data] == [MODEL]
     health = httpx.get(f"{served.url}/health").json()
-    assert health == {"status": "ok", "model": MODEL, "waiting": 0, "running": 0, "admitted_tokens": 0}
+    assert health == {"status": "ok", "model": MODEL, "waiting": 0, "running": 0, "admitted_tokens": 0, "line_tokens": 0}
+
+
+def test_openapi_documents_the_request_bodies(served):
+    """The endpoints read their bodies themselves (off the event loop); /openapi.json still
+    describes them."""
+    document = httpx.get(f"{served.url}/openapi.json").json()
+    for path, name in (("/v1/completions", "CompletionRequest"), ("/v1/chat/completions", "ChatCompletionRequest")):
+        body = document["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        assert body == {"$ref": f"#/components/schemas/{name}"}
+    schemas = document["components"]["schemas"]
+    assert {"prompt", "n", "stream_options"} <= set(schemas["CompletionRequest"]["properties"])
+    assert schemas["ChatCompletionRequest"]["properties"]["messages"]["items"] == {"$ref": "#/components/schemas/ChatMessage"}
+    assert "StreamOptions" in schemas and "ChatMessage" in schemas
 
 
 @pytest.mark.parametrize("strategy, params, cache, guarantee", [
@@ -134,6 +154,56 @@ def test_max_tokens_and_stop_cut_the_output(model, client):
     assert short.usage.completion_tokens == 5
     stopped = client.completions.create(model=MODEL, prompt=PROMPTS[4], stop=["wor", "zzz"])
     assert stopped.choices[0].text == full[: full.index("wor")] and stopped.choices[0].finish_reason == "stop"
+
+
+def test_a_stop_sequence_cuts_the_usage_and_the_logprobs_with_the_text(model, client):
+    """``copy hello world abc`` stopped at ``wor``: 'hello ' is 6 tokens, billed and described
+    by the logprobs (tokens, offsets, alternatives), in a plain and a streamed answer."""
+    full = offline(model, PROMPTS[4])[0]
+    assert full.startswith("hello world")
+    answer = client.completions.create(model=MODEL, prompt=PROMPTS[4], stop=["wor"], logprobs=2)
+    choice = answer.choices[0]
+    assert (choice.text, choice.finish_reason, answer.usage.completion_tokens) == ("hello ", "stop", 6)
+    assert choice.logprobs.tokens == list("hello ") and choice.logprobs.text_offset == [0, 1, 2, 3, 4, 5]
+    assert len(choice.logprobs.token_logprobs) == len(choice.logprobs.top_logprobs) == 6
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": PROMPTS[4]}], stop=["wor"], logprobs=True, top_logprobs=1,
+    )
+    assert chat.usage.completion_tokens == len(chat.choices[0].logprobs.content)
+    assert "".join(item.token for item in chat.choices[0].logprobs.content) == chat.choices[0].message.content
+    stream = client.completions.create(
+        model=MODEL, prompt=PROMPTS[4], stop=["wor"], stream=True,
+        extra_body={"stream_options": {"include_usage": True, "continuous_usage_stats": True}},
+    )
+    chunks = list(stream)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == "hello "
+    counts = [c.usage.completion_tokens for c in chunks]
+    assert counts == sorted(counts) and counts[-1] == 6 and chunks[-1].usage.total_tokens == answer.usage.total_tokens
+
+
+def test_the_tokens_of_a_cut_text_are_the_fewest_that_make_it():
+    pieces = {1: "he", 2: "llo w", 3: "orld", 4: "", 9: "<eos>"}
+
+    def decode(ids):
+        return "".join(pieces[t] for t in ids if t != 9)
+
+    assert tokens_of_text((1, 2, 3), 6, {9}, decode) == 2  # "llo w" straddles the cut: it counts
+    assert tokens_of_text((1, 2, 3), 0, {9}, decode) == 0
+    assert tokens_of_text((1, 9, 4, 2, 3), 7, {9}, decode) == 4
+    stopped = visible_output([1, 2, 3, 9], (9,), 32, ["wor"], decode, complete=True)
+    assert (stopped.text, stopped.tokens, stopped.finish_reason) == ("hello ", (1, 2), "stop")
+    assert visible_output([1, 2, 3, 9], (9,), 32, ["he"], decode, complete=True).tokens == ()
+    assert visible_output([1, 2, 3, 9], (9,), 32, ["xyz"], decode, complete=True).tokens == (1, 2, 3, 9)
+
+
+def test_top_logprobs_keep_ids_with_the_same_text_apart():
+    """Two ids that both decode to '' are two entries, each with its own value (a dict keyed
+    by text alone kept one, with the less likely value)."""
+    texts = {5: "a", 0: "", 1: "", 7: "a"}
+    top = alternatives([5, 0, 1, 7], [-0.1, -1.0, -2.0, -3.0], lambda ids: texts[ids[0]])
+    assert top == {"a": -0.1, "": -1.0, "token_id:1": -2.0, "token_id:7": -3.0}
+    built = completion_logprobs([5], [-0.1], [[5, 0, 1]], [[-0.1, -1.0, -2.0]], lambda ids: texts[ids[0]], 3)
+    assert built["top_logprobs"] == [{"a": -0.1, "": -1.0, "token_id:1": -2.0}]
 
 
 def test_chat_joins_messages_without_a_template(model, client):
@@ -363,10 +433,10 @@ def wait_for(condition, seconds: float = 10.0) -> None:
 
 
 def test_a_full_queue_answers_429_and_a_client_that_leaves_frees_its_place(model):
-    """With the worker paused, one request fills the token budget: the next gets 429; when
+    """With the worker paused and no line, one request fills the token budget: the next gets 429; when
     the first client disconnects its queued row leaves and frees the budget."""
     cost = len(model.encode([PROMPTS[0]])[0]) + 32
-    served = Served(ServeConfig(model, DecodeDefaults(block_length=BLOCK), max_queued_tokens=cost))
+    served = Served(ServeConfig(model, DecodeDefaults(block_length=BLOCK), max_queued_tokens=cost, max_waiting_tokens=0))
     try:
         served.service.scheduler.stop()  # rows stay queued
         with httpx.stream("POST", f"{served.url}/v1/completions", timeout=30,
@@ -400,6 +470,52 @@ class SlowForward(torch.nn.Module):
     def forward(self, **inputs):
         time.sleep(0.15)
         return self.inner(**inputs)
+
+
+def test_the_line_is_first_come_first_served_so_a_large_request_is_not_overtaken(model):
+    """Budget 120, gen_length 32: a small request (34 tokens) is admitted, a large one (102)
+    waits in line, and a small one after it waits behind it although it would fit; freeing
+    room admits the large one first. Beyond the line's budget: 429."""
+    scheduler = Scheduler(32, max_batch_size=4, max_tokens=120, metrics=ServerMetrics(4), max_waiting_tokens=140)
+    resolved = DecoderPool(model, DecodeDefaults(block_length=BLOCK)).default
+
+    def request(rows):
+        jobs = [Job([5, 6], False, lambda event: None, index=i) for i in range(rows)]
+        scheduler.submit(resolved, jobs)
+        return jobs
+
+    first = request(1)
+    large = request(3)
+    late = request(1)
+    assert [j.state for j in first + large + late] == ["queued", "waiting", "waiting", "waiting", "waiting"]
+    assert scheduler.load() == {"waiting": 5, "running": 0, "admitted_tokens": 34, "line_tokens": 136}
+    with pytest.raises(QueueFullError, match="34 of 120 tokens are admitted, 136 of 140 wait in line, and the request needs 34"):
+        request(1)
+    scheduler.cancel(first[0])  # room for the large request: it goes first, the late one still waits
+    assert [j.state for j in large + late] == ["queued"] * 3 + ["waiting"]
+    assert scheduler.load()["admitted_tokens"] == 102 and scheduler.load()["line_tokens"] == 34
+    scheduler.cancel(late[0])
+    assert scheduler.load() == {"waiting": 3, "running": 0, "admitted_tokens": 102, "line_tokens": 0}
+
+
+def test_a_request_beyond_the_budget_waits_in_line_and_is_answered(model):
+    """With the worker paused, one request fills the budget; the next, larger than the room
+    left, waits in line (no 429) and gets its offline answer once the worker runs."""
+    cost = len(model.encode([PROMPTS[0]])[0]) + 32
+    served = Served(ServeConfig(model, DecodeDefaults(block_length=BLOCK), max_queued_tokens=2 * cost))
+    try:
+        served.service.scheduler.stop()
+        with ThreadPoolExecutor(2) as pool:
+            first = pool.submit(served.client().completions.create, model=MODEL, prompt=PROMPTS[0])
+            wait_for(lambda: metrics_of(served)["dloom_admitted_tokens"] == cost)
+            second = pool.submit(served.client().completions.create, model=MODEL, prompt=PROMPTS[0], n=2)
+            wait_for(lambda: metrics_of(served)["dloom_line_tokens"] == 2 * cost)
+            served.service.scheduler.start()
+            assert first.result().choices[0].text == offline(model, PROMPTS[0])[0]
+            assert [c.text for c in second.result().choices] == [offline(model, PROMPTS[0])[0]] * 2
+        assert metrics_of(served)['dloom_requests_total{outcome="rejected"}'] == 0
+    finally:
+        served.stop()
 
 
 def test_a_client_leaving_mid_stream_is_discarded_and_the_server_goes_on(model):
@@ -643,7 +759,7 @@ def test_the_scheduler_admits_within_its_budget_and_frees_a_cancelled_row(model)
     with pytest.raises(QueueFullError, match="70 of 100 tokens are admitted and the request needs 35"):
         scheduler.submit(pool.default, [job()])
     scheduler.cancel(first)
-    assert first.state == "cancelled" and scheduler.load() == {"waiting": 1, "running": 0, "admitted_tokens": 35}
+    assert first.state == "cancelled" and scheduler.load() == {"waiting": 1, "running": 0, "admitted_tokens": 35, "line_tokens": 0}
     scheduler.submit(pool.default, [job()])
     with pytest.raises(ConfigurationError, match="more than the server's whole budget of 100"):
         scheduler.submit(pool.default, [job(), job(), job()])

@@ -221,6 +221,7 @@ REFUSED = [
     ({"logprobs": 1, "extra_body": {"strategy": "spiffy+quota"}}, 400, "logprobs with a speculative strategy is not supported"),
     ({"n": 0}, 422, "n: Input should be greater than or equal to 1"),
     ({"extra_body": {"stream_options": {"include_usage": True, "other": 1}}, "stream": True}, 422, "stream_options.other: Extra inputs"),
+    ({"extra_body": {"stream_options": {"include_usage": True}}}, 400, "stream_options is given without stream; allowed: stream_options only with stream true"),
 ]
 
 

@@ -9,8 +9,11 @@ are refused before any work; a request never names a server path; types are stri
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import os
 import shutil
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -25,15 +28,18 @@ from typer.testing import CliRunner
 
 import dloom
 from dloom.cli.commands import app as cli_app
-from dloom.errors import ConfigurationError
+from dloom.errors import ConfigurationError, HTTPError, QueueFullError
 from dloom.hooks.registry import Strategy, get_registry
 from dloom.serve.app import ServeConfig, create_app
 from dloom.serve.background import BackgroundServer
+from dloom.serve.body import least_token_rows
 from dloom.serve.decoders import DecodeDefaults, DecoderPool
 from dloom.serve.files import ServerFiles
-from dloom.serve.limits import MAX_BODY_BYTES
+from dloom.serve.limits import MAX_BODY_BYTES, MAX_HEADER_BYTES
 from dloom.serve.metrics import ServerMetrics
 from dloom.serve.scheduler import Job, Scheduler
+from dloom.serve.schemas import CompletionRequest
+from dloom.serve.service import Service
 from dloom.types import Parameter
 from dloom_plugins.spiffy.graph import BUILTIN_DIR
 
@@ -212,6 +218,17 @@ HTTP_CASES = [
      400, "the request body is not valid JSON", "invalid"),
     ("POST", "/v1/completions", {"content": b"[1, 2]", "headers": {"content-type": "application/json"}},
      422, "the request body must be a JSON object", "invalid"),
+    ("POST", "/v1/completions", {"content": b'{"model": "\xff"}', "headers": {"content-type": "application/json"}},
+     400, "the request body is not UTF-8 (byte 11); allowed: JSON in UTF-8", "invalid"),
+    ("POST", "/v1/chat/completions", {"content": b'{"a":' * 100_000 + b"1" + b"}" * 100_000,
+                                      "headers": {"content-type": "application/json"}},
+     400, "the request body is not valid JSON: it nests arrays or objects too deeply", "invalid"),
+    ("POST", "/v1/completions", {"content": b'{"model": "toy-dllm", "prompt": "x"}',
+                                 "headers": {"content-type": "application/json; charset=latin-1"}},
+     400, "the request body is declared as charset 'latin-1'; allowed: JSON in UTF-8", "invalid"),
+    ("POST", "/v1/completions", {"content": b'{"model": "toy-dllm", "prompt": "x"}',
+                                 "headers": {f"x-{i}": "1" for i in range(95)}},  # and httpx's 6
+     431, "the request has 101 headers; allowed: at most 100 (dloom serve --max-headers)", "too_large"),
     ("GET", "/v1/engines", {}, 404, "no endpoint answers GET /v1/engines", "unrouted"),
     ("GET", "/v1/completions", {}, 405, "GET /v1/completions: method GET is not allowed; allowed: POST", "unrouted"),
     ("POST", "/v1/completions", {"content": b"x" * (BODY_LIMIT + 1), "headers": {"content-type": "application/json"}},
@@ -385,13 +402,172 @@ def test_a_dead_worker_fails_its_rows_and_health_says_why(model):
         assert outcome(server, "unavailable") == 1 and metrics_of(server)["dloom_admitted_tokens"] == 0
 
 
+# --- cost before work: bounded before any per-row object is built -----------------------
+
+
+@pytest.mark.parametrize("body, rows", [
+    (b'{"prompt": [[3], [4, 5]], "stop": ["a"]}', 2),
+    (b'{"prompt": [3, 4], "n": 2}', -1),
+    (b'{"prompt": ["[[[", "a\\"[["], "stop": "]["}', -1),  # brackets in strings, escaped quotes
+    (b'{"prompt": "' + b"[" * 1000 + b'"}', -2),
+    (b'{"prompt": [' + b"[3]," * 50 + b"[3]]}", 50),
+])
+def test_least_token_rows_counts_the_arrays_outside_strings(body, rows):
+    assert least_token_rows(body) == rows
+
+
+def test_the_cost_is_checked_from_the_parsed_body_before_any_row_is_built(model, monkeypatch):
+    """Rows x n x (prompt + gen_length) against the budget (400) and the room left (429, with no line),
+    for token ids exactly and for texts at one token each before they are encoded: no Job,
+    no encoding, no per-row list."""
+    service = Service(ServeConfig(model, DecodeDefaults(block_length=BLOCK), max_queued_tokens=1000, max_waiting_tokens=0))
+    gen = service.gen_length
+    monkeypatch.setattr("dloom.serve.service.Job", None)  # building one would fail
+    monkeypatch.setattr(service, "_encode", None)  # so would encoding a text
+    with pytest.raises(ConfigurationError, match=f"the request needs {16 * 300 * (1 + gen)} tokens .*budget of 1000"):
+        service.prepare(CompletionRequest(model=MODEL, prompt=[[3]] * 300, n=16), [[3]] * 300, None)
+    with pytest.raises(ConfigurationError, match=f"the request needs at least {2 * 30 * (1 + gen)} tokens"):
+        service.prepare(CompletionRequest(model=MODEL, prompt=["a"] * 30, n=2), ["a"] * 30, None)
+    service.scheduler._admitted_tokens = 1000 - 2 * (2 + gen) + 1  # one token short of room for the request
+    with pytest.raises(QueueFullError, match=f"the server is full: .* the request needs {2 * (2 + gen)}"):
+        service.prepare(CompletionRequest(model=MODEL, prompt=[5, 6], n=2), [[5, 6]], None)
+    service.scheduler._admitted_tokens = 0
+    with pytest.raises(ConfigurationError, match=r"the request body opens 302 JSON arrays: 300 or more prompts"):
+        service.check_rows(json.dumps({"prompt": [[3]] * 300, "stop": ["x"]}).encode())
+    service.check_rows(json.dumps({"prompt": [[3]] * 10, "stop": ["[" * 500]}).encode())  # fits: no refusal
+
+
+def test_a_many_row_body_is_refused_over_http_before_it_is_parsed(served, monkeypatch):
+    monkeypatch.setattr("dloom.serve.body.json", None)  # parsing it would fail (500)
+    before = outcome(served, "invalid")
+    body = json.dumps({"model": MODEL, "prompt": [[3]] * 3000, "n": 16}).encode()
+    answer = httpx.post(f"{served.url}/v1/completions", content=body, headers={"content-type": "application/json"})
+    assert_error_object(answer, 400, "the request body opens 3001 JSON arrays: 2999 or more prompts of token ids")
+    assert outcome(served, "invalid") == before + 1 and metrics_of(served)["dloom_admitted_tokens"] == 0
+
+
+@pytest.mark.slow
+def test_a_large_many_row_request_is_refused_fast_and_small_while_a_canary_keeps_its_latency(model):
+    """The 1.5 MB body of 300,000 one-token rows, n=16 (4.8 million rows): refused in under
+    100 ms alone (the median of 5), and in under 1 s each when 4 clients send it 24 times at
+    once (client and server share this process and its cores); the server's memory grows by
+    under 50 MB, and a canary completion asked all along answers within twice its latency
+    alone plus 1 s (it waited 21 s when every row was built before the budget was checked)."""
+    body = json.dumps({"model": MODEL, "prompt": [[3]] * 300_000, "n": 16}).encode()
+    assert 1_400_000 < len(body) < 1_600_000
+    with BackgroundServer(ServeConfig(model, DecodeDefaults(block_length=BLOCK))) as server:
+        canary = {"model": MODEL, "prompt": PROMPTS[0], "max_tokens": 8}
+
+        def ask_canary() -> float:
+            started = time.perf_counter()
+            assert httpx.post(f"{server.url}/v1/completions", json=canary, timeout=60).status_code == 200
+            return time.perf_counter() - started
+
+        alone = max(ask_canary() for _ in range(5))
+        with httpx.Client(timeout=60) as client:
+            once = sorted(refused_in(client, server, body) for _ in range(5))
+        resident = [rss_bytes()]
+        sampling = threading.Event()
+
+        def sample() -> None:
+            while not sampling.is_set():
+                resident.append(rss_bytes())
+                time.sleep(0.005)
+
+        def flood(_) -> list[float]:
+            seconds = []
+            with httpx.Client(timeout=60) as client:
+                for _ in range(6):
+                    seconds.append(refused_in(client, server, body))
+            return seconds
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        with ThreadPoolExecutor(4) as pool:
+            floods = [pool.submit(flood, index) for index in range(4)]
+            during = []
+            while len(during) < 5 or not all(future.done() for future in floods):
+                during.append(ask_canary())
+            refusals = [s for future in floods for s in future.result()]
+        sampling.set()
+        sampler.join()
+    growth = (max(resident) - resident[0]) / 2**20
+    print(f"refused alone in {once} s, under the flood in {sorted(refusals)} s; growth {growth:.1f} MB; "
+          f"canary alone {alone:.3f} s, under the flood {sorted(during)} s")
+    assert once[len(once) // 2] < 0.1, f"refusing the request alone took {once} s"
+    assert len(refusals) == 24 and max(refusals) < 1, f"under the flood, refusals took {sorted(refusals)} s"
+    assert growth < 50, f"the server's memory grew by {growth:.0f} MB"
+    assert max(during) < 2 * alone + 1, f"the canary took {max(during):.3f} s under the flood, {alone:.3f} s alone"
+
+
+def refused_in(client: httpx.Client, server: BackgroundServer, body: bytes) -> float:
+    """Seconds from sending ``body`` to its 400 for a cost beyond the budget."""
+    started = time.perf_counter()
+    answer = client.post(f"{server.url}/v1/completions", content=body, headers={"content-type": "application/json"})
+    seconds = time.perf_counter() - started
+    assert_error_object(answer, 400, "or more prompts of token ids")
+    return seconds
+
+
+def rss_bytes() -> int:
+    """This process's resident memory (the server runs in it)."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+# --- connections: head size, header count, read and idle time ---------------------------
+
+
+def test_headers_over_their_limit_are_refused_and_the_server_goes_on(model, served):
+    """Headers of more bytes than the limit: 431 with the error object when the head arrives
+    in one read, 400 from the protocol (which stops reading) for a head of 128 MB."""
+    before = outcome(served, "too_large")
+    answer = httpx.get(f"{served.url}/health", headers={"x-big": "z" * MAX_HEADER_BYTES})
+    assert_error_object(answer, 431, f"bytes; allowed: at most {MAX_HEADER_BYTES} (dloom serve --max-header-bytes)")
+    assert outcome(served, "too_large") == before + 1
+    host, port = served.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as connection:
+        connection.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        sent = 0
+        with pytest.raises(OSError):  # the server answers 400 and closes before 128 MB have gone
+            while sent < 128 << 20:
+                connection.sendall(b"z" * (1 << 20))
+                sent += 1 << 20
+        assert sent < 8 << 20
+    assert httpx.get(f"{served.url}/health", headers={"x-big": "z" * 1000}).status_code == 200
+
+
+def test_a_connection_whose_request_arrives_too_slowly_is_closed(model):
+    """With ``read_timeout`` 0.5 s: a silent connection and one that sends half a head are
+    closed; a request that arrived whole is answered however long it decodes."""
+    config = ServeConfig(model, DecodeDefaults(block_length=BLOCK), read_timeout=0.5)
+    with BackgroundServer(config) as server:
+        host, port = server.url.removeprefix("http://").split(":")
+        silent, slow = socket.create_connection((host, int(port))), socket.create_connection((host, int(port)))
+        slow.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+        for connection in (silent, slow):
+            connection.settimeout(5)
+            started = time.perf_counter()
+            assert connection.recv(1024) == b""  # closed by the server
+            assert time.perf_counter() - started < 2
+            connection.close()
+        scheduler = server.service.scheduler
+        scheduler.stop()  # the request waits in the queue, past the read timeout
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(httpx.post, f"{server.url}/v1/completions", json={"model": MODEL, "prompt": PROMPTS[0]}, timeout=30)
+            time.sleep(1.5)
+            scheduler.start()
+            assert waiting.result().json()["choices"][0]["text"] == offline(model, PROMPTS[0])
+
+
 # --- back-pressure ----------------------------------------------------------------------
 
 
 def test_a_429_says_when_to_retry(model):
     """The ``Retry-After`` of a full server: its estimate from the queue and recent rows."""
     cost = len(model.encode([PROMPTS[0]])[0]) + 32
-    with BackgroundServer(ServeConfig(model, DecodeDefaults(block_length=BLOCK), max_queued_tokens=cost)) as server:
+    config = ServeConfig(model, DecodeDefaults(block_length=BLOCK), max_queued_tokens=cost, max_waiting_tokens=0)
+    with BackgroundServer(config) as server:
         client = client_of(server)
         client.completions.create(model=MODEL, prompt=PROMPTS[0])  # a finished row: the estimate's basis
         scheduler = server.service.scheduler
@@ -411,6 +587,38 @@ def test_a_429_says_when_to_retry(model):
         assert retry == str(expected) and int(retry) >= 1
         assert f"retry after {retry} s" in str(raised.value)
         scheduler.start()
+
+
+@pytest.mark.slow
+def test_a_large_request_is_not_starved_by_a_flow_of_small_ones(model):
+    """The case that was starved (429 61 times in 62 s): budget 800 tokens, 24 clients
+    looping on small requests, one request of 9 rows. It waits in line, is overtaken by no
+    later request, and gets its offline answer; no request is refused."""
+    with BackgroundServer(ServeConfig(model, DecodeDefaults(block_length=BLOCK), max_queued_tokens=800)) as server:
+        stop = threading.Event()
+
+        def small(index: int) -> int:
+            answered = 0
+            with httpx.Client(timeout=120) as client:
+                while not stop.is_set():
+                    body = {"model": MODEL, "prompt": PROMPTS[index % len(PROMPTS)], "max_tokens": 8}
+                    assert client.post(f"{server.url}/v1/completions", json=body).status_code == 200
+                    answered += 1
+            return answered
+
+        with ThreadPoolExecutor(24) as pool:
+            flow = [pool.submit(small, index) for index in range(24)]
+            time.sleep(2)  # the flow is running: the budget is taken all the time
+            started = time.perf_counter()
+            large = httpx.post(f"{server.url}/v1/completions", timeout=120,
+                               json={"model": MODEL, "prompt": [PROMPTS[1]] * 9})
+            waited = time.perf_counter() - started
+            stop.set()
+            answered = sum(future.result() for future in flow)
+        assert large.status_code == 200, large.text
+        assert [c["text"] for c in large.json()["choices"]] == [offline(model, PROMPTS[1])] * 9
+        print(f"the 9-row request waited {waited:.1f} s while {answered} small requests were answered")
+        assert outcome(server, "rejected") == 0 and waited < 60
 
 
 def test_retry_after_grows_with_the_queue_and_is_bounded(model):
@@ -445,6 +653,43 @@ def test_the_limits_are_configured_on_the_command_line(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     config = served[0].state.service.config
     assert (config.max_body_bytes, config.graph_dirs) == (1234, (str(tmp_path),))
+    assert (config.max_header_bytes, config.max_headers, config.read_timeout, config.keep_alive_timeout,
+            config.max_connections) == (MAX_HEADER_BYTES, 100, 30.0, 5.0, 1024)
+    served.clear()
+    options = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: (served.append(app), options.append(kwargs)))
+    result = CliRunner().invoke(cli_app, ["serve", "--max-header-bytes", "999", "--max-headers", "7", "--read-timeout", "2.5",
+                                          "--keep-alive-timeout", "3", "--max-connections", "9", "--max-waiting-tokens", "0"])
+    assert result.exit_code == 0, result.output
+    assert options[0]["h11_max_incomplete_event_size"] == 999 and options[0]["timeout_keep_alive"] == 3.0
+    assert options[0]["limit_concurrency"] == 9 and options[0]["http"].read_timeout == 2.5
+    assert served[0].state.service.config.max_headers == 7
+    assert served[0].state.service.scheduler.max_waiting_tokens == 0
+    for flag in ("--max-header-bytes", "--max-headers", "--read-timeout", "--keep-alive-timeout", "--max-connections"):
+        result = CliRunner().invoke(cli_app, ["serve", flag, "0"])
+        assert result.exit_code == 2 and flag in result.output
+
+
+def test_a_checkpoint_is_served_by_its_directory_name_not_its_path():
+    from dloom import zoo
+
+    path = zoo.locate(MODEL)
+    service = Service(ServeConfig(dloom.load_model(str(path)), DecodeDefaults(block_length=BLOCK)))
+    assert service.name == path.name
+    with pytest.raises(HTTPError) as refused:
+        service.check_model(CompletionRequest(model="other", prompt="x"))
+    assert str(path.parent) not in str(refused.value) and repr(path.name) in str(refused.value)
+
+
+@pytest.mark.parametrize("name, value, words", [
+    ("max_headers", 0, "max_headers is 0; allowed: >= 1"),
+    ("max_header_bytes", -1, "max_header_bytes is -1; allowed: >= 1"),
+    ("read_timeout", math.inf, "read_timeout is inf; allowed: seconds > 0"),
+    ("keep_alive_timeout", 0.0, "keep_alive_timeout is 0.0; allowed: seconds > 0"),
+])
+def test_connection_limits_out_of_range_are_refused(model, name, value, words):
+    with pytest.raises(ConfigurationError, match=words):
+        create_app(ServeConfig(model, **{name: value}))
 
 
 @pytest.mark.slow

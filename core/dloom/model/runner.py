@@ -42,10 +42,15 @@ from dloom.model.attention import mask_from_block_ids, model_mask
 from dloom.model.cache_policy import CachePolicy
 from dloom.types import VerificationLayout
 
+MAX_CACHE_REFRESH = 1 << 20
+"""The largest ``cache_refresh`` (beyond a block's forwards any interval is the same as
+``None``); every surface (Python, ``dloom generate``, ``dloom serve``, requests) is held to
+it by :func:`check_refresh`."""
+
 
 def check_refresh(policy: CachePolicy, refresh: int | None) -> None:
-    """Refuse a ``refresh`` interval that is not a positive int, or one with a policy that
-    records nothing.
+    """Refuse a ``refresh`` interval that is not an int in ``1 .. MAX_CACHE_REFRESH``, or one
+    with a policy that records nothing.
 
     :raises ConfigurationError: naming the bad value and what is allowed.
     """
@@ -53,6 +58,11 @@ def check_refresh(policy: CachePolicy, refresh: int | None) -> None:
         return
     if isinstance(refresh, bool) or not isinstance(refresh, int) or refresh < 1:
         raise ConfigurationError(f"cache_refresh is {refresh!r}; allowed: an int >= 1, or None")
+    if refresh > MAX_CACHE_REFRESH:
+        raise ConfigurationError(
+            f"cache_refresh is {refresh}; allowed: at most {MAX_CACHE_REFRESH} (a larger interval is the "
+            "same as None: one full forward per block)"
+        )
     if not policy.records:
         recording = " or ".join(repr(name) for name in cache_modes(records=True))
         raise ConfigurationError(

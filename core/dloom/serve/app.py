@@ -11,6 +11,7 @@ rest (413, 422, unknown routes, unexpected errors) with OpenAI error objects too
 
 from __future__ import annotations
 
+import math
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -26,7 +27,8 @@ from dloom.errors import (
     WorkerDeadError,
 )
 from dloom.serve import errors
-from dloom.serve.limits import BodyLimit
+from dloom.serve.body import add_schemas, documented, read_body
+from dloom.serve.limits import BodyLimit, HeaderLimit
 from dloom.serve.responses import error_body
 from dloom.serve.schemas import ChatCompletionRequest, CompletionRequest
 from dloom.serve.service import ServeConfig, Service
@@ -39,8 +41,12 @@ def create_app(config: ServeConfig) -> FastAPI:
 
     :raises DloomError: when the server's own default settings or limits are invalid.
     """
-    if config.max_body_bytes < 1:
-        raise ConfigurationError(f"max_body_bytes is {config.max_body_bytes}; allowed: >= 1")
+    for name in ("max_body_bytes", "max_header_bytes", "max_headers", "max_connections"):
+        if getattr(config, name) < 1:
+            raise ConfigurationError(f"{name} is {getattr(config, name)}; allowed: >= 1")
+    for name in ("read_timeout", "keep_alive_timeout"):
+        if not 0 < getattr(config, name) < math.inf:
+            raise ConfigurationError(f"{name} is {getattr(config, name)}; allowed: seconds > 0")
     service = Service(config)
 
     @asynccontextmanager
@@ -54,6 +60,9 @@ def create_app(config: ServeConfig) -> FastAPI:
     app = FastAPI(title="dloom", lifespan=lifespan)
     app.state.service = service
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes, on_refusal=lambda: service.metrics.count_request("too_large"))
+    app.add_middleware(
+        HeaderLimit, max_headers=config.max_headers, max_bytes=config.max_header_bytes,
+        on_refusal=lambda: service.metrics.count_request("too_large"))
     errors.install(app, service.metrics)
 
     @app.exception_handler(HTTPError)
@@ -75,6 +84,9 @@ def create_app(config: ServeConfig) -> FastAPI:
         service.metrics.count_request("invalid")
         return JSONResponse(error_body(str(error), "invalid_request_error"), status_code=400)
 
+    def prepare_completion(body: CompletionRequest):
+        return service.prepare(body, body.prompts(), body.max_tokens)
+
     @app.get("/health")
     async def health() -> JSONResponse:
         """200 while the worker runs; 503 with the reason once it has stopped."""
@@ -94,16 +106,18 @@ def create_app(config: ServeConfig) -> FastAPI:
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": service.name, "object": "model", "created": 0, "owned_by": "dloom"}]}
 
-    @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request):
+    @app.post("/v1/completions", openapi_extra=documented(CompletionRequest))
+    async def completions(request: Request):
+        body = await read_body(request, CompletionRequest, service.check_rows)
         service.check_model(body)
-        prepared = await run_in_threadpool(errors.shielded(service.prepare), body, body.prompts(), body.max_tokens)
+        prepared = await run_in_threadpool(errors.shielded(prepare_completion), body)
         if body.stream:
             return service.stream(request, prepared, "text_completion", body.include_usage)
         return await service.complete(request, prepared, "text_completion")
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest, request: Request):
+    @app.post("/v1/chat/completions", openapi_extra=documented(ChatCompletionRequest))
+    async def chat_completions(request: Request):
+        body = await read_body(request, ChatCompletionRequest)
         service.check_model(body)
         prompt = await run_in_threadpool(errors.shielded(service.chat_prompt), body)
         prepared = await run_in_threadpool(errors.shielded(service.prepare), body, [prompt], body.token_limit)
@@ -111,4 +125,5 @@ def create_app(config: ServeConfig) -> FastAPI:
             return service.stream(request, prepared, "chat.completion", body.include_usage)
         return await service.complete(request, prepared, "chat.completion")
 
+    add_schemas(app, [CompletionRequest, ChatCompletionRequest])
     return app

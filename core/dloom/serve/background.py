@@ -14,6 +14,7 @@ import time
 import uvicorn
 
 from dloom.serve.app import ServeConfig, Service, create_app
+from dloom.serve.connections import uvicorn_options
 
 
 class BackgroundServer:
@@ -27,7 +28,7 @@ class BackgroundServer:
     def __init__(self, config: ServeConfig, host: str = "127.0.0.1", port: int = 0, timeout: float = 30.0) -> None:
         app = create_app(config)
         self.service: Service = app.state.service
-        self._server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+        self._server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", **uvicorn_options(config)))
         self._thread = threading.Thread(target=self._server.run, name="dloom-serve", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + timeout

@@ -28,6 +28,21 @@ MAX_BODY_BYTES = 4 * 1024 * 1024
 """The default request-body limit (``dloom serve --max-body-bytes``): 4 MiB holds a
 100k-token prompt as text or as token ids."""
 
+MAX_HEADER_BYTES = 32 * 1024
+"""The default request-head limit in bytes (``dloom serve --max-header-bytes``)."""
+
+MAX_HEADERS = 100
+"""The default limit on a request's headers (``dloom serve --max-headers``)."""
+
+READ_TIMEOUT = 30.0
+"""The default seconds a request may take to arrive (``dloom serve --read-timeout``)."""
+
+KEEP_ALIVE_TIMEOUT = 5.0
+"""The default seconds an idle connection stays open (``dloom serve --keep-alive-timeout``)."""
+
+MAX_CONNECTIONS = 1024
+"""The default limit on open connections (``dloom serve --max-connections``)."""
+
 MAX_STOP_CHARS = 256
 """The longest stop sequence a request may give, in characters."""
 
@@ -84,14 +99,51 @@ class BodyLimit:
 
     async def _refuse(self, send: Send, what: str) -> None:
         self.on_refusal()
-        body = json.dumps(error_body(
-            f"{what}; allowed: at most {self.max_bytes} bytes (dloom serve --max-body-bytes)",
-            "invalid_request_error", "request_too_large",
-        )).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                (b"connection", b"close")]})
-        await send({"type": "http.response.body", "body": body})
+        await refuse(
+            send, 413, f"{what}; allowed: at most {self.max_bytes} bytes (dloom serve --max-body-bytes)",
+            "request_too_large",
+        )
+
+
+class HeaderLimit:
+    """ASGI middleware: a request with more than ``max_headers`` headers, or headers of more
+    than ``max_bytes`` bytes (names and values), gets ``431`` with OpenAI's error object.
+    (The server's protocol bounds the request head before, as it arrives, to the same
+    bytes: :mod:`dloom.serve.connections`; a head that arrives in one read is measured here.)
+
+    :param on_refusal: called once per refused request (the server counts it).
+    """
+
+    def __init__(self, app: ASGIApp, max_headers: int, max_bytes: int, on_refusal: Callable[[], None]) -> None:
+        self.app = app
+        self.max_headers = max_headers
+        self.max_bytes = max_bytes
+        self.on_refusal = on_refusal
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = scope["headers"]
+        size = sum(len(name) + len(value) for name, value in headers)
+        if len(headers) > self.max_headers:
+            message = f"the request has {len(headers)} headers; allowed: at most {self.max_headers} (dloom serve --max-headers)"
+        elif size > self.max_bytes:
+            message = f"the request's headers have {size} bytes; allowed: at most {self.max_bytes} (dloom serve --max-header-bytes)"
+        else:
+            await self.app(scope, receive, send)
+            return
+        self.on_refusal()
+        await refuse(send, 431, message, "request_header_fields_too_large")
+
+
+async def refuse(send: Send, status: int, message: str, code: str) -> None:
+    """Answer ``status`` with OpenAI's error object and close the connection."""
+    body = json.dumps(error_body(message, "invalid_request_error", code)).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
 
 
 def longest_token_chars(tokenizer: Any) -> int | None:

@@ -95,11 +95,14 @@ class ServerMetrics:
                    "Rows that joined a batch already decoding other rows (continuous batching).",
                    {"": self.joined_rows})
             occupancy = self.last_step_rows / self.max_batch_size
-        metric("dloom_queue_depth", "gauge", "Rows waiting for a batch.", {"": load["waiting"]})
+        metric("dloom_queue_depth", "gauge", "Rows waiting for a batch (admitted or in line).", {"": load["waiting"]})
         metric("dloom_running_rows", "gauge", "Rows being decoded now.", {"": load["running"]})
         metric("dloom_admitted_tokens", "gauge",
                "Tokens of admitted rows (waiting or decoding), bounded by the budget.",
                {"": load["admitted_tokens"]})
+        metric("dloom_line_tokens", "gauge",
+               "Tokens of requests waiting in line for room, bounded by max_waiting_tokens.",
+               {"": load["line_tokens"]})
         metric("dloom_batch_occupancy", "gauge",
                "Rows of the latest step's batch over max_batch_size.", {"": occupancy})
         return "\n".join(lines) + "\n"

@@ -52,6 +52,10 @@ def check_openai_fields(body: GenerationFields, speculates: bool) -> None:
             "sampling (dloom samples from the whole distribution), any top_p in (0, 1] with "
             "temperature 0 (the most likely token is always in the nucleus)"
         )
+    if body.stream_options is not None and not body.stream:
+        raise ConfigurationError(
+            "stream_options is given without stream; allowed: stream_options only with stream true (as OpenAI)"
+        )
     if isinstance(body, ChatCompletionRequest) and body.top_logprobs is not None and not body.logprobs:
         raise ConfigurationError(f"top_logprobs is {body.top_logprobs} without logprobs; allowed: with logprobs true")
     top = requested_logprobs(body)
@@ -89,14 +93,23 @@ def completion_logprobs(
         at += len(s)
     tops = None
     if top:
-        tops = [
-            {decode([t]): _finite(v) for t, v in zip(ids[:top], vals[:top])}
-            for ids, vals in zip(top_ids, top_values)
-        ]
+        tops = [alternatives(ids[:top], vals[:top], decode) for ids, vals in zip(top_ids, top_values)]
     return {
         "tokens": strings, "token_logprobs": [_finite(v) for v in values[: len(tokens)]],
         "top_logprobs": tops, "text_offset": offsets,
     }
+
+
+def alternatives(ids: Sequence[int], values: Sequence[float], decode: Callable[[list[int]], str]) -> dict[str, float]:
+    """One position's ``top_logprobs`` entry of a completion, most likely first: keyed by each
+    alternative's text, and, for an id whose text an earlier (likelier) id already has,
+    by ``token_id:<id>`` (vLLM's spelling of a token by its id), so distinct ids stay apart
+    (two ids that both decode to ``''`` are two entries, each with its own value)."""
+    entries: dict[str, float] = {}
+    for token, value in zip(ids, values):
+        text = decode([token])
+        entries[f"token_id:{token}" if text in entries else text] = _finite(value)
+    return entries
 
 
 def chat_logprobs(

@@ -3,8 +3,13 @@ that keeps a running batch per lane (continuous batching at block boundaries).
 
 * **Admission and back-pressure.** A request's rows cost ``prompt tokens + gen_length``
   each; the scheduler admits rows while the tokens of all admitted rows (waiting or
-  decoding) stay within ``max_tokens`` and refuses the rest with :class:`QueueFullError`
-  (HTTP 429), so memory and waiting time stay bounded whatever the load.
+  decoding) stay within ``max_tokens``. A request that does not fit now waits in the
+  server-held *line* while the line's tokens stay within ``max_waiting_tokens``, and the
+  line is admitted first come, first served: while anyone waits in it, a new request joins
+  it rather than take room that frees up, so no request is overtaken (a large one is not
+  starved by a flow of small ones). Beyond the line's budget a request is refused with
+  :class:`QueueFullError` (HTTP 429), so memory and waiting time stay bounded whatever the
+  load.
 * **Lanes.** Rows whose settings build the same decoder (:class:`~dloom.serve.decoders.
   LaneKey`) wait in one lane; only rows of one lane can share a forward batch.
 * **Continuous batching.** One worker thread owns the device. Each lane with rows has one
@@ -101,7 +106,8 @@ class Job:
     :ivar stream: whether the request wants each block as it lands.
     :ivar post: delivers an event to the request (called from the worker thread).
     :ivar index: the prompt's index in its request (``0 .. n-1``): its random stream.
-    :ivar state: ``queued``, ``running``, ``done`` or ``cancelled``.
+    :ivar state: ``waiting`` (in the line, not admitted yet), ``queued``, ``running``,
+        ``done`` or ``cancelled``.
     :ivar row: its id in its lane's running batch, once it has joined.
     """
 
@@ -158,10 +164,13 @@ class Scheduler:
     :param max_batch_size: rows in a lane's running batch, at most.
     :param max_tokens: token budget of all admitted rows (waiting or decoding).
     :param metrics: where batch figures are counted.
+    :param max_waiting_tokens: token budget of the requests waiting in line for room (0: a
+        request that does not fit now is refused at once).
     """
 
     def __init__(
-        self, gen_length: int, max_batch_size: int, max_tokens: int, metrics: ServerMetrics
+        self, gen_length: int, max_batch_size: int, max_tokens: int, metrics: ServerMetrics,
+        max_waiting_tokens: int = 0,
     ) -> None:
         if max_batch_size < 1:
             raise ConfigurationError(f"max_batch_size is {max_batch_size}; allowed: >= 1")
@@ -169,8 +178,13 @@ class Scheduler:
             raise ConfigurationError(f"max_queued_tokens is {max_tokens}; allowed: >= 1")
         self.gen_length = gen_length
         self.max_batch_size = max_batch_size
+        if max_waiting_tokens < 0:
+            raise ConfigurationError(f"max_waiting_tokens is {max_waiting_tokens}; allowed: >= 0")
         self.max_tokens = max_tokens
+        self.max_waiting_tokens = max_waiting_tokens
         self.metrics = metrics
+        self._line: deque[tuple[Resolved, list[Job]]] = deque()  # requests waiting for room, oldest first
+        self._line_tokens = 0
         self._lanes: OrderedDict[LaneKey, Lane] = OrderedDict()
         self._admitted_tokens = 0
         self._running = 0
@@ -183,47 +197,109 @@ class Scheduler:
 
     # --- admission ---------------------------------------------------------------------
 
+    def check_cost(self, cost: int, at_least: bool = False) -> None:
+        """Refuse a request of ``cost`` tokens (``prompt + gen_length`` per row; with
+        ``at_least``, a lower bound of them) that could never fit the budget.
+
+        :raises ConfigurationError: when ``cost`` passes the whole budget (HTTP 400).
+        """
+        if cost > self.max_tokens:
+            raise ConfigurationError(
+                f"the request needs {'at least ' if at_least else ''}{cost} tokens (prompt + gen_length "
+                f"per prompt and choice), more than the server's whole budget of {self.max_tokens} "
+                "(--max-queued-tokens)"
+            )
+
+    def check_room(self, cost: int) -> None:
+        """Refuse a request of ``cost`` tokens that neither fits the budget now nor the line
+        (a check before any of its rows is built; :meth:`submit` checks again as it takes
+        them).
+
+        :raises QueueFullError: when neither has room (HTTP 429).
+        :raises WorkerDeadError: once the worker has stopped on an error (HTTP 503).
+        """
+        with self._ready:
+            self._check_room(cost)
+
+    def _check_room(self, cost: int) -> bool:
+        """:meth:`check_room` with the lock held: whether the request is admitted now
+        (``False``: it waits in line)."""
+        if self.failure is not None:
+            raise WorkerDeadError(f"the server's decoding worker has stopped: {self.failure}")
+        if not self._line and self._admitted_tokens + cost <= self.max_tokens:
+            return True
+        if self._line_tokens + cost <= self.max_waiting_tokens:
+            return False
+        retry = self.retry_after()
+        line = f", {self._line_tokens} of {self.max_waiting_tokens} wait in line," if self.max_waiting_tokens else ""
+        raise QueueFullError(
+            f"the server is full: {self._admitted_tokens} of {self.max_tokens} tokens are admitted{line} "
+            f"and the request needs {cost}; retry after {retry} s", retry,
+        )
+
     def submit(self, resolved: Resolved, jobs: list[Job]) -> None:
-        """Admit all of a request's rows into their lane, or none of them.
+        """Admit all of a request's rows into their lane, or put them all in line, or
+        neither.
 
         :raises ConfigurationError: when the rows could never fit the budget.
-        :raises QueueFullError: when they do not fit now.
+        :raises QueueFullError: when they fit neither the budget nor the line now.
         """
         for job in jobs:
             job.cost = len(job.prompt) + self.gen_length
             job.lane = resolved.key
         cost = sum(job.cost for job in jobs)
-        if cost > self.max_tokens:
-            raise ConfigurationError(
-                f"the request needs {cost} tokens (prompt + gen_length per prompt), more than "
-                f"the server's whole budget of {self.max_tokens} (--max-queued-tokens)"
-            )
+        self.check_cost(cost)
         with self._ready:
-            if self.failure is not None:
-                raise WorkerDeadError(f"the server's decoding worker has stopped: {self.failure}")
+            if self._check_room(cost):
+                self._enqueue(resolved, jobs)
+            else:
+                for job in jobs:
+                    job.state = "waiting"
+                self._line.append((resolved, jobs))
+                self._line_tokens += cost
+
+    def _enqueue(self, resolved: Resolved, jobs: list[Job]) -> None:
+        """Admit a request's rows into their lane (lock held)."""
+        lane = self._lanes.get(resolved.key)
+        if lane is None:
+            lane = self._lanes[resolved.key] = Lane(resolved.key, resolved.decoder)
+        for job in jobs:
+            job.state = "queued"
+        lane.waiting.extend(jobs)
+        self._admitted_tokens += sum(job.cost for job in jobs)
+        self._ready.notify()
+
+    def _admit_line(self) -> None:
+        """Admit the requests at the head of the line while the budget has room for them
+        (lock held; first come, first served: the head waits for room, no one overtakes it)."""
+        while self._line:
+            resolved, jobs = self._line[0]
+            cost = sum(job.cost for job in jobs)
             if self._admitted_tokens + cost > self.max_tokens:
-                retry = self.retry_after()
-                raise QueueFullError(
-                    f"the server is full: {self._admitted_tokens} of {self.max_tokens} tokens "
-                    f"are admitted and the request needs {cost}; retry after {retry} s", retry,
-                )
-            lane = self._lanes.get(resolved.key)
-            if lane is None:
-                lane = self._lanes[resolved.key] = Lane(resolved.key, resolved.decoder)
-            lane.waiting.extend(jobs)
-            self._admitted_tokens += cost
-            self._ready.notify()
+                return
+            self._line.popleft()
+            self._line_tokens -= cost
+            self._enqueue(resolved, jobs)
 
     def cancel(self, job: Job) -> None:
         """Withdraw a row: a waiting one leaves the queue now, a decoding one leaves its batch
         before the batch's next forward; a finished one is left as it is."""
         with self._ready:
-            if job.state == "queued" and job.lane is not None:  # a queued job has its lane
+            if job.state == "waiting":
+                entry = next(entry for entry in self._line if job in entry[1])
+                entry[1].remove(job)
+                if not entry[1]:
+                    self._line.remove(entry)
+                self._line_tokens -= job.cost
+                self._admit_line()  # a new head may fit
+                self.metrics.count_cancelled("queued")
+            elif job.state == "queued" and job.lane is not None:  # a queued job has its lane
                 lane = self._lanes[job.lane]
                 lane.waiting.remove(job)
                 if lane.idle:
                     del self._lanes[job.lane]
                 self._admitted_tokens -= job.cost
+                self._admit_line()
                 self.metrics.count_cancelled("queued")
             elif job.state == "running":
                 if job.row is not None and job.lane is not None:  # else it is joining now: the worker withdraws it
@@ -234,21 +310,28 @@ class Scheduler:
             job.state = "cancelled"
 
     def retry_after(self) -> int:
-        """Seconds a refused client should wait (lock held): the rows waiting now, taken
-        ``max_batch_size`` at a time, plus the batch decoding now, each batch taking the
-        mean time recent rows took from submission to answer; 1 before any row finished,
-        60 at most."""
+        """Seconds a refused client should wait (lock held): the rows waiting now (admitted
+        or in line), taken ``max_batch_size`` at a time, plus the batch decoding now, each
+        batch taking the mean time recent rows took from submission to answer; 1 before
+        any row finished, 60 at most."""
         if self._row_seconds is None:
             return 1
-        waiting = sum(len(lane.waiting) for lane in self._lanes.values())
+        waiting = self._waiting_rows()
         batches = 1 + waiting / self.max_batch_size
         return max(1, min(60, math.ceil(batches * self._row_seconds)))
 
+    def _waiting_rows(self) -> int:
+        """Rows not decoding yet: admitted and waiting in their lanes, or in line (lock held)."""
+        return sum(len(lane.waiting) for lane in self._lanes.values()) + sum(len(jobs) for _, jobs in self._line)
+
     def load(self) -> dict[str, int]:
-        """``waiting`` rows, ``running`` rows and ``admitted_tokens`` right now."""
+        """``waiting`` rows (admitted or in line), ``running`` rows, ``admitted_tokens`` and
+        ``line_tokens`` (of the requests in line) right now."""
         with self._ready:
-            waiting = sum(len(lane.waiting) for lane in self._lanes.values())
-            return {"waiting": waiting, "running": self._running, "admitted_tokens": self._admitted_tokens}
+            return {
+                "waiting": self._waiting_rows(), "running": self._running,
+                "admitted_tokens": self._admitted_tokens, "line_tokens": self._line_tokens,
+            }
 
     # --- the worker --------------------------------------------------------------------
 
@@ -285,10 +368,12 @@ class Scheduler:
             with self._ready:
                 self.failure = Failed(error).message
                 jobs = [job for lane in self._lanes.values() for job in (*lane.waiting, *lane.running.values())]
+                jobs += [job for _, waiting in self._line for job in waiting]
                 for job in jobs:
-                    job.state = "running" if job.state == "queued" else job.state  # all are answered now
+                    job.state = "running" if job.state in ("queued", "waiting") else job.state  # all are answered now
                 self._lanes.clear()
-                self._running, self._admitted_tokens = 0, 0
+                self._line.clear()
+                self._running, self._admitted_tokens, self._line_tokens = 0, 0, 0
                 events = self._deliver(jobs, [Failed(error)] * len(jobs))
             for job, event in events:
                 job.post(event)
@@ -336,6 +421,7 @@ class Scheduler:
         """Free the places and tokens of rows that left their batch (lock held)."""
         self._running -= len(jobs)
         self._admitted_tokens -= sum(job.cost for job in jobs)
+        self._admit_line()
 
     def _step(self, lane: Lane, joining: list[Job]) -> None:
         """Admit ``joining`` into ``lane``'s running batch, take one step, post the events of

@@ -18,10 +18,9 @@ from typing import Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from dloom.model.runner import MAX_CACHE_REFRESH
+
 ParamValue = bool | int | float | str
-MAX_CACHE_REFRESH = 1 << 20
-"""The largest ``cache_refresh`` a request may give (beyond a block's forwards it is the same
-as none)."""
 
 
 class StreamOptions(BaseModel):

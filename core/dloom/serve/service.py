@@ -18,19 +18,26 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, cast
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from dloom.decode.prompts import check_not_mask_only
-from dloom.errors import DloomError, HTTPError, ModelError
+from dloom.errors import ConfigurationError, DloomError, HTTPError, ModelError
 from dloom.model.adapter import ModelAdapter
 from dloom.serve.batches import check_batchable
+from dloom.serve.body import OTHER_ARRAYS, least_token_rows
 from dloom.serve.decoders import DecodeDefaults, DecoderPool, Resolved
 from dloom.serve.files import ServerFiles
 from dloom.serve.limits import (
+    KEEP_ALIVE_TIMEOUT,
     MAX_BODY_BYTES,
+    MAX_CONNECTIONS,
+    MAX_HEADER_BYTES,
+    MAX_HEADERS,
+    READ_TIMEOUT,
     TextLimit,
     check_stops,
     longest_token_chars,
@@ -49,7 +56,7 @@ from dloom.serve.schemas import (
     CompletionRequest,
     GenerationFields,
 )
-from dloom.serve.text import StreamText, Visible, visible_output
+from dloom.serve.text import StreamText, Visible, tokens_of_text, visible_output
 
 POLL_SECONDS = 0.5  # how often a waiting response checks that its client is still there
 
@@ -63,24 +70,39 @@ class ServeConfig:
     :ivar defaults: the decoding settings (a request may override strategy, params, cache).
     :ivar max_batch_size: rows decoded together, at most.
     :ivar max_queued_tokens: token budget of admitted rows (``prompt + gen_length`` each).
+    :ivar max_waiting_tokens: token budget of the requests held in line, first come first
+        served, until the budget has room for them; beyond it requests get 429 (0: at once).
     :ivar plain_chat: without a chat template, join the messages' contents with spaces
         (else a chat request to such a model is refused with 400).
-    :ivar name: the model name clients use (default: the model's).
+    :ivar name: the model name clients use (default: the model's; for a local checkpoint,
+        its directory's name: no answer reveals a path on the server).
     :ivar max_body_bytes: the longest request body taken; a longer one gets 413.
     :ivar graph_dirs: directories whose files requests may name in path parameters
         (:mod:`dloom.serve.files`); a request never names a path itself.
     :ivar drafter: the AR target's dLLM drafter, for an ``"ar-target"`` default strategy.
+    :ivar max_header_bytes: the longest request head (request line and headers) taken, in
+        bytes; a longer one gets 400 (:mod:`dloom.serve.connections`).
+    :ivar max_headers: the most headers a request may have; more get 431.
+    :ivar read_timeout: seconds a request's head and body may take to arrive.
+    :ivar keep_alive_timeout: seconds an idle connection is kept open after a response.
+    :ivar max_connections: open connections at most; beyond them requests get 503.
     """
 
     model: ModelAdapter
     defaults: DecodeDefaults = field(default_factory=DecodeDefaults)
     max_batch_size: int = 16
     max_queued_tokens: int = 65536
+    max_waiting_tokens: int = 65536
     plain_chat: bool = False
     name: str | None = None
     max_body_bytes: int = MAX_BODY_BYTES
     graph_dirs: tuple[str, ...] = ()
     drafter: ModelAdapter | None = None
+    max_header_bytes: int = MAX_HEADER_BYTES
+    max_headers: int = MAX_HEADERS
+    read_timeout: float = READ_TIMEOUT
+    keep_alive_timeout: float = KEEP_ALIVE_TIMEOUT
+    max_connections: int = MAX_CONNECTIONS
 
 
 @dataclass
@@ -117,12 +139,13 @@ class Service:
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
         self.model = config.model
-        self.name = config.name or config.model.name
+        self.name = config.name or Path(config.model.name).name  # a checkpoint's directory name, never its path
         self.pool = DecoderPool(config.model, config.defaults, drafter=config.drafter)
         self.gen_length = self.pool.default.decoder.config["gen_length"]
         self.metrics = ServerMetrics(config.max_batch_size)
         self.scheduler = Scheduler(
-            self.gen_length, config.max_batch_size, config.max_queued_tokens, self.metrics
+            self.gen_length, config.max_batch_size, config.max_queued_tokens, self.metrics,
+            max_waiting_tokens=config.max_waiting_tokens,
         )
         self.vocab_size = getattr(getattr(config.model.model, "config", None), "vocab_size", None)
         self.files = ServerFiles(config.graph_dirs)
@@ -130,11 +153,44 @@ class Service:
 
     # --- validation ----------------------------------------------------------------------
 
+    def check_rows(self, raw: bytes) -> None:
+        """Refuse a completion body, before it is parsed, whose prompts of token ids are
+        more than the budget could ever admit (each costs at least ``1 + gen_length``
+        tokens; :func:`~dloom.serve.body.least_token_rows` counts them in the raw bytes).
+
+        :raises ConfigurationError: for such a body (answered with 400).
+        """
+        rows = least_token_rows(raw)
+        if rows * (1 + self.gen_length) > self.scheduler.max_tokens:
+            raise ConfigurationError(
+                f"the request body opens {rows + OTHER_ARRAYS} JSON arrays: {rows} or more prompts of token ids, "
+                f"which need at least {rows * (1 + self.gen_length)} tokens (prompt + gen_length each), more "
+                f"than the server's whole budget of {self.scheduler.max_tokens} (--max-queued-tokens)"
+            )
+
+    def check_cost(self, prompts: list[str] | list[list[int]], n: int) -> None:
+        """Refuse a request whose cost, ``n x (prompt + gen_length)`` tokens per prompt,
+        could never fit the budget or does not fit it now, before any per-row object is
+        built. A text counts as one token until it is encoded (a lower bound: the exact
+        cost of texts is checked again once they are encoded).
+
+        :raises ConfigurationError: beyond the whole budget (400).
+        :raises QueueFullError: beyond the room left now (429).
+        """
+        texts = bool(prompts) and isinstance(prompts[0], str)
+        tokens = len(prompts) if texts else sum(max(1, len(p)) for p in prompts)
+        cost = n * (tokens + len(prompts) * self.gen_length)
+        self.scheduler.check_cost(cost, at_least=texts)
+        self.scheduler.check_room(cost)
+
     def prepare(self, body: GenerationFields, prompts: list[str] | list[list[int]], token_limit: int | None) -> Prepared:
-        """Check everything about a request before any of it is queued.
+        """Check everything about a request before any of it is queued: its cost first
+        (:meth:`check_cost`), before anything is built or encoded for its prompts.
 
         :raises DloomError: for bad settings, prompts or lengths (answered with 400).
+        :raises QueueFullError: when the request does not fit the budget now (429).
         """
+        self.check_cost(prompts, body.n)
         check_stops(body.stop or [])
         params = self.files.resolve(body.strategy or self.config.defaults.strategy, body.params)
         resolved = self.pool.resolve(
@@ -153,10 +209,12 @@ class Service:
                 f"max_tokens {max_tokens} exceeds the {self.gen_length} positions this server "
                 f"decodes per prompt (gen_length); allowed: 1..{self.gen_length}"
             )
+        texts = bool(prompts) and isinstance(prompts[0], str)
         rows: list[list[int]] = (
-            self._encode(cast("list[str]", prompts)) if prompts and isinstance(prompts[0], str)
-            else [list(cast("list[int]", p)) for p in prompts]
+            self._encode(cast("list[str]", prompts)) if texts else [list(cast("list[int]", p)) for p in prompts]
         )
+        if texts:
+            self.check_cost(rows, body.n)  # the exact cost, now that the texts are encoded
         if not rows:
             raise ModelError("no prompt given; allowed: a text, texts, token ids or lists of token ids")
         for index, row in enumerate(rows):
@@ -348,7 +406,7 @@ class Service:
                 if closed[index]:
                     continue
                 delta = texts[index].advance(shown)
-                counted[index] = len(shown.tokens)
+                counted[index] = self.counted(prepared, shown, texts[index].sent)
                 if delta or shown.finish_reason is not None:
                     closed[index] = shown.finish_reason is not None
                     body = {**head, "choices": [chunk(kind, index, delta, shown.finish_reason)]}
@@ -368,6 +426,15 @@ class Service:
         finally:
             if not done:
                 self.cancel(jobs)
+
+    def counted(self, prepared: Prepared, shown: Visible, sent: str) -> int:
+        """A streamed row's completion tokens so far, for ``continuous_usage_stats``: all its
+        visible tokens once it has finished or when no stop sequence may cut it, else those
+        that make the text ``sent`` so far (a stop sequence may still cut at it, and the
+        count never goes down)."""
+        if shown.finish_reason is not None or not prepared.stop:
+            return len(shown.tokens)
+        return tokens_of_text(shown.tokens, len(sent), set(self.model.eos_token_ids), self.model.decode)
 
     def logprobs(self, kind: str, prepared: Prepared, row: Finished, shown: Visible) -> dict[str, Any] | None:
         """A choice's ``logprobs`` object for its counted tokens (``None`` unless asked)."""

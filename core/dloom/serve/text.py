@@ -1,5 +1,6 @@
 """What a client sees of a decoded row: tokens cut at ``max_tokens``, text cut at a stop
-sequence, and the text a stream may send before the row is complete.
+sequence (and the tokens counted and described with it), and the text a stream may send
+before the row is complete.
 
 Every function here works on one request's tokens, on the host, after the engine has
 decoded them; nothing runs per token inside the decoding loop.
@@ -18,8 +19,9 @@ class Visible:
     """A row's output as the response reports it.
 
     :ivar text: the decoded text, cut before the first stop sequence.
-    :ivar tokens: generated tokens counted in ``usage`` (up to and including the first EOS,
-        at most ``max_tokens``).
+    :ivar tokens: generated tokens counted in ``usage`` and described by ``logprobs``: up to
+        and including the first EOS, at most ``max_tokens``, and when a stop sequence cut
+        the text, only those that make the text up to the cut (:func:`tokens_of_text`).
     :ivar finish_reason: ``"stop"`` (EOS or a stop sequence), ``"length"`` (``max_tokens``
         reached first) or ``None`` while the row is still decoding.
     """
@@ -71,6 +73,8 @@ def visible_output(
     end = len(generated) if first_eos is None else first_eos + 1
     tokens = tuple(generated[: min(end, max_tokens)])
     text, stopped = cut_at_stop(decode([t for t in tokens if t not in eos]), stop)
+    if stopped:
+        tokens = tokens[: tokens_of_text(tokens, len(text), eos, decode)]
     if stopped or (first_eos is not None and first_eos < max_tokens):
         reason: str | None = "stop"
     elif len(tokens) >= max_tokens:
@@ -78,6 +82,21 @@ def visible_output(
     else:
         reason = "stop" if complete else None
     return Visible(text, tokens, reason)
+
+
+def tokens_of_text(tokens: Sequence[int], chars: int, eos: set[int], decode: Callable[[list[int]], str]) -> int:
+    """How many of ``tokens`` make the first ``chars`` characters of their text: the fewest
+    whose decoded text (EOS left out) is that long (a token that straddles the end counts,
+    those past it do not); 0 when ``chars`` is 0. Found by bisection, in ``log2 len(tokens)``
+    decodes."""
+    low, high = 0, len(tokens)
+    while low < high:
+        middle = (low + high) // 2
+        if len(decode([t for t in tokens[:middle] if t not in eos])) >= chars:
+            high = middle
+        else:
+            low = middle + 1
+    return low
 
 
 class StreamText:
