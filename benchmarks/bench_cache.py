@@ -47,7 +47,7 @@ FILLER = " "
 def random_toy_model(directory: Path) -> Path:
     """Save an untrained model with toy-dllm's architecture and the zoo tokenizer."""
     from dloom.zoo import tokenizer
-    from dloom_training.train import build_model
+    from dloom_training.models import build_model
 
     torch.manual_seed(0)
     build_model("toy-dllm").save_pretrained(directory)

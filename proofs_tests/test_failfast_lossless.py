@@ -142,7 +142,7 @@ def test_greedy_output_on_the_toy_zoo_is_the_targets():
 @pytest.mark.slow
 def test_greedy_output_on_the_toy_zoo_is_the_zoos_own_ar_decoding():
     from dloom.zoo.tasks import GEN_LENGTH, held_out
-    from dloom_training.train import decode_ar
+    from dloom_training.decoding import decode_ar
 
     target, drafter = _zoo_pair()
     prompts = [e.prompt for e in held_out(28)]
