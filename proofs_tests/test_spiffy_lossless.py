@@ -36,6 +36,7 @@ from dloom import DiffusionDecoder, ModelAdapter, hookimpl
 from dloom.check.report import check_lossless
 from dloom.decode.speculation import follow_graph
 from dloom.errors import HookContractError
+from dloom.model.cost import CostCurve
 from dloom.types import Verdict
 from dloom.zoo import model_path
 from dloom_plugins.spiffy import Spiffy
@@ -120,6 +121,28 @@ def test_greedy_output_is_the_base_strategys_for_every_exact_layout_and_cache(
         assert spiffy.nfe.sum() + spiffy.accepted_drafts == reference.nfe.sum()
         accepted += spiffy.accepted_drafts
     assert accepted > 0  # drafts were accepted, so identity is evidence
+
+
+@pytest.mark.parametrize("attention, layout, mode", EXACT[:4])
+@pytest.mark.parametrize("curve, chosen", [(CostCurve.flat(), 8), (CostCurve.linear(1.0, 1.0), 0)])
+def test_greedy_identity_at_the_budget_auto_chooses(attention, layout, mode, curve, chosen, graph_dir, tmp_path):
+    """``budget=auto`` under a flat curve drafts the whole graph, under a steep one nothing:
+    the base rule's tokens either way."""
+    model, cost = tiny(attention), tmp_path / "cost.json"
+    curve.save(cost)
+    accepted = 0
+    for base, params in BASES.items():
+        reference = decoder(model, base, params, cache=mode).generate(PROMPTS)
+        graph = graph_file(attention, base, graph_dir)
+        built = decoder(model, f"spiffy+{base}",
+                        {**params, "graph": graph, "layout": layout, "budget": "auto", "cost": str(cost)}, cache=mode)
+        plugin = next(p for p in built.pm.get_plugins() if isinstance(p, Spiffy))
+        assert plugin.chosen_budget == min(chosen, plugin.graph.budget)
+        spiffy = built.generate(PROMPTS)
+        assert spiffy.token_lists == reference.token_lists, (base, layout, mode)
+        assert spiffy.nfe.sum() + spiffy.accepted_drafts == reference.nfe.sum()
+        accepted += spiffy.accepted_drafts
+    assert (accepted > 0) == (chosen > 0)  # drafting: identity is evidence; none: plain steps
 
 
 def test_greedy_identity_for_a_shifted_model_and_left_padded_batch(graph_dir):
@@ -218,6 +241,16 @@ def test_a_verifier_reusing_a_mismatched_draft_is_caught_by_the_sampling_test():
     broken = [ReusesAMismatchedDraft(), "quota"]
     report = check_lossless(broken, "quota", samples=CONTROL_SAMPLES, seeds=2, prompt_count=4)
     assert report.verdict == "not lossless", report.render()
+
+
+def test_the_broken_verifier_is_caught_at_the_budget_auto_chooses(tmp_path):
+    """The negative control at a chosen ``D``: a flat curve makes ``auto`` draft."""
+    cost = tmp_path / "flat.json"
+    CostCurve.flat().save(cost)
+    broken = [ReusesAMismatchedDraft(budget="auto", cost=str(cost)), "quota"]
+    report = check_lossless(broken, "quota", samples=CONTROL_SAMPLES, seeds=2, prompt_count=4)
+    assert report.verdict == "not lossless", report.render()
+    assert broken[0].chosen_budget > 0
 
 
 def test_the_same_check_passes_the_correct_verifier():
