@@ -26,8 +26,7 @@ from typing import Any
 
 import torch
 
-from dloom.model.cost import CostCurve, measure_cost_curve
-from dloom.types import ChainVerdict, DraftChains
+from dloom.sdk import ChainVerdict, CostCurve, DraftChains, measure_cost_curve
 
 from .settings import FailFastSettings
 
