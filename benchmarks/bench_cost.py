@@ -19,6 +19,8 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import statistics
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -26,23 +28,33 @@ from typing import Any
 
 import torch
 
+from benchmarks.bench_failfast import ar_decode, cut
 from benchmarks.report import workload_tasks
 from dloom import DiffusionDecoder, load_model
+from dloom.ar.target import ARTarget
 from dloom.evaluation import select_examples
 from dloom.model.cost import CostCurve
+from dloom_plugins.failfast import FailFast, FailFastDecoder
 from dloom_plugins.spiffy import Spiffy
-from dloom_plugins.spiffy.budget import choose_budget, expected_accepted, speedups
+from dloom_plugins.spiffy.budget import (
+    choose_budget,
+    expected_accepted,
+    speedups,
+    steps_per_block,
+)
+from dloom_plugins.spiffy.calibrate import calibrate
 
-GRAPH = "benchmarks/results/graphs/long-dllm-words/threshold@0.9__paths500.json"
+CALIBRATION_PROMPTS = 75
 
 
-def run(model, strategy: str, params: dict[str, Any], prompts: list[str]) -> dict[str, Any]:
-    """Decode ``prompts`` one at a time after one untimed warm-up prompt."""
+def build(model, strategy: str, params: dict[str, Any]) -> DiffusionDecoder:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        decoder = DiffusionDecoder(model, strategy, params=params)
-    plugin = next((p for p in decoder.pm.get_plugins() if isinstance(p, Spiffy)), None)
-    decoder.generate(prompts[:1])
+        return DiffusionDecoder(model, strategy, params=params)
+
+
+def timed_pass(decoder: DiffusionDecoder, prompts: list[str]) -> tuple[float, list[list[int]], int]:
+    """Wall seconds of decoding ``prompts`` one at a time, the tokens and the NFE."""
     tokens, nfe, seconds = [], 0, 0.0
     for prompt in prompts:
         started = time.perf_counter()
@@ -50,61 +62,133 @@ def run(model, strategy: str, params: dict[str, Any], prompts: list[str]) -> dic
         seconds += time.perf_counter() - started
         tokens += result.token_lists
         nfe += int(result.nfe.sum())
+    return seconds, tokens, nfe
+
+
+def measure(decoders: dict[str, DiffusionDecoder], prompts: list[str], repeats: int) -> dict[str, Any]:
+    """Each decoder's median wall time over ``repeats`` interleaved passes (after one untimed
+    warm-up prompt each), its tokens, NFE and Spiffy's chosen budget."""
+    for decoder in decoders.values():
+        decoder.generate(prompts[:1])
+    passes: dict[str, list[float]] = {name: [] for name in decoders}
+    found: dict[str, Any] = {}
+    for _ in range(repeats):
+        for name, decoder in decoders.items():
+            seconds, tokens, nfe = timed_pass(decoder, prompts)
+            passes[name].append(seconds)
+            found[name] = {"tokens": tokens, "nfe": nfe}
+    for name, decoder in decoders.items():
+        plugin = next((p for p in decoder.pm.get_plugins() if isinstance(p, Spiffy)), None)
+        found[name].update(seconds=statistics.median(passes[name]), best=min(passes[name]), passes=passes[name],
+                           budget=None if plugin is None else plugin.chosen_budget,
+                           choice=None if plugin is None else plugin.choice)
+    return found
+
+
+def failfast_rows(target_name: str, drafter, prompts: list[str], max_new_tokens: int, repeats: int) -> dict[str, Any]:
+    """AR decoding of ``target_name`` against FailFast drafting always and ``drafting=auto``
+    (one untimed warm-up prompt each: ``auto`` decides within it and keeps its decision)."""
+    target = load_model(target_name)
+    ids = target.encode(prompts)
+    ar_target = ARTarget(target)
+    eos = tuple(target.eos_token_ids)
+    decoders = {mode: FailFastDecoder(target, drafter, params={"drafting": mode}, max_new_tokens=max_new_tokens)
+                for mode in ("always", "auto")}
+    methods = {"ar": lambda prompt: ar_decode(ar_target, prompt, max_new_tokens),
+               **{f"failfast {mode}": (lambda prompt, d=d: d.generate([prompt]).token_lists[0])
+                  for mode, d in decoders.items()}}
+    found: dict[str, Any] = {name: {"passes": []} for name in methods}
+    for method in methods.values():
+        method(list(ids[0]))
+    for _ in range(repeats):
+        for name, method in methods.items():
+            started = time.perf_counter()
+            found[name]["outputs"] = [cut(method(list(prompt)), eos) for prompt in ids]
+            found[name]["passes"].append(time.perf_counter() - started)
+    for row in found.values():
+        row["seconds"], row["best"] = statistics.median(row["passes"]), min(row["passes"])
+    base = found["ar"]
+    plugin = next(p for p in decoders["auto"].pm.get_plugins() if isinstance(p, FailFast))
     return {
-        "strategy": strategy, "params": params, "seconds": seconds, "nfe": nfe, "tokens": tokens,
-        "budget": None if plugin is None else plugin.chosen_budget,
-        "choice": None if plugin is None else plugin.choice,
+        "target": target_name, "decision": plugin.ledger.report if plugin.ledger else None,
+        "rows": {name: {"seconds": row["seconds"], "passes": row["passes"], "wall_vs_ar": base["seconds"] / row["seconds"],
+                        "best_vs_ar": base["best"] / row["best"],
+                        "identical": row["outputs"] == base["outputs"]} for name, row in found.items()},
     }
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="long-dllm-words")
-    parser.add_argument("--graph", default=GRAPH, help="a graph for threshold(tau) ('' = built-in)")
+    parser.add_argument("--graph", default=None, help="a graph file for threshold(tau) (default: calibrate one "
+                        f"on {CALIBRATION_PROMPTS} training prompts; '' = the built-in one)")
     parser.add_argument("--tau", type=float, default=0.9)
     parser.add_argument("--budget", type=int, default=10, help="the fixed budget compared with auto")
     parser.add_argument("-n", type=int, default=20, help="held-out prompts")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved timed passes (median)")
+    parser.add_argument("--target", default=None, help="also FailFast: this AR target, the model drafting")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     model = load_model(args.model)
-    prompts = [e.prompt for e in select_examples(workload_tasks(model), args.n, 0)]
+    tasks = workload_tasks(model)
+    prompts = [e.prompt for e in select_examples(tasks, args.n, 0)]
+    if args.graph is None:  # calibrated here: the file records A(D) on its calibration paths
+        rule_decoder = DiffusionDecoder(model, "threshold", params={"tau": args.tau})
+        training = [e.prompt for e in select_examples(tasks, CALIBRATION_PROMPTS, 0, split="train")]
+        graph_file = Path(tempfile.mkdtemp()) / "graph.json"
+        calibrate(rule_decoder, training, budget=args.budget,
+                  description={"tasks": tasks, "split": "train", "seed": 0}).save(graph_file)
+        args.graph = str(graph_file)
     rule = {"tau": args.tau}
     spiffy = {**rule, "graph": args.graph}
-    rows = {
-        "rule": run(model, "threshold", rule, prompts),
-        "auto": run(model, "spiffy+threshold", {**spiffy, "budget": "auto"}, prompts),
-        "fixed": run(model, "spiffy+threshold", {**spiffy, "budget": args.budget}, prompts),
+    decoders = {
+        "rule": build(model, "threshold", rule),
+        "auto": build(model, "spiffy+threshold", {**spiffy, "budget": "auto"}),
+        "fixed": build(model, "spiffy+threshold", {**spiffy, "budget": args.budget}),
     }
-    choice = rows["auto"]["choice"]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        graph = next(p for p in DiffusionDecoder(model, "spiffy+threshold", params={**spiffy, "budget": 1})
-                     .pm.get_plugins() if isinstance(p, Spiffy)).graph
+    graph = next(p for p in decoders["auto"].pm.get_plugins() if isinstance(p, Spiffy)).graph
     accepted = expected_accepted(graph)
-    flat_budget = choose_budget(accepted, CostCurve.flat())
-    rows["flat"] = (rows["fixed"] if flat_budget == args.budget
-                    else run(model, "spiffy+threshold", {**spiffy, "budget": flat_budget}, prompts))
+    steps = steps_per_block(graph)
+    flat_budget = choose_budget(accepted, CostCurve.flat(), steps)
+    if flat_budget != args.budget:
+        decoders["flat"] = build(model, "spiffy+threshold", {**spiffy, "budget": flat_budget})
+    rows = measure(decoders, prompts, args.repeats)
+    rows.setdefault("flat", rows["fixed"])
+    choice = rows["auto"]["choice"]
     base = rows["rule"]
     summary = {
-        "model": args.model, "n": args.n, "tau": args.tau, "graph": args.graph, "threads": 1,
+        "model": args.model, "n": args.n, "tau": args.tau, "threads": 1, "repeats": args.repeats,
+        "graph": args.graph if not args.graph.startswith(tempfile.gettempdir()) else
+        f"calibrated on {CALIBRATION_PROMPTS} training prompts", "calibration": dict(graph.calibration),
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(), "torch": torch.__version__,
         "curve": choice["curve"], "accepted": accepted, "expected_speedups": choice["speedups"],
         "auto_budget": rows["auto"]["budget"], "flat_budget": flat_budget,
-        "flat_expected_speedups": speedups(accepted, CostCurve.flat()),
+        "steps_per_block": steps, "flat_expected_speedups": speedups(accepted, CostCurve.flat(), steps),
         "rows": {
             name: {
-                "budget": row["budget"], "seconds": row["seconds"], "nfe": row["nfe"],
-                "wall_vs_rule": base["seconds"] / row["seconds"], "nfe_vs_rule": base["nfe"] / row["nfe"],
+                "budget": row["budget"], "seconds": row["seconds"], "passes": row["passes"], "nfe": row["nfe"],
+                "wall_vs_rule": base["seconds"] / row["seconds"], "best_vs_rule": base["best"] / row["best"],
+                "nfe_vs_rule": base["nfe"] / row["nfe"],
                 "identical": row["tokens"] == base["tokens"],
             }
             for name, row in rows.items()
         },
     }
-    print("| run | D | wall s | wall vs rule | NFE | fewer NFE | identical |\n|---|---|---|---|---|---|---|")
+    print("| run | D | wall s (median) | vs rule (median) | vs rule (best pass) | NFE | fewer NFE | identical |\n"
+          "|---|---|---|---|---|---|---|---|")
     for name, row in summary["rows"].items():
         print(f"| {name} | {row['budget'] if row['budget'] is not None else '-'} | {row['seconds']:.2f} | "
-              f"{row['wall_vs_rule']:.2f}x | {row['nfe']} | {row['nfe_vs_rule']:.2f}x | {row['identical']} |")
+              f"{row['wall_vs_rule']:.2f}x | {row['best_vs_rule']:.2f}x | {row['nfe']} | {row['nfe_vs_rule']:.2f}x | "
+              f"{row['identical']} |")
+    if args.target is not None:
+        summary["failfast"] = failfast_rows(args.target, model, prompts, DiffusionDecoder(model, "quota").gen_length,
+                                            args.repeats)
+        print("\n| run | wall s (median) | vs AR (median) | vs AR (best pass) | identical |\n|---|---|---|---|---|")
+        for name, row in summary["failfast"]["rows"].items():
+            print(f"| {name} | {row['seconds']:.2f} | {row['wall_vs_ar']:.2f}x | {row['best_vs_ar']:.2f}x | "
+                  f"{row['identical']} |")
+        print(summary["failfast"]["decision"])
     if args.out is not None:
         args.out.write_text(json.dumps(summary, indent=1) + "\n")
     return summary

@@ -3,12 +3,14 @@
 A verification forward of ``D`` drafts evaluates ``D + 1`` nodes per batch row and takes
 ``1 + A(D)`` kernel steps, where ``A(D)`` is the expected number of drafts it accepts; a
 plain step of the base rule takes one step for a forward of one node. Every kernel step
-commits what the base rule commits, so tokens per second are proportional to
+commits what the base rule commits, so over a block of ``s`` steps, whose first forward
+has nothing to draft from, the expected speed-up under a forward cost curve
+(:class:`dloom.model.cost.CostCurve`) is
 
-    ``(1 + A(D)) / cost(D + 1)``  against the base rule's  ``1 / cost(1)``
+    ``s cost(1) / (cost(1) + (s - 1) / (1 + A(D)) cost(D + 1))``
 
-under a forward cost curve (:class:`dloom.model.cost.CostCurve`). :func:`choose_budget`
-takes the ``D`` that maximises it; ``D = 0`` is the base rule alone.
+:func:`choose_budget` takes the ``D`` that maximises it if it beats the base rule by
+:data:`MIN_GAIN`; ``D = 0`` is the base rule alone.
 
 ``A(D)`` of a calibrated graph (:func:`expected_accepted`). Calibration keeps nodes one at a
 time, each the best-scoring node with a kept parent, so the first ``D`` nodes of that order
@@ -85,19 +87,48 @@ def expected_accepted(graph: CalibratedGraph) -> list[float]:
     return found
 
 
-def choose_budget(accepted: Sequence[float], cost: CostCurve) -> int:
-    """The ``D`` in ``0 .. len(accepted) - 1`` of the most tokens per second,
-    ``(1 + accepted[D]) / cost(D + 1)``. Ties go to the larger ``D``: drafts that cost
-    nothing more may still be accepted (an uncalibrated graph, whose ``A`` is unknown and
-    taken as 0, drafts under a flat curve only).
+MIN_GAIN = 1.1
+"""The expected speed-up over the base rule a drafting budget must reach to be chosen: the
+draft, prune and verify hooks' own time per verification is not in the forward cost curve."""
+
+
+def steps_per_block(graph: CalibratedGraph) -> float:
+    """``s``, the base rule's mean kernel steps per block on the calibration prompts: each
+    step but a block's last leaves a root (``roots``, else ``paths``, per block, plus one);
+    an uncalibrated graph gives the rule's step budget per block."""
+    info = graph.calibration
+    roots = info.get("roots", info.get("paths"))
+    prompts, gen_length = info.get("prompts"), info.get("gen_length")
+    if not roots or not prompts or not gen_length:
+        return float(graph.base["steps_per_block"])
+    blocks = prompts * max(gen_length // graph.block_length, 1)
+    return roots / blocks + 1
+
+
+def speedups(accepted: Sequence[float], cost: CostCurve, steps: float) -> list[float]:
+    """Expected tokens per second of each ``D`` against the base rule's (``D = 0``: 1).
+
+    A block takes ``steps`` forwards of one node under the base rule. Under Spiffy its first
+    forward has no distribution to draft from (one node); each later verification of ``D``
+    drafts takes ``1 + A(D)`` of the remaining ``steps - 1`` steps for a forward of ``D + 1``
+    nodes.
+    """
+    plain = steps * cost(1)
+    return [1.0] + [
+        plain / (cost(1) + (steps - 1) / (1 + a) * cost(d + 1)) for d, a in enumerate(accepted) if d
+    ]
+
+
+def choose_budget(accepted: Sequence[float], cost: CostCurve, steps: float) -> int:
+    """The ``D`` in ``0 .. len(accepted) - 1`` of the most expected tokens per second
+    (:func:`speedups`), or ``0`` when none reaches :data:`MIN_GAIN`. Ties go to the larger
+    ``D``: drafts that cost nothing more may still be accepted (an uncalibrated graph, whose
+    ``A`` is unknown and taken as 0, never drafts).
 
     :param accepted: ``A(D)`` for each ``D``, ``accepted[0] == 0``.
     :param cost: the forward's cost curve, in nodes per batch row.
+    :param steps: the base rule's kernel steps per block (:func:`steps_per_block`).
     """
-    rates = [(1 + a) / cost(d + 1) for d, a in enumerate(accepted)]
-    return max(range(len(rates)), key=lambda d: (rates[d], d))
-
-
-def speedups(accepted: Sequence[float], cost: CostCurve) -> list[float]:
-    """Expected tokens per second of each ``D`` against the base rule's (``D = 0``: 1)."""
-    return [(1 + a) * cost(1) / cost(d + 1) for d, a in enumerate(accepted)]
+    gains = speedups(accepted, cost, steps)
+    best = max(range(len(gains)), key=lambda d: (gains[d], d))
+    return best if gains[best] >= MIN_GAIN else 0

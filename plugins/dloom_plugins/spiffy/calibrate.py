@@ -19,7 +19,11 @@ fewer pairs, then the smaller formula). Scores (:data:`SCORES`, recorded in the 
   nodes over deeper frequent nodes, and accepts fewer drafts (``docs/strategies/spiffy.md``).
 
 The kept nodes are written in order of their number of pairs (a child always has more
-pairs than its parents), each with the kept subset of its parents.
+pairs than its parents), each with the kept subset of its parents. The file's
+``calibration`` records the roots drafting started from (``roots``) and, for each nested
+budget ``D``, the drafts a verification of the first ``D`` kept nodes accepts on the
+recorded paths, per root (``accepted``: what ``budget=auto`` weighs,
+:mod:`dloom_plugins.spiffy.budget`).
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ from dloom.sdk import (
     warn,
 )
 
-from .budget import choose_budget, expected_accepted, speedups
+from .budget import choose_budget, expected_accepted, speedups, steps_per_block
 from .frame import rank_frame
 from .graph import (
     CalibratedGraph,
@@ -211,9 +211,10 @@ class Spiffy:
                 "budget 'auto' needs a forward cost curve: build Spiffy through a DiffusionDecoder "
                 "(it measures the model), or pass cost=FILE from `dloom profile -o FILE`"
             )
-        chosen = choose_budget(accepted, curve)
-        self.choice = {"curve": curve.to_json(), "accepted": accepted, "speedups": speedups(accepted, curve),
-                       "budget": chosen}
+        steps = steps_per_block(graph)
+        chosen = choose_budget(accepted, curve, steps)
+        self.choice = {"curve": curve.to_json(), "accepted": accepted, "steps_per_block": steps,
+                       "speedups": speedups(accepted, curve, steps), "budget": chosen}
         return chosen
 
     def _template(self, device: torch.device) -> GraphTemplate:
