@@ -36,9 +36,15 @@ from dloom import DiffusionDecoder, ModelAdapter, hookimpl
 from dloom.check.report import check_lossless
 from dloom.decode.speculation import follow_graph
 from dloom.errors import HookContractError
+from dloom.model.cost import CostCurve
 from dloom.types import Verdict
 from dloom.zoo import model_path
 from dloom_plugins.spiffy import Spiffy
+from dloom_plugins.spiffy.budget import (
+    choose_budget,
+    expected_accepted,
+    steps_per_block,
+)
 from dloom_plugins.spiffy.calibrate import calibrate
 
 torch.set_num_threads(1)
@@ -120,6 +126,31 @@ def test_greedy_output_is_the_base_strategys_for_every_exact_layout_and_cache(
         assert spiffy.nfe.sum() + spiffy.accepted_drafts == reference.nfe.sum()
         accepted += spiffy.accepted_drafts
     assert accepted > 0  # drafts were accepted, so identity is evidence
+
+
+@pytest.mark.parametrize("attention, layout, mode", EXACT[:4])
+@pytest.mark.parametrize("curve", [CostCurve.flat(), CostCurve.linear(1.0, 1.0)], ids=["flat", "steep"])
+def test_greedy_identity_at_the_budget_auto_chooses(attention, layout, mode, curve, graph_dir, tmp_path):
+    """``budget=auto`` drafts under a flat curve (where the graph's gains reach the bar) and
+    nothing under a steep one: the base rule's tokens either way."""
+    model, cost = tiny(attention), tmp_path / "cost.json"
+    curve.save(cost)
+    accepted, chosen = 0, []
+    for base, params in BASES.items():
+        reference = decoder(model, base, params, cache=mode).generate(PROMPTS)
+        graph = graph_file(attention, base, graph_dir)
+        built = decoder(model, f"spiffy+{base}",
+                        {**params, "graph": graph, "layout": layout, "budget": "auto", "cost": str(cost)}, cache=mode)
+        plugin = next(p for p in built.pm.get_plugins() if isinstance(p, Spiffy))
+        steps = steps_per_block(plugin.graph)
+        assert plugin.chosen_budget == choose_budget(expected_accepted(plugin.graph), curve, steps)
+        chosen.append(plugin.chosen_budget)
+        spiffy = built.generate(PROMPTS)
+        assert spiffy.token_lists == reference.token_lists, (base, layout, mode)
+        assert spiffy.nfe.sum() + spiffy.accepted_drafts == reference.nfe.sum()
+        accepted += spiffy.accepted_drafts
+    assert (max(chosen) > 0) == (curve.description["synthetic"] == "flat")
+    assert (accepted > 0) == (max(chosen) > 0)  # drafting: identity is evidence; none: plain steps
 
 
 def test_greedy_identity_for_a_shifted_model_and_left_padded_batch(graph_dir):
@@ -218,6 +249,26 @@ def test_a_verifier_reusing_a_mismatched_draft_is_caught_by_the_sampling_test():
     broken = [ReusesAMismatchedDraft(), "quota"]
     report = check_lossless(broken, "quota", samples=CONTROL_SAMPLES, seeds=2, prompt_count=4)
     assert report.verdict == "not lossless", report.render()
+
+
+@pytest.mark.parametrize("attention", ["bidirectional", "block-causal"])
+def test_the_broken_verifier_is_caught_at_the_budget_auto_chooses(attention, graph_dir, tmp_path):
+    """The negative control at a chosen ``D`` (a flat curve makes ``auto`` draft the whole
+    calibrated graph): the broken verifier's greedy tokens are not the rule's, the correct
+    one's are."""
+    model, cost = tiny(attention), tmp_path / "flat.json"
+    CostCurve.flat().save(cost)
+    caught = 0
+    for base, params in BASES.items():
+        reference = decoder(model, base, params).generate(PROMPTS)
+        settings = {**params, "graph": graph_file(attention, base, graph_dir), "budget": "auto", "cost": str(cost)}
+        broken = ReusesAMismatchedDraft(**{k: v for k, v in settings.items() if k not in params})
+        wrong = decoder(model, [broken, base], params).generate(PROMPTS)
+        if broken.chosen_budget:
+            caught += wrong.token_lists != reference.token_lists
+        else:  # nothing drafted, nothing to break
+            assert wrong.token_lists == reference.token_lists
+    assert caught > 0
 
 
 def test_the_same_check_passes_the_correct_verifier():

@@ -438,6 +438,8 @@ class Parameter:
     :ivar path_files: with ``path``: glob patterns of the plugin's own files for this
         parameter (e.g. its built-in draft graphs, ``.../graphs/*.json``), which a server
         offers by name too.
+    :ivar words: strings taken as they are besides the typed values (``("auto",)``: a
+        budget the strategy chooses itself); the bounds apply to the typed values.
     """
 
     name: str
@@ -451,18 +453,20 @@ class Parameter:
     choices: tuple[Any, ...] | None = None
     path: bool = False
     path_files: tuple[str, ...] = ()
+    words: tuple[str, ...] = ()
 
     def allowed(self) -> str:
         """Human-readable description of the allowed values, e.g. ``(0, 1)``."""
         if self.choices is not None:
             return "one of " + ", ".join(repr(c) for c in self.choices)
+        words = "".join(f" or {word!r}" for word in self.words)
         if self.low is None and self.high is None:
-            return f"any {self.kind.__name__}"
+            return f"any {self.kind.__name__}{words}"
         left = "(" if self.low_open or self.low is None else "["
         right = ")" if self.high_open or self.high is None else "]"
         low = "-inf" if self.low is None else f"{self.low:g}"
         high = "inf" if self.high is None else f"{self.high:g}"
-        return f"{left}{low}, {high}{right}"
+        return f"{left}{low}, {high}{right}{words}"
 
     def _typed(self, value: Any) -> Any:
         """A value that is not a string, taken only when it has the declared type: a bool
@@ -489,6 +493,8 @@ class Parameter:
             allowed range.
         """
         where = f"parameter {self.name!r} of strategy {strategy!r}"
+        if isinstance(value, str) and value in self.words:
+            return value
         try:
             if self.kind is bool and isinstance(value, str):
                 if value.lower() not in ("true", "false", "1", "0", "yes", "no"):

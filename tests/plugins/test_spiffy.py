@@ -461,7 +461,7 @@ def test_cli_graph_budget_and_layout_options_reach_spiffy(tmp_path):
     assert ok.exit_code == 0, ok.output
     report = json.loads(ok.stdout.splitlines()[-1])  # the summary line
     assert report["config"]["params"]["spiffy"] == {"graph": "", "budget": 2, "layout": "packed", "call_tokens": 2048,
-                                                  "first_forward": True, "prune": "rule"}
+                                                  "first_forward": True, "prune": "rule", "cost": ""}
     assert report["speculation"]["guarantee"] == "lossless"
     wrong = runner.invoke(app, ["generate", "copy: ab", "--strategy", "threshold", "--budget", "2"])
     assert wrong.exit_code == 2 and "names strategy 'spiffy', which is not part of" in wrong.output.replace("\n", " ")

@@ -5,8 +5,12 @@
 * :mod:`dloom.cli.plugins`: the command group that adds the plugins' commands and strategy
   options.
 * :mod:`dloom.cli.exits`: how a command ends on Ctrl-C or on results it cannot write.
+* :mod:`dloom.cli.profile`: ``dloom profile``, a model's forward cost curve.
 """
 
 from dloom.cli.commands import app
+from dloom.cli.profile import profile
+
+app.command()(profile)
 
 __all__ = ["app"]

@@ -66,7 +66,8 @@ def _or_exit(build: Any) -> Any:
 def _metavar(parameter: Any) -> str:
     if parameter.choices is not None:
         return "[" + "|".join(str(c) for c in parameter.choices) + "]"
-    return {int: "INTEGER", float: "FLOAT", bool: "BOOLEAN"}.get(parameter.kind, "TEXT")
+    kind = {int: "INTEGER", float: "FLOAT", bool: "BOOLEAN"}.get(parameter.kind, "TEXT")
+    return "|".join((kind, *parameter.words))
 
 
 def strategy_options(registry: Registry) -> list[tuple[str, str, Any]]:

@@ -27,6 +27,7 @@ each row's block columns and, with ``cache="prefix"`` or ``"dual"``, its keys an
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -59,6 +60,7 @@ from dloom.hooks.registry import DEFAULT_STRATEGY, Registry
 from dloom.hooks.timing import HookTimer
 from dloom.metrics import ForwardClock, GenerationResult
 from dloom.model.adapter import ModelAdapter, position_ids_from_mask
+from dloom.model.cost import measure_cost_curve
 from dloom.model.runner import check_refresh
 
 DEFAULT_GEN_LENGTH = 128
@@ -252,6 +254,8 @@ class DiffusionDecoder:
             "shift_logits": self.model.shift_logits,
             "takes_attention_mask": self.model.can_pad,
             "vocab_size": vocabulary_size(self.model),
+            # times this model's forwards on demand (dloom.model.cost.measure_cost_curve)
+            "forward_cost": functools.partial(measure_cost_curve, self.model),
         }
 
     @property

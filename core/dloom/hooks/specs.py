@@ -194,7 +194,10 @@ def dloom_configure(config: Mapping[str, Any]) -> None:
         answering :func:`dloom_select_commit`) and ``commit_params``, ``gen_length``,
         ``block_length``, ``steps_per_block``, ``temperature``, ``remasking``, ``cache``,
         ``attention``, ``shift_logits``, ``takes_attention_mask`` (``False`` for a forward
-        that ignores attention masks, like LLaDA's released one). In the ``"ar-target"``
+        that ignores attention masks, like LLaDA's released one), and ``forward_cost``, which
+        times the model's forwards when called (:func:`dloom.model.cost.measure_cost_curve`
+        without its first argument: a :class:`~dloom.model.cost.CostCurve`, measured once per
+        process for a shape). In the ``"ar-target"``
         decoder (:class:`dloom.ARTargetDecoder`; ``config["decoder"] == "ar-target"``):
         ``model``/``target``, ``drafter`` (names), ``strategy``, ``params``, ``gen_length``,
         ``temperature``, ``remasking``, ``seed``, ``drafter_cache``, ``draft_budget``,

@@ -93,6 +93,7 @@ from dloom.model.adapter import (
     position_ids_from_mask,
 )
 from dloom.model.cache_policy import CachePolicy, DualCache, NoCache, PrefixCache
+from dloom.model.cost import CostCurve, measure_cost_curve
 from dloom.model.families import FamilyRegistration
 from dloom.model.profiles import ModelProfile
 from dloom.model.runner import BlockForward, record_view
@@ -190,6 +191,9 @@ __all__ = [
     "record_view",
     "padding_or_none",
     "position_ids_from_mask",
+    # what a forward costs on this machine (a strategy sizing its drafts)
+    "CostCurve",
+    "measure_cost_curve",
     # decoders and compositions (a plugin that runs a decoder of its own, as FailFast's drafter)
     "Decoder",
     "DiffusionDecoder",

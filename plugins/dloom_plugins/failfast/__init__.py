@@ -76,7 +76,13 @@ from dloom import Claim, Parameter, StrategyRegistration, hookimpl
 from .decoder import FailFastDecoder, build_failfast_decoder
 from .plugin import FailFast
 from .policy import proposal_length, prune_chains
-from .settings import POLICIES, VERIFICATIONS, FailFastSettings, check_shared_tokenizer
+from .settings import (
+    DRAFTINGS,
+    POLICIES,
+    VERIFICATIONS,
+    FailFastSettings,
+    check_shared_tokenizer,
+)
 from .verification import verify_ratio
 
 __all__ = [
@@ -120,6 +126,9 @@ def dloom_register_strategies(register) -> None:
                           "match (sample the target, accept while equal: exact for any drafter) or "
                           "ratio (min(1, p/q) rejection sampling: needs small_block=1)",
                           choices=VERIFICATIONS),
+                Parameter("drafting", DEFAULTS.drafting, str,
+                          "always, or auto: draft only while it pays under the measured drafter and "
+                          "target forward costs (else the target decodes alone)", choices=DRAFTINGS),
             ),
             guarantee=(
                 "lossless against the AR target: greedy output equals the target's greedy tokens; "

@@ -33,6 +33,7 @@ from dloom.sdk import (
 
 from .drafter import DraftingRound
 from .drafter_decoder import drafter_decoder
+from .payoff import DraftingLedger, measured_ledger, no_chains
 from .policy import prune_chains
 from .settings import FailFastSettings, check_shared_tokenizer
 from .verification import verify_ratio
@@ -52,6 +53,8 @@ class FailFast:
     def __init__(self, **params: Any) -> None:
         self.settings = FailFastSettings(**params)
         self.unsafe_ratio_out_of_order = False
+        #: with ``drafting="auto"``: the drafted rounds' totals and the decision (:mod:`.payoff`)
+        self.ledger: DraftingLedger | None = None
 
     # --- setup -------------------------------------------------------------------------
 
@@ -84,6 +87,8 @@ class FailFast:
             )
         self.drafter_decoder = drafter_decoder(drafter, settings, config)
         self._config = config
+        if settings.drafting == "auto":
+            self.ledger = measured_ledger(config, settings)
 
     # --- the four speculation hooks ----------------------------------------------------
 
@@ -93,6 +98,8 @@ class FailFast:
             return None
         if state.draft is not None:
             session, drafting = state.draft.carry, state.draft.open
+        elif self.ledger is not None and not self.ledger.decide():
+            return no_chains(state.tokens)  # drafting does not pay here: the target alone
         else:
             if state.previous is None:
                 session = DraftingRound(
@@ -122,8 +129,12 @@ class FailFast:
         if not isinstance(state, ChainState):
             return None
         if self.settings.verification == "ratio" and kernel.temperature > 0:
-            return self._verify_ratio(graph, logits, kernel)
-        return match_chains(graph, logits, kernel)
+            verdict = self._verify_ratio(graph, logits, kernel)
+        else:
+            verdict = match_chains(graph, logits, kernel)
+        if self.ledger is not None and self.ledger.drafting:
+            self.ledger.record(graph, verdict, state.active)
+        return verdict
 
     def _verify_ratio(self, chains: DraftChains, logits: torch.Tensor, kernel: TargetKernel) -> ChainVerdict:
         if chains.probs is None:

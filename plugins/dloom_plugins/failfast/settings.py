@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from dloom.sdk import ConfigurationError, ModelAdapter, ModelError
 
 POLICIES = ("failfast", "naive")
+DRAFTINGS = ("always", "auto")
 VERIFICATIONS = ("match", "ratio")
 
 
@@ -32,6 +33,9 @@ class FailFastSettings:
     :ivar small_block: positions denoised together, left to right (1: strictly left to right).
     :ivar verification: ``"match"`` (exact for any drafter) or ``"ratio"`` (needs
         ``small_block == 1``, checked when the decoder is built).
+    :ivar drafting: ``"always"``, or ``"auto"``: draft only while it pays under the
+        measured drafter and target forward costs (:mod:`.payoff`), else decode with the
+        target alone.
     :raises ConfigurationError: ``initial_length > n_max``, or a value outside its range.
     """
 
@@ -46,10 +50,13 @@ class FailFastSettings:
     drafter_params: str = ""
     small_block: int = 8
     verification: str = "match"
+    drafting: str = "always"
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ConfigurationError(f"failfast policy is {self.policy!r}; allowed: {', '.join(POLICIES)}")
+        if self.drafting not in DRAFTINGS:
+            raise ConfigurationError(f"failfast drafting is {self.drafting!r}; allowed: {', '.join(DRAFTINGS)}")
         if self.verification not in VERIFICATIONS:
             raise ConfigurationError(
                 f"failfast verification is {self.verification!r}; allowed: {', '.join(VERIFICATIONS)}"

@@ -35,7 +35,11 @@ def dloom_register_strategies(register) -> None:
             parameters=(
                 Parameter("graph", "", str, "draft-graph file from `dloom calibrate` ('' = built-in)", path=True,
                           path_files=(str(BUILTIN_DIR / "*.json"),)),
-                Parameter("budget", 10, int, "D*: drafts per row in one verification forward", low=0),
+                Parameter("budget", 10, int, "D*: drafts per row in one verification forward; 'auto': "
+                          "the D of the most expected tokens per second under the measured forward cost "
+                          "(0: the base rule alone)", low=0, words=("auto",)),
+                Parameter("cost", "", str, "with budget=auto: a cost curve file from `dloom profile -o` "
+                          "('' = measure the model)", path=True),
                 Parameter("layout", "rows", str, "drafts as batch rows or packed in one sequence",
                           choices=LAYOUTS),
                 Parameter("call_tokens", CALL_TOKENS, int, "query tokens one verification model call may hold "

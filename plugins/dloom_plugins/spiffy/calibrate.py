@@ -19,7 +19,11 @@ fewer pairs, then the smaller formula). Scores (:data:`SCORES`, recorded in the 
   nodes over deeper frequent nodes, and accepts fewer drafts (``docs/strategies/spiffy.md``).
 
 The kept nodes are written in order of their number of pairs (a child always has more
-pairs than its parents), each with the kept subset of its parents.
+pairs than its parents), each with the kept subset of its parents. The file's
+``calibration`` records the roots drafting started from (``roots``) and, for each nested
+budget ``D``, the drafts a verification of the first ``D`` kept nodes accepts on the
+recorded paths, per root (``accepted``: what ``budget=auto`` weighs,
+:mod:`dloom_plugins.spiffy.budget`).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import torch
 from dloom import DiffusionDecoder
 from dloom.sdk import ConfigurationError, StepRecord
 
+from .budget import accepted_on_paths, selection_order
 from .frame import rank_frame
 from .graph import CalibratedGraph, GraphNode
 
@@ -55,6 +60,8 @@ class TransitionRecorder:
         self.frequency: Counter[Formula] = Counter()
         self.parents: dict[Formula, set[Formula]] = defaultdict(set)
         self.paths = 0
+        self.roots = 0  # states drafting starts from (each step's state with a masked position)
+        self.path_counts: Counter[tuple[Formula, ...]] = Counter()  # each root's later formulas
         self._steps: dict[tuple[int, int], list[tuple[torch.Tensor, ...]]] = defaultdict(list)
 
     def __call__(self, record: StepRecord) -> None:
@@ -79,15 +86,19 @@ class TransitionRecorder:
         masked = root == self.mask_token_id
         if not bool(masked.any()):
             return
+        self.roots += 1
         previous = ROOT
+        path = []
         for later, _, _ in states[start + 1 :]:
             formula = self._formula(masked, later, rank_of_position, top_tokens)
             if formula is None or formula == previous:  # outside the ranks, or row finished
                 break
             self.frequency[formula] += 1
             self.parents[formula].add(previous)
+            path.append(formula)
             previous = formula
         self.paths += previous != ROOT
+        self.path_counts[tuple(path)] += 1
 
     def _formula(self, masked, later, rank_of_position, top_tokens) -> Formula | None:
         """``later``'s commits since the root as ``(i, j)`` pairs, or ``None`` when a token
@@ -108,6 +119,16 @@ def select_nodes(
     score_kind: str = "own",
 ) -> list[GraphNode]:
     """The connected ``budget`` nodes of highest score (module doc)."""
+    return [node for node, _ in select_formulas(frequency, parents, budget, score_kind)]
+
+
+def select_formulas(
+    frequency: Counter[Formula],
+    parents: dict[Formula, set[Formula]],
+    budget: int,
+    score_kind: str = "own",
+) -> list[tuple[GraphNode, Formula]]:
+    """:func:`select_nodes` with each node's formula, in the file's order."""
     if score_kind not in SCORES:
         raise ConfigurationError(f"score is {score_kind!r}; allowed: {', '.join(SCORES)}")
 
@@ -127,12 +148,12 @@ def select_nodes(
     kept.sort(key=len)
     ids = {ROOT: 0, **{formula: index for index, formula in enumerate(kept, start=1)}}
     return [
-        GraphNode(
+        (GraphNode(
             pairs=tuple(sorted(formula)),
             parents=tuple(sorted(ids[p] for p in parents[formula] if p in ids)),
             frequency=frequency[formula],
             score=float(score(formula)),
-        )
+        ), formula)
         for formula in kept
     ]
 
@@ -178,7 +199,8 @@ def calibrate(
         done += len(batch)
         if progress is not None:
             progress(done)
-    nodes = select_nodes(recorder.frequency, recorder.parents, budget, score)
+    selected = select_formulas(recorder.frequency, recorder.parents, budget, score)
+    nodes = [node for node, _ in selected]
     if not nodes:
         raise ConfigurationError(
             "calibration recorded no transition (every block finished in one step); use "
@@ -201,6 +223,12 @@ def calibrate(
         calibration={
             "prompts": len(prompts),
             "paths": recorder.paths,
+            "roots": recorder.roots,
+            # drafts a verification of the first D kept nodes accepts, D = 1 .. budget
+            "accepted": [round(a, 4) for a in accepted_on_paths(
+                recorder.path_counts, recorder.roots,
+                [selected[i - 1][1] for i in selection_order(nodes)],
+            )],
             "distinct_formulas": len(recorder.frequency),
             "token_ranks": token_ranks,
             "gen_length": decoder.gen_length,

@@ -49,6 +49,7 @@ import torch
 from dloom import hookimpl
 from dloom.sdk import (
     ConfigurationError,
+    CostCurve,
     DecodeState,
     DraftGraph,
     NodeLogits,
@@ -59,6 +60,7 @@ from dloom.sdk import (
     warn,
 )
 
+from .budget import choose_budget, expected_accepted, speedups, steps_per_block
 from .frame import rank_frame
 from .graph import (
     CalibratedGraph,
@@ -69,6 +71,9 @@ from .graph import (
 )
 
 LAYOUTS = ("rows", "packed")
+AUTO = "auto"
+PROMPT_TOKENS = 64
+"""The prompt length ``budget="auto"`` measures forwards at (the decoder has no prompt yet)."""
 PRUNE_SCORES = ("rule", "confidence")
 CALL_TOKENS = 2048
 """The default ``call_tokens``: a verification's model call holds ``B`` rows or this many
@@ -81,7 +86,13 @@ class Spiffy:
     :param graph: a graph file from ``dloom calibrate``; ``""`` picks the built-in graph for
         the decoder's model, base rule and block length, or, with a warning, the
         uncalibrated default graph (:func:`~dloom_plugins.spiffy.graph.default_graph`).
-    :param budget: ``D*``, the most drafts per row one verification forward evaluates.
+    :param budget: ``D*``, the most drafts per row one verification forward evaluates, or
+        ``"auto"``: the ``D`` of the most expected tokens per second under the forward's cost
+        curve (:mod:`dloom_plugins.spiffy.budget`), ``0`` drafting nothing (plain steps of
+        the base rule).
+    :param cost: with ``budget="auto"``, a cost curve file (``dloom profile -o``); ``""``
+        measures the decoder's model (:func:`dloom.model.cost.measure_cost_curve`, once per
+        process for a model, device, dtype and shape).
     :param layout: one of :data:`LAYOUTS`.
     :param first_forward: draft a block's first forward (module docstring); in effect with
         ``layout="rows"`` and no cache, inert elsewhere.
@@ -98,9 +109,11 @@ class Spiffy:
     """
 
     def __init__(
-        self, graph: str = "", budget: int = 10, layout: str = "rows", call_tokens: int = CALL_TOKENS,
-        first_forward: bool = True, prune: str = "rule",
+        self, graph: str = "", budget: int | str = 10, layout: str = "rows", call_tokens: int = CALL_TOKENS,
+        first_forward: bool = True, prune: str = "rule", cost: str = "",
     ) -> None:
+        if budget != AUTO and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
+            raise ConfigurationError(f"budget is {budget!r}; allowed: an int >= 0 or {AUTO!r}")
         if prune not in PRUNE_SCORES:
             raise ConfigurationError(f"prune is {prune!r}; allowed: {', '.join(PRUNE_SCORES)}")
         if not isinstance(first_forward, bool):
@@ -111,6 +124,12 @@ class Spiffy:
             raise ConfigurationError(f"call_tokens is {call_tokens!r}; allowed: an int >= 0 (0: the batch's rows)")
         self.graph_path = graph
         self.budget = budget
+        self.cost_path = cost
+        #: the drafts per row in effect (``budget``, or the one ``"auto"`` chose), set by
+        #: ``dloom_configure``
+        self.chosen_budget: int | None = None
+        #: with ``budget="auto"``: the curve, ``A(D)`` and the expected speed-ups it chose from
+        self.choice: dict[str, Any] | None = None
         self.layout = layout
         self.call_tokens = call_tokens
         self.first_forward = first_forward
@@ -166,12 +185,37 @@ class Spiffy:
         self.graph = graph
         self._templates.clear()
         self._log_prior.clear()
+        budget = config.get("draft_budget")
+        most = len(graph.nodes) if budget is None else min(len(graph.nodes), budget)
+        if self.budget == AUTO:
+            self.chosen_budget = self._choose(graph, config, most)
+        else:
+            self.chosen_budget = min(int(self.budget), most)
         # a block's first forward is drafted where the verification sees the next block
         self._next_block = self.first_forward and self.layout == "rows" and config.get("cache", "none") == "none"
         # static shapes: every verification is laid out for the most nodes a row may evaluate
-        budget = config.get("draft_budget")
-        keep = self.budget if budget is None else min(self.budget, budget)
-        self._static_nodes = min(keep, len(graph.nodes)) + 1 if config.get("static_shapes") else None
+        self._static_nodes = self.chosen_budget + 1 if config.get("static_shapes") else None
+
+    def _choose(self, graph: CalibratedGraph, config: Mapping[str, Any], most: int) -> int:
+        """``budget="auto"``: the ``D <= most`` of the most expected tokens per second."""
+        accepted = expected_accepted(graph)[: most + 1]
+        if self.cost_path:
+            curve = CostCurve.load(self.cost_path)
+        elif "forward_cost" in config:
+            curve = config["forward_cost"](
+                seq_len=cost_seq_len(config), nodes=cost_nodes(most + 1), layout=self.layout,
+                span=config["block_length"],
+            )
+        else:
+            raise ConfigurationError(
+                "budget 'auto' needs a forward cost curve: build Spiffy through a DiffusionDecoder "
+                "(it measures the model), or pass cost=FILE from `dloom profile -o FILE`"
+            )
+        steps = steps_per_block(graph)
+        chosen = choose_budget(accepted, curve, steps)
+        self.choice = {"curve": curve.to_json(), "accepted": accepted, "steps_per_block": steps,
+                       "speedups": speedups(accepted, curve, steps), "budget": chosen}
+        return chosen
 
     def _template(self, device: torch.device) -> GraphTemplate:
         if self.graph is None:
@@ -191,8 +235,8 @@ class Spiffy:
 
     @hookimpl
     def dloom_draft(self, state: DecodeState) -> DraftGraph | None:
-        if state.logits is None:
-            return None
+        if state.logits is None or (self.budget == AUTO and self.chosen_budget == 0):
+            return None  # "auto" chose the base rule alone: plain steps
         block = state.block
         template = self._template(block.device)
         frame = rank_frame(state.logits, block, state.mask_token_id, template.token_ranks)
@@ -227,7 +271,8 @@ class Spiffy:
 
     @hookimpl
     def dloom_prune(self, graph: DraftGraph, budget: int | None) -> DraftGraph:
-        keep = self.budget if budget is None else min(self.budget, budget)
+        own = int(self.budget) if self.budget != AUTO else self.chosen_budget or 0
+        keep = own if budget is None else min(own, budget)
         nodes = graph.num_nodes + 1
         valid = graph.valid
         log_own = torch.log(graph.score.clamp_min(1e-300))
@@ -258,6 +303,24 @@ class Spiffy:
     @hookimpl
     def dloom_verify(self, state: DecodeState, graph: DraftGraph, logits: NodeLogits, kernel) -> Verdict:
         return follow_graph(graph, logits, kernel)
+
+
+def cost_seq_len(config: Mapping[str, Any]) -> int:
+    """Tokens of one verification row's forward: the block's window with the dual cache,
+    the generation with the prefix cache (its mean is half of it, plus the block), and
+    :data:`PROMPT_TOKENS` plus the generation without a cache."""
+    cache = config.get("cache", "none")
+    if cache == "dual":
+        return int(config["block_length"])
+    if cache == "prefix":
+        return int(config["gen_length"]) // 2 + int(config["block_length"])
+    return PROMPT_TOKENS + int(config["gen_length"])
+
+
+def cost_nodes(most: int) -> tuple[int, ...]:
+    """The node counts a cost curve up to ``most`` nodes is measured at: powers of two and
+    ``most``."""
+    return tuple(sorted({n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256) if n < most} | {most}))
 
 
 def longest_path(parents: torch.Tensor) -> int:
