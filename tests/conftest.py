@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 import textwrap
 import uuid
 from pathlib import Path
@@ -111,3 +112,22 @@ class FakeSite:
         importlib.invalidate_caches()
         reset_registry()
         return module
+
+
+@pytest.fixture
+def site(tmp_path, monkeypatch):
+    """A fresh :class:`FakeSite` on ``sys.path``, no plugin selection in the environment, a
+    registry reloaded before and after; its modules are forgotten afterwards."""
+    root = tmp_path / "site"
+    root.mkdir()
+    monkeypatch.syspath_prepend(str(root))
+    monkeypatch.delenv("DLOOM_PLUGINS", raising=False)
+    monkeypatch.delenv("DLOOM_STRICT_PLUGINS", raising=False)
+    importlib.invalidate_caches()
+    reset_registry()
+    fake = FakeSite(root)
+    yield fake
+    for module in fake.modules:
+        sys.modules.pop(module, None)
+    importlib.invalidate_caches()
+    reset_registry()

@@ -592,18 +592,6 @@ def env(tmp_path, toy_adapter, site, monkeypatch):
     reset_registry()
 
 
-@pytest.fixture
-def site(tmp_path, monkeypatch):
-    root = tmp_path / "site"
-    root.mkdir()
-    monkeypatch.syspath_prepend(str(root))
-    reset_registry()
-    fake = FakeSite(root)
-    yield fake
-    for module in fake.modules:
-        sys.modules.pop(module, None)
-
-
 def flat(text: str) -> str:
     return " ".join(text.split())
 
@@ -857,7 +845,6 @@ def test_toy_showcase_prompts_check_catches_a_wrong_prompt(toy_adapter):
 
     text = dloom.DiffusionDecoder(toy_adapter, "threshold", tau=0.9).generate(["sort 5391"]).texts[0]
     assert not FAMILIES["sort"].check("sort 5391", text)
-
 
 
 # --- issue 41: the ends of a real `dloom` process ----------------------------------------------

@@ -4,14 +4,11 @@ as in ``test_plugin_loading.py``), and the policies a plugin gets wrong."""
 
 from __future__ import annotations
 
-import importlib
-import sys
-
 import pytest
 import torch
 from typer.testing import CliRunner
 
-from conftest import MASK_ID, PAD_ID, FakeSite
+from conftest import MASK_ID, PAD_ID
 from dloom import DiffusionDecoder, ModelAdapter
 from dloom.cli.commands import app
 from dloom.errors import ConfigurationError, PluginLoadError
@@ -80,23 +77,6 @@ EXITS_SOURCE = """
 """
 
 PROMPTS = [[5], [5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15, 16, 17], [18, 19, 20, 21, 22]]
-
-
-@pytest.fixture
-def site(tmp_path, monkeypatch):
-    root = tmp_path / "site"
-    root.mkdir()
-    monkeypatch.syspath_prepend(str(root))
-    monkeypatch.delenv("DLOOM_PLUGINS", raising=False)
-    monkeypatch.delenv("DLOOM_STRICT_PLUGINS", raising=False)
-    importlib.invalidate_caches()
-    reset_registry()
-    fake = FakeSite(root)
-    yield fake
-    for module in fake.modules:
-        sys.modules.pop(module, None)
-    importlib.invalidate_caches()
-    reset_registry()
 
 
 @pytest.fixture

@@ -92,20 +92,6 @@ MISSPELT_HOOK_SOURCE = """
 
 
 @pytest.fixture
-def site(tmp_path, monkeypatch):
-    root = tmp_path / "site"
-    root.mkdir()
-    monkeypatch.syspath_prepend(str(root))
-    importlib.invalidate_caches()
-    reset_registry()
-    fake = FakeSite(root)
-    yield fake
-    for module in fake.modules:
-        sys.modules.pop(module, None)
-    importlib.invalidate_caches()
-
-
-@pytest.fixture
 def fakeplug(site) -> str:
     return site.install("fakeplug", TOPONE_SOURCE, version="1.2.3")
 

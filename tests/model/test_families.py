@@ -10,19 +10,16 @@ family decodes the same weights.
 
 from __future__ import annotations
 
-import importlib
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 import dloom
-from conftest import FakeSite
 from dloom.errors import ModelError, PluginLoadError
-from dloom.hooks.registry import get_registry, reset_registry
+from dloom.hooks.registry import get_registry
 from dloom.model.builtin_families import BUILTIN_FAMILIES
 from dloom.model.checkpoints import DREAM_LAYOUT, NativeLayout
 from dloom.model.families import (
@@ -100,20 +97,6 @@ BROKEN = {
     "familyraiser": (RAISES_SOURCE, "RuntimeError: family hook exploded"),
     "bareprofile": (NOT_A_REGISTRATION_SOURCE, "register() takes a dloom.FamilyRegistration, got ModelProfile"),
 }
-
-
-@pytest.fixture
-def site(tmp_path, monkeypatch):
-    root = tmp_path / "site"
-    root.mkdir()
-    monkeypatch.syspath_prepend(str(root))
-    importlib.invalidate_caches()
-    reset_registry()
-    fake = FakeSite(root)
-    yield fake
-    for module in fake.modules:
-        sys.modules.pop(module, None)
-    importlib.invalidate_caches()
 
 
 def renamed_dream(directory: Path) -> Path:
