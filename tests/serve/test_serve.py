@@ -8,6 +8,7 @@ the batch holds). Blocks of 8 positions (4 per prompt) so that streams have seve
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -614,18 +616,15 @@ def test_a_failing_decode_answers_500_and_the_server_goes_on(model):
         served.stop()
 
 
-# --- the command line ----------------------------------------------------------------
-
-
-@pytest.mark.slow  # a fresh process imports torch and loads the model: 10-20 s
-def test_dloom_serve_runs_the_server(model):
-    """``dloom serve`` in its own process answers on the port it was given."""
+@contextlib.contextmanager
+def serve_process(*args: str) -> Iterator[openai.OpenAI]:
+    """``dloom serve ARGS`` in a process of its own on a free port, once it answers
+    ``/health``: an openai client of it. The process is stopped on leaving."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     process = subprocess.Popen(
-        [sys.executable, "-c", "from dloom.cli.commands import app; app()", "serve", "--port", str(port), "--block-length", str(BLOCK),
-         "--strategy", "threshold"],
+        [sys.executable, "-c", "from dloom.cli.commands import app; app()", "serve", "--port", str(port), *args],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
@@ -640,13 +639,22 @@ def test_dloom_serve_runs_the_server(model):
                 return False
 
         wait_for(healthy, seconds=60)
-        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-        answer = client.completions.create(model=MODEL, prompt=PROMPTS[0])
-        assert answer.choices[0].text == offline(model, PROMPTS[0], "threshold")[0]
-        assert answer.usage.strategy == "threshold"
+        yield openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+# --- the command line ----------------------------------------------------------------
+
+
+@pytest.mark.slow  # a fresh process imports torch and loads the model: 10-20 s
+def test_dloom_serve_runs_the_server(model):
+    """``dloom serve`` in its own process answers on the port it was given."""
+    with serve_process("--block-length", str(BLOCK), "--strategy", "threshold") as client:
+        answer = client.completions.create(model=MODEL, prompt=PROMPTS[0])
+    assert answer.choices[0].text == offline(model, PROMPTS[0], "threshold")[0]
+    assert answer.usage.strategy == "threshold"
 
 
 def cli_generate(*args: str) -> dict:
@@ -686,31 +694,8 @@ def test_failfast_is_served_with_the_output_of_the_cli():
 def test_dloom_serve_serves_failfast_with_the_output_of_the_cli():
     """``dloom serve --strategy failfast`` in its own process answers the openai client with
     the text ``dloom generate --strategy failfast`` prints."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    process = subprocess.Popen(
-        [sys.executable, "-c", "from dloom.cli.commands import app; app()", "serve", "--port", str(port),
-         "--strategy", "failfast", "--target", "toy-ar", "--drafter", "toy-dllm"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    try:
-        url = f"http://127.0.0.1:{port}"
-
-        def healthy() -> bool:
-            assert process.poll() is None, process.stderr.read()
-            try:
-                return httpx.get(f"{url}/health").status_code == 200
-            except httpx.TransportError:
-                return False
-
-        wait_for(healthy, seconds=60)
-        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    with serve_process("--strategy", "failfast", "--target", "toy-ar", "--drafter", "toy-dllm") as client:
         answer = client.completions.create(model="toy-ar", prompt=FAILFAST_PROMPT)
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
     assert answer.choices[0].text == cli_generate("--strategy", "failfast", FAILFAST_PROMPT)["text"] != ""
     assert answer.usage.strategy == "failfast"
 
