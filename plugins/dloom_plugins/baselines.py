@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from dloom import BlockSchedule, Claim, Parameter, StrategyRegistration, hookimpl
-from dloom.sdk import commit_top, sorted_profile
+from dloom.sdk import commit_top, offered_fills, sorted_profile, threshold_edits
 
 
 class QuotaCommit:
@@ -136,16 +136,12 @@ class JointThresholdCommit:
     def dloom_select_commit(
         self, confidence: torch.Tensor, selectable: torch.Tensor, schedule: BlockSchedule
     ) -> torch.Tensor:
-        masked = selectable if schedule.masked is None else selectable & schedule.masked
+        masked = offered_fills(selectable, schedule)
         above = masked & (confidence > self.tau)
         enough = above.sum(-1, keepdim=True) >= self.num_to_transfer
         _, ranks = sorted_profile(confidence, masked)
         fills = torch.where(enough, above, masked & (ranks < self.num_to_transfer))
-        if schedule.masked is None or schedule.post_steps is None:
-            return fills
-        in_budget = (schedule.post_steps <= self.max_post_steps).unsqueeze(1)
-        edits = selectable & ~schedule.masked & (confidence > self.edit_tau) & in_budget
-        return fills | edits
+        return fills | threshold_edits(confidence, selectable, schedule, self.edit_tau, self.max_post_steps)
 
 
 class FactorCommit:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 
 from dloom import BlockSchedule, Claim, Parameter, StrategyRegistration, hookimpl
-from dloom.sdk import commit_top, sorted_profile
+from dloom.sdk import commit_top, offered_fills, sorted_profile, threshold_edits
 
 
 def frechet_bounds(
@@ -90,6 +90,33 @@ class FrechetCommit:
         return commit_top(ranks, selectable, largest)
 
 
+class FrechetEditCommit:
+    """Certified fills, threshold edits: on the revisable kernel, fill the largest prefix of
+    the masked positions' sorted profile with ``L_n - U_n > delta`` (as :class:`FrechetCommit`)
+    and rewrite every filled position whose candidate differs from its token with confidence
+    above ``edit_tau``, for up to ``max_post_steps`` post steps (LLaDA2.1's edits,
+    :func:`dloom.sdk.threshold_edits`).
+
+    The fills keep the Fréchet certificate of the step they are made in: each committed
+    prefix is the joint mode of its positions under the model's marginals at that step. An
+    edit may later replace a token with the model's new candidate, so the final tokens carry
+    no certificate of their own: what the edits add is a repair of fills that later context
+    contradicts. With ``edit_tau = 1`` (no edit can pass) it decodes exactly as ``frechet``.
+    """
+
+    def __init__(self, delta: float, edit_tau: float, max_post_steps: int) -> None:
+        self.fill = FrechetCommit(delta)
+        self.edit_tau, self.max_post_steps = edit_tau, max_post_steps
+
+    @hookimpl
+    def dloom_select_commit(
+        self, confidence: torch.Tensor, selectable: torch.Tensor, schedule: BlockSchedule
+    ) -> torch.Tensor:
+        masked = offered_fills(selectable, schedule)
+        fills = masked & self.fill.dloom_select_commit(confidence, masked, schedule)
+        return fills | threshold_edits(confidence, selectable, schedule, self.edit_tau, self.max_post_steps)
+
+
 @hookimpl
 def dloom_register_strategies(register) -> None:
     register(
@@ -123,5 +150,37 @@ def dloom_register_strategies(register) -> None:
                 ),
             ),
             kernels=("absorbing", "revisable"),  # a fill rule
+        )
+    )
+    register(
+        StrategyRegistration(
+            name="frechet_edit",
+            plugin_class=FrechetEditCommit,
+            parameters=(
+                Parameter(
+                    "delta", DEFAULT_DELTA, float, "fill the largest n with L_n - U_n > delta (as frechet)",
+                    low=0.0, high=1.0, high_open=True,
+                ),
+                Parameter(
+                    "edit_tau", 0.5, float,
+                    "rewrite a filled position whose candidate differs and whose confidence exceeds edit_tau "
+                    "(1: no edits, exactly frechet)",
+                    low=0.0, high=1.0,
+                ),
+                Parameter("max_post_steps", 16, int, "edit steps allowed once the block holds no mask", low=0),
+            ),
+            guarantee=(
+                "each step's fills are the joint mode of their positions (the frechet certificate, greedy, "
+                "probability confidences); edits then rewrite fills that later context contradicts, so final "
+                "tokens carry no certificate; edit_tau = 1 is exactly frechet"
+            ),
+            summary="Fréchet-certified fills with LLaDA2.1's threshold edits (revisable kernel)",
+            claim=Claim(
+                "approximate", against="quota",
+                conditions="an editing rule: tokens are final only when their block settles",
+            ),
+            kernels=("revisable",),
+            edits=True,
+            edit_budget="max_post_steps",
         )
     )

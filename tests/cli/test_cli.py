@@ -125,7 +125,7 @@ def test_plugins_json():
             {
                 "name": "frechet", "version": "0.1.0", "builtin": True,
                 "hooks": ["dloom_register_strategies", "dloom_select_commit"],
-                "strategies": ["frechet"],
+                "strategies": ["frechet", "frechet_edit"],
             },
             {
                 "name": "spiffy", "version": "0.1.0", "builtin": True,

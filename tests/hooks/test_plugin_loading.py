@@ -24,7 +24,7 @@ from dloom.cli.commands import app
 from dloom.errors import PluginLoadError
 from dloom.hooks.registry import get_registry, reset_registry
 
-BUILTIN_STRATEGIES = {"quota", "dream", "threshold", "factor", "joint_threshold", "frechet", "spiffy", "failfast"}
+BUILTIN_STRATEGIES = {"quota", "dream", "threshold", "factor", "joint_threshold", "frechet", "frechet_edit", "spiffy", "failfast"}
 BUILTIN_PLUGINS = {"families", "baselines", "frechet", "spiffy", "failfast"}
 
 TOPONE_SOURCE = """

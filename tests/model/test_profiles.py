@@ -610,3 +610,21 @@ def test_cli_device_map_reaches_load_model(tiny_model_dir, monkeypatch):
     monkeypatch.setattr(transformers.utils, "is_accelerate_available", lambda: False)
     result = CliRunner().invoke(app, ["generate", "--model", str(tiny_model_dir), "--device-map", "auto", "w"])
     assert result.exit_code == 2 and "device_map='auto' needs the accelerate package" in result.output
+
+
+def test_the_dloom_section_names_the_kernel(tmp_path, tiny_model_dir):
+    """A zoo model trained to edit its drafts names the revisable kernel in its ``dloom``
+    section; an editing rule then runs on it, and a kernel name that is not a name is refused
+    when the model loads."""
+    config_path = tiny_model_dir / "config.json"
+    config = json.loads(config_path.read_text())
+    assert load_model(tiny_model_dir).kernel == "absorbing"
+    config["dloom"] = {**config.get("dloom", {}), "kernel": "revisable"}
+    config_path.write_text(json.dumps(config))
+    adapter = load_model(tiny_model_dir)
+    assert adapter.kernel == "revisable"
+    DiffusionDecoder(adapter, "joint_threshold", gen_length=8, block_length=4).generate([[3, 4]])
+    config["dloom"]["kernel"] = ["revisable"]
+    config_path.write_text(json.dumps(config))
+    with pytest.raises(ModelError, match=r"dloom.kernel is \['revisable'\]; allowed: a kernel name"):
+        load_model(tiny_model_dir)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from dloom.types import BlockSchedule
+
 
 def sorted_profile(
     confidence: torch.Tensor, selectable: torch.Tensor
@@ -39,3 +41,29 @@ def commit_top(
     :return: ``(B, K)`` bool.
     """
     return selectable & (ranks < count.clamp(min=1).unsqueeze(-1))
+
+
+def offered_fills(selectable: torch.Tensor, schedule: BlockSchedule) -> torch.Tensor:
+    """``(B, K)`` bool, the offered positions that are still masked: all of ``selectable`` on
+    the absorbing kernel, where only masked positions are offered; on the revisable kernel
+    those of them that :attr:`~dloom.types.BlockSchedule.masked` marks (the rest are filled
+    positions offered for an edit)."""
+    return selectable if schedule.masked is None else selectable & schedule.masked
+
+
+def threshold_edits(
+    confidence: torch.Tensor, selectable: torch.Tensor, schedule: BlockSchedule, edit_tau: float, max_post_steps: int,
+) -> torch.Tensor:
+    """LLaDA2.1's token-to-token edits: every offered filled position whose candidate's
+    confidence exceeds ``edit_tau``, while the block has taken at most ``max_post_steps``
+    post steps (steps begun with no mask in the block). On the absorbing kernel, where no
+    filled position is offered, none.
+
+    :param confidence: ``(B, K)`` float.
+    :param selectable: ``(B, K)`` bool, what the kernel offers.
+    :return: ``(B, K)`` bool, a subset of the offered filled positions.
+    """
+    if schedule.masked is None or schedule.post_steps is None:
+        return torch.zeros_like(selectable)
+    in_budget = (schedule.post_steps <= max_post_steps).unsqueeze(1)
+    return selectable & ~schedule.masked & (confidence > edit_tau) & in_budget

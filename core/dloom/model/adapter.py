@@ -560,5 +560,5 @@ def load_model(
         default_block_length=section.get("block_length", profile.trained_block_length(raw)),
         block_alignment=section.get("block_alignment", profile.block_alignment),
         profile=profile.name,
-        kernel=profile.kernel,
+        kernel=section.get("kernel", profile.kernel),
     )

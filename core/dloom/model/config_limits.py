@@ -143,6 +143,9 @@ def check_config_values(raw: Mapping[str, Any], where: str = "config.json") -> N
         raise ModelError(f"{where} model_type is {raw['model_type']!r}; allowed: a string")
     check_token_ids(raw, where)
     check_token_ids(raw.get("dloom") or {}, where, prefix="dloom.")
+    kernel = (raw.get("dloom") or {}).get("kernel")
+    if kernel is not None and not (isinstance(kernel, str) and kernel.isidentifier()):
+        raise ModelError(f"{where} dloom.kernel is {kernel!r}; allowed: a kernel name such as 'absorbing' or 'revisable'")
 
 
 def parameter_lower_bound(config: Any) -> tuple[int, str] | None:

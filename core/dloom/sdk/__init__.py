@@ -48,7 +48,12 @@ from dloom.ar.chains import (
     match_chains,
 )
 from dloom.ar.decoder import ARTargetDecoder, load_ar_target_decoder
-from dloom.decode.commit import commit_top, sorted_profile
+from dloom.decode.commit import (
+    commit_top,
+    offered_fills,
+    sorted_profile,
+    threshold_edits,
+)
 from dloom.decode.decoder import DiffusionDecoder
 from dloom.decode.decoders import Decoder, decoder_kind
 from dloom.decode.kernel import (
@@ -149,6 +154,8 @@ __all__ = [
     "COMMIT_SIGNALS",
     "commit_top",
     "sorted_profile",
+    "offered_fills",
+    "threshold_edits",
     # the transition kernel: the seam, its implementations, one step's per-row random
     # streams and samplers
     "TransitionKernel",
