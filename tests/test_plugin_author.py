@@ -108,6 +108,7 @@ def test_a_third_party_entropy_rule_runs_is_checked_benchmarked_and_swapped_in(
     base, rule, spiffy = json.loads((tmp_path / "report.json").read_text())["rows"]
     assert (base["name"], rule["name"], spiffy["name"]) == ("quota", "entropy-bounded", "spiffy+entropy-bounded")
     assert rule["params"] == {"entropy-bounded": {"bound": 0.5}} and rule["nfe_mean"] < base["nfe_mean"]
+    assert rule["guarantee"] == "approximate"  # its claim is made at bound 0 only
     assert rule["nfe_ratio"] == base["nfe_mean"] / rule["nfe_mean"]
     assert spiffy["commit_rule"] == "entropy-bounded" and spiffy["identical_to_commit_rule"] == 1.0
     assert "| entropy-bounded (registered strategy, defaults) |" in (tmp_path / "docs/benchmarks/report.md").read_text()
