@@ -24,14 +24,22 @@ import torch
 
 from dloom.errors import ModelError
 from dloom.model.checkpoints import NativeLayout, native_config
-from dloom.model.config_limits import check_size_against_weights, check_token_ids
+from dloom.model.config_limits import (
+    check_size_against_weights,
+    check_token_ids,
+    vocabulary_size,
+)
 from dloom.model.families import needs_remote_code
 from dloom.model.files import check_model_files, tensor_headers
 from dloom.model.json_files import MAX_TOKENIZER_BYTES, read_json, read_json_object
-from dloom.model.profiles import BLOCK_ALIGNMENTS, ModelProfile, config_dict
+from dloom.model.profiles import (
+    ATTENTION_KINDS,
+    BLOCK_ALIGNMENTS,
+    ModelProfile,
+    config_dict,
+)
 from dloom.model.tensor_check import check_tensors
 
-ATTENTION_KINDS = ("bidirectional", "block-causal", "causal")
 DTYPES = {
     "float32": torch.float32,
     "float64": torch.float64,
@@ -336,9 +344,9 @@ def _mask_from_tokenizer(tokenizer: Any, profile: ModelProfile) -> int | None:
     return None
 
 
-def _generation_config(path: Path) -> dict[str, Any]:
+def _generation_config(path: Path, vocab: int | None) -> dict[str, Any]:
     """The checkpoint's ``generation_config.json`` as a dict (``{}`` without one), its
-    token ids checked.
+    token ids checked (inside a vocabulary of ``vocab`` tokens, when known).
 
     :raises ModelError: when the file is not a JSON object, or an id is not one.
     """
@@ -346,14 +354,16 @@ def _generation_config(path: Path) -> dict[str, Any]:
     if not file.exists():
         return {}
     values = read_json_object(file)
-    check_token_ids(values, repr(str(file)))
+    check_token_ids(values, repr(str(file)), vocab=vocab)
     return values
 
 
-def _eos_ids(raw: dict[str, Any], path: Path, tokenizer: Any, profile: ModelProfile) -> tuple[int, ...]:
+def _eos_ids(
+    raw: dict[str, Any], generation: dict[str, Any], tokenizer: Any, profile: ModelProfile
+) -> tuple[int, ...]:
     """EOS ids, first seen first: ``config.json``, ``generation_config.json`` (SDAR's and
     Qwen's instruct stop token ``<|im_end|>`` is only there), the tokenizer, the profile."""
-    eos = _as_ids(raw.get("eos_token_id")) + _as_ids(_generation_config(path).get("eos_token_id"))
+    eos = _as_ids(raw.get("eos_token_id")) + _as_ids(generation.get("eos_token_id"))
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         eos += (int(tokenizer.eos_token_id),)
     return tuple(dict.fromkeys(eos + profile.eos_token_ids))
@@ -509,11 +519,13 @@ def load_model(
                 "accelerate); or load on one device with --device"
             )
         model_kwargs["device_map"] = device_map
+    # every JSON file is read (bounded) before the network is built
+    generation = _generation_config(path, vocabulary_size(raw))
+    tokenizer = _tokenizer_at(path, remote)
     config, model = _load_network(path, raw, family.layout, model_kwargs)
     if device_map is None:
         model = model.to(device)
     model = model.eval()
-    tokenizer = _tokenizer_at(path, remote)
     section = dict(raw.get("dloom") or {})
 
     if mask_token_id is None:
@@ -531,10 +543,10 @@ def load_model(
     if "eos_token_ids" in section:
         eos = _as_ids(section["eos_token_ids"])
     else:
-        eos = _eos_ids(raw, path, tokenizer, profile)
+        eos = _eos_ids(raw, generation, tokenizer, profile)
     pad = raw.get("pad_token_id")
     if pad is None:
-        pad = _generation_config(path).get("pad_token_id")
+        pad = generation.get("pad_token_id")
     if pad is None and tokenizer is not None:
         pad = tokenizer.pad_token_id
     if pad is None:
