@@ -246,6 +246,16 @@ def overlapping_tensors(path: Path) -> None:
     (path / "model.safetensors").write_bytes(data[:8] + text.ljust(size) + data[8 + size :])
 
 
+def chat_template(template: str) -> Callable[[Path], None]:
+    """Give the checkpoint's tokenizer the chat template ``template``."""
+
+    def change(path: Path) -> None:
+        config = json.loads((path / "tokenizer_config.json").read_text())
+        (path / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": template}))
+
+    return change
+
+
 def replace_with(make: Callable[[Path], None]) -> Callable[[Path], None]:
     """Remove the copied checkpoint and put what ``make`` creates at its path."""
     return lambda path: (shutil.rmtree(path), make(path))
@@ -567,6 +577,19 @@ CASES = [
     api_case("API: LLaDA2 rms_norm_eps a string",
              lambda env: lambda: dloom.load_model(env.family_dir("llada2", "llada2eps", set_config(rms_norm_eps="abc"))),
              ModelError, "llada2eps/config.json", "rms_norm_eps is 'abc' (str)"),
+    # 5d. chat templates on the command line, refused as the server refuses them (issue 55) ----------
+    cli_case("--chat with a template that raises",
+             lambda env: ["generate", "--chat", "--model", env.model_dir(
+                 "raising", chat_template("{{ raise_exception('no user turns here') }}")), "copy ab"],
+             ModelError, "the model's chat template refused the conversation: no user turns here"),
+    cli_case("--chat with a template of broken syntax",
+             lambda env: ["generate", "--chat", "--model", env.model_dir("syntax", chat_template("{% if %}")), "copy ab"],
+             ModelError, "the model's chat template refused the conversation:", "Expected an expression"),
+    cli_case("--chat with an unsafe template",
+             lambda env: ["generate", "--chat", "--model", env.model_dir(
+                 "unsafe", chat_template("{{ ''.__class__.__mro__[1].__subclasses__() }}")), "copy ab"],
+             ModelError, "the model's chat template refused the conversation:", "access to attribute '__class__'",
+             "is unsafe"),
     # 7b. hostile plugins (issue 41) ----------------------------------------------------------------
     api_case("plugin calling sys.exit() at import: reported and skipped",
              lambda env: install_raising(env, "import", "sys.exit(3)"),
@@ -713,7 +736,7 @@ def test_bad_input_is_refused_clearly(case: Case, env: Env, monkeypatch):
 def test_the_matrix_covers_the_issue():
     """The closing note's count: every row is a distinct input."""
     names = [c.values[0].name if hasattr(c, "values") else c.name for c in CASES]
-    assert len(names) == len(set(names)) == 119
+    assert len(names) == len(set(names)) == 122
 
 
 # --- what is not a refusal -------------------------------------------------------------------

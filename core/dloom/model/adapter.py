@@ -287,19 +287,29 @@ class ModelAdapter:
         tokenize=False)``, as LLaDA's and Dream's instruct examples do); encode the result
         as any text prompt.
 
-        :raises ModelError: without a tokenizer or a chat template.
+        :raises ModelError: without a tokenizer or a chat template, or as
+            :meth:`render_chat`.
         """
         if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
             raise ModelError(
                 f"model {self.name!r} has no tokenizer chat template; drop --chat or give the "
                 "checkpoint a tokenizer_config.json with a chat_template"
             )
-        return [
-            self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False
-            )
-            for p in prompts
-        ]
+        return [self.render_chat([{"role": "user", "content": p}]) for p in prompts]
+
+    def render_chat(self, messages: Sequence[dict[str, Any]]) -> str:
+        """The conversation ``messages`` (``{"role", "content"}`` each) in the tokenizer's
+        chat template, ready for the assistant's reply; the one place the CLI and the server
+        apply a template.
+
+        :raises ModelError: in one line, when the template raises: its own refusal
+            (``raise_exception``), a syntax error, or an operation its sandbox forbids.
+        """
+        try:
+            return self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+        except Exception as error:  # noqa: BLE001 - any error of a template is the checkpoint's or the caller's
+            reason = " ".join(str(error).split()) or type(error).__name__
+            raise ModelError(f"the model's chat template refused the conversation: {reason}") from None
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids`` without special tokens ('' when no tokenizer is known)."""
