@@ -807,3 +807,47 @@ def test_128_clients_with_disconnects_and_a_systemexit_hook_keep_every_other_lan
     after = metrics_of(served)
     assert after["dloom_admitted_tokens"] == 0 and after["dloom_running_rows"] == 0
     assert httpx.get(f"{served.url}/health").status_code == 200 and served.service.scheduler.alive
+
+
+@pytest.mark.slow
+def test_64_clients_of_mixed_prompts_with_mask_only_ones_have_no_mismatch(model, served):
+    """64 concurrent clients on two lanes (quota, threshold), with texts, token ids, prompts
+    holding mask tokens among others, ``n=2`` choices, and prompts made only of the mask
+    token: each of the latter is refused with 400 (it was accepted, and decoded differently
+    batched than alone: 34 wrong answers under load), and every other answer, every choice,
+    equals its prompt decoded alone offline."""
+    import random
+
+    chooser = random.Random(55)
+    mixed: list[str | list[int]] = [*PROMPTS, [5, 17, 18, 27, 39, 3, 4], [5, 1, 1], [1, 1, 5, 9], [1, 7]]
+    cases = []
+    for index in range(64):
+        prompt = [1] * chooser.randint(1, 4) if index % 8 == 3 else chooser.choice(mixed)
+        cases.append((prompt, ("quota", "threshold")[index % 2], 1 + index % 3 // 2))
+    expected = {(str(p), s): offline(model, p, s) for p, s, _ in cases if set(p) != {1}}
+    client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", max_retries=20, timeout=120)
+    start = threading.Barrier(len(cases))
+    before = outcome(served, "invalid")
+
+    def ask(case) -> list[str] | str:
+        prompt, strategy, n = case
+        start.wait()
+        try:
+            answer = client.completions.create(model=MODEL, prompt=prompt, n=n, extra_body={"strategy": strategy})
+        except openai.BadRequestError as error:
+            return str(error)
+        return [choice.text for choice in answer.choices]
+
+    with ThreadPoolExecutor(len(cases)) as pool:
+        answers = list(pool.map(ask, cases, timeout=600))
+    mismatches = refused = 0
+    for (prompt, strategy, n), answer in zip(cases, answers):
+        if set(prompt) == {1}:
+            assert isinstance(answer, str) and "prompt 0 is made only of the mask token (id 1)" in answer, answer
+            refused += 1
+        else:
+            assert isinstance(answer, list) and len(answer) == n, answer
+            mismatches += sum(text != expected[(str(prompt), strategy)] for text in answer)
+    assert refused == 8 and mismatches == 0
+    assert outcome(served, "invalid") == before + 8
+    assert httpx.get(f"{served.url}/health").status_code == 200 and served.service.scheduler.alive
