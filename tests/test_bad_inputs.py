@@ -256,6 +256,24 @@ def chat_template(template: str) -> Callable[[Path], None]:
     return change
 
 
+def trailing_bytes(path: Path) -> None:
+    """Append 6 bytes that no tensor covers."""
+    with open(path / "model.safetensors", "ab") as weights:
+        weights.write(b"\0" * 6)
+
+
+def gap_before_last(path: Path) -> None:
+    """Move the last tensor's byte range 2 bytes on (and grow the file by 2), leaving 2 bytes
+    before it unused."""
+    data = (path / "model.safetensors").read_bytes()
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + size])
+    last = max((n for n in header if n != "__metadata__"), key=lambda n: header[n]["data_offsets"][1])
+    header[last]["data_offsets"] = [offset + 2 for offset in header[last]["data_offsets"]]
+    text = json.dumps(header, separators=(",", ":")).encode()
+    (path / "model.safetensors").write_bytes(data[:8] + text.ljust(size) + data[8 + size :] + b"\0\0")
+
+
 def replace_with(make: Callable[[Path], None]) -> Callable[[Path], None]:
     """Remove the copied checkpoint and put what ``make`` creates at its path."""
     return lambda path: (shutil.rmtree(path), make(path))
@@ -565,6 +583,12 @@ CASES = [
              lambda env: lambda: dloom.load_model(env.model_dir("overlap", overlapping_tensors)),
              ModelError, "overlap/model.safetensors", f"gives tensor '{UP_0}' bytes 218880 .. 415488",
              "overlap tensor 'model.layers.0.mlp.gate_proj.weight'", "without overlap or gap"),
+    api_case("API: bytes after the last tensor",
+             lambda env: lambda: dloom.load_model(env.model_dir("trailing", trailing_bytes)),
+             ModelError, "trailing/model.safetensors", "holds 6 bytes after its last tensor"),
+    api_case("API: unused bytes between tensors",
+             lambda env: lambda: dloom.load_model(env.model_dir("gap", gap_before_last)),
+             ModelError, "gap/model.safetensors", "unused; allowed: byte ranges that follow one another"),
     cli_case("dloom.block_length 0",
              lambda env: ["generate", "--model", env.model_dir("block0", set_section(block_length=0)), "copy ab"],
              ModelError, "block0/config.json", "dloom.block_length is 0; allowed: an integer 1 .. 65536"),
@@ -736,7 +760,7 @@ def test_bad_input_is_refused_clearly(case: Case, env: Env, monkeypatch):
 def test_the_matrix_covers_the_issue():
     """The closing note's count: every row is a distinct input."""
     names = [c.values[0].name if hasattr(c, "values") else c.name for c in CASES]
-    assert len(names) == len(set(names)) == 122
+    assert len(names) == len(set(names)) == 124
 
 
 # --- what is not a refusal -------------------------------------------------------------------
