@@ -576,6 +576,10 @@ CASES = [
              lambda env: ["generate", "--model", env.model_dir(
                  "genbomb", write("generation_config.json", "[" * 100_000 + "]" * 100_000)), "copy ab"],
              ModelError, "genbomb/generation_config.json", "nests JSON deeper than 32 levels"),
+    api_case("API: vocab.json nested 100000 deep",
+             lambda env: lambda: dloom.load_model(env.model_dir(
+                 "vocabbomb", write("vocab.json", "[" * 100_000 + "]" * 100_000))),
+             ModelError, "vocabbomb/vocab.json", "nests JSON deeper than 32 levels"),
     api_case("API: a sparse 600 MB tokenizer.json",
              lambda env: lambda: dloom.load_model(env.model_dir("sparsetok", sparse_tokenizer)),
              ModelError, "sparsetok/tokenizer.json", "is larger than 536870912 bytes; allowed: up to 536870912"),
@@ -760,7 +764,7 @@ def test_bad_input_is_refused_clearly(case: Case, env: Env, monkeypatch):
 def test_the_matrix_covers_the_issue():
     """The closing note's count: every row is a distinct input."""
     names = [c.values[0].name if hasattr(c, "values") else c.name for c in CASES]
-    assert len(names) == len(set(names)) == 124
+    assert len(names) == len(set(names)) == 125
 
 
 # --- what is not a refusal -------------------------------------------------------------------

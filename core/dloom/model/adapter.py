@@ -420,7 +420,10 @@ def _load_network(
 
 
 #: The tokenizer files ``transformers`` reads as JSON, checked first with dloom's bounded reader.
-TOKENIZER_JSON_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
+TOKENIZER_JSON_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
+    "chat_template.json",
+)
 
 
 def _tokenizer_at(path: Path, trust_remote_code: bool = False) -> Any:
