@@ -108,6 +108,7 @@ from dloom.types import (
     DecodeState,
     DraftChains,
     DraftGraph,
+    Edits,
     NodeLogits,
     Parameter,
     StrategyRegistration,
@@ -125,6 +126,7 @@ __all__ = [
     "AR_TARGET",
     # what the decoding hooks receive and return
     "BlockSchedule",
+    "Edits",
     "DecodeState",
     "DraftGraph",
     "VerificationLayout",
