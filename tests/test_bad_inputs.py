@@ -49,6 +49,7 @@ from dloom_plugins.spiffy.graph import BUILTIN_DIR, MAX_NODES
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 57  # toy-dllm's vocabulary
 QUOTA_B8_GRAPH = BUILTIN_DIR / "toy-dllm__quota__b8.json"
+REAL_FAMILIES = ROOT / "tests" / "fixtures" / "real-families"
 
 
 # --- the inputs ------------------------------------------------------------------------------
@@ -111,6 +112,13 @@ class Env:
         """A copy of toy-dllm, changed by ``change``."""
         path = self.root / name
         shutil.copytree(model_path("toy-dllm"), path)
+        change(path)
+        return str(path)
+
+    def family_dir(self, family: str, name: str, change: Callable[[Path], None]) -> str:
+        """A copy of the tiny real-format checkpoint of ``family``, changed by ``change``."""
+        path = self.root / name
+        shutil.copytree(REAL_FAMILIES / family / "checkpoint", path)
         change(path)
         return str(path)
 
@@ -204,6 +212,66 @@ def lying_header(path: Path) -> None:
     header[first]["shape"][0] //= 2
     text = json.dumps(header, separators=(",", ":")).encode()
     (path / "model.safetensors").write_bytes(data[:8] + text.ljust(size) + data[8 + size :])
+
+
+def set_section(**values: Any) -> Callable[[Path], None]:
+    """Set ``values`` in the ``dloom`` section of a checkpoint's config.json."""
+
+    def change(path: Path) -> None:
+        config = json.loads((path / "config.json").read_text())
+        (path / "config.json").write_text(json.dumps({**config, "dloom": {**config["dloom"], **values}}))
+
+    return change
+
+
+def long_integer(path: Path) -> None:
+    """vocab_size written as an integer of 5,000 digits (Python refuses to parse it)."""
+    text = (path / "config.json").read_text()
+    (path / "config.json").write_text(re.sub(r'"vocab_size": \d+', '"vocab_size": ' + "9" * 5000, text))
+
+
+def sparse_tokenizer(path: Path) -> None:
+    """tokenizer.json grown to 600 MB of holes (no disk used)."""
+    os.truncate(path / "tokenizer.json", 600 * 1024 * 1024)
+
+
+def overlapping_tensors(path: Path) -> None:
+    """Give up_proj of layer 0 the byte range of gate_proj (same shape), in the header."""
+    data = (path / "model.safetensors").read_bytes()
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + size])
+    gate = header["model.layers.0.mlp.gate_proj.weight"]["data_offsets"]
+    header[UP_0]["data_offsets"] = gate
+    text = json.dumps(header, separators=(",", ":")).encode()
+    (path / "model.safetensors").write_bytes(data[:8] + text.ljust(size) + data[8 + size :])
+
+
+def chat_template(template: str) -> Callable[[Path], None]:
+    """Give the checkpoint's tokenizer the chat template ``template``."""
+
+    def change(path: Path) -> None:
+        config = json.loads((path / "tokenizer_config.json").read_text())
+        (path / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": template}))
+
+    return change
+
+
+def trailing_bytes(path: Path) -> None:
+    """Append 6 bytes that no tensor covers."""
+    with open(path / "model.safetensors", "ab") as weights:
+        weights.write(b"\0" * 6)
+
+
+def gap_before_last(path: Path) -> None:
+    """Move the last tensor's byte range 2 bytes on (and grow the file by 2), leaving 2 bytes
+    before it unused."""
+    data = (path / "model.safetensors").read_bytes()
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + size])
+    last = max((n for n in header if n != "__metadata__"), key=lambda n: header[n]["data_offsets"][1])
+    header[last]["data_offsets"] = [offset + 2 for offset in header[last]["data_offsets"]]
+    text = json.dumps(header, separators=(",", ":")).encode()
+    (path / "model.safetensors").write_bytes(data[:8] + text.ljust(size) + data[8 + size :] + b"\0\0")
 
 
 def replace_with(make: Callable[[Path], None]) -> Callable[[Path], None]:
@@ -481,6 +549,75 @@ CASES = [
     api_case("API: the dloom section a list",
              lambda env: lambda: dloom.load_model(env.model_dir("dlist", set_config(dloom=[1]))),
              ModelError, "dloom is [1]; allowed: a JSON object"),
+    # 5c. malformed checkpoint fields (issue 55), each refused before the model is built -----------
+    cli_case("rms_norm_eps a string",
+             lambda env: ["generate", "--model", env.model_dir("eps", set_config(rms_norm_eps="abc")), "copy ab"],
+             ModelError, "eps/config.json", "rms_norm_eps is 'abc' (str); allowed: a finite number > 0 and <= 1"),
+    api_case("API: tie_word_embeddings 'yes'",
+             lambda env: lambda: dloom.load_model(env.model_dir("tie", set_config(tie_word_embeddings="yes"))),
+             ModelError, "tie_word_embeddings is 'yes' (str); allowed: true or false"),
+    api_case("API: hidden_act 'evil'",
+             lambda env: lambda: dloom.load_model(env.model_dir("act", set_config(hidden_act="evil"))),
+             ModelError, "hidden_act is 'evil'; allowed: gelu,", "silu"),
+    api_case("API: rope_type 'evil'",
+             lambda env: lambda: dloom.load_model(env.model_dir(
+                 "ropetype", set_config(rope_parameters={"rope_type": "evil", "rope_theta": 10000.0}))),
+             ModelError, "rope_parameters.rope_type is 'evil'; allowed: default, dynamic, linear"),
+    api_case("API: head_dim 7",
+             lambda env: lambda: dloom.load_model(env.model_dir("hd7", set_config(head_dim=7))),
+             ModelError, "head_dim is 7: RoPE rotates pairs of dimensions; allowed: an even rotary dimension"),
+    cli_case("pad_token_id 99999",
+             lambda env: ["generate", "--model", env.model_dir("pad", set_config(pad_token_id=99999)), "copy ab"],
+             ModelError, "pad/config.json", f"pad_token_id is 99999; allowed: a token id 0 .. {VOCAB - 1}"),
+    cli_case("an integer of 5,000 digits",
+             lambda env: ["generate", "--model", env.model_dir("longint", long_integer), "copy ab"],
+             ModelError, "longint/config.json", "vocab_size is an integer of 5000 digits; allowed: at most 64 digits"),
+    cli_case("generation_config.json nested 100000 deep",
+             lambda env: ["generate", "--model", env.model_dir(
+                 "genbomb", write("generation_config.json", "[" * 100_000 + "]" * 100_000)), "copy ab"],
+             ModelError, "genbomb/generation_config.json", "nests JSON deeper than 32 levels"),
+    api_case("API: vocab.json nested 100000 deep",
+             lambda env: lambda: dloom.load_model(env.model_dir(
+                 "vocabbomb", write("vocab.json", "[" * 100_000 + "]" * 100_000))),
+             ModelError, "vocabbomb/vocab.json", "nests JSON deeper than 32 levels"),
+    api_case("API: a sparse 600 MB tokenizer.json",
+             lambda env: lambda: dloom.load_model(env.model_dir("sparsetok", sparse_tokenizer)),
+             ModelError, "sparsetok/tokenizer.json", "is larger than 536870912 bytes; allowed: up to 536870912"),
+    api_case("API: tensors whose byte ranges overlap",
+             lambda env: lambda: dloom.load_model(env.model_dir("overlap", overlapping_tensors)),
+             ModelError, "overlap/model.safetensors", f"gives tensor '{UP_0}' bytes 218880 .. 415488",
+             "overlap tensor 'model.layers.0.mlp.gate_proj.weight'", "without overlap or gap"),
+    api_case("API: bytes after the last tensor",
+             lambda env: lambda: dloom.load_model(env.model_dir("trailing", trailing_bytes)),
+             ModelError, "trailing/model.safetensors", "holds 6 bytes after its last tensor"),
+    api_case("API: unused bytes between tensors",
+             lambda env: lambda: dloom.load_model(env.model_dir("gap", gap_before_last)),
+             ModelError, "gap/model.safetensors", "unused; allowed: byte ranges that follow one another"),
+    cli_case("dloom.block_length 0",
+             lambda env: ["generate", "--model", env.model_dir("block0", set_section(block_length=0)), "copy ab"],
+             ModelError, "block0/config.json", "dloom.block_length is 0; allowed: an integer 1 .. 65536"),
+    api_case("API: dloom.shift 'maybe'",
+             lambda env: lambda: dloom.load_model(env.model_dir("shift", set_section(shift="maybe"))),
+             ModelError, "dloom.shift is 'maybe' (str); allowed: true, false"),
+    api_case("API: LLaDA weight_tying 'yes' (the same checks for every family)",
+             lambda env: lambda: dloom.load_model(env.family_dir("llada", "lladatie", set_config(weight_tying="yes"))),
+             ModelError, "lladatie/config.json", "weight_tying is 'yes' (str); allowed: true or false (or null)"),
+    api_case("API: LLaDA2 rms_norm_eps a string",
+             lambda env: lambda: dloom.load_model(env.family_dir("llada2", "llada2eps", set_config(rms_norm_eps="abc"))),
+             ModelError, "llada2eps/config.json", "rms_norm_eps is 'abc' (str)"),
+    # 5d. chat templates on the command line, refused as the server refuses them (issue 55) ----------
+    cli_case("--chat with a template that raises",
+             lambda env: ["generate", "--chat", "--model", env.model_dir(
+                 "raising", chat_template("{{ raise_exception('no user turns here') }}")), "copy ab"],
+             ModelError, "the model's chat template refused the conversation: no user turns here"),
+    cli_case("--chat with a template of broken syntax",
+             lambda env: ["generate", "--chat", "--model", env.model_dir("syntax", chat_template("{% if %}")), "copy ab"],
+             ModelError, "the model's chat template refused the conversation:", "Expected an expression"),
+    cli_case("--chat with an unsafe template",
+             lambda env: ["generate", "--chat", "--model", env.model_dir(
+                 "unsafe", chat_template("{{ ''.__class__.__mro__[1].__subclasses__() }}")), "copy ab"],
+             ModelError, "the model's chat template refused the conversation:", "access to attribute '__class__'",
+             "is unsafe"),
     # 7b. hostile plugins (issue 41) ----------------------------------------------------------------
     api_case("plugin calling sys.exit() at import: reported and skipped",
              lambda env: install_raising(env, "import", "sys.exit(3)"),
@@ -627,7 +764,7 @@ def test_bad_input_is_refused_clearly(case: Case, env: Env, monkeypatch):
 def test_the_matrix_covers_the_issue():
     """The closing note's count: every row is a distinct input."""
     names = [c.values[0].name if hasattr(c, "values") else c.name for c in CASES]
-    assert len(names) == len(set(names)) == 105
+    assert len(names) == len(set(names)) == 125
 
 
 # --- what is not a refusal -------------------------------------------------------------------
@@ -888,6 +1025,27 @@ def test_an_absurd_layer_count_is_refused_in_well_under_a_second(tmp_path):
     with pytest.raises(ModelError, match="num_hidden_layers is 1000000; allowed: an integer 1 .. 1024"):
         dloom.load_model(directory)
     assert time.perf_counter() - started < 1.0
+
+
+def test_a_sparse_600_mb_tokenizer_is_refused_by_its_size_before_any_read(tmp_path, toy_adapter):
+    """It was read up to 512 MB before the refusal (peak 915 MB); now its size refuses it,
+    and the load (its imports done by ``toy_adapter``) allocates a few megabytes on the way."""
+    import time
+    import tracemalloc
+
+    directory = tmp_path / "sparse"
+    shutil.copytree(model_path("toy-dllm"), directory)
+    sparse_tokenizer(directory)
+    tracemalloc.start()
+    started = time.perf_counter()
+    try:
+        with pytest.raises(ModelError, match="tokenizer.json' is larger than 536870912 bytes"):
+            dloom.load_model(directory)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * 1024 * 1024, peak  # the 16 MB read buffer of config.json is gone too
+    assert time.perf_counter() - started < 5.0
 
 
 DLOOM_SCRIPT = """import sys

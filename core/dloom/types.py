@@ -49,6 +49,39 @@ class BlockSchedule:
 
 
 @dataclass(frozen=True)
+class Edits:
+    """An editing rule's answer to ``dloom_select_commit`` that also deletes positions and
+    inserts masks (LLaDA2.2's Levenshtein edits, DELETE and SPLIT), on the revisable kernel
+    (``B`` rows, blocks of ``K``). A plain ``(B, K)`` bool answer is one that does neither.
+
+    ``commit`` is what a plain answer is: the positions that take their candidate (masked
+    ones filled, filled ones rewritten), a subset of ``selectable``. ``delete`` and
+    ``split`` act in a post step only (a step begun with no mask in the row's block:
+    ``schedule.masked`` has none), on the filled positions the step offered
+    (``selectable & ~schedule.masked``); elsewhere they are ignored. After the step's
+    commits the kernel rebuilds the row's generated positions of the block, in order:
+
+    * a position in ``delete`` is removed (whatever else it is in): the tokens after it move
+      one position left, and the block ends in one more mask;
+    * a position in ``split`` keeps its token with a mask inserted before it: the tokens
+      from it on move one position right, and the block's last token, pushed out of the
+      block, is dropped (a block keeps its ``K`` positions).
+
+    Prompt positions, earlier blocks (final) and later ones never move. The masks a step
+    makes are filled by the steps that follow (which are not post steps: they take no edit
+    budget, and each fills at least one), so a block still ends within its edit budget.
+
+    :ivar commit: ``(B, K)`` bool.
+    :ivar delete: ``(B, K)`` bool.
+    :ivar split: ``(B, K)`` bool.
+    """
+
+    commit: torch.Tensor
+    delete: torch.Tensor
+    split: torch.Tensor
+
+
+@dataclass(frozen=True)
 class DecodeState:
     """A snapshot of decoding at the start of a step.
 

@@ -126,6 +126,31 @@ def test_a_third_party_cache_policy_from_an_entry_point_decodes_exactly(site, bl
     assert forward.policy.name == "wide" and forward.query_width(4) == 8
 
 
+def test_a_third_party_cache_policy_serves_the_failfast_drafter(site):
+    """A drafter cache is any registered policy that records nothing or can keep the
+    accepted columns settled (:meth:`BlockForward.settle`): "wide" records and does not fix
+    the context, so it keeps them as "prefix" does, forward for forward."""
+    from dloom.ar.decoder import drafter_cache_modes
+    from dloom.check.target import target_greedy
+    from dloom.check.tiny import tiny_ar, tiny_dllm
+    from dloom_plugins.failfast import FailFastDecoder
+
+    site.install("wideplug", WIDE_SOURCE)
+    assert drafter_cache_modes() == ("none", "prefix", "wide")
+    pair = dict(vocab=16, hidden=32, layers=2, init=0.8, context=128)
+    target, drafter = tiny_ar(0, **pair), tiny_dllm(0, **pair)
+    prompts = [[5, 6, 7, 8], [9, 3], [3, 4, 5]]
+    results = {
+        cache: FailFastDecoder(target, drafter, max_new_tokens=12, drafter_cache=cache).generate(prompts)
+        for cache in ("prefix", "wide")
+    }
+    assert results["wide"].token_lists == target_greedy(target, prompts, 12)
+    assert results["wide"].drafter_forwards == results["prefix"].drafter_forwards
+    assert results["wide"].accepted == results["prefix"].accepted
+    with pytest.raises(ConfigurationError, match="drafter_cache is 'dual'; allowed: none, prefix, wide"):
+        FailFastDecoder(target, drafter, drafter_cache="dual")
+
+
 def test_a_policy_refuses_what_it_cannot_do(site, tiny_adapter):
     site.install("wideplug", WIDE_SOURCE)
     with pytest.raises(ConfigurationError, match="cache is 'wider'; allowed: none, prefix, dual, wide"):

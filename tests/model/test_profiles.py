@@ -626,5 +626,5 @@ def test_the_dloom_section_names_the_kernel(tmp_path, tiny_model_dir):
     DiffusionDecoder(adapter, "joint_threshold", gen_length=8, block_length=4).generate([[3, 4]])
     config["dloom"]["kernel"] = ["revisable"]
     config_path.write_text(json.dumps(config))
-    with pytest.raises(ModelError, match=r"dloom.kernel is \['revisable'\]; allowed: a kernel name"):
+    with pytest.raises(ModelError, match=r"dloom.kernel is \['revisable'\] \(list\); allowed: a kernel name"):
         load_model(tiny_model_dir)

@@ -22,10 +22,11 @@ from conftest import EOS_ID, MASK_ID, PAD_ID, sharpen, tiny_model
 from dloom import DiffusionDecoder, ModelAdapter
 from dloom.cli.commands import app
 from dloom.decode import session as running_batch
+from dloom.decode.speculation import packed_layout, rows_layout
 from dloom.errors import ConfigurationError, ModelError
 from dloom.model.attention import block_causal_mask, block_ids, model_mask
 from dloom.model.cache_policy import BUILTIN_CACHE_MODES as CACHE_MODES
-from dloom.model.runner import BlockForward
+from dloom.model.runner import BlockForward, settling_cache_modes
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13], [14], [15, 16, 17, 18]]
 
@@ -582,3 +583,73 @@ def test_cached_decoding_reads_the_record_through_views(monkeypatch, tiny_adapte
         decoder = DiffusionDecoder(tiny_adapter, "spiffy", gen_length=16, block_length=8, cache="dual")
     result = decoder.generate(PROMPTS)
     assert result.verification_forwards > 0 and len(views) >= result.verification_forwards
+
+
+# --- settled columns (FailFast's drafter) -----------------------------------------------------
+
+
+@pytest.mark.parametrize("shift", [False, True])
+def test_settled_columns_keep_the_keys_and_values_of_the_forward_they_settled_in(tiny_adapter, shift):
+    """After ``settle(c)`` the next forward keeps the keys and values of the columns before
+    ``c - shift``; a later forward recomputes only the columns after them, attending to the
+    kept entries: a full forward on the new state with those columns' key and value
+    projections frozen at the old state's (``frozen_kv_forward``). The record only grows."""
+    adapter = shifted(tiny_adapter) if shift else tiny_adapter
+    tokens, mask, positions, width = padded_state(PROMPTS, 12)
+    length, start, block = tokens.shape[1], width + 4, 4
+    forward = BlockForward(adapter, "prefix", mask, positions, start, block)
+    forward.settle(start)
+    window = slice(start - shift, start - shift + block)
+    first = forward(tokens)
+    torch.testing.assert_close(first, adapter.raw_logits(tokens, mask, positions)[:, window], rtol=0, atol=1e-12)
+    assert forward.query_positions == length
+    changed = tokens.clone()
+    changed[:, start:start + 2] = 7  # committed in the block
+    changed[:, -1] = 8  # and after it
+    kept = start - shift
+    frozen = torch.arange(length) < kept
+    expected = frozen_kv_forward(adapter.model, changed, mask, positions, tokens, frozen)[:, window]
+    second = forward(changed)
+    torch.testing.assert_close(second, expected, rtol=0, atol=1e-12)
+    assert forward.query_positions == length - kept
+    fresh = adapter.raw_logits(changed, mask, positions)[:, window]
+    assert not torch.allclose(second, fresh, rtol=0, atol=1e-6)  # the kept entries are the old state's
+    forward.settle(start - 2)
+    for _ in range(2):
+        torch.testing.assert_close(forward(changed), second, rtol=0, atol=1e-12)
+        assert forward.query_positions == length - kept
+
+
+@pytest.mark.parametrize("shift", [False, True])
+def test_verification_over_settled_columns_reads_them_rows_and_packed_alike(tiny_adapter, shift):
+    """A rows layout of each row's current window gives the plain forward's block logits; a
+    packed layout of two spans gives each span what a rows layout of it alone gives."""
+    adapter = shifted(tiny_adapter) if shift else tiny_adapter
+    tokens, mask, positions, width = padded_state(PROMPTS, 12)
+    start, block = width + 4, 4
+    forward = BlockForward(adapter, "prefix", mask, positions, start, block)
+    forward.settle(start)
+    forward(tokens)  # settles the columns before the block
+    plain = forward(tokens)
+    span = block + shift
+    assert forward.query_width(0) == tokens.shape[1] - (start - shift)
+    root = tokens[:, start - shift:start - shift + span]
+    draft = torch.where(root == MASK_ID, 7, root)
+    evaluated = torch.ones(len(PROMPTS), 1, dtype=torch.bool)
+    rows = forward.evaluate(tokens, rows_layout(root[:, None], evaluated), 0)
+    torch.testing.assert_close(rows[:, :block], plain, rtol=0, atol=1e-12)
+    alone = forward.evaluate(tokens, rows_layout(draft[:, None], evaluated), 0)
+    packed = forward.evaluate(tokens, packed_layout(torch.stack([root, draft], 1), evaluated.repeat(1, 2)), 0)
+    assert packed.shape[1] == 2 * span
+    torch.testing.assert_close(packed[:, :span], rows, rtol=0, atol=1e-12)
+    torch.testing.assert_close(packed[:, span:], alone, rtol=0, atol=1e-12)
+    assert not torch.allclose(alone, rows)
+
+
+@pytest.mark.parametrize("mode, static", [("none", None), ("dual", None), ("prefix", 8)])
+def test_settling_needs_a_cache_that_records_and_recomputes_the_rest(tiny_adapter, mode, static):
+    tokens, mask, positions, width = padded_state(PROMPTS, 12)
+    forward = BlockForward(tiny_adapter, mode, mask, positions, width + 4, 4, static_width=static)
+    with pytest.raises(ConfigurationError, match=f"got cache='{mode}'.*allowed: cache='prefix'"):
+        forward.settle(width)
+    assert settling_cache_modes() == ("prefix",)

@@ -7,14 +7,17 @@ request itself is wrong.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
+import tempfile
 
 import pytest
 
 ray = pytest.importorskip("ray", reason="the Ray tests need the optional extra ray (pip install -e '.[ray]')")
 
-from dloom.errors import ConfigurationError, UnknownStrategyError  # noqa: E402
+from dloom.errors import ConfigurationError, OutputError, UnknownStrategyError  # noqa: E402
 from dloom.evaluation import select_examples  # noqa: E402
 from dloom.ray import DecodeSpec, decode_prompts, iter_decoded, read_shards  # noqa: E402
 from dloom.ray.batch import contiguous_runs  # noqa: E402
@@ -146,6 +149,86 @@ def test_bad_requests_fail_before_ray_starts(prompts, options, words, monkeypatc
     monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("Ray started for a bad request"))
     with pytest.raises(ConfigurationError, match=words):
         decode_prompts(prompts, DecodeSpec(), **options)
+
+
+def no_permission(path):
+    """Make creating files in ``path`` fail as it does without write permission (this
+    process may be root, whom the mode bits do not stop)."""
+    real = tempfile.mkstemp
+
+    def mkstemp(*args, dir=None, **kwargs):
+        if dir is not None and os.path.samefile(dir, path):
+            raise PermissionError(errno.EACCES, "Permission denied", str(dir))
+        return real(*args, dir=dir, **kwargs)
+
+    return mkstemp
+
+
+def output_dir_case(case, tmp_path, monkeypatch):
+    """The output directory of ``case``, prepared as it names."""
+    if case == "spec.json of bad JSON":
+        (tmp_path / "spec.json").write_text('{"model": ')
+        return tmp_path
+    if case == "a file in its place":
+        (tmp_path / "out").write_text("x")
+        return tmp_path / "out"
+    if case == "a file in place of a parent":
+        (tmp_path / "parent").write_text("x")
+        return tmp_path / "parent" / "out"
+    if case == "no permission":
+        monkeypatch.setattr(tempfile, "mkstemp", no_permission(tmp_path))
+        return tmp_path
+    if case == "a directory in place of a shard":
+        (tmp_path / "rows-00000000-00000000.jsonl").mkdir()
+        return tmp_path
+    raise AssertionError(case)
+
+
+@pytest.mark.parametrize(
+    "case, error, words",
+    [
+        ("spec.json of bad JSON", ConfigurationError, ["spec.json' is not the spec.json of a dloom run",
+                                                        "line 1 column 11", "remove it"]),
+        ("a file in its place", OutputError, ["/out' is a file, not a directory", "allowed: a directory"]),
+        ("a file in place of a parent", OutputError, ["parent/out' lies under a file", "allowed: a directory"]),
+        ("no permission", OutputError, ["cannot write into output_dir", "Permission denied", "allowed: a directory"]),
+        ("a directory in place of a shard", ConfigurationError, ["rows-00000000-00000000.jsonl' cannot be read as a "
+                                                                  "shard", "Is a directory"]),
+    ],
+)
+def test_a_bad_output_dir_is_one_clear_error_before_ray_starts(case, error, words, tmp_path, monkeypatch):
+    """Each was a raw JSONDecodeError, NotADirectoryError, PermissionError or IsADirectoryError."""
+    directory = output_dir_case(case, tmp_path, monkeypatch)
+    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("Ray started for a bad output directory"))
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    with pytest.raises(error) as caught:
+        decode_prompts(["copy ab"], QUOTA, output_dir=directory)
+    message = str(caught.value)
+    assert type(caught.value) is error and "\n" not in message
+    assert str(tmp_path) in message
+    for word in words:
+        assert word in message, message
+
+
+def test_a_shard_an_actor_cannot_write_is_an_output_error_not_a_ray_task_error(ray_runtime, tmp_path, monkeypatch):
+    """The directory passes the driver's checks, then becomes a file before the actors write
+    (here: as Ray Data starts); the actor's NotADirectoryError reached the driver as a
+    RayTaskError."""
+    directory = tmp_path / "out"
+    real = ray.data.from_items
+
+    def from_items(*args, **kwargs):
+        shutil.rmtree(directory)
+        directory.write_text("no longer a directory")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ray.data, "from_items", from_items)
+    with pytest.raises(OutputError) as caught:
+        decode_prompts(["copy ab"], QUOTA, actors=1, output_dir=directory)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert f"cannot write shard rows-00000000-00000000.jsonl into output_dir '{directory}'" in message
+    assert "Not a directory" in message and "rerun to resume" in message
 
 
 def test_an_actor_error_surfaces_as_the_dloom_error(ray_runtime, tmp_path):

@@ -446,14 +446,43 @@ def test_a_many_row_body_is_refused_over_http_before_it_is_parsed(served, monkey
     assert outcome(served, "invalid") == before + 1 and metrics_of(served)["dloom_admitted_tokens"] == 0
 
 
+def test_a_many_text_body_is_refused_from_its_parsed_list_before_the_schema_builds_it(model, served, monkeypatch):
+    """A list of text prompts, n choices each, is counted from the parsed JSON list (a text
+    as one token) before the request is validated, encoded or queued; a body of another
+    shape is left to its schema."""
+    service = Service(ServeConfig(model, DecodeDefaults(block_length=BLOCK), max_queued_tokens=1000))
+    gen = service.gen_length
+    with pytest.raises(ConfigurationError, match=f"the request needs at least {16 * 300 * (1 + gen)} tokens"):
+        service.check_texts({"prompt": ["copy ab"] * 300, "n": 16})
+    with pytest.raises(ConfigurationError, match=f"the request needs at least {300 * (1 + gen)} tokens"):
+        service.check_texts({"prompt": ["copy ab"] * 300, "n": "sixteen"})  # the schema refuses n later
+    for fits in ({"prompt": ["copy ab"] * 3, "n": 2}, {"prompt": [[3]] * 300}, {"prompt": "x" * 5000}, [1, 2], None):
+        service.check_texts(fits)
+    monkeypatch.setattr(CompletionRequest, "model_validate", None)  # building the request would fail (500)
+    before = outcome(served, "invalid")
+    body = json.dumps({"model": MODEL, "prompt": ["copy ab"] * 3000, "n": 16}).encode()
+    answer = httpx.post(f"{served.url}/v1/completions", content=body, headers={"content-type": "application/json"})
+    assert_error_object(answer, 400, f"the request needs at least {16 * 3000 * (1 + gen)} tokens")
+    assert outcome(served, "invalid") == before + 1 and metrics_of(served)["dloom_admitted_tokens"] == 0
+
+
+MANY_ROWS = {
+    "token ids": ([[3]] * 300_000, "or more prompts of token ids"),
+    "texts": (["a"] * 300_000, "the request needs at least"),
+}
+
+
 @pytest.mark.slow
-def test_a_large_many_row_request_is_refused_fast_and_small_while_a_canary_keeps_its_latency(model):
-    """The 1.5 MB body of 300,000 one-token rows, n=16 (4.8 million rows): refused in under
-    100 ms alone (the median of 5), and in under 1 s each when 4 clients send it 24 times at
-    once (client and server share this process and its cores); the server's memory grows by
-    under 50 MB, and a canary completion asked all along answers within twice its latency
-    alone plus 1 s (it waited 21 s when every row was built before the budget was checked)."""
-    body = json.dumps({"model": MODEL, "prompt": [[3]] * 300_000, "n": 16}).encode()
+@pytest.mark.parametrize("kind", MANY_ROWS)
+def test_a_large_many_row_request_is_refused_fast_and_small_while_a_canary_keeps_its_latency(model, kind):
+    """The 1.5 MB body of 300,000 one-token rows (token ids, or one-character texts), n=16
+    (4.8 million rows): refused in under 100 ms alone (the median of 5), and in under 1 s
+    each when 4 clients send it 24 times at once (client and server share this process and
+    its cores); the server's memory grows by under 50 MB, and a canary completion asked all
+    along answers within twice its latency alone plus 1 s (it waited 21 s when every row
+    was built before the budget was checked)."""
+    prompts, words = MANY_ROWS[kind]
+    body = json.dumps({"model": MODEL, "prompt": prompts, "n": 16}).encode()
     assert 1_400_000 < len(body) < 1_600_000
     with BackgroundServer(ServeConfig(model, DecodeDefaults(block_length=BLOCK))) as server:
         canary = {"model": MODEL, "prompt": PROMPTS[0], "max_tokens": 8}
@@ -465,7 +494,7 @@ def test_a_large_many_row_request_is_refused_fast_and_small_while_a_canary_keeps
 
         alone = max(ask_canary() for _ in range(5))
         with httpx.Client(timeout=60) as client:
-            once = sorted(refused_in(client, server, body) for _ in range(5))
+            once = sorted(refused_in(client, server, body, words) for _ in range(5))
         resident = [rss_bytes()]
         sampling = threading.Event()
 
@@ -478,7 +507,7 @@ def test_a_large_many_row_request_is_refused_fast_and_small_while_a_canary_keeps
             seconds = []
             with httpx.Client(timeout=60) as client:
                 for _ in range(6):
-                    seconds.append(refused_in(client, server, body))
+                    seconds.append(refused_in(client, server, body, words))
             return seconds
 
         sampler = threading.Thread(target=sample)
@@ -492,7 +521,7 @@ def test_a_large_many_row_request_is_refused_fast_and_small_while_a_canary_keeps
         sampling.set()
         sampler.join()
     growth = (max(resident) - resident[0]) / 2**20
-    print(f"refused alone in {once} s, under the flood in {sorted(refusals)} s; growth {growth:.1f} MB; "
+    print(f"{kind}: refused alone in {once} s, under the flood in {sorted(refusals)} s; growth {growth:.1f} MB; "
           f"canary alone {alone:.3f} s, under the flood {sorted(during)} s")
     assert once[len(once) // 2] < 0.1, f"refusing the request alone took {once} s"
     assert len(refusals) == 24 and max(refusals) < 1, f"under the flood, refusals took {sorted(refusals)} s"
@@ -500,12 +529,12 @@ def test_a_large_many_row_request_is_refused_fast_and_small_while_a_canary_keeps
     assert max(during) < 2 * alone + 1, f"the canary took {max(during):.3f} s under the flood, {alone:.3f} s alone"
 
 
-def refused_in(client: httpx.Client, server: BackgroundServer, body: bytes) -> float:
-    """Seconds from sending ``body`` to its 400 for a cost beyond the budget."""
+def refused_in(client: httpx.Client, server: BackgroundServer, body: bytes, words: str) -> float:
+    """Seconds from sending ``body`` to its 400 for a cost beyond the budget (saying ``words``)."""
     started = time.perf_counter()
     answer = client.post(f"{server.url}/v1/completions", content=body, headers={"content-type": "application/json"})
     seconds = time.perf_counter() - started
-    assert_error_object(answer, 400, "or more prompts of token ids")
+    assert_error_object(answer, 400, words)
     return seconds
 
 
@@ -681,6 +710,40 @@ def test_a_checkpoint_is_served_by_its_directory_name_not_its_path():
     assert str(path.parent) not in str(refused.value) and repr(path.name) in str(refused.value)
 
 
+def test_a_broken_offered_graph_is_refused_over_http_without_its_server_path(served, graph_dir):
+    """The graph's loader names the file by its path; the answer names it by the name the
+    request gave, and nothing of the directory it lies in."""
+    data = json.loads((BUILTIN_DIR / GRAPH).read_text())
+    data["nodes"].append({"id": len(data["nodes"]) + 1, "pairs": [[0, 99999]], "parents": [0]})
+    data["budget"] = len(data["nodes"])
+    (graph_dir / "broken.json").write_text(json.dumps(data))
+    for strategy, key in (("spiffy", "spiffy.graph"), ("spiffy+quota", "graph")):
+        answer = httpx.post(f"{served.url}/v1/completions", json={
+            "model": MODEL, "prompt": PROMPTS[0], "strategy": strategy, "params": {key: "broken.json"},
+        }, timeout=30)
+        message = assert_error_object(answer, 400, "node 11 uses vocabulary rank 99999")["message"]
+        assert "broken.json" in message and str(graph_dir) not in message and str(graph_dir.parent) not in message
+        assert str(graph_dir.resolve().parent) not in message
+
+
+def test_a_checkpoints_path_is_in_no_answer_over_http(tmp_path):
+    """A checkpoint without a tokenizer, served from a path: the refusal of a text prompt named
+    the model by its path."""
+    from dloom import zoo
+
+    directory = tmp_path / "private" / "checkpoint"
+    shutil.copytree(zoo.locate(MODEL), directory)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (directory / name).unlink()
+    config = ServeConfig(dloom.load_model(str(directory)), DecodeDefaults(block_length=BLOCK))
+    with BackgroundServer(config) as server:
+        answer = httpx.post(f"{server.url}/v1/completions", json={"model": "checkpoint", "prompt": "copy ab"}, timeout=30)
+        message = assert_error_object(answer, 400, "has no tokenizer")["message"]
+        assert "'checkpoint'" in message and str(tmp_path) not in message, message
+        ids = httpx.post(f"{server.url}/v1/completions", json={"model": "checkpoint", "prompt": [5, 6]}, timeout=30)
+        assert ids.status_code == 200, ids.text
+
+
 @pytest.mark.parametrize("name, value, words", [
     ("max_headers", 0, "max_headers is 0; allowed: >= 1"),
     ("max_header_bytes", -1, "max_header_bytes is -1; allowed: >= 1"),
@@ -743,4 +806,48 @@ def test_128_clients_with_disconnects_and_a_systemexit_hook_keep_every_other_lan
         time.sleep(0.2)
     after = metrics_of(served)
     assert after["dloom_admitted_tokens"] == 0 and after["dloom_running_rows"] == 0
+    assert httpx.get(f"{served.url}/health").status_code == 200 and served.service.scheduler.alive
+
+
+@pytest.mark.slow
+def test_64_clients_of_mixed_prompts_with_mask_only_ones_have_no_mismatch(model, served):
+    """64 concurrent clients on two lanes (quota, threshold), with texts, token ids, prompts
+    holding mask tokens among others, ``n=2`` choices, and prompts made only of the mask
+    token: each of the latter is refused with 400 (it was accepted, and decoded differently
+    batched than alone: 34 wrong answers under load), and every other answer, every choice,
+    equals its prompt decoded alone offline."""
+    import random
+
+    chooser = random.Random(55)
+    mixed: list[str | list[int]] = [*PROMPTS, [5, 17, 18, 27, 39, 3, 4], [5, 1, 1], [1, 1, 5, 9], [1, 7]]
+    cases = []
+    for index in range(64):
+        prompt = [1] * chooser.randint(1, 4) if index % 8 == 3 else chooser.choice(mixed)
+        cases.append((prompt, ("quota", "threshold")[index % 2], 1 + index % 3 // 2))
+    expected = {(str(p), s): offline(model, p, s) for p, s, _ in cases if set(p) != {1}}
+    client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", max_retries=20, timeout=120)
+    start = threading.Barrier(len(cases))
+    before = outcome(served, "invalid")
+
+    def ask(case) -> list[str] | str:
+        prompt, strategy, n = case
+        start.wait()
+        try:
+            answer = client.completions.create(model=MODEL, prompt=prompt, n=n, extra_body={"strategy": strategy})
+        except openai.BadRequestError as error:
+            return str(error)
+        return [choice.text for choice in answer.choices]
+
+    with ThreadPoolExecutor(len(cases)) as pool:
+        answers = list(pool.map(ask, cases, timeout=600))
+    mismatches = refused = 0
+    for (prompt, strategy, n), answer in zip(cases, answers):
+        if set(prompt) == {1}:
+            assert isinstance(answer, str) and "prompt 0 is made only of the mask token (id 1)" in answer, answer
+            refused += 1
+        else:
+            assert isinstance(answer, list) and len(answer) == n, answer
+            mismatches += sum(text != expected[(str(prompt), strategy)] for text in answer)
+    assert refused == 8 and mismatches == 0
+    assert outcome(served, "invalid") == before + 8
     assert httpx.get(f"{served.url}/health").status_code == 200 and served.service.scheduler.alive

@@ -45,14 +45,23 @@ from dloom.decode.kernel import REMASKING
 from dloom.decode.prompts import check_lengths
 from dloom.errors import ConfigurationError, ModelError
 from dloom.hooks import calls as hooks
+from dloom.hooks.cache_policies import cache_modes
 from dloom.hooks.composition import StrategySpec, build_plugin_manager, compose
 from dloom.hooks.registry import Registry
 from dloom.hooks.timing import HookTimer
 from dloom.model.adapter import ModelAdapter
+from dloom.model.runner import settling_cache_modes
 from dloom.types import ChainState, DraftChains
 
 DEFAULT_MAX_NEW_TOKENS = 128
-DRAFTER_CACHE_MODES = ("none", "prefix")
+
+
+def drafter_cache_modes() -> tuple[str, ...]:
+    """The registered cache policies a drafter's runner (:class:`dloom.model.runner.BlockForward`)
+    can take: those that record nothing (every drafter forward recomputes the canvas) and
+    those that keep settled columns (:func:`dloom.model.runner.settling_cache_modes`: the
+    columns every row has accepted), the built-ins first: ``("none", "prefix")``."""
+    return cache_modes(records=False) + settling_cache_modes()
 
 
 class ARTargetDecoder:
@@ -71,7 +80,7 @@ class ARTargetDecoder:
     :param remasking: the confidence kind of a dLLM drafter's commit rule
         (:data:`dloom.decode.kernel.REMASKING`).
     :param seed: seeds every prompt's random stream (``None``: nondeterministic).
-    :param drafter_cache: the drafter's KV cache mode, one of :data:`DRAFTER_CACHE_MODES`
+    :param drafter_cache: the drafter's KV cache policy, one of :func:`drafter_cache_modes`
         (a drafter plugin checks that its model supports it).
     :param draft_budget: the most chain tokens per row one verification may evaluate
         (``None``: the strategy's own limit); longer chains after pruning are a
@@ -132,9 +141,9 @@ class ARTargetDecoder:
             raise ConfigurationError(f"temperature is {self.temperature!r}; allowed: >= 0")
         if self.remasking not in REMASKING:
             raise ConfigurationError(f"remasking is {self.remasking!r}; allowed: {', '.join(REMASKING)}")
-        if self.drafter_cache not in DRAFTER_CACHE_MODES:
+        if self.drafter_cache not in drafter_cache_modes():
             raise ConfigurationError(
-                f"drafter_cache is {self.drafter_cache!r}; allowed: {', '.join(DRAFTER_CACHE_MODES)}"
+                f"drafter_cache is {self.drafter_cache!r}; allowed: {', '.join(drafter_cache_modes())}"
             )
         if self.draft_budget is not None and self.draft_budget < 0:
             raise ConfigurationError(f"draft_budget is {self.draft_budget!r}; allowed: >= 0 or None")

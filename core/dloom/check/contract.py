@@ -39,6 +39,8 @@ class ContractBreak:
     :ivar row: the row (of ``ROWS``; the last one never has a selectable position).
     :ivar selectable: the row's selectable positions.
     :ivar committed: the row's answer as the rule gave it.
+    :ivar empty: the row committed no position although it had selectable ones (a step
+        that fills nothing), rather than a position that was not selectable.
     """
 
     problem: str
@@ -48,6 +50,7 @@ class ContractBreak:
     row: int
     selectable: list[bool]
     committed: list[bool]
+    empty: bool = False
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -111,7 +114,7 @@ def _probe_block(pm, width: int, steps_per_block: int, generator: torch.Generato
             if problem is not None:
                 return ContractBreak(
                     problem, width, steps_per_block, step, row, selectable[row].tolist(),
-                    answer[row].tolist(),
+                    answer[row].tolist(), empty=not bool(stray[row].any()),
                 )
         block = torch.where(answer & selectable, candidates, block)
     return None

@@ -16,7 +16,10 @@
 
 Before any of these the commit rule's hook contract is probed (:mod:`dloom.check.contract`);
 a break, or a :class:`~dloom.errors.HookContractError` raised while checking, is the verdict
-``contract broken`` (a failed check, exit status 1, with its report).
+``contract broken`` (a failed check, exit status 1, with its report). Then, for a strategy
+that runs on the revisable kernel, the claims that kernel brings are tested on decodes
+(:mod:`dloom.check.kernel_claims`); a broken one is the verdict ``kernel claim broken``
+(exit status 1), whatever the strategy declares.
 
 The checks take their options as keywords: the fields of :class:`GreedyOptions`,
 :class:`~dloom.check.sampling.SamplingOptions` and :class:`~dloom.check.bounds.BoundOptions`.
@@ -36,6 +39,7 @@ from dloom.check import tiny
 from dloom.check.bounds import BoundOptions, check_bound
 from dloom.check.contract import probe_commit_rule
 from dloom.check.greedy import GreedyComparison, compare_greedy
+from dloom.check.kernel_claims import FILLS, KERNEL_CLAIMS, check_kernel_claims
 from dloom.check.progress import stage
 from dloom.check.resolve import Resolved, reference, resolve
 from dloom.check.sampling import SamplingOptions, SamplingTest, sampling_test
@@ -48,8 +52,11 @@ temperature checked: nothing to test (exit 0)."""
 CONTRACT_BROKEN = "contract broken"
 """The verdict when a hook of the strategy breaks its contract (:mod:`dloom.check.contract`,
 or a :class:`~dloom.errors.HookContractError` raised while checking): a failed check."""
-REFUTED = ("not lossless", "unsound", CONTRACT_BROKEN)
-EXIT_CODES = {"not lossless": 1, "unsound": 1, CONTRACT_BROKEN: 1, "inconclusive": 3}
+KERNEL_CLAIM_BROKEN = "kernel claim broken"
+"""The verdict when decodes on a kernel the strategy runs on break a claim of that kernel
+(:mod:`dloom.check.kernel_claims`): a failed check."""
+REFUTED = ("not lossless", "unsound", CONTRACT_BROKEN, KERNEL_CLAIM_BROKEN)
+EXIT_CODES = {"not lossless": 1, "unsound": 1, CONTRACT_BROKEN: 1, KERNEL_CLAIM_BROKEN: 1, "inconclusive": 3}
 """``dloom check`` exit status by verdict; every other verdict exits 0 (2: usage error)."""
 DEFAULT_PROMPTS = 32
 TARGET = "target"
@@ -67,11 +74,13 @@ class CheckReport:
     :ivar claim: the claim tested (``Claim.to_json``), or ``None``.
     :ivar claimed_by: the component of a composition that declared it.
     :ivar verdict: ``lossless``, ``not lossless``, ``inconclusive``, ``sound``, ``unsound``,
-        ``contract broken``, ``reference``, ``approximate``, ``not claimed`` or ``no claim``.
+        ``contract broken``, ``kernel claim broken``, ``reference``, ``approximate``,
+        ``not claimed`` or ``no claim``.
     :ivar reason: the verdict in one sentence.
     :ivar evidence: ``greedy`` (agreement, first difference), ``sampling`` (per seed:
-        p-value, power, ...), ``bound`` (joints tried, counterexample) and ``contract``
-        (the hook contract break: the error, or the probe's situation), as run.
+        p-value, power, ...), ``bound`` (joints tried, counterexample), ``contract``
+        (the hook contract break: the error, or the probe's situation) and
+        ``kernel_claims`` (each kernel claim's verdict and detail), as run.
     :ivar notes: what was assumed or skipped.
     """
 
@@ -91,11 +100,19 @@ class CheckReport:
     def exit_code(self) -> int:
         return EXIT_CODES.get(self.verdict, 0)
 
+    @property
+    def failed_claims(self) -> list[str]:
+        """The kernel claims (:data:`dloom.check.kernel_claims.KERNEL_CLAIMS`) found broken:
+        by the decodes, or ``fills`` by the hook contract probe (a row that committed nothing)."""
+        failed = list(self.evidence.get("kernel_claims", {}).get("failed", []))
+        claim = self.evidence.get("contract", {}).get("claim")
+        return failed + [claim] if claim and claim not in failed else failed
+
     def to_json(self) -> dict[str, Any]:
         return {
             "strategy": self.strategy, "claim": self.claim, "claimed_by": self.claimed_by,
             "verdict": self.verdict, "reason": self.reason, "exit_code": self.exit_code,
-            "evidence": self.evidence, "notes": self.notes,
+            "failed_claims": self.failed_claims, "evidence": self.evidence, "notes": self.notes,
         }
 
     def render(self) -> str:
@@ -146,6 +163,12 @@ class CheckReport:
                 f"  contract probe: block of {contract['block_length']}, {contract['steps_per_block']} "
                 f"steps per block, step {contract['step']}, row {contract['row']}: selectable "
                 f"{_bits(contract['selectable'])}, committed {_bits(contract['committed'])}"
+            )
+        kernel = self.evidence.get("kernel_claims")
+        if kernel:
+            lines.append(f"  {kernel['kernel']} kernel claims on {kernel['model']}:")
+            lines.extend(
+                f"    {name}: {outcome['verdict']}: {outcome['detail']}" for name, outcome in kernel["claims"].items()
             )
         lines.extend(f"  note: {note}" for note in self.notes)
         return "\n".join(lines)
@@ -275,10 +298,13 @@ def _split(options: Mapping[str, Any], *kinds: type) -> tuple[Any, ...]:
 
 def _guarded(
     ours: Resolved, claim: dict[str, Any] | None, notes: list[str], run: Callable[[], CheckReport],
-    probe: bool = True,
+    probe: bool = True, kernel_claims: bool = False,
 ) -> CheckReport:
-    """``run()``, after probing the commit rule's contract (``probe``); a contract break,
-    found by the probe or raised while checking, is the verdict :data:`CONTRACT_BROKEN`."""
+    """``run()``, after probing the commit rule's contract (``probe``) and, with
+    ``kernel_claims``, testing the claims of each kernel ``ours`` runs on; a contract break,
+    found by the probe or raised while checking, is the verdict :data:`CONTRACT_BROKEN`, a
+    broken kernel claim :data:`KERNEL_CLAIM_BROKEN`, and the kernel claims that held join
+    the report's evidence."""
     claimed_by = ours.claimed_by if claim else None
     try:
         if probe:
@@ -288,9 +314,24 @@ def _guarded(
                 return CheckReport(
                     ours.name, claim, claimed_by, CONTRACT_BROKEN,
                     f"the commit rule broke the dloom_select_commit contract: {found.problem}",
-                    {"contract": found.to_json()}, notes,
+                    {"contract": {**found.to_json(), "claim": FILLS if found.empty else None}}, notes,
                 )
-        return run()
+        held = None
+        kernels = [k for k in ours.kernels if k in KERNEL_CLAIMS] if kernel_claims else []
+        for kernel in kernels:
+            stage(f"the {kernel} kernel's claims on decodes of {ours.name}")
+            held = check_kernel_claims(ours, kernel)
+            if held.failed:
+                first = held.claims[held.failed[0]]["detail"]
+                return CheckReport(
+                    ours.name, claim, claimed_by, KERNEL_CLAIM_BROKEN,
+                    f"decodes on the {kernel} kernel broke its claim(s) {', '.join(held.failed)}: {first}",
+                    {"kernel_claims": held.to_json()}, notes,
+                )
+        report = run()
+        if held is not None:
+            report.evidence["kernel_claims"] = held.to_json()
+        return report
     except HookContractError as error:
         return CheckReport(
             ours.name, claim, claimed_by, CONTRACT_BROKEN, f"a hook broke its contract: {error}",
@@ -469,7 +510,7 @@ def _check_strategy(
     return _guarded(ours, claim_json, notes, partial(
         _check_claim, ours, against, against_params, notes, greedy_options, sampling_options,
         bound_options,
-    ))
+    ), kernel_claims=True)
 
 
 def _check_claim(

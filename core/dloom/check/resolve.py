@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dloom.decode.transition import ABSORBING, common_kernel
+from dloom.decode.transition import ABSORBING, KERNELS, common_kernel, unsupported
 from dloom.errors import ConfigurationError
 from dloom.hooks.composition import StrategySpec, claim_values, compose
 from dloom.hooks.registry import Strategy, get_registry, hooks_implemented_by
@@ -39,6 +39,9 @@ class Resolved:
         supports: :func:`dloom.decode.transition.common_kernel`).
     :ivar claim_values: the claiming component's parameters, given or default (what the
         claim's ``holds_when`` is judged at, with the check's temperature).
+    :ivar kernels: every kernel all its components support (registered strategies; a
+        strategy given otherwise is taken to run on the absorbing kernel alone), whose claims
+        the check tests (:mod:`dloom.check.kernel_claims`).
     """
 
     name: str
@@ -48,6 +51,7 @@ class Resolved:
     claimed_by: str | None
     kernel: str = ABSORBING
     claim_values: Mapping[str, Any] = field(default_factory=dict)
+    kernels: tuple[str, ...] = (ABSORBING,)
 
     def on(self, model: ModelAdapter) -> ModelAdapter:
         """``model`` decoding with this strategy's kernel."""
@@ -101,12 +105,13 @@ def resolve(strategy: Any, params: Mapping[str, Any] | None = None) -> Resolved:
         ]
         claims.sort(key=lambda item: CLAIM_PRIORITY.index(item[1].kind))
         kernel = common_kernel(composition)
+        kernels = tuple(name for name in KERNELS if unsupported(composition, name) is None)
         if not claims:
-            return Resolved(composition.name, strategy, params, None, None, kernel=kernel)
+            return Resolved(composition.name, strategy, params, None, None, kernel=kernel, kernels=kernels)
         component, claim = claims[0]
         return Resolved(
             composition.name, strategy, params, claim, component.name, kernel=kernel,
-            claim_values=claim_values(component),
+            claim_values=claim_values(component), kernels=kernels,
         )
     if params:
         raise ConfigurationError("parameters cannot be routed to a bare plugin object; set them on it")

@@ -9,6 +9,9 @@ probability), and the context matters enough that committing positions in a diff
 or together changes the output distribution visibly.
 
 * :func:`tiny_dllm`: bidirectional (``is_causal=False``), a masked-diffusion model.
+* :func:`tiny_revisable_dllm`: the same weights decoding like LLaDA2.x: block-causal
+  attention, blocks aligned at position 0 (the prompt's tail shares the first block with
+  generated positions) and the revisable transition kernel.
 * :func:`tiny_ar`: causal, no mask token, next-token logits (an AR target).
 * :func:`tiny_prompts`: random prompts of plain tokens.
 * :func:`zoo_installed`: whether the toy zoo's trained models, which the greedy checks prefer
@@ -19,6 +22,8 @@ A model with ``vocab <= 8`` and ``gen_length <= 4`` is small enough for
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -62,6 +67,20 @@ def tiny_dllm(
         model, mask_token_id=MASK_ID, eos_token_ids=(EOS_ID,), pad_token_id=PAD_ID,
         attention="bidirectional", max_context=context, name=f"tiny-dllm(seed={seed}, vocab={vocab})",
         default_gen_length=DEFAULT_GEN_LENGTH,
+    )
+
+
+def tiny_revisable_dllm(
+    seed: int = 0, vocab: int = 6, hidden: int = 16, layers: int = 1, init: float = 0.3,
+    context: int = 32,
+) -> ModelAdapter:
+    """:func:`tiny_dllm` decoding as LLaDA2.x does: ``attention="block-causal"``,
+    ``block_alignment="absolute"`` and the ``"revisable"`` kernel
+    (:mod:`dloom.decode.revisable`), so that editing rules run on it and a prompt whose
+    length is not a multiple of the block length puts prompt positions in the first block."""
+    return dataclasses.replace(
+        tiny_dllm(seed, vocab, hidden, layers, init, context), attention="block-causal",
+        block_alignment="absolute", kernel="revisable", name=f"tiny-revisable-dllm(seed={seed}, vocab={vocab})",
     )
 
 

@@ -16,6 +16,11 @@ with it this kernel is the absorbing one, step for step (a filled block is final
 
 Prompt positions are never offered (the kernel's ``generated`` positions only), nor are
 positions outside the active block.
+
+An editing rule may also answer with :class:`dloom.types.Edits`, deleting positions and
+inserting masks in a post step (LLaDA2.2's DELETE and SPLIT): the kernel applies them after
+the step's commits, within the row's generated positions of the block
+(:func:`dloom.decode.levenshtein.relayout`).
 """
 
 from __future__ import annotations
@@ -31,8 +36,9 @@ from dloom.decode.kernel import (
     eos_clear,
     propose,
 )
+from dloom.decode.levenshtein import relayout
 from dloom.hooks import calls as hooks
-from dloom.types import BlockSchedule
+from dloom.types import BlockSchedule, Edits
 
 
 class RevisableKernel(KernelStep):
@@ -84,7 +90,11 @@ class RevisableKernel(KernelStep):
         signals = None
         if self.signals:  # only what the rule declared
             signals = commit_signals(logits, candidates, self.signals, self.mask_token_id)
-        answer = hooks.proposed_commit(self.pm, confidence, selectable, schedule, signals)
+        reply = (hooks.proposed_edits if self.edits else hooks.proposed_commit)(
+            self.pm, confidence, selectable, schedule, signals,
+        )
+        edits = reply if isinstance(reply, Edits) else None
+        answer = reply.commit if isinstance(reply, Edits) else reply
         commit = answer & selectable
         empty = fillable.any(-1) & ~(commit & masked).any(-1)
         stray = empty & (answer & ~selectable).any(-1)  # IDLE_DECODED: it committed only positions not offered
@@ -96,6 +106,9 @@ class RevisableKernel(KernelStep):
         if isinstance(self.generator, RowStreams):
             self.generator.advance(advance)
         new = apply_commit(block, candidates, commit)
+        if edits is not None:  # deletes and splits of the filled positions offered in a post step
+            offered = selectable & ~masked & post_step.unsqueeze(1)
+            new = relayout(new, edits.delete & offered, edits.split & offered, generated, self.mask_token_id)
         self.changed = torch.where(advance, (new != block).any(-1), self.changed)
         self.post_step = torch.where(advance, post_step, self.post_step)
         return new

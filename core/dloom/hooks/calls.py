@@ -24,6 +24,7 @@ from dloom.types import (
     DecodeState,
     DraftChains,
     DraftGraph,
+    Edits,
     NodeLogits,
     Verdict,
     VerificationLayout,
@@ -105,22 +106,51 @@ def proposed_commit(
     """The commit rule's answer as it gave it: ``(B, K)`` bool, type and shape checked but
     *not* restricted to ``selectable``, so that a caller can see commits to positions that
     are not selectable (already decoded, or in a row that is not decoding): a contract
-    break that :func:`select_commit` drops."""
-    commit = _answer(
-        pm,
-        _call(
-            pm, "dloom_select_commit", confidence=confidence, selectable=selectable, schedule=schedule,
-            signals={} if signals is None else signals,
-        ),
-        "dloom_select_commit",
-        torch.Tensor,
+    break that :func:`select_commit` drops. An :class:`~dloom.types.Edits` answer is refused
+    (only :func:`proposed_edits` takes one)."""
+    answer = _call(
+        pm, "dloom_select_commit", confidence=confidence, selectable=selectable, schedule=schedule,
+        signals={} if signals is None else signals,
     )
-    if commit.shape != selectable.shape or commit.dtype != torch.bool:
+    if isinstance(answer, Edits):
         raise HookContractError(
-            f"plugin {providers(pm, 'dloom_select_commit')}: dloom_select_commit must return a bool tensor of shape {tuple(selectable.shape)}, "
-            f"got {commit.dtype} {tuple(commit.shape)}"
+            f"plugin {providers(pm, 'dloom_select_commit')} returned Edits (deletes and splits) from "
+            "dloom_select_commit: only an editing rule (StrategyRegistration(edits=True)) on the revisable "
+            "kernel may; return a (B, K) bool tensor"
         )
-    return commit
+    return _commit_mask(pm, _answer(pm, answer, "dloom_select_commit", torch.Tensor), selectable, "")
+
+
+def proposed_edits(
+    pm: pluggy.PluginManager,
+    confidence: torch.Tensor,
+    selectable: torch.Tensor,
+    schedule: BlockSchedule,
+    signals: Mapping[str, torch.Tensor] | None = None,
+) -> torch.Tensor | Edits:
+    """An editing rule's answer as it gave it (on the revisable kernel): a ``(B, K)`` bool
+    tensor or an :class:`~dloom.types.Edits` of three, each type and shape checked, none
+    restricted to ``selectable`` (as :func:`proposed_commit`)."""
+    answer = _call(
+        pm, "dloom_select_commit", confidence=confidence, selectable=selectable, schedule=schedule,
+        signals={} if signals is None else signals,
+    )
+    if not isinstance(answer, Edits):
+        return _commit_mask(pm, _answer(pm, answer, "dloom_select_commit", torch.Tensor), selectable, "")
+    for name in ("commit", "delete", "split"):
+        _check_type(pm, getattr(answer, name), f"dloom_select_commit (Edits.{name})", torch.Tensor)
+        _commit_mask(pm, getattr(answer, name), selectable, f" (Edits.{name})")
+    return answer
+
+
+def _commit_mask(pm: pluggy.PluginManager, mask: torch.Tensor, selectable: torch.Tensor, part: str) -> torch.Tensor:
+    """``mask``, once it is a bool tensor shaped as ``selectable``."""
+    if mask.shape != selectable.shape or mask.dtype != torch.bool:
+        raise HookContractError(
+            f"plugin {providers(pm, 'dloom_select_commit')}: dloom_select_commit{part} must return a bool tensor of shape "
+            f"{tuple(selectable.shape)}, got {mask.dtype} {tuple(mask.shape)}"
+        )
+    return mask
 
 
 def configure(pm: pluggy.PluginManager, config: Mapping[str, Any]) -> None:

@@ -176,7 +176,9 @@ def dloom_select_commit(
         empty for a rule that declared none.
     :return: ``(B, K)`` bool, the positions to commit: a subset of ``selectable`` holding at
         least one position in every row that has a selectable one; ``None`` if this plugin
-        is not a commit rule.
+        is not a commit rule. An editing rule on the revisable kernel may instead return a
+        :class:`~dloom.types.Edits` (those positions, and positions to delete and to split
+        in a post step: LLaDA2.2's Levenshtein edits).
     """
 
 

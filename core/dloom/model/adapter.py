@@ -24,14 +24,22 @@ import torch
 
 from dloom.errors import ModelError
 from dloom.model.checkpoints import NativeLayout, native_config
-from dloom.model.config_limits import check_size_against_weights, check_token_ids
+from dloom.model.config_limits import (
+    check_size_against_weights,
+    check_token_ids,
+    vocabulary_size,
+)
 from dloom.model.families import needs_remote_code
 from dloom.model.files import check_model_files, tensor_headers
 from dloom.model.json_files import MAX_TOKENIZER_BYTES, read_json, read_json_object
-from dloom.model.profiles import BLOCK_ALIGNMENTS, ModelProfile, config_dict
+from dloom.model.profiles import (
+    ATTENTION_KINDS,
+    BLOCK_ALIGNMENTS,
+    ModelProfile,
+    config_dict,
+)
 from dloom.model.tensor_check import check_tensors
 
-ATTENTION_KINDS = ("bidirectional", "block-causal", "causal")
 DTYPES = {
     "float32": torch.float32,
     "float64": torch.float64,
@@ -279,19 +287,29 @@ class ModelAdapter:
         tokenize=False)``, as LLaDA's and Dream's instruct examples do); encode the result
         as any text prompt.
 
-        :raises ModelError: without a tokenizer or a chat template.
+        :raises ModelError: without a tokenizer or a chat template, or as
+            :meth:`render_chat`.
         """
         if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
             raise ModelError(
                 f"model {self.name!r} has no tokenizer chat template; drop --chat or give the "
                 "checkpoint a tokenizer_config.json with a chat_template"
             )
-        return [
-            self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False
-            )
-            for p in prompts
-        ]
+        return [self.render_chat([{"role": "user", "content": p}]) for p in prompts]
+
+    def render_chat(self, messages: Sequence[dict[str, Any]]) -> str:
+        """The conversation ``messages`` (``{"role", "content"}`` each) in the tokenizer's
+        chat template, ready for the assistant's reply; the one place the CLI and the server
+        apply a template.
+
+        :raises ModelError: in one line, when the template raises: its own refusal
+            (``raise_exception``), a syntax error, or an operation its sandbox forbids.
+        """
+        try:
+            return self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+        except Exception as error:  # noqa: BLE001 - any error of a template is the checkpoint's or the caller's
+            reason = " ".join(str(error).split()) or type(error).__name__
+            raise ModelError(f"the model's chat template refused the conversation: {reason}") from None
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids`` without special tokens ('' when no tokenizer is known)."""
@@ -336,9 +354,9 @@ def _mask_from_tokenizer(tokenizer: Any, profile: ModelProfile) -> int | None:
     return None
 
 
-def _generation_config(path: Path) -> dict[str, Any]:
+def _generation_config(path: Path, vocab: int | None) -> dict[str, Any]:
     """The checkpoint's ``generation_config.json`` as a dict (``{}`` without one), its
-    token ids checked.
+    token ids checked (inside a vocabulary of ``vocab`` tokens, when known).
 
     :raises ModelError: when the file is not a JSON object, or an id is not one.
     """
@@ -346,14 +364,16 @@ def _generation_config(path: Path) -> dict[str, Any]:
     if not file.exists():
         return {}
     values = read_json_object(file)
-    check_token_ids(values, repr(str(file)))
+    check_token_ids(values, repr(str(file)), vocab=vocab)
     return values
 
 
-def _eos_ids(raw: dict[str, Any], path: Path, tokenizer: Any, profile: ModelProfile) -> tuple[int, ...]:
+def _eos_ids(
+    raw: dict[str, Any], generation: dict[str, Any], tokenizer: Any, profile: ModelProfile
+) -> tuple[int, ...]:
     """EOS ids, first seen first: ``config.json``, ``generation_config.json`` (SDAR's and
     Qwen's instruct stop token ``<|im_end|>`` is only there), the tokenizer, the profile."""
-    eos = _as_ids(raw.get("eos_token_id")) + _as_ids(_generation_config(path).get("eos_token_id"))
+    eos = _as_ids(raw.get("eos_token_id")) + _as_ids(generation.get("eos_token_id"))
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         eos += (int(tokenizer.eos_token_id),)
     return tuple(dict.fromkeys(eos + profile.eos_token_ids))
@@ -400,7 +420,10 @@ def _load_network(
 
 
 #: The tokenizer files ``transformers`` reads as JSON, checked first with dloom's bounded reader.
-TOKENIZER_JSON_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
+TOKENIZER_JSON_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
+    "chat_template.json",
+)
 
 
 def _tokenizer_at(path: Path, trust_remote_code: bool = False) -> Any:
@@ -509,11 +532,13 @@ def load_model(
                 "accelerate); or load on one device with --device"
             )
         model_kwargs["device_map"] = device_map
+    # every JSON file is read (bounded) before the network is built
+    generation = _generation_config(path, vocabulary_size(raw))
+    tokenizer = _tokenizer_at(path, remote)
     config, model = _load_network(path, raw, family.layout, model_kwargs)
     if device_map is None:
         model = model.to(device)
     model = model.eval()
-    tokenizer = _tokenizer_at(path, remote)
     section = dict(raw.get("dloom") or {})
 
     if mask_token_id is None:
@@ -531,10 +556,10 @@ def load_model(
     if "eos_token_ids" in section:
         eos = _as_ids(section["eos_token_ids"])
     else:
-        eos = _eos_ids(raw, path, tokenizer, profile)
+        eos = _eos_ids(raw, generation, tokenizer, profile)
     pad = raw.get("pad_token_id")
     if pad is None:
-        pad = _generation_config(path).get("pad_token_id")
+        pad = generation.get("pad_token_id")
     if pad is None and tokenizer is not None:
         pad = tokenizer.pad_token_id
     if pad is None:

@@ -10,8 +10,10 @@ Weights are read only from safetensors files (one ``*.safetensors`` or shards li
 code when loaded, and dloom never loads one. Each safetensors file is checked without
 reading its tensors: the 8-byte header length, the JSON header (through the bounded reader
 of :mod:`dloom.model.json_files`, as ``config.json`` is), and that every tensor has a known
-dtype and a shape whose byte size is its byte range, inside the file (a truncated
-download, or a header that lies about a size, fails here). :func:`tensor_headers` gives
+dtype and a shape whose byte size is its byte range, inside the file, and that the ranges
+follow one another from the start of the data to its end without overlap or gap, as the
+safetensors reader demands (a truncated download, a header that lies about a size, or two
+tensors sharing bytes, fails here). :func:`tensor_headers` gives
 those entries to :func:`dloom.model.tensor_check.check_tensors`.
 """
 
@@ -149,10 +151,37 @@ def check_safetensors(path: Path) -> dict[str, TensorHeader]:
     if not isinstance(header, dict):
         raise ModelError(f"weights file {str(path)!r} has a corrupt safetensors header")
     data_bytes = size - 8 - header_bytes
-    return {
+    entries = {
         name: _header_entry(path, name, entry, data_bytes)
         for name, entry in header.items() if name != "__metadata__"
     }
+    _check_ranges(path, {name: header[name]["data_offsets"] for name in entries}, data_bytes)
+    return entries
+
+
+def _check_ranges(path: Path, offsets: dict[str, list[int]], data_bytes: int) -> None:
+    """Refuse byte ranges that overlap, leave a gap, or end before the data does (the
+    safetensors reader refuses each, with a ``SafetensorError``).
+
+    :param offsets: each tensor's ``[begin, end)`` in the data, already checked to lie in it.
+    """
+    where = f"weights file {str(path)!r}"
+    allowed = "allowed: byte ranges that follow one another without overlap or gap"
+    previous, reached = None, 0
+    for name, (begin, end) in sorted(offsets.items(), key=lambda item: tuple(item[1])):
+        if begin < reached:
+            raise ModelError(
+                f"{where} gives tensor {name!r} bytes {begin} .. {end}, which overlap tensor "
+                f"{previous!r}'s (up to byte {reached}); {allowed}"
+            )
+        if begin > reached:
+            raise ModelError(f"{where} leaves bytes {reached} .. {begin} before tensor {name!r} unused; {allowed}")
+        previous, reached = name, end
+    if reached != data_bytes:
+        raise ModelError(
+            f"{where} holds {data_bytes - reached} bytes after its last tensor; {allowed}, to the "
+            "end of the file"
+        )
 
 
 def _indexed_shards(index: Path) -> list[Path]:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 BLOCK_ALIGNMENTS = ("prompt", "absolute")
+ATTENTION_KINDS = ("bidirectional", "block-causal", "causal")
 
 
 @dataclass(frozen=True)

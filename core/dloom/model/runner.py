@@ -32,6 +32,7 @@ starts one position before the block, so that the block's logits come from fresh
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 
@@ -127,6 +128,12 @@ class BlockForward:
     keys a packed call attends to, the rows' record then the window and the spans, have
     one shape for a fixed set of rows.
 
+    Settled columns (:meth:`settle`). A caller whose rows share a prefix that no row will
+    change again (FailFast's drafter: the columns every row has accepted) may declare it
+    instead of the per-row record above: every forward is then one model call of every row
+    over the columns after the settled ones, reading their keys and values, kept across
+    blocks and extended as columns settle (never rebuilt by a full forward).
+
     :ivar policy: the :class:`~dloom.model.cache_policy.CachePolicy` ``mode`` names: what
         this runner asks whether forwards read a record, how wide a cached window is, and
         how many slack columns a static record has.
@@ -176,6 +183,9 @@ class BlockForward:
         self._store: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self._needs_full = torch.full((batch,), policy.records, dtype=torch.bool, device=device)
         self._on_cache = torch.zeros(batch, dtype=torch.long, device=device)
+        self._settled: Any = None  # a transformers DynamicCache of the settled columns, once settle() is called
+        self._settled_width = 0  # columns it holds
+        self._settling = 0  # columns the next forward leaves in it (settle())
         if policy.records:
             model.check_takes_cache()
 
@@ -239,6 +249,7 @@ class BlockForward:
 
     def select(self, index: torch.Tensor) -> None:
         """Keep the rows ``index`` (``(B',)`` long), in that order (rows that left the batch)."""
+        assert self._settled is None, "rows leave a runner with settled columns"
         self.position_ids = self.position_ids[index]
         self.start = self.start[index]
         self._window = None
@@ -274,6 +285,7 @@ class BlockForward:
         :param block_ids: ``(B + J, L')`` long for a block-causal model, else ``None``.
         :param widened: columns added on the left of the rows here (``>= 0``).
         """
+        assert self._settled is None, "rows join a runner with settled columns"
         joining = start.shape[0]
         device = start.device
         self.position_ids, self.length = position_ids, position_ids.shape[1]
@@ -312,6 +324,8 @@ class BlockForward:
             ``start + i`` (zeros for rows not run), and ``(B,)`` bool, the rows of the full
             forward.
         """
+        if self._settled is not None:
+            return self._settled_forward(tokens), torch.ones(tokens.shape[0], dtype=torch.bool, device=tokens.device)
         batch = tokens.shape[0]
         keep = self._kept(first_window, last_window)
         if not self.policy.records:
@@ -420,7 +434,10 @@ class BlockForward:
 
     def query_width(self, first_window: int) -> int:
         """Tokens one layout row's forward computes in :meth:`evaluate`: the whole sequence
-        when the policy records nothing, the window when it does."""
+        when the policy records nothing, the window when it does, the columns after the
+        settled ones when there are (:meth:`settle`)."""
+        if self._settled is not None:
+            return self.length - self._settled_width
         return self.window_width(first_window)
 
     def window_width(self, first_window: int) -> int:
@@ -540,6 +557,8 @@ class BlockForward:
                 f"{' and packed spans' if layout.packed else ''}; only a rows layout without a "
                 "cache computes them (the whole canvas is in its forward)"
             )
+        if self._settled is not None:
+            return self._settled_evaluate(tokens, layout)
         if not layout.packed:
             if not self.policy.records:
                 mask = None if self._full_mask is None else self._full_mask[source]
@@ -598,6 +617,86 @@ class BlockForward:
         raw = self._run(inputs, model_input, positions, cache)
         first = torch.take_along_dim(raw, (span - window_first).unsqueeze(-1), dim=1)
         return torch.cat([first, raw[:, n_recomputed:]], dim=1)
+
+    # --- settled columns ---------------------------------------------------------------------
+
+    def settle(self, column: int) -> None:
+        """Declare the columns before ``column`` final in every row: the next forward keeps
+        the keys and values it computes for them (up to ``column - shift``: on a shifted
+        model the column before a block stays recomputed, as a window's does), and every
+        forward from the first call on recomputes only the columns after the kept ones,
+        one model call of every row reading them (see "Settled columns" in the class
+        docstring). The plan arguments of :meth:`run` then do not apply: every row's
+        forward is the same and none is a full one.
+
+        Exactness. A kept entry is never recomputed: on a bidirectional model it is the one
+        computed when its column settled, when later columns held other tokens, so the
+        logits are approximate (as a prefix cache's are, here without a per-block refresh);
+        on a block-causal model, settled at a block boundary, they are exact.
+
+        :param column: a host int, ``0 <= column <= L``; a column before the kept ones
+            keeps what is kept (the record only grows).
+        :raises ConfigurationError: for a policy that records nothing or fixes the context
+            (the forward recomputes every column after the settled ones), naming the
+            policies that can, or for a runner with static shapes.
+        """
+        policy = self.policy
+        if not policy.records or policy.fixed_context or self.static_width is not None:
+            settling = ", ".join(repr(name) for name in settling_cache_modes())
+            raise ConfigurationError(
+                f"settled columns need a cache that records and recomputes every column after "
+                f"them, without static shapes; got cache={policy.name!r}"
+                f"{'' if self.static_width is None else f' and static_width={self.static_width}'}; "
+                f"allowed: cache={settling}"
+            )
+        if self._settled is None:
+            from transformers import DynamicCache
+
+            self._settled = DynamicCache()
+        self._settling = max(self._settled_width, column - self.shift)
+
+    def _settled_forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """One forward of every row over the columns after the settled record, which then
+        keeps the columns before the last :meth:`settle`'s; ``(B, K, V)`` block logits (a
+        block column that is settled gets the first recomputed column's)."""
+        kept = self._settled_width
+        raw = self._run(tokens[:, kept:], self.padding_mask, self.position_ids[:, kept:], self._settled)
+        dropped = tokens.shape[1] - self._settling  # the record now holds every column
+        if dropped:
+            self._settled.crop(-dropped)
+        self._settled_width = self._settling
+        index = self.window_start.unsqueeze(1) - kept + torch.arange(self.block_length, device=raw.device)
+        return torch.take_along_dim(raw, index.clamp(0, raw.shape[1] - 1).unsqueeze(-1), dim=1)
+
+    def _settled_evaluate(self, tokens: torch.Tensor, layout: VerificationLayout) -> torch.Tensor:
+        """:meth:`evaluate` over the settled record (read, not extended): every layout row
+        recomputes the columns after it, a packed layout one span per forward row (exact:
+        no span sees another)."""
+        width = self.block_length + self.shift
+        source, ids = layout.source, layout.input_ids
+        slots = ids.shape[1] // width
+        if layout.packed:
+            source = source.repeat_interleave(slots)
+            ids = ids.reshape(-1, width)
+        span = self.window_start[source].unsqueeze(1) + torch.arange(width, device=tokens.device)
+        primary = tokens[source].scatter(1, span, ids[:, :width])
+        kept = self._settled_width
+        mask = None if self.padding_mask is None else self.padding_mask[source]
+        store: list[tuple[torch.Tensor, torch.Tensor]] = [
+            (layer.keys, layer.values) for layer in self._settled.layers  # type: ignore[union-attr, misc]  # full-attention layers
+        ]
+        raw = self._run(primary[:, kept:], mask, self.position_ids[source, kept:], record_view(store, source))
+        picked = torch.take_along_dim(raw, (span - kept).clamp(min=0).unsqueeze(-1), dim=1)
+        return picked.reshape(layout.input_ids.shape[0], slots * width, -1) if layout.packed else picked
+
+
+def settling_cache_modes() -> tuple[str, ...]:
+    """The registered cache policies a runner can keep settled columns under
+    (:meth:`BlockForward.settle`): those that record and do not fix the context (a settled
+    runner's forward recomputes every column after the settled ones), the built-ins first."""
+    return tuple(
+        name for name in cache_modes(records=True) if not cache_policy(name).fixed_context
+    )
 
 
 def _slack(recorded: torch.Tensor, columns: int) -> torch.Tensor:

@@ -6,7 +6,11 @@ which builds one decoder (one model replica, on its own GPU when ``gpus_per_acto
 and decodes the batches it is handed. Every decoded batch becomes one shard file
 ``rows-<first>-<last>.jsonl`` in ``output_dir`` (written to a temporary name, then renamed,
 so a shard is either whole or absent); a rerun with the same ``output_dir`` decodes only the
-prompts no shard holds.
+prompts no shard holds. The driver creates ``output_dir`` and checks that it can write there
+before Ray starts; what goes wrong with the directory then (a file in its place, no
+permission, a corrupt ``spec.json`` or shard) and a shard an actor cannot write later are
+each one :class:`~dloom.errors.OutputError` or :class:`~dloom.errors.ConfigurationError`
+naming the path, never a Ray traceback.
 
 Each result row is what ``dloom generate --json`` prints for the prompt
 (:meth:`dloom.metrics.GenerationResult.row`) plus its ``index`` in the request, the
@@ -30,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from dloom import errors
-from dloom.errors import ConfigurationError, DloomError
+from dloom.errors import ConfigurationError, DloomError, OutputError
 from dloom.hooks.registry import DEFAULT_STRATEGY
 
 Prompt = str | list[int]
@@ -119,11 +123,11 @@ class DecodeActor:
                     "hook_seconds": dict(result.hook_seconds), "speculation": result.speculation,
                 }
                 rows += decoded
+            if self.output_dir is not None:
+                write_shard(Path(self.output_dir), rows)
         except DloomError as error:
             record = {"type": type(error).__name__, "message": str(error)}
             return {"row": [json.dumps({"error": record})]}
-        if self.output_dir is not None:
-            write_shard(Path(self.output_dir), rows)
         return {"row": [json.dumps(row) for row in rows]}
 
 
@@ -137,16 +141,73 @@ def contiguous_runs(indices: list[int]) -> list[tuple[int, int]]:
     return runs
 
 
+WRITABLE = "allowed: a directory this process can create and write into"
+
+
 def write_shard(output_dir: Path, rows: list[dict[str, Any]]) -> Path:
-    """Write ``rows`` as one JSONL shard, atomically (temporary file, then rename)."""
+    """Write ``rows`` as one JSONL shard, atomically (temporary file, then rename).
+
+    :raises OutputError: naming the directory and the system's reason (the shards written
+        before are kept; a rerun resumes from them).
+    """
     first, last = min(r["index"] for r in rows), max(r["index"] for r in rows)
     path = output_dir / f"rows-{first:08d}-{last:08d}.jsonl"
-    handle, temporary = tempfile.mkstemp(dir=output_dir, prefix=".rows-", suffix=".tmp")
-    with os.fdopen(handle, "w", encoding="utf-8") as stream:
-        for row in sorted(rows, key=lambda r: r["index"]):
-            stream.write(json.dumps(row) + "\n")
-    os.replace(temporary, path)
+    temporary = None
+    try:
+        handle, temporary = tempfile.mkstemp(dir=output_dir, prefix=".rows-", suffix=".tmp")
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            for row in sorted(rows, key=lambda r: r["index"]):
+                stream.write(json.dumps(row) + "\n")
+        os.replace(temporary, path)
+    except OSError as error:
+        if temporary is not None and os.path.lexists(temporary):
+            os.unlink(temporary)
+        raise OutputError(
+            f"cannot write shard {path.name} into output_dir {str(output_dir)!r}: "
+            f"{error.strerror or error}; {WRITABLE} (the shards written before are kept: "
+            "rerun to resume)"
+        ) from None
     return path
+
+
+def prepare_output_dir(output_dir: Path) -> None:
+    """Create ``output_dir`` (and its parents) and check that a file can be written in it,
+    before any prompt is decoded.
+
+    :raises OutputError: naming the directory: a file in its place (or in place of a parent),
+        no permission, a read-only file system.
+    """
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        handle, probe = tempfile.mkstemp(dir=output_dir, prefix=".probe-", suffix=".tmp")
+        os.close(handle)
+        os.unlink(probe)
+    except FileExistsError:
+        raise OutputError(f"output_dir {str(output_dir)!r} is a file, not a directory; {WRITABLE}") from None
+    except NotADirectoryError:
+        raise OutputError(
+            f"output_dir {str(output_dir)!r} lies under a file, not a directory; {WRITABLE}"
+        ) from None
+    except OSError as error:
+        raise OutputError(
+            f"cannot write into output_dir {str(output_dir)!r}: {error.strerror or error}; {WRITABLE}"
+        ) from None
+
+
+def _read_text(path: Path, what: str) -> str:
+    """The text of ``path``, a file dloom wrote into an output directory.
+
+    :raises ConfigurationError: naming the file, when it cannot be read as UTF-8 text (a
+        directory in its place, no permission, binary data).
+    """
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        raise ConfigurationError(
+            f"{str(path)!r} cannot be read as {what}: {reason}; allowed: the file a dloom run "
+            "wrote there (remove it, or use a new output directory)"
+        ) from None
 
 
 def read_shards(output_dir: str | os.PathLike) -> dict[int, dict[str, Any]]:
@@ -156,7 +217,7 @@ def read_shards(output_dir: str | os.PathLike) -> dict[int, dict[str, Any]]:
     """
     rows: dict[int, dict[str, Any]] = {}
     for path in sorted(Path(output_dir).glob(SHARD_GLOB)):
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        for number, line in enumerate(_read_text(path, "a shard of result rows").splitlines(), 1):
             try:
                 row = json.loads(line)
                 rows[int(row["index"])] = row
@@ -188,20 +249,31 @@ def _resumable_rows(output_dir: Path, prompts: Sequence[Prompt], spec: DecodeSpe
     """The finished rows of an earlier run of the same request in ``output_dir`` (none for a
     new directory, which is created and stamped with ``spec``).
 
+    :raises OutputError: when the directory cannot be created or written (:func:`prepare_output_dir`).
     :raises ConfigurationError: when the directory holds another decoder's or another
-        request's rows.
+        request's rows, or a ``spec.json`` or shard that is not dloom's.
     """
-    output_dir.mkdir(parents=True, exist_ok=True)
+    prepare_output_dir(output_dir)
     stamp = output_dir / SPEC_FILE
-    if stamp.exists():
-        recorded = json.loads(stamp.read_text(encoding="utf-8"))
+    if os.path.lexists(stamp):
+        text = _read_text(stamp, "the spec.json of a dloom run")
+        try:
+            recorded = json.loads(text)
+        except ValueError as error:
+            raise ConfigurationError(
+                f"{str(stamp)!r} is not the spec.json of a dloom run ({error}); allowed: the "
+                "file a dloom run wrote there (remove it, or use a new output directory)"
+            ) from None
         if recorded != json.loads(json.dumps(asdict(spec))):
             raise ConfigurationError(
                 f"{output_dir} holds rows of another decoder ({recorded}); use a new "
                 "output directory or the same settings"
             )
     else:
-        stamp.write_text(json.dumps(asdict(spec), indent=2) + "\n", encoding="utf-8")
+        try:
+            stamp.write_text(json.dumps(asdict(spec), indent=2) + "\n", encoding="utf-8")
+        except OSError as error:
+            raise OutputError(f"cannot write {str(stamp)!r}: {error.strerror or error}; {WRITABLE}") from None
     done = read_shards(output_dir)
     for index, row in done.items():
         if index >= len(prompts) or row.get("prompt") != prompts[index]:
@@ -266,7 +338,7 @@ def iter_decoded(
         DecodeActor,
         fn_constructor_kwargs={
             "spec": spec,
-            "output_dir": None if output_dir is None else str(output_dir),
+            "output_dir": None if output_dir is None else str(Path(output_dir).resolve()),
             "threads": max(1, int(cpus_per_actor)),
         },
         batch_size=batch_size,

@@ -113,6 +113,7 @@ from dloom.types import (
     DecodeState,
     DraftChains,
     DraftGraph,
+    Edits,
     NodeLogits,
     Parameter,
     StrategyRegistration,
@@ -130,6 +131,7 @@ __all__ = [
     "AR_TARGET",
     # what the decoding hooks receive and return
     "BlockSchedule",
+    "Edits",
     "DecodeState",
     "DraftGraph",
     "VerificationLayout",

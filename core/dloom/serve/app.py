@@ -63,26 +63,27 @@ def create_app(config: ServeConfig) -> FastAPI:
     app.add_middleware(
         HeaderLimit, max_headers=config.max_headers, max_bytes=config.max_header_bytes,
         on_refusal=lambda: service.metrics.count_request("too_large"))
-    errors.install(app, service.metrics)
+    errors.install(app, service.metrics, service.paths.hide)
 
     @app.exception_handler(HTTPError)
     async def http_error(request: Request, error: HTTPError) -> JSONResponse:
         service.metrics.count_request("invalid")
-        return JSONResponse(error_body(str(error), error.kind, error.code), status_code=error.status)
+        return JSONResponse(error_body(service.paths.hide(str(error)), error.kind, error.code), status_code=error.status)
 
     @app.exception_handler(DloomError)
     async def dloom_error(request: Request, error: DloomError) -> JSONResponse:
+        message = service.paths.hide(str(error))
         if isinstance(error, QueueFullError):
             service.metrics.count_request("rejected")
             return JSONResponse(
-                error_body(str(error), "rate_limit_error", "queue_full"), status_code=429,
+                error_body(message, "rate_limit_error", "queue_full"), status_code=429,
                 headers={"Retry-After": str(error.retry_after)},
             )
         if isinstance(error, WorkerDeadError):
             service.metrics.count_request("unavailable")
-            return JSONResponse(error_body(str(error), "server_error", "worker_stopped"), status_code=503)
+            return JSONResponse(error_body(message, "server_error", "worker_stopped"), status_code=503)
         service.metrics.count_request("invalid")
-        return JSONResponse(error_body(str(error), "invalid_request_error"), status_code=400)
+        return JSONResponse(error_body(message, "invalid_request_error"), status_code=400)
 
     def prepare_completion(body: CompletionRequest):
         return service.prepare(body, body.prompts(), body.max_tokens)
@@ -93,7 +94,7 @@ def create_app(config: ServeConfig) -> FastAPI:
         scheduler = service.scheduler
         if scheduler.alive:
             return JSONResponse({"status": "ok", "model": service.name, **scheduler.load()})
-        reason = scheduler.failure or "the decoding worker is not running"
+        reason = service.paths.hide(scheduler.failure or "the decoding worker is not running")
         return JSONResponse({"status": "error", "model": service.name, "reason": reason, **scheduler.load()}, status_code=503)
 
     @app.get("/metrics")
@@ -108,7 +109,7 @@ def create_app(config: ServeConfig) -> FastAPI:
 
     @app.post("/v1/completions", openapi_extra=documented(CompletionRequest))
     async def completions(request: Request):
-        body = await read_body(request, CompletionRequest, service.check_rows)
+        body = await read_body(request, CompletionRequest, service.check_rows, service.check_texts)
         service.check_model(body)
         prepared = await run_in_threadpool(errors.shielded(prepare_completion), body)
         if body.stream:

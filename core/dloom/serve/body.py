@@ -6,7 +6,9 @@ that a large body does not hold up the event loop while it is parsed. Before par
 ``precheck`` (the service's) may refuse it from its raw bytes: :func:`least_token_rows`
 counts, in one pass, the prompts of token ids a completion body holds at least, and a body
 holding more rows than the server's budget could ever admit is refused without a Python
-object being built for any of them.
+object being built for any of them. Once it is parsed, ``admit`` (the service's) may refuse
+the JSON value before the schema builds a request from it (a list of text prompts too many
+for the budget, counted from the parsed list).
 
 A body that is not UTF-8, not JSON, or nested deeper than Python's parser goes is refused
 with 400 and OpenAI's error object (counted as ``invalid``); one that does not match the
@@ -86,12 +88,16 @@ def charset_of(request: Request) -> str | None:
     return None
 
 
-async def read_body(request: Request, schema: type[Schema], precheck: Callable[[bytes], None] | None = None) -> Schema:
-    """The request's body as ``schema``, parsed in a worker thread after ``precheck(raw)``.
+async def read_body(
+    request: Request, schema: type[Schema], precheck: Callable[[bytes], None] | None = None,
+    admit: Callable[[Any], None] | None = None,
+) -> Schema:
+    """The request's body as ``schema``, parsed in a worker thread after ``precheck(raw)``,
+    and validated after ``admit(value)`` of the parsed JSON value.
 
     :raises HTTPError: 400 for a body that is not UTF-8 JSON.
     :raises RequestValidationError: for a body that does not match ``schema`` (422).
-    :raises DloomError: whatever ``precheck`` raises.
+    :raises DloomError: whatever ``precheck`` or ``admit`` raises.
     """
     charset = charset_of(request)
     if charset not in (None, "utf-8", "utf8"):
@@ -100,10 +106,13 @@ async def read_body(request: Request, schema: type[Schema], precheck: Callable[[
             "(Content-Type: application/json)", code="invalid_json",
         )
     raw = await request.body()
-    return await run_in_threadpool(shielded(parse_body), raw, schema, precheck)
+    return await run_in_threadpool(shielded(parse_body), raw, schema, precheck, admit)
 
 
-def parse_body(raw: bytes, schema: type[Schema], precheck: Callable[[bytes], None] | None = None) -> Schema:
+def parse_body(
+    raw: bytes, schema: type[Schema], precheck: Callable[[bytes], None] | None = None,
+    admit: Callable[[Any], None] | None = None,
+) -> Schema:
     """``raw`` as ``schema`` (see :func:`read_body`; runs in a worker thread)."""
     if precheck is not None:
         precheck(raw)
@@ -121,6 +130,8 @@ def parse_body(raw: bytes, schema: type[Schema], precheck: Callable[[bytes], Non
         raise HTTPError(
             400, "the request body is not valid JSON: it nests arrays or objects too deeply", code="invalid_json",
         ) from None
+    if admit is not None:
+        admit(value)
     try:
         return schema.model_validate(value)
     except ValidationError as error:

@@ -74,9 +74,10 @@ def describe(problems: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
     ]
 
 
-def install(app: FastAPI, metrics: ServerMetrics) -> None:
+def install(app: FastAPI, metrics: ServerMetrics, hide: Callable[[str], str] = lambda message: message) -> None:
     """Answer FastAPI's own refusals, request validation and unexpected errors of ``app``
-    with OpenAI error objects, counting each."""
+    with OpenAI error objects, counting each; ``hide`` shortens the server paths in the
+    message of a server failure (:class:`dloom.serve.files.PathHider`)."""
 
     @app.exception_handler(StarletteHTTPException)
     async def unrouted(request: Request, error: StarletteHTTPException) -> JSONResponse:
@@ -122,4 +123,5 @@ def install(app: FastAPI, metrics: ServerMetrics) -> None:
 
     def server_failed(cause: str) -> JSONResponse:
         metrics.count_request("failed")
-        return JSONResponse(error_body(f"the server failed on this request: {cause}", "server_error"), status_code=500)
+        message = hide(f"the server failed on this request: {cause}")
+        return JSONResponse(error_body(message, "server_error"), status_code=500)

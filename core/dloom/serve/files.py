@@ -7,17 +7,24 @@ the parameter's own ``path_files`` (the plugin's built-in files); the server rep
 name with the file's path. Anything else is refused with the same
 message whatever it names, so a refusal tells nothing about the server's file system: the
 requested value is compared with the allowed directories' listings, never looked up.
+
+No answer names a path on the server either: :class:`PathHider` shortens every server path
+it knows (the offered directories, the plugins' own file directories, the served
+checkpoints) in an error message to the name a client knows it by (a graph's file name, a
+checkpoint's directory name).
 """
 
 from __future__ import annotations
 
 import glob
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from dloom.errors import ConfigurationError
 from dloom.hooks.composition import compose
+from dloom.hooks.registry import get_registry
 
 SHOWN = 20
 """Offered names a refusal lists, at most."""
@@ -83,3 +90,41 @@ class ServerFiles:
                 )
             resolved[key] = str(offered[value])
         return resolved
+
+
+def offered_directories(files: ServerFiles) -> list[Path]:
+    """The directories whose files requests may name: the operator's, and those of every
+    registered strategy's path parameter's own ``path_files`` patterns."""
+    patterns = [
+        pattern for strategy in get_registry().strategies.values() for parameter in strategy.parameters
+        if parameter.path for pattern in parameter.path_files
+    ]
+    return [*files.directories, *(Path(os.path.dirname(pattern)) for pattern in patterns)]
+
+
+class PathHider:
+    """Shortens the server paths it is given, in a message meant for a client.
+
+    A file under one of ``directories`` is shortened to its path below it (``broken.json``);
+    a path in ``named`` (a checkpoint directory), or a directory itself, to its last
+    component. Each path is matched as given and resolved (a relative ``--graph-dir``, a
+    symlinked directory), longest first.
+
+    :param directories: directories whose files clients name by file name.
+    :param named: paths clients know by their last component (``/models/x`` is ``x``).
+    """
+
+    def __init__(self, directories: Iterable[str | Path] = (), named: Iterable[str | Path] = ()) -> None:
+        spellings: dict[str, str] = {}
+        for path in [*directories, *named]:
+            for spelling in {str(path), str(Path(path).resolve())}:
+                if len(Path(spelling).parts) > 1:  # never "/", "" or "."
+                    spellings[spelling] = Path(spelling).name
+        self.spellings = sorted(spellings.items(), key=lambda item: len(item[0]), reverse=True)
+
+    def hide(self, message: str) -> str:
+        """``message`` with each known server path shortened (see the class docstring)."""
+        for spelling, name in self.spellings:
+            if spelling in message:
+                message = message.replace(spelling + os.sep, "").replace(spelling, name)
+        return message

@@ -30,7 +30,7 @@ from dloom.model.adapter import ModelAdapter
 from dloom.serve.batches import check_batchable
 from dloom.serve.body import OTHER_ARRAYS, least_token_rows
 from dloom.serve.decoders import DecodeDefaults, DecoderPool, Resolved
-from dloom.serve.files import ServerFiles
+from dloom.serve.files import PathHider, ServerFiles, offered_directories
 from dloom.serve.limits import (
     KEEP_ALIVE_TIMEOUT,
     MAX_BODY_BYTES,
@@ -149,6 +149,8 @@ class Service:
         )
         self.vocab_size = getattr(getattr(config.model.model, "config", None), "vocab_size", None)
         self.files = ServerFiles(config.graph_dirs)
+        served = [m.name for m in (config.model, config.drafter) if m is not None]
+        self.paths = PathHider(offered_directories(self.files), named=served)
         self.text_limit = TextLimit(config.model.max_context, self.gen_length, longest_token_chars(config.model.tokenizer))
 
     # --- validation ----------------------------------------------------------------------
@@ -167,6 +169,23 @@ class Service:
                 f"which need at least {rows * (1 + self.gen_length)} tokens (prompt + gen_length each), more "
                 f"than the server's whole budget of {self.scheduler.max_tokens} (--max-queued-tokens)"
             )
+
+    def check_texts(self, value: Any) -> None:
+        """Refuse a parsed completion body (the JSON value, before its schema builds a
+        request from it) whose list of text prompts, ``n`` choices each, could never fit the
+        budget, a text counted as one token: the strings the JSON parser made (in C, off
+        the event loop) are the only per-row objects built for it. A body of another shape
+        is left to its schema.
+
+        :raises ConfigurationError: for such a body (answered with 400, in
+            :meth:`check_cost`'s words).
+        """
+        prompt = value.get("prompt") if isinstance(value, dict) else None
+        if not (isinstance(prompt, list) and prompt and isinstance(prompt[0], str)):
+            return
+        n = value.get("n")
+        choices = n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else 1
+        self.scheduler.check_cost(choices * len(prompt) * (1 + self.gen_length), at_least=True)
 
     def check_cost(self, prompts: list[str] | list[list[int]], n: int) -> None:
         """Refuse a request whose cost, ``n x (prompt + gen_length)`` tokens per prompt,
@@ -264,15 +283,13 @@ class Service:
         """The conversation as one prompt text: the tokenizer's chat template, or with
         ``plain_chat`` the contents joined by spaces.
 
-        :raises ModelError: when the model has neither.
+        :raises ModelError: when the model has neither, or its template raises
+            (:meth:`~dloom.model.adapter.ModelAdapter.render_chat`).
         """
         messages = [message.model_dump() for message in body.messages]
         tokenizer = self.model.tokenizer
         if tokenizer is not None and getattr(tokenizer, "chat_template", None):
-            try:
-                return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-            except Exception as error:  # noqa: BLE001 - the template's refusal (raise_exception), the client's to fix
-                raise ModelError(f"the model's chat template refused the conversation: {error}") from None
+            return self.model.render_chat(messages)
         if self.config.plain_chat:
             return " ".join(message["content"] for message in messages)
         raise ModelError(
@@ -395,7 +412,7 @@ class Service:
                     self.withdraw(jobs)
                     self.metrics.count_request("failed")
                     done = True
-                    yield sse(error_body(f"decoding failed: {event.message}", "server_error"))
+                    yield sse(error_body(self.paths.hide(f"decoding failed: {event.message}"), "server_error"))
                     return
                 if isinstance(event, BlockTokens):
                     decoded[index].extend(event.tokens)
@@ -449,7 +466,7 @@ class Service:
     def failure(self, event: Failed) -> JSONResponse:
         """The 500 answer of a request whose batch failed."""
         self.metrics.count_request("failed")
-        return JSONResponse(error_body(f"decoding failed: {event.message}", "server_error"), status_code=500)
+        return JSONResponse(error_body(self.paths.hide(f"decoding failed: {event.message}"), "server_error"), status_code=500)
 
 
 def envelope(kind: str, model: str) -> dict[str, Any]:

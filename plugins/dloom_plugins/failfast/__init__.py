@@ -55,8 +55,10 @@ cache to the shortest row's accepted prefix and the other rows feed their extra 
 tokens again in the next verification forward (:func:`dloom.ar.chains.chain_layout`). A finished row (EOS or ``max_new_tokens``) stays in the batch
 with nothing to do (its slots are padding) until every row is finished.
 
-Drafter KV cache (``drafter_cache``): ``"none"`` recomputes the whole canvas at every
-drafter forward; ``"prefix"`` keeps the keys and values of the columns every row has
+Drafter KV cache (``drafter_cache``, a registered cache policy of
+:func:`dloom.ar.decoder.drafter_cache_modes`, run by the engine's
+:class:`~dloom.model.runner.BlockForward`): ``"none"`` recomputes the whole canvas at every
+drafter forward; ``"prefix"`` (settled columns, :meth:`~dloom.model.runner.BlockForward.settle`) keeps the keys and values of the columns every row has
 accepted (prompt plus the shortest accepted prefix) across steps *and* rounds: each drafter
 forward recomputes only the columns after them, and the round's first forward also extends
 the kept prefix with the newly accepted columns (computed in that forward, with those tokens

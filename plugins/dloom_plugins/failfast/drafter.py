@@ -17,7 +17,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-from transformers import DynamicCache
 
 from dloom.sdk import (
     BlockForward,
@@ -26,14 +25,11 @@ from dloom.sdk import (
     ForwardPlan,
     HookContractError,
     KernelStep,
-    ModelAdapter,
     NonFiniteLogitsError,
     RowStreams,
     StepInput,
-    VerificationLayout,
     padding_or_none,
     position_ids_from_mask,
-    record_view,
     without_mask,
 )
 
@@ -94,112 +90,6 @@ class DrafterKernel(KernelStep):
         return new
 
 
-class PrefixForward:
-    """The drafter's forwards with FailFast's prefix cache, in the interface the engine's
-    steps call (:class:`dloom.decode.step.BlockForwards`, as :class:`dloom.model.runner.BlockForward`).
-
-    The keys and values of the columns every row has accepted (before ``stable - shift``)
-    are kept across steps and rounds; each forward recomputes the columns after them, and
-    the round's first forward (a plain one, :meth:`run`) extends the kept prefix to the
-    newly accepted columns. A bidirectional drafter's kept keys are stale (computed when
-    later columns held other tokens): drafts differ slightly from uncached ones, the output
-    does not (the target decides every token).
-
-    :param model: the drafter's adapter (its forward takes a ``transformers`` cache).
-    :param padding_mask: ``(B, W)`` padding mask, or ``None`` without padding.
-    :param position_ids: ``(B, W)`` long.
-    :param block_length: ``K``.
-
-    :ivar start: ``(B,)`` long, each row's small block (set by the drafting round).
-    :ivar stable: the first column that may still change in any row (set each round).
-    """
-
-    def __init__(
-        self, model: ModelAdapter, padding_mask: torch.Tensor | None, position_ids: torch.Tensor,
-        block_length: int,
-    ) -> None:
-        self.model, self.padding_mask, self.position_ids = model, padding_mask, position_ids
-        self.block_length = block_length
-        self.shift = model.shift
-        self.start = torch.zeros(position_ids.shape[0], dtype=torch.long, device=position_ids.device)
-        self.stable = 0
-        self.cached = 0
-        self._cache = DynamicCache()
-
-    @property
-    def window_start(self) -> torch.Tensor:
-        return self.start - self.shift
-
-    @property
-    def block_columns(self) -> torch.Tensor:
-        """``(B, K)`` long, the columns of every row's small block."""
-        return self.start.unsqueeze(1) + torch.arange(self.block_length, device=self.start.device)
-
-    def advance(self, moving: torch.Tensor) -> None:
-        """Move the rows ``moving`` (``(B,)`` bool) on to their next small block."""
-        self.start = self.start + self.block_length * moving.long()
-
-    def run(
-        self, tokens: torch.Tensor, n_full: int = 0, first_window: int = 0, last_window: int = 0,
-        cached: bool = True,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One forward of every row (the plan arguments are unused: there is one cache
-        state for all rows); keeps the keys and values before ``stable - shift``.
-
-        :return: ``(B, K, V)`` logits of the rows' small blocks (entries of columns before
-            ``stable``, which no row may change, are another column's) and ``(B,)`` bool,
-            all ``True``.
-        """
-        start = self.cached
-        raw = self.model.raw_logits(
-            tokens[:, start:], self.padding_mask, self.position_ids[:, start:], cache=self._cache
-        )  # column c of the canvas is raw[:, c - start - shift]
-        keep = max(start, self.stable - self.shift)
-        self._cache.crop(keep - tokens.shape[1])
-        self.cached = keep
-        index = (self.window_start.unsqueeze(1) - start + torch.arange(self.block_length, device=raw.device))
-        index = index.clamp(0, raw.shape[1] - 1).unsqueeze(-1)
-        return torch.take_along_dim(raw, index, dim=1), torch.ones_like(self.start, dtype=torch.bool)
-
-    def query_width(self, first_window: int = 0) -> int:
-        """Tokens one layout row's forward computes in :meth:`evaluate`: the columns after
-        the kept prefix."""
-        return self.position_ids.shape[1] - self.cached
-
-    def evaluate(self, tokens: torch.Tensor, layout: VerificationLayout, first_window: int = 0) -> torch.Tensor:
-        """One forward over a verification layout, reading the kept prefix; the raw outputs
-        at the layout's columns (as :meth:`dloom.model.runner.BlockForward.evaluate`). A packed
-        layout is evaluated span by span, one layout row each (exact: no span sees another).
-
-        :return: ``(R, S, V)``; the first ``K`` columns of a span are its block's logits.
-        :raises HookContractError: for a layout that asks for next-block logits (the kept
-            prefix's forward computes none; Spiffy's ``first_forward`` off gives none).
-        """
-        if layout.next_block:
-            raise HookContractError(
-                "the FailFast drafter's prefix cache computes no next-block logits; pass "
-                "drafter_params 'spiffy.first_forward=false' (the default) or drafter_cache 'none'"
-            )
-        width = self.block_length + self.shift
-        source, ids = layout.source, layout.input_ids
-        slots = ids.shape[1] // width
-        if layout.packed:
-            source = source.repeat_interleave(slots)
-            ids = ids.reshape(-1, width)
-        span = self.window_start[source].unsqueeze(1) + torch.arange(width, device=tokens.device)
-        primary = tokens[source].scatter(1, span, ids[:, :width])
-        start = self.cached
-        mask = None if self.padding_mask is None else self.padding_mask[source]
-        store: list[tuple[torch.Tensor, torch.Tensor]] = [
-            (layer.keys, layer.values) for layer in self._cache.layers  # type: ignore[union-attr, misc]  # full-attention layers
-        ]
-        raw = self.model.raw_logits(
-            primary[:, start:], mask, self.position_ids[source, start:], cache=record_view(store, source)
-        )
-        picked = torch.take_along_dim(raw, (span - start).clamp(min=0).unsqueeze(-1), dim=1)
-        return picked.reshape(layout.input_ids.shape[0], slots * width, -1) if layout.packed else picked
-
-
 class DraftingRound:
     """One generation's drafter: its canvas, forwards, kernel and the current round's progress.
 
@@ -213,9 +103,18 @@ class DraftingRound:
 
     :param decoder: the drafter's :class:`~dloom.DiffusionDecoder`.
     :param state: the generation's first :class:`~dloom.types.ChainState`.
-    :param mode: the drafter's cache mode (``"none"``: a :class:`~dloom.model.runner.BlockForward`
-        recomputing the canvas; ``"prefix"``: :class:`PrefixForward`).
+    :param mode: the drafter's cache policy (``drafter_cache``), that of its
+        :class:`~dloom.model.runner.BlockForward`: one that records nothing (``"none"``)
+        recomputes the canvas at every forward; one that records (``"prefix"``) keeps the
+        keys and values of the columns every row has accepted, settled at each round's
+        start (:meth:`~dloom.model.runner.BlockForward.settle`), and recomputes the columns
+        after them. A bidirectional drafter's kept keys are stale (computed when later
+        columns held other tokens): drafts differ slightly from uncached ones, the output
+        does not (the target decides every token).
     :param keep_probs: record the drafter's tempered distributions (ratio verification).
+
+    :raises HookContractError: for a recording cache under a drafter composition that asks
+        for next-block logits (``first_forward`` on), which a settled forward computes none of.
     """
 
     def __init__(self, decoder: DiffusionDecoder, state: ChainState, mode: str, keep_probs: bool) -> None:
@@ -225,10 +124,15 @@ class DraftingRound:
         self.speculates = decoder.composition.provider("dloom_draft") is not None
         mask = state.attention_mask
         padding, positions = padding_or_none(mask), position_ids_from_mask(mask)
-        self.forward: BlockForward | PrefixForward = (
-            BlockForward(decoder.model, "none", padding, positions, state.prompt_length, self.block_length)
-            if mode == "none" else PrefixForward(decoder.model, padding, positions, self.block_length)
-        )
+        self.forward = BlockForward(decoder.model, mode, padding, positions, state.prompt_length, self.block_length)
+        self.settles = self.forward.policy.records
+        primed = [c.name for c in decoder.composition.components if c.params.get("first_forward") is True]
+        if self.settles and primed:
+            raise HookContractError(
+                f"the FailFast drafter's cache {mode!r} computes no next-block logits, which "
+                f"{primed[0]!r} asks for; pass drafter_params '{primed[0]}.first_forward=false' "
+                "(the default) or drafter_cache 'none'"
+            )
         rows, width = state.tokens.shape
         self.kernel = DrafterKernel(decoder, state.streams, state.eos_token_ids, rows, keep_probs)
         self.keep_probs = keep_probs
@@ -246,8 +150,8 @@ class DraftingRound:
         canvas[:, stable:] = torch.where(ahead, self.mask_id, state.tokens)[:, stable:]
         canvas[:, :stable] = state.tokens[:, :stable]  # the newly accepted columns
         self.forward.start = torch.clamp(self.first, max=width - self.block_length)
-        if isinstance(self.forward, PrefixForward):
-            self.forward.stable = stable
+        if self.settles:
+            self.forward.settle(stable)
         everyone = torch.ones_like(state.active)
         self.kernel.start_block(everyone, canvas.gather(1, self.forward.block_columns))
         self.previous: torch.Tensor | None = None  # (B, K, V), the last step's distribution
