@@ -198,3 +198,12 @@ def test_resuming_an_unfinished_edit_run_keeps_its_edit_and_monitor_options(tmp_
     assert (rows.edit_share, rows.edit_draft_share, rows.edit_taus, rows.edit_rate) == (0.4, 0.6, (0.3, 0.5), 0.25)
     assert (plan.monitor_n, plan.monitor_tau, plan.monitor_every, plan.start_step) == (100, 0.9, 100, 33)
     assert plan.curves["monitor_threshold_curve"] == [[30, 0.9, 12.0, {}]]
+
+
+def test_a_model_trained_to_edit_names_the_revisable_kernel():
+    """``long-dllm-words-edit``'s config names the revisable kernel, so dloom offers its
+    editing rules on it; the model it starts from keeps the absorbing one."""
+    from dloom_training.models import build_config
+
+    assert build_config("long-dllm-words-edit").dloom["kernel"] == "revisable"
+    assert "kernel" not in build_config("long-dllm-words").dloom

@@ -19,7 +19,7 @@ MAX_ZOO_BYTES = 16 * 1024 * 1024
 """The three toy models' files (about 12 MB of float16 weights and tokenizers) ride in the
 wheel; the long ones stay in the repository's training/checkpoints/."""
 LONG = ("long-dllm", "long-ar", "long-ar-small")
-WORDS = ("long-dllm-words", "long-dllm-words-ar", "long-dllm-words-ar-small")
+WORDS = ("long-dllm-words", "long-dllm-words-ar", "long-dllm-words-ar-small", "long-dllm-words-edit")
 """The long workload's models in word and number tokens (issue 42)."""
 BARS = {"long-dllm": (0.85, 0.70), "long-ar": (0.85, 0.0), "long-ar-small": (0.0, 0.0)}
 """Issue 19's bars on 500 held-out prompts: (overall, each family's) greedy accuracy."""
@@ -144,10 +144,10 @@ def test_demo_command_runs():
 
 
 def assert_layout(name: str, dllm: str, layout: tuple[int, int]) -> None:
-    """Zoo model ``name`` is ``dllm`` itself (bidirectional) or a causal model with its
-    tokenizer, decoding ``(gen_length, block_length)`` = ``layout`` by default."""
+    """Zoo model ``name`` is a dLLM (bidirectional) or, named ``*-ar*``, a causal model, with
+    ``dllm``'s tokenizer, decoding ``(gen_length, block_length)`` = ``layout`` by default."""
     adapter = dloom.load_model(name)
-    kind = "dllm" if name == dllm else "ar"
+    kind = "ar" if "-ar" in name else "dllm"
     assert adapter.model.config.dloom["kind"] == kind
     assert adapter.attention == ("bidirectional" if kind == "dllm" else "causal")
     assert (adapter.default_gen_length, adapter.default_block_length) == layout
@@ -185,7 +185,7 @@ def test_long_ar_sizes_bracket_the_long_dllm():
     dllm, ar, small = (n_params(zoo.load(name)[0]) for name in LONG)
     assert 2 * dllm <= ar <= 4 * dllm
     assert small < dllm
-    dllm, ar, small = (n_params(zoo.load(name)[0]) for name in WORDS)
+    dllm, ar, small = (n_params(zoo.load(name)[0]) for name in WORDS[:3])
     assert dllm == ar and 2 * small < dllm  # the drafter's own shape as target; a small assistant (0.35x)
 
 
@@ -251,5 +251,49 @@ def test_the_committed_long_dllm_words_gives_the_recorded_outputs(strategy):
     outputs = _words_record(strategy)["outputs"][:32]
     params = {"tau": 0.9} if strategy == "threshold" else {}
     decoder = dloom.DiffusionDecoder(dloom.load_model("long-dllm-words"), strategy, **params)
+    result = decoder.generate([o["prompt"] for o in outputs])
+    assert result.texts == [o["text"] for o in outputs]
+
+
+EDIT_BAR = {"path": "benchmarks/results/long_dllm_words_edit_{}_n500.json", "one_token_per_step": 0.956, "gap": 0.01}
+"""Issue 53's bar for the zoo's editing dLLM on the 500 held-out prompts: one token per step
+within 1 point of ``long-dllm-words``' 96.6 %, and LLaDA2.1's editing rule at speed-mode
+settings (``joint_threshold``, τ 0.5, edit τ 0) within 1 point of that. The records are
+``dloom eval --model long-dllm-words-edit --strategy quota|joint_threshold ... -n 500 --json
+--outputs`` (``training/README.md``)."""
+EDIT_SPEED = {"tau": 0.5, "edit_tau": 0.0, "max_post_steps": 16, "num_to_transfer": 1}
+
+
+def _edit_record(strategy: str) -> dict:
+    from pathlib import Path
+
+    name = "quota" if strategy == "quota" else "joint_threshold_speed"
+    path = Path(__file__).resolve().parents[2] / EDIT_BAR["path"].format(name)
+    *_, summary = path.read_text().splitlines()
+    record = json.loads(summary)
+    assert record["complete"] and record["n"] == len(record["outputs"]) == 500
+    assert (record["config"]["model"], record["config"]["strategy"]) == ("long-dllm-words-edit", strategy)
+    return record
+
+
+def test_long_dllm_words_edit_records_issue_53s_bar_on_500_held_out_prompts():
+    quota, editing = _edit_record("quota"), _edit_record("joint_threshold")
+    assert editing["config"]["params"] == {"joint_threshold": EDIT_SPEED}
+    assert quota["accuracy"] >= EDIT_BAR["one_token_per_step"]
+    assert editing["accuracy"] >= quota["accuracy"] - EDIT_BAR["gap"] - 1e-9
+    assert editing["nfe_mean"] < quota["nfe_mean"] / 2  # several tokens a forward
+
+
+def test_long_dllm_words_edit_decodes_on_the_revisable_kernel():
+    assert dloom.load_model("long-dllm-words-edit").kernel == "revisable"
+
+
+@pytest.mark.parametrize("strategy", ["quota", "joint_threshold"])
+def test_the_committed_long_dllm_words_edit_gives_the_recorded_outputs(strategy):
+    """The bar's records belong to the committed weights: the first batch of 32 recorded
+    prompts decodes to the recorded texts."""
+    outputs = _edit_record(strategy)["outputs"][:32]
+    params = EDIT_SPEED if strategy == "joint_threshold" else {}
+    decoder = dloom.DiffusionDecoder(dloom.load_model("long-dllm-words-edit"), strategy, **params)
     result = decoder.generate([o["prompt"] for o in outputs])
     assert result.texts == [o["text"] for o in outputs]

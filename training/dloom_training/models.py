@@ -21,11 +21,12 @@ def build_model(name: str) -> LlamaForCausalLM:
 
 def build_config(name: str) -> LlamaConfig:
     """The transformers config of zoo model ``name``, with its ``dloom`` section (a long-answer
-    model's also names its decoding ``block_length``)."""
+    model's also names its decoding ``block_length``, a model trained to edit its ``kernel``)."""
     spec = SPECS[name]
     workload = spec.workload
     bidirectional = spec.kind == "dllm"
     blocks = {} if workload is SHORT else {"block_length": workload.block_length}
+    kernel = {} if spec.kernel == "absorbing" else {"kernel": spec.kernel}
     config = LlamaConfig(  # type: ignore[call-arg]  # extra keys are kept as config attributes
         vocab_size=workload.codec.size,
         hidden_size=spec.hidden,
@@ -46,6 +47,7 @@ def build_config(name: str) -> LlamaConfig:
             "shift": not bidirectional,
             "gen_length": workload.gen_length,
             **blocks,
+            **kernel,
         },
     )
     return config

@@ -90,6 +90,7 @@ class ModelSpec:
     share: float  # fraction of the --minutes budget when training "all" (toy zoo only)
     lr: float = 2e-3
     workload: Workload = SHORT
+    kernel: str = "absorbing"  # the transition kernel it decodes with: "revisable" for a model trained to edit
 
 
 ALL_MINUTES = 300.0
@@ -118,7 +119,7 @@ SPECS: dict[str, ModelSpec] = {
     # long-dllm-words trained on to edit its drafts (issue 53): LLaDA2.1's token-to-token rows
     # beside the mask-to-token ones, from long-dllm-words' weights (``--init-from``).
     "long-dllm-words-edit": ModelSpec("dllm", hidden=192, layers=5, heads=6, ffn=512, share=0.4,
-                                      workload=LONG_WORDS),
+                                      workload=LONG_WORDS, kernel="revisable"),
     # long-ar-small's shape in word tokens: the small AR assistant of assisted generation
     # next to FailFast on long-dllm-words-ar (0.35x long-dllm-words with the larger embedding).
     "long-dllm-words-ar-small": ModelSpec("ar", hidden=128, layers=3, heads=4, ffn=384, share=0.2,

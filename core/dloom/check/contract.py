@@ -6,8 +6,9 @@
 ``selectable`` (a commit to an already-decoded position is dropped), so a rule that breaks
 the subset rule can decode without an error, and its bug shows only when a row comes out
 empty. The probe calls the rule as the kernel does, on seeded random blocks from fully
-masked to complete (with the signals the rule declared), and reports the first break it
-sees.
+masked to complete (with the signals the rule declared, and, for a rule that runs only on
+the revisable kernel, the schedule that kernel gives: ``masked`` and ``post_steps``), and
+reports the first break it sees.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 
 from dloom.check.resolve import Resolved
 from dloom.decode.kernel import commit_signals, propose
+from dloom.decode.transition import ABSORBING, common_kernel
 from dloom.hooks import calls as hooks
 from dloom.hooks.composition import build_plugin_manager, compose
 from dloom.types import BlockSchedule
@@ -71,17 +73,21 @@ def probe_commit_rule(strategy: Resolved, seed: int = 0) -> ContractBreak | None
     if composition.provider("dloom_select_commit") is None:
         return None
     pm = build_plugin_manager(composition)
+    revisable = common_kernel(composition) != ABSORBING
     generator = torch.Generator().manual_seed(seed)
     for width in WIDTHS:
         for steps_per_block in sorted({1, 2, width}):
-            found = _probe_block(pm, width, steps_per_block, generator)
+            found = _probe_block(pm, width, steps_per_block, generator, revisable)
             if found is not None:
                 return found
     return None
 
 
-def _probe_block(pm, width: int, steps_per_block: int, generator: torch.Generator) -> ContractBreak | None:
-    """Decode one block of ``width`` positions for ``ROWS`` rows with the rule."""
+def _probe_block(
+    pm, width: int, steps_per_block: int, generator: torch.Generator, revisable: bool,
+) -> ContractBreak | None:
+    """Decode one block of ``width`` positions for ``ROWS`` rows with the rule; ``revisable``:
+    with the revisable kernel's schedule (the masked positions, no post step yet)."""
     block = torch.full((ROWS, width), MASK_ID, dtype=torch.long)
     block[-1] = 0  # a finished row: nothing selectable
     masked_at_start = (block == MASK_ID).sum(-1)
@@ -93,7 +99,8 @@ def _probe_block(pm, width: int, steps_per_block: int, generator: torch.Generato
         candidates, confidence = propose(logits, 0.0, "low_confidence", None, MASK_ID)
         schedule = BlockSchedule(
             torch.full((ROWS,), min(step, steps_per_block - 1), dtype=torch.long), steps_per_block,
-            masked_at_start,
+            masked_at_start, masked=selectable.clone() if revisable else None,
+            post_steps=torch.zeros(ROWS, dtype=torch.long) if revisable else None,
         )
         names = hooks.declared_signals(pm)
         signals = commit_signals(logits, candidates, names, MASK_ID) if names else None

@@ -1,9 +1,9 @@
 """The toy model zoo: small trained models loaded offline by name.
 
 Models (``MODEL_NAMES``), transformers ``LlamaForCausalLM`` checkpoints (float16
-safetensors) with a character tokenizer or, for the three ``long-dllm-words*`` ones, a word
+safetensors) with a character tokenizer or, for the four ``long-dllm-words*`` ones, a word
 tokenizer. The three ``toy-*`` models (``SHIPPED``) ship inside the package, in
-``models/<name>/``; the six ``long-*`` ones (``IN_CHECKOUT``) live in
+``models/<name>/``; the seven ``long-*`` ones (``IN_CHECKOUT``) live in
 ``training/checkpoints/<name>/`` of the source repository, where a git checkout finds them
 (:func:`model_path`), and an installed wheel does not carry them:
 
@@ -23,7 +23,10 @@ tokenizer. The three ``toy-*`` models (``SHIPPED``) ship inside the package, in
 * ``long-dllm-words-ar`` — the causal model ``long-dllm-words`` was made from, same shape
   and tokenizer (its FailFast target);
 * ``long-dllm-words-ar-small`` — causal, ``long-ar-small``'s shape with the word tokenizer,
-  ~0.94M params (the assistant of assisted generation next to FailFast).
+  ~0.94M params (the assistant of assisted generation next to FailFast);
+* ``long-dllm-words-edit`` — ``long-dllm-words`` trained on to revise its own drafts
+  (LLaDA2.1's token-to-token rows): it decodes on the revisable kernel (its ``dloom`` entry
+  names ``"kernel": "revisable"``), where editing rules such as ``joint_threshold`` run.
 
 The ``toy-*`` models decode the toy suite (:mod:`dloom.zoo.tasks`), the ``long-*`` ones the
 long-answer suite; the three character-level ``long-*`` share one tokenizer, which writes
@@ -55,7 +58,7 @@ Encoding contract (how prompts and answers are laid out; training used exactly t
 The ``long-*`` models follow the same contract with the 99-token tokenizer of
 ``long_tasks.ALPHABET`` (the same ids for the characters the two share), ``gen_length`` 128
 decoded in blocks of ``block_length`` 32 (both in their ``dloom`` config entry), answers of at
-most 127 characters graded by ``long_tasks.FAMILIES[f].check``; the three ``long-dllm-words*``
+most 127 characters graded by ``long_tasks.FAMILIES[f].check``; the four ``long-dllm-words*``
 ones with the 2,351-token word tokenizer (the same 99 character ids, then
 ``long_tasks.WORD_TOKENS``), ``gen_length`` 64 in blocks of 16, answers of at most 63
 tokens.  They are trained by
@@ -86,7 +89,7 @@ absent beside an installed package."""
 SHIPPED = ("toy-dllm", "toy-ar", "toy-ar-small")
 """The models inside the package (the wheel)."""
 IN_CHECKOUT = ("long-dllm", "long-ar", "long-ar-small", "long-dllm-words", "long-dllm-words-ar",
-               "long-dllm-words-ar-small")
+               "long-dllm-words-ar-small", "long-dllm-words-edit")
 """The models of the source repository's ``training/checkpoints/``, not in the wheel."""
 MODEL_NAMES = SHIPPED + IN_CHECKOUT
 PARTNERS: dict[str, tuple[str, str | None]] = {
