@@ -118,6 +118,8 @@ class ModelAdapter:
     :ivar profile: name of the model family's :class:`dloom.model.profiles.ModelProfile`.
     :ivar kernel: the transition kernel the model decodes with (its profile's; a name in
         :data:`dloom.decode.transition.KERNELS`).
+    :ivar generation: the checkpoint's ``generation_config.json`` (``{}`` without one): the
+        uniform kernel's schedule and step budget (:class:`dloom.decode.uniform.UniformSettings`).
     """
 
     model: torch.nn.Module
@@ -135,6 +137,7 @@ class ModelAdapter:
     can_pad: bool = True
     profile: str = "transformers"
     kernel: str = "absorbing"
+    generation: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -237,6 +240,7 @@ class ModelAdapter:
         prefix_mask: torch.Tensor,
         canvas: torch.Tensor,
         self_conditioning: torch.Tensor | None = None,
+        conditioned: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The canvas logits of one forward of an encoder-prefix/canvas model (DiffusionGemma),
         without gradient: the encoder writes the prefix into a fresh cache, the decoder reads it
@@ -250,10 +254,13 @@ class ModelAdapter:
         :param canvas: ``(B, C)`` long, the canvas being denoised.
         :param self_conditioning: ``(B, C, V)`` float, the previous step's processed logits of
             each row, or ``None`` on a canvas's first step (no self-conditioning signal).
+        :param conditioned: ``(B,)`` bool, the rows ``self_conditioning`` is given for (the
+            others get no signal, exactly as with ``None``); ``None``: every row.
         :return: ``(B, C, V)`` float32 logits (after the model's soft-capping).
         """
         from transformers import DynamicCache
 
+        text_config = self.model.config.get_text_config(decoder=True)  # type: ignore[union-attr, operator]
         positions = position_ids_from_mask(prefix_mask)
         lengths = prefix_mask.long().sum(-1, keepdim=True)
         canvas_positions = lengths + torch.arange(canvas.shape[1], device=canvas.device)
@@ -263,8 +270,8 @@ class ModelAdapter:
                 input_ids=prefix, attention_mask=mask, position_ids=positions,
                 decoder_input_ids=canvas, decoder_position_ids=canvas_positions,
                 decoder_attention_mask=torch.nn.functional.pad(mask, (0, canvas.shape[1]), value=True),
-                self_conditioning_logits=self_conditioning,
-                cache=DynamicCache(config=self.model.config.get_text_config(decoder=True)),
+                self_conditioning_logits=self_conditioning, self_conditioning_mask=conditioned,
+                cache=DynamicCache(config=text_config),
             )
         return output_logits(out)
 
@@ -607,4 +614,5 @@ def load_model(
         block_alignment=section.get("block_alignment", profile.block_alignment),
         profile=profile.name,
         kernel=profile.kernel,
+        generation=_generation_config(path),
     )
