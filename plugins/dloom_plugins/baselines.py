@@ -310,7 +310,7 @@ def dloom_register_strategies(register) -> None:
                 Parameter(
                     "gamma", 0.1, float,
                     "commit in ascending entropy while the entropies before the last sum to at most gamma",
-                    low=0.0, low_open=True,
+                    low=0.0, low_open=True, generation_key="sampler_config.entropy_bound",
                 ),
             ),
             guarantee="approximate: commits as many tokens per forward as the entropy bound allows",

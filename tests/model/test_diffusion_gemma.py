@@ -281,3 +281,62 @@ def test_the_command_line_decodes_it_with_the_entropy_bound(tmp_path):
     ])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout.splitlines()[-1])["tokens"] == run["generated"]
+
+
+def test_a_row_joining_a_running_batch_decodes_as_it_would_alone():
+    """Continuous batching: a longer prompt joins after three steps of another (the batch
+    widens); each row's tokens and forwards are those of decoding it alone from its stream."""
+    from dloom.decode.session import DecodeSession
+
+    first, second = reference()["prompts"]
+    decoder = batch_decoders()
+    session = DecodeSession(decoder)
+    session.admit([first], row_offset=0)
+    finished = {}
+    for _ in range(3):
+        done = session.step()
+        assert done is None
+    session.admit([second], row_offset=1)
+    while session.size:
+        done = session.step()
+        if done is not None:
+            for row, lengths, nfe, tokens in zip(done.rows.tolist(), done.lengths.tolist(), done.nfe.tolist(),
+                                                 done.token_lists()):
+                finished[row] = (tokens[:lengths], nfe)
+    for row, prompt in enumerate((first, second)):
+        alone = batch_decoders().generate([prompt], row_offset=row)
+        length = int(alone.generated_lengths[0])
+        assert finished[row] == (alone.generated[0, :length].tolist(), int(alone.nfe[0]))
+
+
+def test_a_cancelled_row_leaves_the_others_as_they_would_be_alone():
+    from dloom.decode.session import DecodeSession
+
+    prompts = reference()["prompts"]
+    session = DecodeSession(batch_decoders())
+    session.admit(prompts)
+    for _ in range(3):
+        session.step()
+    session.cancel([0])
+    results = []
+    while session.size:
+        done = session.step()
+        if done is not None:
+            results.append((done.rows.tolist(), done.token_lists(), done.nfe.tolist()))
+    alone = batch_decoders().generate([prompts[1]], row_offset=1)
+    length = int(alone.generated_lengths[0])
+    assert results == [([1], [alone.generated[0, :length].tolist()], alone.nfe.tolist())]
+
+
+def test_gamma_defaults_to_the_generation_configs_entropy_bound():
+    """transformers saves the sampler config as a dict; its ``entropy_bound`` is ``gamma``'s
+    default for the model, a given ``gamma`` wins, and a bad one is refused."""
+    sampler = {"entropy_bound": 3.0, "_cls_name": "EntropyBoundSamplerConfig"}
+    model = dataclasses.replace(adapter(), generation={"sampler_config": sampler})
+    params = lambda decoder: decoder.composition.params()["entropy_bound"]  # noqa: E731
+    assert params(DiffusionDecoder(model, "entropy_bound", gen_length=16))["gamma"] == 3.0
+    assert params(DiffusionDecoder(model, "entropy_bound", gen_length=16, gamma=0.2))["gamma"] == 0.2
+    assert params(DiffusionDecoder(adapter(), "entropy_bound", gen_length=16))["gamma"] == 0.1
+    bad = dataclasses.replace(adapter(), generation={"sampler_config": {"entropy_bound": -1.0}})
+    with pytest.raises(ConfigurationError, match="gamma"):
+        DiffusionDecoder(bad, "entropy_bound", gen_length=16)

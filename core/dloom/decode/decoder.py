@@ -166,7 +166,7 @@ class DiffusionDecoder:
         self.draft_budget = draft_budget
         self.on_proposal = on_proposal
         self._validate()
-        self.composition = compose(strategy, {**(params or {}), **strategy_params}, registry)
+        self.composition = compose(strategy, {**(params or {}), **strategy_params}, registry, model.generation)
         self.guarantees = self.composition.guarantees_under(self.temperature, self.remasking)
         kernel_class(model)  # a kernel dloom has
         check_kernel(self.composition, model.kernel)
