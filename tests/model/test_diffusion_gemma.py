@@ -238,10 +238,13 @@ def test_strategies_without_the_uniform_kernel_are_refused_naming_both():
             DiffusionDecoder(adapter(), strategy, gen_length=16)
 
 
-def test_a_recording_cache_is_refused():
+def test_a_recording_cache_and_static_shapes_are_refused():
     decoder = DiffusionDecoder(adapter(), "entropy_bound", gen_length=16, steps=4, cache="prefix", seed=0)
     with pytest.raises(ConfigurationError, match="cache 'prefix'.*allowed: cache='none'"):
         decoder.generate([[5, 6, 7]])
+    static = DiffusionDecoder(adapter(), "entropy_bound", gen_length=16, steps=4, static_shapes=True, seed=0)
+    with pytest.raises(ConfigurationError, match="static_shapes.*allowed: static_shapes=False"):
+        static.generate([[5, 6, 7]])
 
 
 def test_the_step_budget_defaults_to_the_generation_config():

@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 
 class CanvasForward(BlockForward):
     """Every row's canvas logits, one encoder-prefix/canvas forward per step (the arguments of
-    :class:`~dloom.model.runner.BlockForward`; the cache policy must record nothing).
+    :class:`~dloom.model.runner.BlockForward`; the cache policy must record nothing, and
+    shapes are not static).
 
     :ivar kernel: the uniform kernel whose canvases and self-conditioning logits the forward
         reads (set by the session once it is built).
@@ -42,6 +43,11 @@ class CanvasForward(BlockForward):
             raise ConfigurationError(
                 f"cache {self.policy.name!r}: model {self.model.name!r} encodes its prefix at every "
                 "step on its own; allowed: cache='none'"
+            )
+        if self.static_width is not None:
+            raise ConfigurationError(
+                f"static_shapes: model {self.model.name!r} encodes a prefix that grows canvas by canvas; "
+                "allowed: static_shapes=False"
             )
 
     def run(
