@@ -2,8 +2,8 @@
 
 ``tests/fixtures/real-families/diffusion_gemma/`` holds a tiny random
 ``DiffusionGemmaForBlockDiffusion`` checkpoint exactly as ``save_pretrained`` writes it (no
-``.py`` files) and what transformers 5.25.0 computed on it (see its README). Here dloom must
-give the same canvas logits (float32, 1e-4) on every recorded input: without and with
+``.py`` files) and what transformers 5.25.0 computed on it (``reference.json`` describes
+every entry and, in ``decoding_notes``, the order of the random draws). Here dloom must give the same canvas logits (float32, 1e-4) on every recorded input: without and with
 self-conditioning, and a left-padded batch; and, on the uniform kernel with the
 ``entropy_bound`` rule and the same seed, the same tokens as transformers' ``generate`` on
 every batch-1 run, step by step the same state (the decoder's input canvas, the accepted
@@ -108,7 +108,7 @@ def single_runs() -> list[dict]:
 
 
 def eos_ids() -> dict[str, int]:
-    """The EOS id each ``*_eos_*`` run set (its README's ``eos ids used``)."""
+    """The EOS id each ``*_eos_*`` run set (``decoding_notes.eos_setting``'s ``eos ids used``)."""
     text = reference()["decoding_notes"]["eos_setting"]
     return json.loads(text.split("eos ids used: ")[1].replace("'", '"'))
 
