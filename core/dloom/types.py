@@ -473,6 +473,9 @@ class Parameter:
         offers by name too.
     :ivar words: strings taken as they are besides the typed values (``("auto",)``: a
         budget the strategy chooses itself); the bounds apply to the typed values.
+    :ivar generation_key: a dotted key of a checkpoint's ``generation_config.json``
+        (``"sampler_config.entropy_bound"``) whose value, where the checkpoint sets it, is
+        this parameter's default when decoding that model (:meth:`generation_default`).
     """
 
     name: str
@@ -487,6 +490,17 @@ class Parameter:
     path: bool = False
     path_files: tuple[str, ...] = ()
     words: tuple[str, ...] = ()
+    generation_key: str | None = None
+
+    def generation_default(self, generation: Mapping[str, Any]) -> Any:
+        """The value of :attr:`generation_key` in ``generation`` (a checkpoint's generation
+        config), or ``None`` when the parameter names no key or the config does not set it."""
+        if self.generation_key is None:
+            return None
+        value: Any = generation
+        for part in self.generation_key.split("."):
+            value = value.get(part) if isinstance(value, Mapping) else None
+        return value
 
     def allowed(self) -> str:
         """Human-readable description of the allowed values, e.g. ``(0, 1)``."""

@@ -1,5 +1,6 @@
 """Baseline commit rules: LLaDA's quota, Dream's schedule, Fast-dLLM's threshold and
-factor rules, and LLaDA2.1's joint threshold (fills and edits).
+factor rules, LLaDA2.1's joint threshold (fills and edits), and the entropy bound
+(EB-sampler; DiffusionGemma's acceptance).
 
 Each is a ``dloom_select_commit`` implementation, vectorised over the batch (see
 ``docs/strategies.md``). Every rule commits at least one masked position per row that has
@@ -12,7 +13,14 @@ from __future__ import annotations
 
 import torch
 
-from dloom import BlockSchedule, Claim, Parameter, StrategyRegistration, hookimpl
+from dloom import (
+    BlockSchedule,
+    Claim,
+    Parameter,
+    StrategyRegistration,
+    hookimpl,
+    reads_signals,
+)
 from dloom.sdk import commit_top, offered_fills, sorted_profile, threshold_edits
 
 
@@ -161,6 +169,30 @@ class FactorCommit:
         return commit_top(ranks, selectable, passes.sum(-1))
 
 
+class EntropyBoundCommit:
+    """The EB-sampler's entropy bound (Ben-Hamu et al. 2025, DiffusionGemma's
+    ``EntropyBoundSampler``): commit the selectable positions in ascending order of entropy
+    while the entropies committed before the last one sum to at most ``gamma``, that is the
+    largest ``k`` with ``H_(1) + ... + H_(k) - H_(k) <= gamma``; the lowest-entropy position
+    always passes, so every step commits at least one. On the uniform kernel the committed
+    positions keep their sampled tokens and the others are renoised.
+    """
+
+    def __init__(self, gamma: float) -> None:
+        self.gamma = gamma
+
+    @hookimpl
+    @reads_signals("entropy")
+    def dloom_select_commit(self, selectable: torch.Tensor, signals: dict[str, torch.Tensor]) -> torch.Tensor:
+        entropy = signals["entropy"]
+        ranked = torch.where(selectable, entropy, torch.inf)
+        values, order = torch.sort(ranked, dim=-1)
+        offered = torch.isfinite(values)
+        before = torch.cumsum(torch.where(offered, values, 0), dim=-1) - torch.where(offered, values, 0)
+        passes = offered & (before <= self.gamma)
+        return torch.zeros_like(selectable).scatter(-1, order, passes)
+
+
 @hookimpl
 def dloom_register_strategies(register) -> None:
     register(
@@ -264,5 +296,25 @@ def dloom_register_strategies(register) -> None:
             kernels=("revisable",),
             edits=True,
             edit_budget="max_post_steps",
+        )
+    )
+    register(
+        StrategyRegistration(
+            name="entropy_bound",
+            plugin_class=EntropyBoundCommit,
+            parameters=(
+                Parameter(
+                    "gamma", 0.1, float,
+                    "commit in ascending entropy while the entropies before the last sum to at most gamma",
+                    low=0.0, low_open=True, generation_key="sampler_config.entropy_bound",
+                ),
+            ),
+            guarantee="approximate: commits as many tokens per forward as the entropy bound allows",
+            summary="EB-sampler: lowest-entropy positions while their entropy sum (less the last) <= gamma",
+            claim=Claim(
+                "approximate", against="quota",
+                conditions="several tokens per forward; the mutual information of a step's tokens is bounded by gamma",
+            ),
+            kernels=(*FILL_KERNELS, "uniform"),
         )
     )

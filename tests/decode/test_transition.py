@@ -61,9 +61,9 @@ def test_a_strategy_is_refused_on_a_kernel_it_does_not_support(sharp_adapter, mo
 
 
 def test_a_kernel_dloom_does_not_have_is_refused_naming_the_ones_it_has(sharp_adapter):
-    uniform = dataclasses.replace(sharp_adapter, kernel="uniform")
-    with pytest.raises(ModelError, match="decodes with the 'uniform' kernel; dloom has absorbing, revisable"):
-        dloom.DiffusionDecoder(uniform, "quota", gen_length=8, block_length=4)
+    unknown = dataclasses.replace(sharp_adapter, kernel="levenshtein")
+    with pytest.raises(ModelError, match="decodes with the 'levenshtein' kernel; dloom has absorbing, revisable, uniform"):
+        dloom.DiffusionDecoder(unknown, "quota", gen_length=8, block_length=4)
 
 
 def test_a_loaded_model_carries_its_profiles_kernel(tiny_model_dir):

@@ -24,7 +24,9 @@ from dloom.cli.commands import app
 from dloom.errors import PluginLoadError
 from dloom.hooks.registry import get_registry, reset_registry
 
-BUILTIN_STRATEGIES = {"quota", "dream", "threshold", "factor", "joint_threshold", "frechet", "frechet_edit", "spiffy", "failfast"}
+BUILTIN_STRATEGIES = {
+    "quota", "dream", "threshold", "factor", "joint_threshold", "entropy_bound", "frechet", "frechet_edit", "spiffy", "failfast",
+}
 BUILTIN_PLUGINS = {"families", "baselines", "frechet", "spiffy", "failfast"}
 
 TOPONE_SOURCE = """
@@ -130,7 +132,9 @@ def test_dloom_plugins_json_lists_the_fake_plugin(fakeplug):
         "hooks": ["dloom_register_strategies", "dloom_select_commit"],
         "strategies": ["topone"],
     }
-    assert by_name["baselines"]["strategies"] == ["quota", "dream", "threshold", "factor", "joint_threshold"]
+    assert by_name["baselines"]["strategies"] == [
+        "quota", "dream", "threshold", "factor", "joint_threshold", "entropy_bound",
+    ]
     assert report["failures"] == []
 
 

@@ -197,10 +197,10 @@ def test_family_conventions():
         "sdar-moe": (None, "<|MASK|>", (), False, "block-causal", 4, "block_size", "absolute", True),
         "fast-dllm-v2": (151665, "|<MASK>|", (151645,), True, "block-causal", 32, "bd_size", "absolute", True),
         "llada2": (156895, "<|mask|>", (156892,), False, "block-causal", 32, None, "absolute", True),
-        "diffusion-gemma": (None, None, (), None, None, None, None, "prompt", False),
+        "diffusion-gemma": (None, None, (1,), None, "block-causal", None, "canvas_length", "prompt", False),
     }
-    assert DIFFUSION_GEMMA.unsupported
-    assert all(p.unsupported is None for p in (LLADA, DREAM, SDAR, SDAR_MOE, FAST_DLLM_V2, LLADA2))
+    assert (DIFFUSION_GEMMA.kernel, DIFFUSION_GEMMA.has_mask_token) == ("uniform", False)
+    assert all(p.unsupported is None for p in (LLADA, DREAM, SDAR, SDAR_MOE, FAST_DLLM_V2, LLADA2, DIFFUSION_GEMMA))
     assert all(native_layout(p.name) is not None for p in (LLADA, DREAM, SDAR, SDAR_MOE, FAST_DLLM_V2, LLADA2))
     assert (CAUSAL_LM.attention, CAUSAL_LM.shift_logits, CAUSAL_LM.mask_token_id) == ("causal", True, None)
     assert all(p.chat_template for p in (LLADA, DREAM, SDAR, FAST_DLLM_V2, CAUSAL_LM))
@@ -411,7 +411,7 @@ def test_fast_dllm_v2_loads_natively_with_its_block_mask(tmp_path):
     torch.testing.assert_close(logits[:, :32], first_block, rtol=0, atol=1e-5)
 
 
-# --- DiffusionGemma: native in transformers 5, refused with the reason ---------------------
+# --- DiffusionGemma: native in transformers 5, loaded onto its own class ---------------------
 
 
 def tiny_diffusion_gemma() -> transformers.DiffusionGemmaForBlockDiffusion:
@@ -434,15 +434,16 @@ def tiny_diffusion_gemma() -> transformers.DiffusionGemmaForBlockDiffusion:
     return transformers.DiffusionGemmaForBlockDiffusion(config).eval()
 
 
-def test_diffusion_gemma_is_refused_with_the_reason(tmp_path):
+def test_diffusion_gemma_loads_without_a_mask_token(tmp_path):
     model = tiny_diffusion_gemma()
     model.save_pretrained(tmp_path / "dg")
-    with pytest.raises(ModelError, match="uniform-noise block diffusion model, not a masked one"):
-        load_model(tmp_path / "dg")
+    adapter = load_model(tmp_path / "dg")
+    assert type(adapter.model) is transformers.DiffusionGemmaForBlockDiffusion
+    assert (adapter.mask_token_id, adapter.kernel, adapter.default_block_length) == (None, "uniform", 4)
 
 
-def test_diffusion_gemma_structure_behind_the_refusal():
-    """The facts docs/models.md gives as the reason, on the real transformers classes."""
+def test_diffusion_gemma_structure_behind_the_uniform_kernel():
+    """The facts docs/models.md gives for its kernel, on the real transformers classes."""
     model = tiny_diffusion_gemma()
     assert getattr(model.config, "mask_token_id", None) is None
     assert getattr(model.config.text_config, "mask_token_id", None) is None

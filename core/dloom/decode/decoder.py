@@ -46,7 +46,8 @@ from dloom.decode.session import (
     StepRecord,
 )
 from dloom.decode.step import PlainStepper, SpeculativeStepper
-from dloom.decode.transition import check_kernel, kernel_class, kernel_options
+from dloom.decode.transition import UNIFORM, check_kernel, kernel_class, kernel_options
+from dloom.decode.uniform import DEFAULT_DENOISING_STEPS
 from dloom.errors import (
     ConfigurationError,
     HookContractError,
@@ -78,7 +79,8 @@ class DiffusionDecoder:
         ``min(32, gen_length)``).
     :param steps: step budget over all blocks, a multiple of the number of blocks; quota
         rules spread each block's masks over ``steps / blocks`` steps (default
-        ``gen_length``: one token per step).
+        ``gen_length``: one token per step; on the uniform kernel, the checkpoint's
+        ``max_denoising_steps`` per canvas).
     :param temperature: 0 for greedy, > 0 samples with float64 Gumbel-max.
     :param remasking: confidence kind, one of :data:`dloom.decode.kernel.REMASKING`.
     :param seed: seeds every prompt's random stream (:class:`dloom.decode.kernel.RowStreams`; ``None``: nondeterministic).
@@ -111,7 +113,7 @@ class DiffusionDecoder:
     :param strategy_params: more strategy parameters as keyword arguments.
     :raises ConfigurationError: for inconsistent lengths, steps or parameters, or an unknown
         cache mode.
-    :raises ModelError: for a model without a mask token, with causal attention, or (with a
+    :raises ModelError: for a model without a mask token (but on the uniform kernel), with causal attention, or (with a
         cache) whose forward takes no ``transformers`` cache.
     :raises CompositionError: when the strategies cannot be combined.
     """
@@ -137,7 +139,7 @@ class DiffusionDecoder:
         on_proposal: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
         **strategy_params: Any,
     ) -> None:
-        if model.mask_token_id is None:
+        if model.mask_token_id is None and model.kernel != UNIFORM:
             raise ModelError(f"model {model.name!r} has no mask token; it cannot be a dLLM")
         if model.attention == "causal":
             raise ModelError(
@@ -147,12 +149,14 @@ class DiffusionDecoder:
             )
         check_lengths(gen_length=gen_length, block_length=block_length, steps=steps)
         self.model = model
-        self.mask_token_id: int = model.mask_token_id  # the model's, known to be set
+        #: the model's mask id; on the uniform kernel (no mask token) the placeholder of
+        #: positions not yet final, the pad id
+        self.mask_token_id: int = model.pad_token_id if model.mask_token_id is None else model.mask_token_id
         self.gen_length = gen_length or model.default_gen_length or DEFAULT_GEN_LENGTH
         self.block_length = (
             block_length or model.default_block_length or min(DEFAULT_BLOCK_LENGTH, self.gen_length)
         )
-        self.steps = steps or self.gen_length
+        self.steps = steps or self._default_steps()
         self.temperature = float(temperature)
         self.remasking = remasking
         self.seed = seed
@@ -162,13 +166,13 @@ class DiffusionDecoder:
         self.draft_budget = draft_budget
         self.on_proposal = on_proposal
         self._validate()
-        self.composition = compose(strategy, {**(params or {}), **strategy_params}, registry)
+        self.composition = compose(strategy, {**(params or {}), **strategy_params}, registry, model.generation)
         self.guarantees = self.composition.guarantees_under(self.temperature, self.remasking)
         kernel_class(model)  # a kernel dloom has
         check_kernel(self.composition, model.kernel)
         #: keyword arguments of the model's kernel for this composition
         #: (:func:`dloom.decode.transition.kernel_options`)
-        self.kernel_options = kernel_options(self.composition)
+        self.kernel_options = kernel_options(self.composition, model, self.block_length)
         for component in self.composition.components:
             kind = component.strategy.registration.decoder if component.strategy is not None else DIFFUSION
             if kind != DIFFUSION:
@@ -203,6 +207,15 @@ class DiffusionDecoder:
                 f"{self.composition.name!r} verifies drafts on the block-start cache (use cache_refresh=None)"
             )
         hooks.configure(self.pm, self.setup)
+
+    def _default_steps(self) -> int:
+        """One step per generated token; on the uniform kernel, the checkpoint's
+        ``max_denoising_steps`` per canvas (:data:`dloom.decode.uniform.DEFAULT_DENOISING_STEPS`
+        without one)."""
+        if self.model.kernel != UNIFORM or self.gen_length % self.block_length:
+            return self.gen_length
+        per_canvas = self.model.generation.get("max_denoising_steps") or DEFAULT_DENOISING_STEPS
+        return int(per_canvas) * (self.gen_length // self.block_length)
 
     def _validate(self) -> None:
         check_special_ids(self.model)

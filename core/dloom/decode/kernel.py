@@ -369,6 +369,10 @@ class KernelStep:
     :ivar non_finite: ``()`` bool, some stepping row's logits held NaN or inf.
     """
 
+    #: the kernel draws random numbers at every temperature (the session then gives it the
+    #: prompts' random streams whatever the decoder's temperature)
+    samples = False
+
     def __init__(
         self, pm, temperature, remasking, generator, mask_token_id, eos_ids, steps_per_block,
         masked_at_start, on_proposal: Callable[[torch.Tensor, torch.Tensor], None] | None = None,

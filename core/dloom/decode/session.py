@@ -56,10 +56,12 @@ from dloom.decode.logprobs import CommitLogprobs, RowLogprobs
 from dloom.decode.prompts import check_prompts
 from dloom.decode.step import ForwardPlan, StepInput, StepOutcome, Stepper
 from dloom.decode.transition import TransitionKernel, kernel_class
+from dloom.decode.uniform import UniformKernel
 from dloom.errors import ConfigurationError, ModelError
 from dloom.metrics import ForwardClock, speculation_summary
 from dloom.model.adapter import ModelAdapter, left_pad_prompts, padding_or_none
 from dloom.model.attention import absolute_block_ids, block_ids
+from dloom.model.canvas import CanvasForward
 from dloom.model.runner import BlockForward
 
 
@@ -415,16 +417,21 @@ class DecodeSession:
         # that completed their last block: their first step takes no forward
         self.primed = torch.zeros_like(self.known)
         self.previous: torch.Tensor | None = None  # (B, K, V): each row's last step's distribution
-        self.forward = BlockForward(
+        kernel = kernel_class(self.model)
+        runner = CanvasForward if issubclass(kernel, UniformKernel) else BlockForward
+        self.forward = runner(
             self.model, decoder.cache, padding_or_none(self.full_mask), self.positions, start,
             decoder.block_length, decoder.cache_refresh, self._block_ids(), self._static_width(),
         )
-        generator = RowStreams(decoder.seed, streams) if self._samples else None
-        self.kernel = kernel_class(self.model)(
+        generator = RowStreams(decoder.seed, streams) if self._samples or kernel.samples else None
+        self.kernel = kernel(
             decoder.pm, decoder.temperature, decoder.remasking, generator, self._mask_id, self._eos,
             self._steps_per_block, self._masked(self.x, self.forward.block_columns), decoder.on_proposal,
             **decoder.kernel_options,
         )
+        if isinstance(self.forward, CanvasForward):  # it reads the kernel's canvases
+            assert isinstance(self.kernel, UniformKernel)
+            self.forward.kernel = self.kernel
 
     def _static_width(self) -> int | None:
         """With ``static_shapes``, the columns every window lies in: the generated region, a

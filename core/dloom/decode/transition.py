@@ -13,7 +13,9 @@ on the adapter as :attr:`dloom.model.adapter.ModelAdapter.kernel`); :data:`KERNE
 name to the implementation: ``"absorbing"`` (:class:`dloom.decode.kernel.KernelStep`), where
 a position is the mask token until a step commits it and a committed token never changes, and
 ``"revisable"`` (:class:`dloom.decode.revisable.RevisableKernel`), where an editing rule may
-also rewrite filled positions until the block settles (LLaDA2.1). A strategy states the kernels it supports
+also rewrite filled positions until the block settles (LLaDA2.1), and ``"uniform"``
+(:class:`dloom.decode.uniform.UniformKernel`), where a canvas of random tokens is denoised and
+every position the rule does not accept is renoised (DiffusionGemma). A strategy states the kernels it supports
 (:attr:`dloom.types.StrategyRegistration.kernels`); the decoder refuses a pairing outside
 them when it is built (:func:`check_kernel`).
 """
@@ -27,6 +29,7 @@ import torch
 
 from dloom.decode.kernel import KernelStep, Settlement
 from dloom.decode.revisable import RevisableKernel
+from dloom.decode.uniform import UniformKernel, UniformSettings
 from dloom.errors import ConfigurationError, ModelError
 
 if TYPE_CHECKING:
@@ -35,11 +38,12 @@ if TYPE_CHECKING:
 
 ABSORBING = "absorbing"
 REVISABLE = "revisable"
+UNIFORM = "uniform"
 
 #: Kernel implementations by the name a model profile gives (their constructor takes the
-#: arguments of :class:`dloom.decode.kernel.KernelStep`, and ``edits`` for a kernel that
-#: rewrites filled positions).
-KERNELS: dict[str, type[KernelStep]] = {ABSORBING: KernelStep, REVISABLE: RevisableKernel}
+#: arguments of :class:`dloom.decode.kernel.KernelStep`, and the options of
+#: :func:`kernel_options`).
+KERNELS: dict[str, type[KernelStep]] = {ABSORBING: KernelStep, REVISABLE: RevisableKernel, UNIFORM: UniformKernel}
 
 
 class TransitionKernel(Protocol):
@@ -102,10 +106,20 @@ def kernel_class(model: ModelAdapter) -> type[KernelStep]:
         ) from None
 
 
-def kernel_options(composition: Composition) -> dict[str, Any]:
-    """The keyword arguments the kernel takes for ``composition``: for a commit rule that
-    edits (:attr:`dloom.types.StrategyRegistration.edits`), ``edits=True`` and its
-    ``post_step_budget`` (the value of its ``edit_budget`` parameter, or ``None``); else none."""
+def kernel_options(composition: Composition, model: ModelAdapter, block_length: int) -> dict[str, Any]:
+    """The keyword arguments the kernel of ``model`` takes for ``composition``: on the uniform
+    kernel, the canvas ``width`` (``block_length``), the vocabulary size and the
+    :class:`~dloom.decode.uniform.UniformSettings` of the checkpoint's generation config; for
+    a commit rule that edits (:attr:`dloom.types.StrategyRegistration.edits`), ``edits=True``
+    and its ``post_step_budget`` (the value of its ``edit_budget`` parameter, or ``None``);
+    else none."""
+    if model.kernel == UNIFORM:
+        from dloom.decode.prompts import vocabulary_size
+
+        size = vocabulary_size(model)
+        if size is None:
+            raise ModelError(f"model {model.name!r} declares no vocabulary size; the uniform kernel draws from it")
+        return {"width": block_length, "vocab_size": size, "settings": UniformSettings.from_generation(model.generation)}
     rule = composition.provider("dloom_select_commit")
     for component in composition.components:
         if component.name != rule or component.strategy is None:

@@ -265,9 +265,12 @@ def strategy_names(spec: StrategySpec) -> list[str]:
 
 
 def _route_params(
-    strategies: list[Strategy], params: Mapping[str, Any], spec_name: str
+    strategies: list[Strategy], params: Mapping[str, Any], spec_name: str,
+    generation: Mapping[str, Any] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Send each parameter to the strategies that declare it (``name`` or ``strategy.name``)."""
+    """Send each parameter to the strategies that declare it (``name`` or ``strategy.name``);
+    a parameter not given takes the model's ``generation`` config value it names
+    (:attr:`dloom.types.Parameter.generation_key`), else its default."""
     routed: dict[str, dict[str, Any]] = {s.name: {} for s in strategies}
     by_name = {s.name: s for s in strategies}
     for key, value in params.items():
@@ -293,7 +296,12 @@ def _route_params(
             routed[owner.name][pname] = parameter.coerce(value, owner.name)
     for strategy in strategies:
         for parameter in strategy.parameters:
-            routed[strategy.name].setdefault(parameter.name, parameter.default)
+            if parameter.name in routed[strategy.name]:
+                continue
+            configured = parameter.generation_default(generation or {})
+            routed[strategy.name][parameter.name] = (
+                parameter.default if configured is None else parameter.coerce(configured, strategy.name)
+            )
     return routed
 
 
@@ -301,6 +309,7 @@ def compose(
     spec: StrategySpec,
     params: Mapping[str, Any] | None = None,
     registry: Registry | None = None,
+    generation: Mapping[str, Any] | None = None,
 ) -> Composition:
     """Resolve ``spec`` into plugin objects with validated parameters.
 
@@ -309,6 +318,9 @@ def compose(
         (returned as it is).
     :param params: strategy parameters; ``name`` goes to every component that declares it,
         ``strategy.name`` to one component.
+    :param generation: the generation config of the model decoded with it
+        (:attr:`dloom.ModelAdapter.generation`): the defaults of the parameters that name one
+        of its keys.
     :raises UnknownStrategyError: for an unregistered name.
     :raises ConfigurationError: for an unknown parameter or a value out of range.
     :raises CompositionError: when two components answer the same decoding hook.
@@ -336,7 +348,7 @@ def compose(
         + ("@" + ",".join(h.removeprefix(f"{PROJECT_NAME}_") for h in replacing[_key(item)]) if _key(item) in replacing else "")
         for item in items
     )
-    routed = _route_params(strategies, params or {}, display)
+    routed = _route_params(strategies, params or {}, display, generation)
     components: list[Component] = []
     for item in items:
         if isinstance(item, str):

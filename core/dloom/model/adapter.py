@@ -126,6 +126,8 @@ class ModelAdapter:
     :ivar profile: name of the model family's :class:`dloom.model.profiles.ModelProfile`.
     :ivar kernel: the transition kernel the model decodes with (its profile's; a name in
         :data:`dloom.decode.transition.KERNELS`).
+    :ivar generation: the checkpoint's ``generation_config.json`` (``{}`` without one): the
+        uniform kernel's schedule and step budget (:class:`dloom.decode.uniform.UniformSettings`).
     """
 
     model: torch.nn.Module
@@ -143,6 +145,7 @@ class ModelAdapter:
     can_pad: bool = True
     profile: str = "transformers"
     kernel: str = "absorbing"
+    generation: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -236,6 +239,47 @@ class ModelAdapter:
         with torch.no_grad():
             out = self.model(
                 input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs
+            )
+        return output_logits(out)
+
+    def canvas_logits(
+        self,
+        prefix: torch.Tensor,
+        prefix_mask: torch.Tensor,
+        canvas: torch.Tensor,
+        self_conditioning: torch.Tensor | None = None,
+        conditioned: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The canvas logits of one forward of an encoder-prefix/canvas model (DiffusionGemma),
+        without gradient: the encoder writes the prefix into a fresh cache, the decoder reads it
+        and the canvas. With :meth:`raw_logits`, the only places dloom calls a model.
+
+        Positions ignore left padding (:func:`position_ids_from_mask`): the canvas follows each
+        row's last real prefix token.
+
+        :param prefix: ``(B, P)`` long, every row's prompt and finished canvases, left-padded.
+        :param prefix_mask: ``(B, P)`` padding mask (1 = real token).
+        :param canvas: ``(B, C)`` long, the canvas being denoised.
+        :param self_conditioning: ``(B, C, V)`` float, the previous step's processed logits of
+            each row, or ``None`` on a canvas's first step (no self-conditioning signal).
+        :param conditioned: ``(B,)`` bool, the rows ``self_conditioning`` is given for (the
+            others get no signal, exactly as with ``None``); ``None``: every row.
+        :return: ``(B, C, V)`` float32 logits (after the model's soft-capping).
+        """
+        from transformers import DynamicCache
+
+        text_config = self.model.config.get_text_config(decoder=True)  # type: ignore[union-attr, operator]
+        positions = position_ids_from_mask(prefix_mask)
+        lengths = prefix_mask.long().sum(-1, keepdim=True)
+        canvas_positions = lengths + torch.arange(canvas.shape[1], device=canvas.device)
+        mask = prefix_mask.bool()
+        with torch.no_grad():
+            out = self.model(
+                input_ids=prefix, attention_mask=mask, position_ids=positions,
+                decoder_input_ids=canvas, decoder_position_ids=canvas_positions,
+                decoder_attention_mask=torch.nn.functional.pad(mask, (0, canvas.shape[1]), value=True),
+                self_conditioning_logits=self_conditioning, self_conditioning_mask=conditioned,
+                cache=DynamicCache(config=text_config),
             )
         return output_logits(out)
 
@@ -380,10 +424,12 @@ def _eos_ids(
 
 
 def _load_network(
-    path: Path, raw: dict[str, Any], layout: NativeLayout | None, model_kwargs: dict[str, Any]
+    path: Path, raw: dict[str, Any], profile: ModelProfile, layout: NativeLayout | None,
+    model_kwargs: dict[str, Any],
 ) -> tuple[Any, torch.nn.Module]:
     """The checkpoint's config and model: onto the family's native class when its family
-    has a ``layout`` (no remote code), else as ``transformers`` loads it. Before any weight
+    has a ``layout`` (no remote code), onto the ``transformers`` class its profile names
+    (:attr:`~dloom.model.profiles.ModelProfile.model_class`), else as ``transformers`` loads it. Before any weight
     is read, the config's size is checked against the bytes
     of its tensors (:func:`dloom.model.config_limits.check_size_against_weights`) and the
     tensors' names, shapes and dtypes against the model built from it on the ``meta``
@@ -406,12 +452,16 @@ def _load_network(
     if not (model_kwargs["trust_remote_code"] and raw.get("auto_map")):  # not its own code
         headers = tensor_headers(path)
         check_size_against_weights(config, sum(h.nbytes for h in headers.values()), where)
-        check_tensors(config, headers, described, layout.key_mapping if layout is not None else None)
+        check_tensors(
+            config, headers, described, layout.key_mapping if layout is not None else None, profile.model_class
+        )
     if layout is not None:
         kwargs = {**model_kwargs, "trust_remote_code": False, "config": config}
         if layout.key_mapping:
             kwargs["key_mapping"] = layout.key_mapping
         return config, transformers.AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    if profile.model_class is not None:
+        return config, getattr(transformers, profile.model_class).from_pretrained(path, **model_kwargs)
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(path, **model_kwargs)
     except ValueError:
@@ -494,11 +544,12 @@ def load_model(
         does not know (only when asked).
     :param dtype: a name from :data:`DTYPES` or a ``torch.dtype``.
     :param require_mask: raise when no mask token is found (dLLMs); ``False`` for AR models.
+        Never for a uniform-noise family (DiffusionGemma), which has none.
     :param device_map: passed to ``from_pretrained`` (e.g. ``"auto"`` to spread a large model
         over the visible GPUs); ``device`` is then ignored.
     :raises ModelError: for a missing directory, an unknown dtype, no mask token, an
         unknown checkpoint with its own code without ``trust_remote_code``, a config value
-        with no native equivalent, or a family dloom cannot decode (DiffusionGemma).
+        with no native equivalent, or a family dloom cannot decode (a profile's ``unsupported``).
     """
     check_model_files(name_or_path, device, device_map, trust_remote_code)
     import transformers
@@ -535,7 +586,7 @@ def load_model(
     # every JSON file is read (bounded) before the network is built
     generation = _generation_config(path, vocabulary_size(raw))
     tokenizer = _tokenizer_at(path, remote)
-    config, model = _load_network(path, raw, family.layout, model_kwargs)
+    config, model = _load_network(path, raw, profile, family.layout, model_kwargs)
     if device_map is None:
         model = model.to(device)
     model = model.eval()
@@ -547,7 +598,7 @@ def load_model(
         mask_token_id = _mask_from_tokenizer(tokenizer, profile)
     if mask_token_id is None:
         mask_token_id = profile.mask_token_id
-    if mask_token_id is None and require_mask:
+    if mask_token_id is None and require_mask and profile.has_mask_token:
         raise ModelError(
             f"model {name!r} declares no mask token: pass --mask-token-id "
             "(mask_token_id=...), or set mask_token_id in its config.json, or give its "
@@ -558,6 +609,8 @@ def load_model(
     else:
         eos = _eos_ids(raw, generation, tokenizer, profile)
     pad = raw.get("pad_token_id")
+    if pad is None:  # a composite config (DiffusionGemma) keeps its text model's ids there
+        pad = (raw.get("text_config") or {}).get("pad_token_id")
     if pad is None:
         pad = generation.get("pad_token_id")
     if pad is None and tokenizer is not None:
@@ -578,7 +631,7 @@ def load_model(
         pad_token_id=int(pad),
         shift_logits=shift_logits,
         attention=attention,
-        max_context=getattr(config, "max_position_embeddings", None),
+        max_context=getattr(config.get_text_config(), "max_position_embeddings", None),
         tokenizer=tokenizer,
         name=name,
         default_gen_length=section.get("gen_length"),
@@ -586,4 +639,5 @@ def load_model(
         block_alignment=section.get("block_alignment", profile.block_alignment),
         profile=profile.name,
         kernel=section.get("kernel", profile.kernel),
+        generation=generation,
     )

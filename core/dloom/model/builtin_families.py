@@ -53,7 +53,7 @@ BUILTIN_FAMILIES: tuple[FamilyRegistration, ...] = (
     FamilyRegistration(SDAR_MOE, SDAR_MOE_LAYOUT),
     FamilyRegistration(FAST_DLLM_V2, FAST_DLLM_V2_LAYOUT),
     FamilyRegistration(LLADA2, LLADA2_LAYOUT),  # onto dloom's own class (dloom.model.bailing)
-    FamilyRegistration(DIFFUSION_GEMMA),  # recognised to be refused: profile.unsupported says why
+    FamilyRegistration(DIFFUSION_GEMMA),  # transformers' own class (profile.model_class), the uniform kernel
     FamilyRegistration(CAUSAL_LM, recognises=is_causal_lm),  # e.g. a Qwen2.5 target
     FamilyRegistration(TRANSFORMERS),  # the catch-all: conventions from the config (the zoo)
 )

@@ -62,6 +62,8 @@ class ModelProfile:
     :ivar kernel: the transition kernel the family decodes with (a name in
         :data:`dloom.decode.transition.KERNELS`): ``"absorbing"`` for masked-diffusion
         models, whose committed tokens are final.
+    :ivar model_class: the ``transformers`` class the family loads onto when its config's
+        auto class is not a causal LM (``"DiffusionGemmaForBlockDiffusion"``), or ``None``.
     :ivar unsupported: why dloom cannot decode the family, or ``None``.
     """
 
@@ -81,6 +83,7 @@ class ModelProfile:
     ships_code: bool = False
     chat_template: bool = False
     kernel: str = "absorbing"
+    model_class: str | None = None
     unsupported: str | None = None
 
     def __post_init__(self) -> None:
@@ -88,6 +91,12 @@ class ModelProfile:
             raise ValueError(
                 f"block_alignment {self.block_alignment!r}; allowed: {', '.join(BLOCK_ALIGNMENTS)}"
             )
+
+    @property
+    def has_mask_token(self) -> bool:
+        """Whether the family's models have a mask token: all but those of the uniform-noise
+        kernel, whose canvases start as random tokens."""
+        return self.kernel != "uniform"
 
     def matches(self, config: Mapping[str, Any]) -> bool:
         """Whether a config (as a dict) belongs to this family."""
@@ -203,17 +212,12 @@ DIFFUSION_GEMMA = ModelProfile(
     family="DiffusionGemma (transformers' DiffusionGemmaForBlockDiffusion)",
     model_types=("diffusion_gemma", "diffusion_gemma_text"),
     architectures=("DiffusionGemmaForBlockDiffusion",),
+    model_class="DiffusionGemmaForBlockDiffusion",  # transformers' own; the prompt to its encoder, the canvas to its decoder
+    eos_token_ids=(1,),  # <eos>
+    attention="block-causal",  # a causal prefix (the encoder's cache), a bidirectional canvas
+    block_size_key="canvas_length",
     chat_template=True,
-    unsupported=(
-        "DiffusionGemma is a uniform-noise block diffusion model, not a masked one: it has no "
-        "mask token (each canvas starts as random tokens), every denoising step re-predicts "
-        "and may renoise every canvas position (commits are not final), each step's forward "
-        "takes the previous step's logits as self-conditioning input, and the forward takes "
-        "the prompt and the canvas separately (input_ids for the encoder's KV cache, "
-        "decoder_input_ids for the canvas). dloom's kernel decodes absorbing-state (masked) "
-        "models only; use DiffusionGemmaForBlockDiffusion.generate from transformers "
-        "(see docs/models.md)"
-    ),
+    kernel="uniform",  # no mask token: canvases start as random tokens and are renoised
 )
 
 CAUSAL_LM = ModelProfile(

@@ -46,13 +46,17 @@ def listed(names: Iterable[str], limit: int = 6) -> str:
     return ", ".join(repr(n) for n in ordered[:limit]) + more
 
 
-def meta_model(config: Any) -> Any:
-    """The model ``transformers`` builds from ``config``, on the ``meta`` device: the causal
-    LM class, else the base model class (as :func:`dloom.load_model` falls back)."""
+def meta_model(config: Any, model_class: str | None = None) -> Any:
+    """The model ``transformers`` builds from ``config``, on the ``meta`` device: the
+    ``transformers`` class ``model_class`` names, else the causal LM class, else the base
+    model class (as :func:`dloom.load_model` falls back)."""
     import torch
+    import transformers
     from transformers import AutoModel, AutoModelForCausalLM
 
     with torch.device("meta"):
+        if model_class is not None:
+            return getattr(transformers, model_class)(config)
         try:
             return AutoModelForCausalLM.from_config(config)
         except ValueError:
@@ -84,7 +88,7 @@ def _target_name(name: str, key_mapping: Mapping[str, str], places: Mapping[str,
 
 def check_tensors(
     config: Any, tensors: Mapping[str, TensorHeader], described: str,
-    key_mapping: Mapping[str, str] | None = None,
+    key_mapping: Mapping[str, str] | None = None, model_class: str | None = None,
 ) -> None:
     """Check a checkpoint's tensors (names, shapes, dtypes) against the model built from
     ``config``, before any weight is read (see the module docstring).
@@ -95,10 +99,12 @@ def check_tensors(
         llama)"``).
     :param key_mapping: regex -> replacement renaming the checkpoint's tensor names (as
         ``from_pretrained(key_mapping=...)``).
+    :param model_class: the ``transformers`` class the model loads onto, when it is not an
+        auto class's (:attr:`dloom.model.profiles.ModelProfile.model_class`).
     :raises ModelError: naming the unexpected and the missing tensors, or the tensors of
         the wrong shape or dtype.
     """
-    model = meta_model(config)
+    model = meta_model(config, model_class)
     places: dict[str, Any] = dict(model.named_parameters(remove_duplicate=False))
     buffers = dict(model.named_buffers())
     aliases: dict[int, list[str]] = {}
