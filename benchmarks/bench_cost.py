@@ -23,6 +23,7 @@ import statistics
 import tempfile
 import time
 import warnings
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -87,16 +88,23 @@ def measure(decoders: dict[str, DiffusionDecoder], prompts: list[str], repeats: 
 
 def failfast_rows(target_name: str, drafter, prompts: list[str], max_new_tokens: int, repeats: int) -> dict[str, Any]:
     """AR decoding of ``target_name`` against FailFast drafting always and ``drafting=auto``
-    (one untimed warm-up prompt each: ``auto`` decides within it and keeps its decision)."""
+    (one untimed warm-up prompt each: ``auto`` decides within it and keeps its decision), with
+    the paths the decoders' batches took (``result.drafting``)."""
     target = load_model(target_name)
     ids = target.encode(prompts)
     ar_target = ARTarget(target)
     eos = tuple(target.eos_token_ids)
     decoders = {mode: FailFastDecoder(target, drafter, params={"drafting": mode}, max_new_tokens=max_new_tokens)
                 for mode in ("always", "auto")}
+    paths: dict[str, Counter[str]] = {f"failfast {mode}": Counter() for mode in decoders}
+
+    def failfast(prompt: list[int], mode: str) -> list[int]:
+        result = decoders[mode].generate([prompt])
+        paths[f"failfast {mode}"][result.drafting["path"]] += 1
+        return result.token_lists[0]
+
     methods = {"ar": lambda prompt: ar_decode(ar_target, prompt, max_new_tokens),
-               **{f"failfast {mode}": (lambda prompt, d=d: d.generate([prompt]).token_lists[0])
-                  for mode, d in decoders.items()}}
+               **{f"failfast {mode}": (lambda prompt, m=mode: failfast(prompt, m)) for mode in decoders}}
     found: dict[str, Any] = {name: {"passes": []} for name in methods}
     for method in methods.values():
         method(list(ids[0]))
@@ -112,7 +120,7 @@ def failfast_rows(target_name: str, drafter, prompts: list[str], max_new_tokens:
     return {
         "target": target_name, "decision": plugin.ledger.report if plugin.ledger else None,
         "rows": {name: {"seconds": row["seconds"], "passes": row["passes"], "wall_vs_ar": base["seconds"] / row["seconds"],
-                        "best_vs_ar": base["best"] / row["best"],
+                        "best_vs_ar": base["best"] / row["best"], "paths": dict(paths.get(name, {})),
                         "identical": row["outputs"] == base["outputs"]} for name, row in found.items()},
     }
 
