@@ -374,23 +374,32 @@ class ARTargetDecoder:
             lengths += live
             target_nfe += live
             finished |= live & (torch.isin(token, eos_ids) | (lengths >= most))
-        # every unfinished row has accepted as many tokens: one new column per forward
-        column = first + 1
+        # every unfinished row has accepted as many tokens: one new column per forward. A
+        # finished row's columns past its end are never read, so they are written freely,
+        # unless a finished row is longer than the others (it accepted more drafts)
+        guard = bool((finished & (lengths > status[1])).any())
+        column, entry, ended = first + 1, lengths.clone(), int(finished.sum())
+        live = ~finished
+        slot_mask = live.long().unsqueeze(1)
         token = tokens[:, first:column]
         while column < prompt_len + most:
-            live = ~finished
-            token = kernel(self.target.forward(token, live.long().unsqueeze(1)))  # (B, 1)
+            token = kernel(self.target.forward(token, slot_mask))  # (B, 1)
             if streams is not None:
                 streams.advance(live)
             written = tokens[:, column : column + 1]
-            written.copy_(torch.where(live.unsqueeze(1), token, written))
+            written.copy_(torch.where(live.unsqueeze(1), token, written) if guard else token)
             lengths += live
-            target_nfe += live
             finished |= torch.isin(token[:, 0], eos_ids)
             column += 1
-            if finished.all():
-                return
-        finished.fill_(True)
+            now = int(finished.sum())
+            if now == finished.shape[0]:
+                break
+            if now != ended:
+                ended, live = now, ~finished
+                slot_mask = live.long().unsqueeze(1)
+        else:
+            finished.fill_(True)
+        target_nfe += lengths - entry
 
     def _append(
         self, tokens: torch.Tensor, lengths: torch.Tensor, finished: torch.Tensor,
