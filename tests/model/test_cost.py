@@ -113,5 +113,9 @@ def test_dloom_profile_prints_and_saves_the_curve_and_refuses_to_overwrite(tmp_p
     assert again.exit_code == 2 and "pass --force to overwrite it" in " ".join(again.output.split())
     forced = runner.invoke(app, ["profile", "--seq-len", "16", "--nodes", "1,2", "-o", str(out), "--force", "--json"])
     assert forced.exit_code == 0 and json.loads(forced.output)["format"] == "dloom-cost-curve"
+    cached = runner.invoke(app, ["profile", "--model", "toy-ar", "--layout", "cached", "--seq-len", "8",
+                                 "--nodes", "1,2", "--repeats", "1", "--json"])  # an AR model: no mask token
+    assert cached.exit_code == 0, cached.output
+    assert json.loads(cached.output)["layout"] == "cached"
     bad = runner.invoke(app, ["profile", "--nodes", "1,x"])
     assert bad.exit_code == 2 and "--nodes is '1,x'" in bad.output
