@@ -17,12 +17,15 @@ GPU-like forward): the budget it picks and the NFE Spiffy saves at it, measured.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import platform
 import statistics
 import tempfile
 import time
 import warnings
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -87,24 +90,43 @@ def measure(decoders: dict[str, DiffusionDecoder], prompts: list[str], repeats: 
 
 def failfast_rows(target_name: str, drafter, prompts: list[str], max_new_tokens: int, repeats: int) -> dict[str, Any]:
     """AR decoding of ``target_name`` against FailFast drafting always and ``drafting=auto``
-    (one untimed warm-up prompt each: ``auto`` decides within it and keeps its decision)."""
+    (one untimed warm-up prompt each: ``auto`` decides within it and keeps its decision), with
+    the paths the decoders' batches took (``result.drafting``). Each prompt is decoded by the
+    three back to back, in an order that rotates, so that a machine's changing load falls on
+    them alike; a pass sums each one's prompts."""
     target = load_model(target_name)
     ids = target.encode(prompts)
     ar_target = ARTarget(target)
     eos = tuple(target.eos_token_ids)
     decoders = {mode: FailFastDecoder(target, drafter, params={"drafting": mode}, max_new_tokens=max_new_tokens)
                 for mode in ("always", "auto")}
-    methods = {"ar": lambda prompt: ar_decode(ar_target, prompt, max_new_tokens),
-               **{f"failfast {mode}": (lambda prompt, d=d: d.generate([prompt]).token_lists[0])
-                  for mode, d in decoders.items()}}
+    paths: dict[str, Counter[str]] = {f"failfast {mode}": Counter() for mode in decoders}
+
+    def failfast(prompt: list[int], mode: str) -> list[int]:
+        result = decoders[mode].generate([prompt])
+        paths[f"failfast {mode}"][result.drafting["path"]] += 1
+        return result.token_lists[0]
+
+    methods: dict[str, Callable[[list[int]], list[int]]] = {
+        "ar": lambda prompt: ar_decode(ar_target, prompt, max_new_tokens),
+        **{f"failfast {mode}": functools.partial(failfast, mode=mode) for mode in decoders},
+    }
     found: dict[str, Any] = {name: {"passes": []} for name in methods}
     for method in methods.values():
         method(list(ids[0]))
-    for _ in range(repeats):
-        for name, method in methods.items():
-            started = time.perf_counter()
-            found[name]["outputs"] = [cut(method(list(prompt)), eos) for prompt in ids]
-            found[name]["passes"].append(time.perf_counter() - started)
+    names = list(methods)
+    for repeat in range(repeats):  # interleaved per prompt, the order rotating: drifting load hits all alike
+        seconds = dict.fromkeys(names, 0.0)
+        outputs: dict[str, list[list[int]]] = {name: [] for name in names}
+        for index, prompt in enumerate(ids):
+            shift = (repeat + index) % len(names)
+            for name in names[shift:] + names[:shift]:
+                started = time.perf_counter()
+                outputs[name].append(cut(methods[name](list(prompt)), eos))
+                seconds[name] += time.perf_counter() - started
+        for name in names:
+            found[name]["outputs"] = outputs[name]
+            found[name]["passes"].append(seconds[name])
     for row in found.values():
         row["seconds"], row["best"] = statistics.median(row["passes"]), min(row["passes"])
     base = found["ar"]
@@ -112,7 +134,7 @@ def failfast_rows(target_name: str, drafter, prompts: list[str], max_new_tokens:
     return {
         "target": target_name, "decision": plugin.ledger.report if plugin.ledger else None,
         "rows": {name: {"seconds": row["seconds"], "passes": row["passes"], "wall_vs_ar": base["seconds"] / row["seconds"],
-                        "best_vs_ar": base["best"] / row["best"],
+                        "best_vs_ar": base["best"] / row["best"], "paths": dict(paths.get(name, {})),
                         "identical": row["outputs"] == base["outputs"]} for name, row in found.items()},
     }
 
@@ -127,12 +149,35 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("-n", type=int, default=20, help="held-out prompts")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved timed passes (median)")
     parser.add_argument("--target", default=None, help="also FailFast: this AR target, the model drafting")
+    parser.add_argument("--failfast-only", action="store_true", help="only the FailFast rows (needs --target)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
+    if args.failfast_only and args.target is None:
+        parser.error("--failfast-only needs --target")
     torch.set_num_threads(1)
     model = load_model(args.model)
     tasks = workload_tasks(model)
     prompts = [e.prompt for e in select_examples(tasks, args.n, 0)]
+    summary = {"model": args.model, "n": args.n, "threads": 1, "repeats": args.repeats,
+               "machine": f"{platform.machine()} {platform.processor() or ''}".strip(), "torch": torch.__version__}
+    if not args.failfast_only:
+        summary.update(spiffy_rows(args, model, tasks, prompts))
+    if args.target is not None:
+        summary["failfast"] = failfast_rows(args.target, model, prompts, DiffusionDecoder(model, "quota").gen_length,
+                                            args.repeats)
+        print("\n| run | wall s (median) | vs AR (median) | vs AR (best pass) | identical |\n|---|---|---|---|---|")
+        for name, row in summary["failfast"]["rows"].items():
+            print(f"| {name} | {row['seconds']:.2f} | {row['wall_vs_ar']:.2f}x | {row['best_vs_ar']:.2f}x | "
+                  f"{row['identical']} |")
+        print(summary["failfast"]["decision"])
+    if args.out is not None:
+        args.out.write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
+def spiffy_rows(args: argparse.Namespace, model, tasks: str, prompts: list[str]) -> dict[str, Any]:
+    """The rule, Spiffy at ``budget=auto``, at ``--budget`` and at the flat curve's budget,
+    printed as a table."""
     if args.graph is None:  # calibrated here: the file records A(D) on its calibration paths
         rule_decoder = DiffusionDecoder(model, "threshold", params={"tau": args.tau})
         training = [e.prompt for e in select_examples(tasks, CALIBRATION_PROMPTS, 0, split="train")]
@@ -158,10 +203,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     choice = rows["auto"]["choice"]
     base = rows["rule"]
     summary = {
-        "model": args.model, "n": args.n, "tau": args.tau, "threads": 1, "repeats": args.repeats,
+        "tau": args.tau,
         "graph": args.graph if not args.graph.startswith(tempfile.gettempdir()) else
         f"calibrated on {CALIBRATION_PROMPTS} training prompts", "calibration": dict(graph.calibration),
-        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(), "torch": torch.__version__,
         "curve": choice["curve"], "accepted": accepted, "expected_speedups": choice["speedups"],
         "auto_budget": rows["auto"]["budget"], "flat_budget": flat_budget,
         "steps_per_block": steps, "flat_expected_speedups": speedups(accepted, CostCurve.flat(), steps),
@@ -181,16 +225,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"| {name} | {row['budget'] if row['budget'] is not None else '-'} | {row['seconds']:.2f} | "
               f"{row['wall_vs_rule']:.2f}x | {row['best_vs_rule']:.2f}x | {row['nfe']} | {row['nfe_vs_rule']:.2f}x | "
               f"{row['identical']} |")
-    if args.target is not None:
-        summary["failfast"] = failfast_rows(args.target, model, prompts, DiffusionDecoder(model, "quota").gen_length,
-                                            args.repeats)
-        print("\n| run | wall s (median) | vs AR (median) | vs AR (best pass) | identical |\n|---|---|---|---|---|")
-        for name, row in summary["failfast"]["rows"].items():
-            print(f"| {name} | {row['seconds']:.2f} | {row['wall_vs_ar']:.2f}x | {row['best_vs_ar']:.2f}x | "
-                  f"{row['identical']} |")
-        print(summary["failfast"]["decision"])
-    if args.out is not None:
-        args.out.write_text(json.dumps(summary, indent=1) + "\n")
     return summary
 
 

@@ -26,6 +26,8 @@ from dloom.hooks.registry import get_registry
 HOOKS = ("forward", "select_commit", "draft", "prune", "build_mask", "verify")
 CACHES = ("none", "prefix", "dual")
 DELTAS = (0.0, 0.1, 0.25, 0.5, 0.75)
+SPIFFY_BUDGET = 10
+"""The fixed Spiffy budget of the report's rows (Spiffy's default is ``auto``)."""
 """Fréchet's δ grid of the full matrix (δ lies in [0, 1))."""
 
 
@@ -104,11 +106,12 @@ def base_rules(deltas: Sequence[float]) -> list[Config]:
     return [BASELINE, CONFIGS[1], CONFIGS[2], *(frechet(d) for d in deltas)]
 
 
-def spiffy_over(rule: Config, graph: str) -> Config:
-    """Spiffy over ``rule`` (its parameters) with the draft graph file ``graph``; named
+def spiffy_over(rule: Config, graph: str, budget: int | str = SPIFFY_BUDGET) -> Config:
+    """Spiffy over ``rule`` (its parameters) with the draft graph file ``graph`` at ``budget``
+    (default: the fixed budget the published figures were measured at); named
     ``spiffy+quota``, ``spiffy+threshold``, ``spiffy+factor``, ``spiffy+frechet``."""
     return Config(f"spiffy+{rule.strategy}", f"Spiffy over {rule.label.split(',')[0].split(' (')[0]}",
-                  f"spiffy+{rule.strategy}", {**rule.params, "graph": graph})
+                  f"spiffy+{rule.strategy}", {**rule.params, "graph": graph, "budget": budget})
 
 
 class AcceptanceRecorder:

@@ -124,10 +124,12 @@ def prompts(request, model) -> list:
 
 
 def decoder_for(model: ModelAdapter, strategy: str) -> DiffusionDecoder:
-    """A decoder; on the tiny random model Spiffy warns that it has no calibrated graph."""
+    """A decoder; on the tiny random model Spiffy warns that it has no calibrated graph, and
+    runs at a fixed budget of 10 (``budget=auto`` takes no drafts from an uncalibrated graph)."""
+    params = {"spiffy.budget": 10} if "spiffy" in strategy.split("+") else {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return DiffusionDecoder(model, strategy)
+        return DiffusionDecoder(model, strategy, params=params)
 
 
 class FirstCalls:

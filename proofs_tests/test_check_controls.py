@@ -133,8 +133,15 @@ def test_the_same_rule_passes_when_it_cannot_misbehave():
     assert report.verdict == "lossless", report.render()
 
 
+class StaleDraftAtAFixedBudget(ReusesAMismatchedDraft):
+    """At budget 10: ``budget=auto`` takes no drafts from a tiny model's uncalibrated graph."""
+
+    def __init__(self) -> None:
+        super().__init__(budget=10)
+
+
 STALE = StrategyRegistration(
-    "stale-draft", ReusesAMismatchedDraft, claim=Claim("lossless", against="kernel"),
+    "stale-draft", StaleDraftAtAFixedBudget, claim=Claim("lossless", against="kernel"),
     default_commit_rule="quota",
 )
 

@@ -70,6 +70,12 @@ def generate_greedy(target, prompts, max_new_tokens):
     return outputs
 
 
+def fixed_budget(drafter_strategy: str) -> str:
+    """A speculating drafter at a fixed budget: ``budget=auto`` takes no drafts from the tiny
+    drafter's uncalibrated graph."""
+    return "spiffy.budget=10" if drafter_strategy.startswith("spiffy") else ""
+
+
 @pytest.mark.filterwarnings("ignore:no built-in draft graph")
 @pytest.mark.parametrize("policy", ["failfast", "naive"])
 @pytest.mark.parametrize(
@@ -79,7 +85,8 @@ def generate_greedy(target, prompts, max_new_tokens):
 def test_greedy_output_is_the_targets_greedy_output(pair, reference, policy, drafter_strategy):
     target, drafter = pair
     decoder = FailFastDecoder(
-        target, drafter, params=dict(SMALL, policy=policy, drafter_strategy=drafter_strategy),
+        target, drafter, params=dict(SMALL, policy=policy, drafter_strategy=drafter_strategy,
+                                     drafter_params=fixed_budget(drafter_strategy)),
         max_new_tokens=16, drafter_cache="prefix" if "threshold" in drafter_strategy else "none",
     )
     assert decoder.generate(PROMPTS).token_lists == reference
@@ -102,7 +109,7 @@ def test_greedy_identity_holds_for_any_setting(
     params = dict(
         tau=tau, n=n, n_max=n_max, initial_length=min(initial, n_max), small_block=small_block,
         drafter_strategy=rule, drafter_tau=drafter_tau, policy=policy, naive_length=initial,
-        verification=verification,
+        verification=verification, drafter_params=fixed_budget(rule),
     )
     decoder = FailFastDecoder(
         target, drafter, params=params, max_new_tokens=12, drafter_cache=cache, remasking=remasking, seed=0,
@@ -173,7 +180,8 @@ SAMPLING_CASES = [
     ("ratio, strictly left-to-right drafter", 2, 1.0, dict(verification="ratio", small_block=1, initial_length=1, n=1, n_max=3)),
     pytest.param(
         "match, speculating drafter (spiffy+quota), fail fast / win big", 3, 1.0,
-        dict(initial_length=2, n=1, n_max=3, small_block=3, drafter_strategy="spiffy+quota"),
+        dict(initial_length=2, n=1, n_max=3, small_block=3, drafter_strategy="spiffy+quota",
+             drafter_params="spiffy.budget=10"),
         marks=pytest.mark.slow,  # ~20 s on two busy cores
     ),
 ]

@@ -53,6 +53,7 @@ VOCAB, MASK_ID, EOS_ID, PAD_ID = 40, 39, 2, 0
 GEN_LENGTH, BLOCK_LENGTH = 16, 8
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12, 13], [14], [15, 16, 17, 18], [20, 21, 22, 23, 24]]
 BASES = {"quota": {}, "threshold": {"tau": 0.5}, "factor": {"f": 1.5}, "frechet": {"delta": 0.0}}
+FIXED_BUDGET = 10  # the tests that need drafts at a known budget; the auto ones name "auto"
 EXACT = [
     ("bidirectional", "rows", "none"),
     ("bidirectional", "rows", "prefix"),
@@ -85,10 +86,15 @@ def tiny(attention: str, shift: bool = False) -> ModelAdapter:
 
 
 def decoder(model, strategy, params=None, **options) -> DiffusionDecoder:
+    """A decoder; a Spiffy named by its strategy runs at budget 10 unless ``params`` give one
+    (``budget=auto`` takes no drafts from an uncalibrated graph: nothing would be tested)."""
     settings = {"gen_length": GEN_LENGTH, "block_length": BLOCK_LENGTH, **options}
+    params = dict(params or {})
+    if isinstance(strategy, str) and "spiffy" in strategy.split("+"):
+        params.setdefault("budget", FIXED_BUDGET)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # uncalibrated-graph and temperature notes
-        return DiffusionDecoder(model, strategy, params=params or {}, **settings)
+        return DiffusionDecoder(model, strategy, params=params, **settings)
 
 
 @cache
@@ -186,7 +192,7 @@ def assert_identical_on_toy_dllm(base: str, layout: str, mode: str, prompts: int
     options = dict(block_length=8, cache=mode)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a built-in graph must fit: no fallback warning
-        spiffy = DiffusionDecoder(model, f"spiffy+{base}", layout=layout, **options)
+        spiffy = DiffusionDecoder(model, f"spiffy+{base}", layout=layout, budget=FIXED_BUDGET, **options)
     reference = DiffusionDecoder(model, base, **options).generate(texts)
     result = spiffy.generate(texts)
     assert result.token_lists == reference.token_lists
@@ -246,7 +252,7 @@ class ReusesAMismatchedDraft(Spiffy):
 
 
 def test_a_verifier_reusing_a_mismatched_draft_is_caught_by_the_sampling_test():
-    broken = [ReusesAMismatchedDraft(), "quota"]
+    broken = [ReusesAMismatchedDraft(budget=FIXED_BUDGET), "quota"]
     report = check_lossless(broken, "quota", samples=CONTROL_SAMPLES, seeds=2, prompt_count=4)
     assert report.verdict == "not lossless", report.render()
 
@@ -274,7 +280,7 @@ def test_the_broken_verifier_is_caught_at_the_budget_auto_chooses(attention, gra
 def test_the_same_check_passes_the_correct_verifier():
     """Same test, same budget, correct verifier: not refuted (the control's failure is the
     verifier's, not the test's)."""
-    report = check_lossless([Spiffy(), "quota"], "quota", samples=CONTROL_SAMPLES, seeds=2, prompt_count=4)
+    report = check_lossless([Spiffy(budget=FIXED_BUDGET), "quota"], "quota", samples=CONTROL_SAMPLES, seeds=2, prompt_count=4)
     assert report.verdict != "not lossless", report.render()
     assert min(s["p_value"] for s in report.evidence["sampling"]["seeds"]) > 1e-3
 
@@ -450,7 +456,7 @@ def test_first_forward_drafting_on_the_toy_dllm(base):
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # the built-in graph fits
             results[flag] = DiffusionDecoder(
-                model, f"spiffy+{base}", params={**params, "first_forward": flag}, block_length=8
+                model, f"spiffy+{base}", params={**params, "first_forward": flag, "budget": FIXED_BUDGET}, block_length=8
             ).generate(texts)
         assert results[flag].token_lists == reference.token_lists
         assert int(results[flag].nfe.sum()) + results[flag].accepted_drafts == int(reference.nfe.sum())

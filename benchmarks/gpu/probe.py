@@ -71,7 +71,7 @@ SMOKE_WIDTHS = {
     "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
 }
-STRATEGIES = (("quota", {}), ("threshold", {"tau": 0.9}), ("frechet", {"delta": 0.0}), ("spiffy", {}))
+STRATEGIES = (("quota", {}), ("threshold", {"tau": 0.9}), ("frechet", {"delta": 0.0}), ("spiffy", {"budget": 10}))
 CACHES = ("none", "prefix", "dual")
 
 

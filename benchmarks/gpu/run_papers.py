@@ -39,9 +39,10 @@ STRATEGIES: list[tuple[str, dict[str, float]]] = [
     ("threshold", {"tau": 0.9}),
     ("frechet", {"delta": 0.0}),
     # Spiffy without a graph calibrated for the checkpoint uses the uncalibrated default
-    # graph (lossless, fewer drafts accepted); calibrate with `dloom calibrate` for more.
-    ("spiffy", {}),
-    ("spiffy+threshold", {"tau": 0.9}),
+    # graph (lossless, fewer drafts accepted); calibrate with `dloom calibrate` for more. A
+    # fixed budget: budget=auto takes no drafts from an uncalibrated graph.
+    ("spiffy", {"budget": 10}),
+    ("spiffy+threshold", {"tau": 0.9, "spiffy.budget": 10}),
 ]
 #: Why FailFast is not run when a model it needs is missing.
 FAILFAST_NEEDS = "FailFast needs the Qwen2.5 target (--qwen) and the Dream drafter (--dream)"

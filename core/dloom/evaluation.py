@@ -304,11 +304,18 @@ def evaluate_rows(
 
 
 def _add_speculation(total: dict[str, Any] | None, batch: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Acceptance figures summed over batches (the guarantee is the weakest seen)."""
-    if batch is None or total is None:
-        return total if batch is None else dict(batch)
-    return speculation_summary(
+    """Acceptance figures summed over batches (the guarantee is the weakest seen), and an
+    AR target's ``drafting`` (:attr:`dloom.ar.result.ARTargetResult.drafting`): the last
+    batch's, with ``batches`` counting the batches by path."""
+    if batch is None:
+        return total
+    summed = dict(batch) if total is None else speculation_summary(
         total["verifications"] + batch["verifications"],
         total["accepted_drafts"] + batch["accepted_drafts"],
         total["guarantee"] == batch["guarantee"] == "lossless",
     )
+    if "drafting" in batch:
+        batches = dict((total or {}).get("drafting", {}).get("batches", {}))
+        batches[batch["drafting"]["path"]] = batches.get(batch["drafting"]["path"], 0) + 1
+        summed["drafting"] = {**batch["drafting"], "batches": batches}
+    return summed

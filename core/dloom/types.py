@@ -407,6 +407,13 @@ class DraftChains:
     :ivar span: filled by the decoder after pruning, as a Python int: the widest run one
         row feeds the target (its uncached accepted tokens plus its chain).
     :ivar longest: filled by the decoder after pruning: the longest proposed chain.
+    :ivar target_alone: the strategy proposes nothing in this round nor any later one of the
+        batch: the decoder decodes the rest with the target alone, in its plain
+        autoregressive loop (one cached forward per token, no more hook calls), the tokens
+        an empty chain's verification would give.
+    :ivar decision: the strategy's account of a choice it took about drafting (e.g. whether
+        drafting pays: FailFast's break-even and measured cost ratios); the decoder reports
+        the last one in the result's ``drafting``.
     """
 
     tokens: torch.Tensor
@@ -424,6 +431,8 @@ class DraftChains:
     checks: tuple[tuple[torch.Tensor, Exception], ...] = ()
     span: int | None = None
     longest: int | None = None
+    target_alone: bool = False
+    decision: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)

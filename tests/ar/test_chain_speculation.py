@@ -9,9 +9,10 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 import dloom
-from dloom.ar.chains import match_chains
+from dloom.ar.chains import chain_layout, match_chains
 from dloom.check.target import target_greedy
 from dloom.check.tiny import tiny_ar, tiny_dllm
 from dloom.errors import CompositionError, ConfigurationError, HookContractError
@@ -141,3 +142,63 @@ def test_the_ar_target_decoder_refuses_a_commit_rule_and_a_composition_that_draf
 
     with pytest.raises(ConfigurationError, match="drafts nothing"):
         dloom.ARTargetDecoder(pair[0], [OnlyChecks()])
+
+
+# --- handing the batch to the target alone ---------------------------------------------------------
+
+
+def oracle_then(reference: list[list[int]], alone: bool, rounds: int):
+    """For ``rounds`` rounds, row ``b`` proposes the next ``b % 3`` tokens of the target's
+    greedy output (accepted at temperature 0: the rows drift apart); then nothing, handing the
+    batch to the target alone (``alone``) or proposing empty chains, round after round."""
+
+    class OracleThenStop:
+        calls = 0
+
+        @dloom.hookimpl
+        def dloom_draft(self, state):
+            self.calls += 1
+            rows = len(reference)
+            table = torch.tensor([row + [0] * (state.max_new_tokens - len(row)) for row in reference])
+            columns = (state.lengths.unsqueeze(1) + torch.arange(2)).clamp(max=table.shape[1] - 1)
+            wanted = torch.arange(rows) % 3 if self.calls <= rounds else torch.zeros(rows, dtype=torch.long)
+            return dloom.DraftChains(
+                tokens=table.gather(1, columns), length=torch.minimum(wanted, state.room) * state.active,
+                open=torch.zeros_like(state.active), target_alone=alone and self.calls > rounds,
+                decision={"why": "test"},
+            )
+
+        @dloom.hookimpl
+        def dloom_build_mask(self, state, graph):
+            return chain_layout(state, graph)
+
+        @dloom.hookimpl
+        def dloom_verify(self, state, graph, logits, kernel):
+            return match_chains(graph, logits, kernel)
+
+    return OracleThenStop()
+
+
+@pytest.mark.parametrize("rounds", [0, 3])
+def test_target_alone_is_the_targets_plain_loop_with_the_tokens_of_empty_chains(pair, reference, rounds):
+    """From the first round or mid-batch (rows then at different lengths): the target's greedy
+    tokens, one target forward per token with no more rounds, and under sampling the very
+    tokens of verifying empty chains (the same random draws)."""
+    target = pair[0]
+    result = dloom.ARTargetDecoder(target, oracle_then(reference, True, rounds), max_new_tokens=12).generate(PROMPTS)
+    assert result.token_lists == reference
+    assert result.drafting == {"path": "target alone", "drafted_rounds": rounds, "why": "test"}
+    assert result.verifications == sum(len(row) for row in result.accepted) <= rounds * len(PROMPTS)
+    longest = max(map(len, reference))
+    drafted = 1 + max((len(row) for row in result.accepted), default=0)  # prefill and the rounds
+    assert result.forwards <= drafted + longest
+    assert result.summary()["drafting"]["path"] == result.speculation["drafting"]["path"] == "target alone"
+    for temperature in (0.0, 1.5):
+        alone, empty = (
+            dloom.ARTargetDecoder(target, oracle_then(reference, flag, rounds), max_new_tokens=12, temperature=temperature,
+                                  seed=3).generate(PROMPTS)
+            for flag in (True, False)
+        )
+        assert alone.token_lists == empty.token_lists
+        assert alone.nfe.tolist() == empty.nfe.tolist()
+        assert empty.drafting == {"path": "drafted", "why": "test"}

@@ -206,7 +206,7 @@ HOOK_SWAP = "spiffy+quota+threshold@select_commit"  # threshold's commit rule re
 def test_generate_takes_a_hook_swap(tiny_model_dir, prompts_file):
     """``NAME@HOOK`` in ``--strategy`` runs, with the tokens of the composition it amounts to."""
     swapped, plain = (
-        invoke(*generate_args(tiny_model_dir, prompts_file, "--strategy", spec, "--param", "tau=0.8"))
+        invoke(*generate_args(tiny_model_dir, prompts_file, "--strategy", spec, "--param", "tau=0.8", "--budget", "10"))
         for spec in (HOOK_SWAP, "spiffy+threshold")
     )
     assert swapped.exit_code == plain.exit_code == 0, swapped.output
@@ -218,7 +218,7 @@ def test_generate_takes_a_hook_swap(tiny_model_dir, prompts_file):
 @pytest.mark.filterwarnings("ignore:no built-in draft graph")
 def test_eval_takes_a_hook_swap():
     def summary(spec: str) -> dict:
-        result = invoke("eval", "--strategy", spec, "-n", "4", "--json", "--outputs")
+        result = invoke("eval", "--strategy", spec, "-n", "4", "--budget", "10", "--json", "--outputs")
         assert result.exit_code == 0, result.output
         return json.loads(result.stdout.splitlines()[-1])
 

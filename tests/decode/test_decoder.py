@@ -277,7 +277,7 @@ def test_spiffy_rows_draft_and_verify_on_their_own_blocks(cache, layout):
     adapter = eos_prone()
     settings = dict(gen_length=16, block_length=4, cache=cache)
     with pytest.warns(UserWarning, match="uncalibrated default graph"):
-        spiffy = DiffusionDecoder(adapter, "spiffy+threshold", layout=layout, tau=0.6, **settings)
+        spiffy = DiffusionDecoder(adapter, "spiffy+threshold", layout=layout, tau=0.6, budget=10, **settings)
     plain = DiffusionDecoder(adapter, "threshold", tau=0.6, **settings)
     batch = spiffy.generate(MIXED)
     assert batch.accepted_drafts > 0

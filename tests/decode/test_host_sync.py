@@ -210,7 +210,7 @@ PER_VERIFICATION = 1
 def test_speculation_syncs_a_constant_per_verification(monkeypatch, layout, cache, prompts):
     with pytest.warns(UserWarning, match="uncalibrated default graph"):
         decoder = DiffusionDecoder(
-            adapter(), "spiffy", gen_length=32, block_length=8, cache=cache, layout=layout
+            adapter(), "spiffy", gen_length=32, block_length=8, cache=cache, layout=layout, budget=10
         )
     counter, result = count(monkeypatch, decoder, prompts)
     assert result.accepted_drafts > 0 and result.verification_forwards > 0
@@ -238,7 +238,7 @@ class VerifierReadingTheDevice(Spiffy):
 
 def test_negative_control_one_more_sync_per_verification_is_caught(monkeypatch):
     with pytest.warns(UserWarning, match="uncalibrated default graph"):
-        decoder = DiffusionDecoder(adapter(), [VerifierReadingTheDevice(), "quota"], gen_length=32, block_length=8)
+        decoder = DiffusionDecoder(adapter(), [VerifierReadingTheDevice(budget=10), "quota"], gen_length=32, block_length=8)
     counter, result = count(monkeypatch, decoder, PADDED)
     assert result.verification_forwards > 0
     with pytest.raises(AssertionError, match="syncs, expected"):

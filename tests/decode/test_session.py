@@ -89,7 +89,8 @@ def test_rows_joining_mid_run_decode_as_they_do_alone(model, cache, strategy, pa
 @pytest.mark.parametrize("cache", ["none", "dual"])
 def test_spiffy_rows_joining_mid_run_decode_as_they_do_alone(cache):
     with pytest.warns(UserWarning, match="uncalibrated default graph"):
-        decoder = DiffusionDecoder(adapter(), "spiffy+quota", gen_length=GEN, block_length=BLOCK, cache=cache)
+        decoder = DiffusionDecoder(adapter(), "spiffy+quota", gen_length=GEN, block_length=BLOCK, cache=cache,
+                                   budget=10)
     out, _, session = staggered(decoder)
     assert out == {i: alone(decoder, prompt) for i, prompt in enumerate(PROMPTS)}
     assert session.speculation["accepted_drafts"] > 0  # drafts were verified, so speculation ran

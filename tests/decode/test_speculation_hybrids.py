@@ -74,7 +74,7 @@ def test_a_replaced_prune_is_the_only_one_called_and_spiffy_stays_lossless(tiny_
     options = dict(gen_length=8, block_length=8)
     reference = DiffusionDecoder(tiny_adapter, "quota", **options).generate(prompts).token_lists
     prune = CountingPrune()
-    decoder = DiffusionDecoder(tiny_adapter, ["spiffy", dloom.replace("prune", prune), "quota"], **options)
+    decoder = DiffusionDecoder(tiny_adapter, ["spiffy", dloom.replace("prune", prune), "quota"], budget=10, **options)
     spiffy = next(c.plugin for c in decoder.composition.components if c.name == "spiffy")
     spiffy_prunes = []
     original = type(spiffy).dloom_prune

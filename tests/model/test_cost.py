@@ -65,8 +65,29 @@ def test_measurement_times_every_point_and_is_kept_for_the_process(tiny_adapter,
     assert again is curve
 
 
+def test_the_cached_layout_times_a_causal_models_steps_after_its_cache_and_leaves_it_as_it_was():
+    from dloom.check.tiny import tiny_ar, tiny_dllm
+    from dloom.errors import ModelError
+
+    target = tiny_ar(0, vocab=16, hidden=16, layers=1, context=64)
+    calls = []
+    raw_logits = target.raw_logits
+
+    def counted(ids, *args, **kwargs):
+        calls.append((ids.shape[1], kwargs["cache"].get_seq_length()))
+        return raw_logits(ids, *args, **kwargs)
+
+    target.raw_logits = counted  # type: ignore[method-assign]
+    curve = measure_cost_curve(target, seq_len=20, nodes=(1, 4), layout="cached", repeats=2, warmup=1)
+    assert curve.nodes == (1, 4) and curve.description["layout"] == "cached"
+    # the prefill of 20 columns, then every timed forward continues exactly those 20
+    assert calls[0] == (20, 0) and set(calls[1:]) == {(1, 20), (4, 20)} and len(calls) == 1 + 1 + 2 * 2
+    with pytest.raises(ModelError, match="'bidirectional' attention; an AR target needs 'causal'"):
+        measure_cost_curve(tiny_dllm(0, vocab=16, hidden=16, layers=1, context=64), seq_len=8, layout="cached")
+
+
 @pytest.mark.parametrize("options, message", [
-    ({"layout": "tree"}, "layout is 'tree'; allowed: rows, packed"),
+    ({"layout": "tree"}, "layout is 'tree'; allowed: rows, packed, cached"),
     ({"seq_len": 0}, "seq_len is 0; allowed: an integer >= 1"),
     ({"repeats": 0}, "repeats is 0; allowed: an integer >= 1"),
     ({"nodes": (2, 2)}, r"nodes are \[2, 2\]; allowed: increasing integers >= 1"),
@@ -92,5 +113,9 @@ def test_dloom_profile_prints_and_saves_the_curve_and_refuses_to_overwrite(tmp_p
     assert again.exit_code == 2 and "pass --force to overwrite it" in " ".join(again.output.split())
     forced = runner.invoke(app, ["profile", "--seq-len", "16", "--nodes", "1,2", "-o", str(out), "--force", "--json"])
     assert forced.exit_code == 0 and json.loads(forced.output)["format"] == "dloom-cost-curve"
+    cached = runner.invoke(app, ["profile", "--model", "toy-ar", "--layout", "cached", "--seq-len", "8",
+                                 "--nodes", "1,2", "--repeats", "1", "--json"])  # an AR model: no mask token
+    assert cached.exit_code == 0, cached.output
+    assert json.loads(cached.output)["layout"] == "cached"
     bad = runner.invoke(app, ["profile", "--nodes", "1,x"])
     assert bad.exit_code == 2 and "--nodes is '1,x'" in bad.output

@@ -103,8 +103,8 @@ def toy() -> ModelAdapter:
 @pytest.mark.parametrize("strategy, settings", [
     ("threshold", {}), ("threshold", {"cache": "prefix"}), ("threshold", {"cache": "dual"}),
     ("threshold", {"cache": "dual", "static_shapes": True}),
-    ("spiffy+threshold", {}), ("spiffy+threshold", {"cache": "dual"}),
-    ("spiffy+threshold", {"layout": "packed"}),
+    ("spiffy+threshold", {"budget": 10}), ("spiffy+threshold", {"budget": 10, "cache": "dual"}),
+    ("spiffy+threshold", {"budget": 10, "layout": "packed"}),
 ])
 def test_every_diffusion_forward_goes_through_the_adapter(forward_count, toy, strategy, settings):
     count = forward_count(toy)

@@ -580,7 +580,7 @@ def test_cached_decoding_reads_the_record_through_views(monkeypatch, tiny_adapte
 
     monkeypatch.setattr(cache_module, "record_view", counted)
     with pytest.warns(UserWarning, match="uncalibrated default graph"):
-        decoder = DiffusionDecoder(tiny_adapter, "spiffy", gen_length=16, block_length=8, cache="dual")
+        decoder = DiffusionDecoder(tiny_adapter, "spiffy", gen_length=16, block_length=8, cache="dual", budget=10)
     result = decoder.generate(PROMPTS)
     assert result.verification_forwards > 0 and len(views) >= result.verification_forwards
 

@@ -333,6 +333,7 @@ def test_result_metrics_and_totals(target, drafter):
     assert result.speculation == {
         "verifications": summary["rounds"], "accepted_drafts": sum(map(sum, result.accepted)),
         "accepted_per_verification": summary["accepted_per_round"], "guarantee": "lossless",
+        "drafting": {"path": "drafted"},
     }
     assert set(result.hook_seconds) >= {"target_forward", "drafter_forward", "draft", "verify", "select_commit"}
     totals = decoder.totals()
@@ -389,6 +390,16 @@ def test_cli_generate_and_eval_run_failfast(saved_pair):
     report = json.loads(result.stdout.splitlines()[-1])  # the summary after one line per example
     assert report["n"] == 3 and report["config"]["drafter"] == dllm
     assert report["totals"]["rows"] == 3 and report["totals"]["drafter_forwards"] > 0
+    assert report["speculation"]["drafting"] == {"path": "drafted", "batches": {"drafted": 1}}
+    result = runner.invoke(app, [
+        "eval", "--strategy", "failfast", "--target", ar, "--drafter", dllm, "-n", "3",
+        "--gen-length", "8", "--param", "drafting=auto", "--param", "n_max=2", "--param", "initial_length=2",
+        "--batch-size", "1", "--json",
+    ])
+    assert result.exit_code == 0, result.output
+    drafting = json.loads(result.stdout.splitlines()[-1])["speculation"]["drafting"]
+    assert drafting["path"] in ("drafted", "target alone") and sum(drafting["batches"].values()) == 3
+    assert drafting["break_even_ratio"] is not None and drafting["measured_ratio"] > 0
 
 
 @pytest.mark.parametrize(

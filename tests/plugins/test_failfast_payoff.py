@@ -13,6 +13,7 @@ from dloom.model.cost import CostCurve
 from dloom.types import ChainVerdict, DraftChains
 from dloom_plugins.failfast import FailFast, FailFastDecoder, FailFastSettings, payoff
 from dloom_plugins.failfast.payoff import (
+    MIN_GAIN,
     WARMUP_ROUNDS,
     DraftingLedger,
     break_even_ratio,
@@ -23,10 +24,12 @@ PROMPTS = [[5, 6, 7, 8], [9, 10, 11]]
 
 
 def test_break_even_ratio_weighs_tokens_against_drafter_forwards_and_the_verification():
-    # 5 tokens per round for 4 drafter forwards; a flat target verifies 8 tokens at the price of 1
-    assert break_even_ratio(5.0, 4.0, 7.0, CostCurve.flat()) == pytest.approx(1.0)
+    # 5.5 tokens per round (5 after the 1.1 margin) for 4 drafter forwards; a flat target
+    # verifies 8 tokens at the price of 1
+    assert MIN_GAIN == 1.1
+    assert break_even_ratio(5.5, 4.0, 7.0, CostCurve.flat()) == pytest.approx(1.0)
     # a linear target pays for the 8-token verification: 8 forwards' worth, more than 5 tokens
-    assert break_even_ratio(5.0, 4.0, 7.0, CostCurve.linear(1.0, 1.0)) == pytest.approx(-0.75)
+    assert break_even_ratio(5.5, 4.0, 7.0, CostCurve.linear(1.0, 1.0)) == pytest.approx(-0.75)
     assert break_even_ratio(5.0, 0.0, 7.0, CostCurve.flat()) is None
 
 
@@ -45,9 +48,9 @@ def test_the_ledger_drafts_through_the_warm_up_then_only_if_it_pays(drafter_seco
     for _ in range(WARMUP_ROUNDS):
         assert ledger.decide() and ledger.report is None
         ledger.record(*round_of([3, 9], [2, 9], [5, 9]), active)
-    # per row-round: 4 tokens, 2 drafter forwards, 5 proposed: r* = (4 - 1) / 2 = 1.5
+    # per row-round: 4 tokens, 2 drafter forwards, 5 proposed: r* = (4 / 1.1 - 1) / 2
     assert ledger.decide() is drafting
-    assert ledger.report["break_even_ratio"] == pytest.approx(1.5)
+    assert ledger.report["break_even_ratio"] == pytest.approx((4 / 1.1 - 1) / 2)
     assert ledger.report["measured_ratio"] == pytest.approx(drafter_seconds)
     assert ledger.report["per_row_round"] == {"tokens": 4.0, "drafter_forwards": 2.0, "proposed": 5.0}
     ledger.record(*round_of([0, 0], [50, 50], [5, 5]), active)  # decided once: later rounds change nothing
@@ -77,8 +80,14 @@ def decode(drafter_seconds: float | None, monkeypatch) -> tuple[object, FailFast
 
 def test_a_drafter_too_dear_to_pay_leaves_the_target_decoding_alone(monkeypatch):
     results, plugin = decode(50.0, monkeypatch)
-    assert plugin.ledger.report["drafting"] is False and plugin.ledger.rounds == WARMUP_ROUNDS
-    assert results[-1].drafter_forwards == 0  # every round after the decision: the target alone
+    report = plugin.ledger.report
+    assert report["drafting"] is False and plugin.ledger.rounds == WARMUP_ROUNDS
+    # decided mid-batch: the rest of it, and every later batch, in the target's plain loop
+    assert results[0].drafting == {"path": "target alone", "drafted_rounds": WARMUP_ROUNDS, **report}
+    assert results[-1].drafting == {"path": "target alone", "drafted_rounds": 0, **report}
+    assert results[-1].drafter_forwards == 0 and results[-1].verifications == 0
+    assert results[-1].forwards == 1 + max(map(len, results[-1].token_lists))  # prefill, then one per token
+    assert report["measured_ratio"] == 50.0 and report["break_even_ratio"] < 50.0
 
 
 def test_a_cheap_drafter_keeps_drafting(monkeypatch):
@@ -86,10 +95,11 @@ def test_a_cheap_drafter_keeps_drafting(monkeypatch):
     assert plugin.ledger.report["drafting"] is True
     assert plugin.ledger.report["break_even_ratio"] > plugin.ledger.report["measured_ratio"]
     assert results[-1].drafter_forwards > 0
+    assert results[-1].drafting == {"path": "drafted", **plugin.ledger.report}
 
 
 def test_auto_measures_both_models_when_no_costs_are_given(monkeypatch):
     _, plugin = decode(None, monkeypatch)
     ledger = plugin.ledger
-    assert ledger.target_cost.description["layout"] == "packed" and ledger.drafter_seconds > 0
+    assert ledger.target_cost.description["layout"] == "cached" and ledger.drafter_seconds > 0
     assert ledger.report is not None and ledger.report["measured_ratio"] == pytest.approx(ledger.measured_ratio)

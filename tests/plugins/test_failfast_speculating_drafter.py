@@ -98,7 +98,8 @@ def test_spiffy_in_the_drafter_proposes_its_base_rules_chains_in_fewer_forwards(
     pair, reference, base, params, saves, cache
 ):
     tokens, plain, plain_forwards = drafts(pair, PROMPTS, cache=cache, drafter_strategy=base, **params)
-    tokens_s, spec, spec_forwards = drafts(pair, PROMPTS, cache=cache, drafter_strategy=f"spiffy+{base}", **params)
+    tokens_s, spec, spec_forwards = drafts(pair, PROMPTS, cache=cache, drafter_strategy=f"spiffy+{base}",
+                                           drafter_params="spiffy.budget=10", **params)
     assert tokens == tokens_s == reference
     assert len(spec) == len(plain) and spec == plain  # every round, every row, token for token
     assert spec_forwards <= plain_forwards
@@ -139,7 +140,8 @@ def test_a_broken_drafter_verifier_changes_the_drafts_but_not_the_output(
 ):
     registry = registry_with_broken_verifier
     _, plain, _ = drafts(pair, PROMPTS, registry=registry, drafter_strategy="quota")
-    tokens, broken, _ = drafts(pair, PROMPTS, registry=registry, drafter_strategy="spiffy+quota+trusting@verify")
+    tokens, broken, _ = drafts(pair, PROMPTS, registry=registry, drafter_strategy="spiffy+quota+trusting@verify",
+                               drafter_params="spiffy.budget=10")
     assert broken != plain  # the identity check of the test above catches the broken verifier
     assert tokens == reference  # the target's verification still decides every token
 
@@ -176,7 +178,8 @@ def test_cli_runs_failfast_with_a_calibrated_spiffy_drafter(tmp_path):
     assert calibrated.exit_code == 0, calibrated.output
     drafters = {
         "plain": ["--param", "drafter_strategy=quota"],
-        "spiffy": ["--param", "drafter_strategy=spiffy+quota", "--param", f"drafter_params=spiffy.graph={graph}"],
+        "spiffy": ["--param", "drafter_strategy=spiffy+quota",
+                   "--param", f"drafter_params=spiffy.graph={graph},spiffy.budget=10"],
     }
     texts, forwards = {}, {}
     for name, options in drafters.items():
@@ -193,7 +196,7 @@ def test_cli_runs_failfast_with_a_calibrated_spiffy_drafter(tmp_path):
         assert evaluated.exit_code == 0, evaluated.output
         report = json.loads(evaluated.stdout.splitlines()[-1])
         forwards[name] = report["totals"]["drafter_forwards"]
-    assert rows[0]["config"]["params"]["failfast"]["drafter_params"] == f"spiffy.graph={graph}"
+    assert rows[0]["config"]["params"]["failfast"]["drafter_params"] == f"spiffy.graph={graph},spiffy.budget=10"
     assert texts["spiffy"] == texts["plain"]
     assert forwards["spiffy"] < forwards["plain"], forwards
 
@@ -208,7 +211,7 @@ def test_the_drafters_spiffy_drafts_no_first_forward_and_a_forced_one_is_refused
     failfast = next(c.plugin for c in decoder.composition.components if isinstance(c.plugin, FailFast))
     spiffy = next(c for c in failfast.drafter_decoder.composition.components if c.name == "spiffy")
     assert spiffy.plugin.first_forward is False
-    forced = dict(max_new_tokens=NEW, drafter_strategy="spiffy+quota", drafter_params="spiffy.first_forward=true")
+    forced = dict(max_new_tokens=NEW, drafter_strategy="spiffy+quota", drafter_params="spiffy.first_forward=true,spiffy.budget=10")
     assert FailFastDecoder(target, dllm, drafter_cache="none", **forced).generate(PROMPTS).token_lists == reference
     with pytest.raises(HookContractError, match="spiffy.first_forward=false"):
         FailFastDecoder(target, dllm, drafter_cache="prefix", **forced).generate(PROMPTS)

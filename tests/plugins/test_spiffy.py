@@ -59,7 +59,7 @@ def chain_graph(**overrides) -> CalibratedGraph:
 def configured(graph: CalibratedGraph, tmp_path, **options) -> Spiffy:
     path = tmp_path / "graph.json"
     graph.save(path)
-    plugin = Spiffy(graph=str(path), **options)
+    plugin = Spiffy(graph=str(path), **{"budget": 10, **options})  # a config without a cost curve
     plugin.dloom_configure(config())
     return plugin
 
@@ -127,6 +127,8 @@ def test_without_a_fitting_built_in_graph_the_default_graph_is_used_with_a_warni
     assert caught[0].filename == __file__  # attributed to the caller, not to dloom or pluggy
     assert plugin.graph.calibration == {"uncalibrated": True}
     assert plugin.graph.nodes[0].pairs == ((0, 0),)
+    # budget=auto (the default): no estimate of accepted drafts, so no drafts, nothing measured
+    assert plugin.budget == "auto" and plugin.chosen_budget == 0 and plugin.choice["curve"] is None
 
 
 @pytest.mark.parametrize("width", [1, 2, 3, 8, 32])
@@ -281,7 +283,7 @@ def test_a_layout_asks_for_next_block_logits_only_where_the_forward_sees_the_nex
 ):
     path = tmp_path / "graph.json"
     chain_graph().save(path)
-    plugin = Spiffy(graph=str(path), layout=layout, first_forward=first_forward)
+    plugin = Spiffy(graph=str(path), layout=layout, first_forward=first_forward, budget=10)
     plugin.dloom_configure(config(cache=cache))
     block = torch.full((1, 4), MASK)
     state = drafting_state(block, torch.zeros(1, 4, 10))
@@ -494,7 +496,7 @@ def test_spiffy_over_quota_accepts_several_drafts_per_verification():
     from dloom.evaluation import select_examples
 
     prompts = [e.prompt for e in select_examples("all", 4, seed=0)]
-    result = DiffusionDecoder(load_model("toy-dllm"), "spiffy+quota").generate(prompts)
+    result = DiffusionDecoder(load_model("toy-dllm"), "spiffy+quota", budget=10).generate(prompts)
     assert result.accepted_drafts >= 2 * result.verifications
 
 

@@ -12,6 +12,7 @@ import torch
 from dloom import DiffusionDecoder
 from dloom.errors import ConfigurationError
 from dloom.hooks.composition import compose
+from dloom.hooks.registry import get_registry
 from dloom.model.cost import CostCurve
 from dloom_plugins.spiffy import Spiffy
 from dloom_plugins.spiffy.budget import (
@@ -182,8 +183,22 @@ def test_an_explicit_budget_wins_and_the_decoders_draft_budget_caps_auto(sharp_a
     assert plugin.chosen_budget == 3
 
 
-def test_auto_without_a_cost_file_measures_the_model(sharp_adapter):
-    result, plugin = run(sharp_adapter, "spiffy+quota", {"budget": "auto"})
+def test_the_default_budget_is_auto_and_an_explicit_budget_overrides_it(sharp_adapter, quota_graph, tmp_path):
+    assert Spiffy().budget == "auto" and compose("spiffy", {}).params()["spiffy"]["budget"] == "auto"
+    parameter = next(p for p in get_registry().get("spiffy").parameters if p.name == "budget")
+    assert parameter.default == "auto"
+    flat = tmp_path / "flat.json"
+    CostCurve.flat().save(flat)
+    _, plugin = run(sharp_adapter, "spiffy+quota", {"graph": quota_graph, "cost": str(flat)})  # no budget
+    assert plugin.budget == "auto" and plugin.choice is not None
+    assert plugin.chosen_budget == choose_budget(expected_accepted(plugin.graph), CostCurve.flat(),
+                                                 steps_per_block(plugin.graph)) == plugin.graph.budget
+    _, plugin = run(sharp_adapter, "spiffy+quota", {"graph": quota_graph, "cost": str(flat), "budget": 3})
+    assert plugin.chosen_budget == 3 and plugin.choice is None
+
+
+def test_auto_without_a_cost_file_measures_the_model(sharp_adapter, quota_graph):
+    result, plugin = run(sharp_adapter, "spiffy+quota", {"graph": quota_graph, "budget": "auto"})
     curve = plugin.choice["curve"]
     assert curve["model"] == sharp_adapter.name and curve["points"][0]["nodes"] == 1
     assert curve["points"][-1]["nodes"] == plugin.graph.budget + 1

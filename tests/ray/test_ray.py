@@ -44,7 +44,7 @@ def alone(spec: DecodeSpec, prompts: list[str]) -> list[list[int]]:
     "strategy, params, batch_size, settings",
     [
         ("threshold", ("tau=0.9",), 4, {}),
-        ("spiffy+threshold", ("tau=0.9",), 3, {}),
+        ("spiffy+threshold", ("tau=0.9", "spiffy.budget=10"), 3, {}),  # fixed: each actor would measure its own
         ("quota", (), 4, {"temperature": 1.0, "seed": 5}),  # sampled: per-prompt streams
     ],
 )
@@ -59,13 +59,14 @@ def test_rows_equal_each_prompt_decoded_alone(ray_runtime, strategy, params, bat
     assert all(row["nfe"] >= 1 and row["seconds"] > 0 for row in rows)
 
 
-@pytest.mark.filterwarnings("ignore:no built-in draft graph")  # an uncalibrated graph still drafts
+@pytest.mark.filterwarnings("ignore:no built-in draft graph")  # an uncalibrated graph still drafts at budget 10
 def test_a_hook_swap_decodes_on_ray(ray_runtime):
     """``NAME@HOOK`` in a spec runs on the actors, with the rows of the composition it amounts to."""
     settings = {"gen_length": 32, "block_length": 8}
-    spec = DecodeSpec(strategy="spiffy+quota+threshold@select_commit", params=("tau=0.9",), settings=settings)
+    params = ("tau=0.9", "spiffy.budget=10")
+    spec = DecodeSpec(strategy="spiffy+quota+threshold@select_commit", params=params, settings=settings)
     rows = decode_prompts(PROMPTS[:4], spec, actors=1, batch_size=4)
-    plain = DecodeSpec(strategy="spiffy+threshold", params=("tau=0.9",), settings=settings)
+    plain = DecodeSpec(strategy="spiffy+threshold", params=params, settings=settings)
     assert [row["tokens"] for row in rows] == alone(plain, PROMPTS[:4])
     assert {row["config"]["strategy"] for row in rows} == {spec.strategy}
 

@@ -140,7 +140,8 @@ def test_demo_command_runs():
     assert {"threshold", "factor", "frechet"} <= set(rows)
     assert rows["spiffy+quota"]["identical_to_baseline"] == 1.0  # lossless
     assert rows["spiffy+threshold"]["identical_to_commit_rule"] == 1.0
-    assert rows["spiffy+quota"]["nfe_mean"] < rows["quota"]["nfe_mean"]
+    # Spiffy's default budget=auto drafts only where this machine's forward cost pays: never more NFE
+    assert rows["spiffy+quota"]["nfe_mean"] <= rows["quota"]["nfe_mean"]
 
 
 def assert_layout(name: str, dllm: str, layout: tuple[int, int]) -> None:

@@ -41,10 +41,9 @@ class TargetKernel:
         self.streams = streams
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
-        logits64 = logits.to(torch.float64)
-        if self.temperature == 0:
-            return torch.argmax(logits64, dim=-1)
-        return gumbel_argmax(logits64 / self.temperature, self.streams, GUMBEL_TAG)
+        if self.temperature == 0:  # widening to float64 changes no order: the argmax as it is
+            return torch.argmax(logits, dim=-1)
+        return gumbel_argmax(logits.to(torch.float64) / self.temperature, self.streams, GUMBEL_TAG)
 
 
 def uncached_tokens(state: ChainState) -> torch.Tensor:

@@ -21,9 +21,15 @@ The decoder owns the target's forward and its cache; everything a strategy decid
 draft, how long, how to verify) is its plugins'. Lossless verification
 (:func:`dloom.ar.chains.match_chains`) makes the output the target's own decoding, whatever drafts.
 
+A strategy that stops drafting (:attr:`~dloom.types.DraftChains.target_alone`, e.g.
+FailFast where drafting does not pay) hands the rest of the batch to the target alone: the
+decoder's plain autoregressive loop, one cached forward per token with no hook calls, the
+tokens an empty chain's verification would give. The result's ``drafting`` says which path
+the batch took.
+
 Host synchronisation: once per drafting call (is any row still open, the layout's width, the
 drafter's deferred checks) and once per round (is every row finished, the new cache length);
-never per token or per row.
+never per row. With the target alone: once per token, as any autoregressive loop.
 """
 
 from __future__ import annotations
@@ -266,6 +272,7 @@ class ARTargetDecoder:
         kernel = TargetKernel(self.temperature, streams)
         history: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         drafter_forwards, shared, previous = 0, prompt_len, None
+        drafting: dict[str, Any] = {"path": "drafted"}
         while True:
             state = ChainState(
                 tokens=tokens, attention_mask=full_mask, prompt_length=prompt_len,
@@ -274,6 +281,14 @@ class ARTargetDecoder:
                 temperature=self.temperature, previous=previous,
             )
             chains = self._draft(state)
+            if chains.decision is not None:
+                drafting.update(chains.decision)
+            if chains.target_alone:
+                drafting.update(path="target alone", drafted_rounds=len(history))
+                started = time.perf_counter()
+                self._decode_alone(tokens, prompt_len, lengths, finished, kernel, eos_ids, target_nfe)
+                seconds["target_alone"] += time.perf_counter() - started
+                break
             layout = hooks.build_mask(self.pm, state, chains)
             started = time.perf_counter()
             outputs = self.target.forward(layout.input_ids, layout.slot_mask)
@@ -303,13 +318,15 @@ class ARTargetDecoder:
         seconds.update(self.timer.seconds)
         return self._result(
             tokens, prompt_len, lengths, target_nfe, drafter_nfe, drafter_forwards, history,
-            dict(seconds), start_time,
+            dict(seconds), start_time, drafting,
         )
 
     def _draft(self, state: ChainState) -> DraftChains:
         """Draft and prune until no row is open; the chains with ``span`` and ``longest``."""
         uncached = uncached_tokens(state)
         chains = hooks.draft(self.pm, state)
+        if chains.target_alone:
+            return chains
         while True:
             chains = hooks.prune(self.pm, chains, self.draft_budget)
             proposed = torch.where(state.active, chains.length, 0)
@@ -323,6 +340,75 @@ class ARTargetDecoder:
             if not values[0]:
                 return dataclasses.replace(chains, checks=(), span=values[1], longest=values[2])
             chains = hooks.draft(self.pm, dataclasses.replace(state, draft=chains))
+
+    def _decode_alone(
+        self, tokens: torch.Tensor, prompt_len: int, lengths: torch.Tensor, finished: torch.Tensor,
+        kernel: TargetKernel, eos_ids: torch.Tensor, target_nfe: torch.Tensor,
+    ) -> None:
+        """Decode the rest of the batch with the target alone, its plain autoregressive loop:
+        one cached forward per token, each unfinished row feeding its accepted tokens past the
+        cache (one, unless rows accepted different numbers of drafts before: then the longer
+        rows feed their extra ones again, as in a round without drafts), and the token drawn
+        with the target's kernel from the last one's output, as the verification of an empty
+        chain draws it (the same tokens and random draws). Updates ``tokens`` ``(B, L)``,
+        ``lengths``, ``finished`` and ``target_nfe`` ``(B,)`` in place.
+
+        Host synchronisation: one per token (is every row finished, the unfinished rows'
+        shortest and longest lengths), none per row.
+        """
+        streams = kernel.streams
+        most = self.max_new_tokens
+        while True:  # rows at different lengths: each feeds its columns past the shortest row's
+            live = ~finished
+            status = torch.stack([
+                finished.all().long(), torch.where(live, lengths, most).min(), torch.where(live, lengths, 0).max(),
+            ]).tolist()
+            if status[0]:
+                return
+            first = prompt_len + status[1] - 1  # the first column the cache lacks
+            if self.target.length > first:
+                self.target.crop(first)
+            if status[1] == status[2]:
+                break
+            width = status[2] - status[1] + 1
+            fed = torch.where(live, prompt_len + lengths - first, 0)  # (B,) columns each row feeds
+            slot_mask = (torch.arange(width, device=tokens.device) < fed.unsqueeze(1)).long()
+            logits = self.target.forward(tokens[:, first : first + width] * slot_mask, slot_mask)
+            last = (fed - 1).clamp(min=0).view(-1, 1, 1).expand(-1, 1, logits.shape[-1])
+            token = kernel(logits.gather(1, last))[:, 0]
+            if streams is not None:
+                streams.advance(live)
+            column = (prompt_len + lengths).clamp(max=tokens.shape[1] - 1).unsqueeze(1)
+            tokens.scatter_(1, column, torch.where(live, token, tokens.gather(1, column).squeeze(1)).unsqueeze(1))
+            lengths += live
+            target_nfe += live
+            finished |= live & (torch.isin(token, eos_ids) | (lengths >= most))
+        # every unfinished row has accepted as many tokens: one new column per forward. A
+        # finished row's columns past its end are never read, so they are written freely,
+        # unless a finished row is longer than the others (it accepted more drafts)
+        guard = bool((finished & (lengths > status[1])).any())
+        column, entry, ended = first + 1, lengths.clone(), int(finished.sum())
+        live = ~finished
+        slot_mask = live.long().unsqueeze(1)
+        token = tokens[:, first:column]
+        while column < prompt_len + most:
+            token = kernel(self.target.forward(token, slot_mask))  # (B, 1)
+            if streams is not None:
+                streams.advance(live)
+            written = tokens[:, column : column + 1]
+            written.copy_(torch.where(live.unsqueeze(1), token, written) if guard else token)
+            lengths += live
+            finished |= torch.isin(token[:, 0], eos_ids)
+            column += 1
+            now = int(finished.sum())
+            if now == finished.shape[0]:
+                break
+            if now != ended:
+                ended, live = now, ~finished
+                slot_mask = live.long().unsqueeze(1)
+        else:
+            finished.fill_(True)
+        target_nfe += lengths - entry
 
     def _append(
         self, tokens: torch.Tensor, lengths: torch.Tensor, finished: torch.Tensor,
@@ -350,11 +436,14 @@ class ARTargetDecoder:
 
     def _result(
         self, tokens, prompt_len, lengths, target_nfe, drafter_nfe, drafter_forwards, history,
-        seconds, start_time,
+        seconds, start_time, drafting,
     ) -> ARTargetResult:
         index = torch.arange(self.max_new_tokens, device=tokens.device)
         generated = torch.where(index < lengths.unsqueeze(1), tokens[:, prompt_len:], self.model.pad_token_id)
-        accepted, proposed, active = (torch.stack([h[i] for h in history], 1).tolist() for i in range(3))
+        empty: list[list[int]] = [[] for _ in range(tokens.shape[0])]
+        accepted, proposed, active = (
+            torch.stack([h[i] for h in history], 1).tolist() if history else empty for i in range(3)
+        )
         token_lists, texts = token_lists_and_texts(self.model, generated, lengths)
         result = ARTargetResult(
             sequences=torch.cat([tokens[:, :prompt_len], generated], dim=1),
@@ -374,6 +463,7 @@ class ARTargetDecoder:
             drafter_forwards=drafter_forwards,
             accepted=[[a for a, on in zip(row, live) if on] for row, live in zip(accepted, active)],
             proposed=[[k for k, on in zip(row, live) if on] for row, live in zip(proposed, active)],
+            drafting=drafting,
         )
         totals = self._totals
         totals["rows"] += len(token_lists)

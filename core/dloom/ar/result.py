@@ -26,12 +26,18 @@ class ARTargetResult(GenerationResult):
     :ivar drafter_forwards: drafter batch forwards.
     :ivar accepted: per row, the draft tokens accepted in each of its rounds.
     :ivar proposed: per row, the draft tokens proposed in each of its rounds.
+    :ivar drafting: how the batch was decoded: ``path`` ``"drafted"`` (every token verified
+        in a drafting round) or ``"target alone"`` (the strategy stopped drafting: the tokens
+        after ``drafted_rounds`` rounds came from the target's plain autoregressive loop), and
+        the strategy's last reported decision (:attr:`dloom.types.DraftChains.decision`,
+        e.g. ``break_even_ratio`` and ``measured_ratio``).
     """
 
     drafter_nfe: torch.Tensor | None = None
     drafter_forwards: int = 0
     accepted: list[list[int]] = field(default_factory=list)
     proposed: list[list[int]] = field(default_factory=list)
+    drafting: dict[str, Any] = field(default_factory=lambda: {"path": "drafted"})
 
     @property
     def acceptance_histogram(self) -> dict[int, int]:
@@ -61,5 +67,13 @@ class ARTargetResult(GenerationResult):
             accepted_per_round=self.accepted_per_round,
             proposed_per_round=self.proposed_per_round,
             accepted_histogram={str(k): v for k, v in self.acceptance_histogram.items()},
+            drafting=dict(self.drafting),
         )
         return data
+
+    @property
+    def speculation(self) -> dict[str, Any] | None:
+        """The acceptance figures (:attr:`dloom.GenerationResult.speculation`) with
+        :attr:`drafting`."""
+        figures = super().speculation
+        return None if figures is None else {**figures, "drafting": dict(self.drafting)}

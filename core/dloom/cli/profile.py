@@ -26,7 +26,10 @@ from dloom.factory import DEFAULT_MODEL
 def profile(
     model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", help="Toy-zoo name or local checkpoint directory."),
     seq_len: int = typer.Option(192, "--seq-len", help="Tokens per row (prompt + generation, or a cached window)."),
-    layout: str = typer.Option("rows", help="rows (one batch row per node) or packed (one row, a span per node)."),
+    layout: str = typer.Option(
+        "rows", help="rows (one batch row per node), packed (one row, a span per node) or cached (a causal "
+        "model's forward of N new tokens after --seq-len cached columns: an AR target's step or verification).",
+    ),
     span: int = typer.Option(32, help="Tokens per packed node (the block length)."),
     nodes: str = typer.Option("1,2,4,8,16", help="Comma-separated node counts to time."),
     repeats: int = typer.Option(3, help="Timed forwards per point (the median is kept)."),
@@ -47,7 +50,7 @@ def profile(
             counts = tuple(int(n) for n in nodes.split(","))
         except ValueError:
             raise ConfigurationError(f"--nodes is {nodes!r}; allowed: comma-separated integers, e.g. 1,2,4,8") from None
-        adapter = load_model(model, device=device, dtype=dtype)
+        adapter = load_model(model, device=device, dtype=dtype, require_mask=layout != "cached")
         curve = measure_cost_curve(adapter, seq_len, counts, layout=layout, span=span, repeats=repeats)
         if output is not None:
             curve.save(output)

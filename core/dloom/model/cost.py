@@ -16,7 +16,10 @@ process, keyed by the model's name, device, dtype, the layout and the shapes. A
 The forwards measured are uncached forwards over a sequence of ``seq_len`` tokens with no
 attention mask: what the rows layout costs without a cache. With a prefix or dual cache a
 verification row computes a window of the sequence, not all of it; measure with
-``seq_len`` set to that window's width to approximate it.
+``seq_len`` set to that window's width to approximate it. ``layout="cached"`` times what an
+autoregressive target runs instead: a causal model's forward of ``n`` new tokens continuing
+its KV cache of ``seq_len`` columns (:class:`dloom.ar.target.ARTarget`; ``n = 1`` is a plain
+decoding step, ``n = k + 1`` the verification of a ``k``-token chain).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from dloom.model.adapter import ModelAdapter
 
 FORMAT = "dloom-cost-curve"
 VERSION = 1
-LAYOUTS = ("rows", "packed")
+LAYOUTS = ("rows", "packed", "cached")
 NODES = (1, 2, 4, 8, 16)
 """The node counts :func:`measure_cost_curve` times by default."""
 
@@ -150,12 +153,14 @@ def measure_cost_curve(
     :param model: the model.
     :param seq_len: tokens of one row (prompt and generation, or a cached window).
     :param nodes: node counts to time, increasing, ``>= 1``.
-    :param layout: ``"rows"`` (``n`` rows of ``seq_len``) or ``"packed"`` (one row of
-        ``seq_len + (n - 1) * span`` tokens).
+    :param layout: ``"rows"`` (``n`` rows of ``seq_len``), ``"packed"`` (one row of
+        ``seq_len + (n - 1) * span`` tokens) or ``"cached"`` (``n`` new tokens of one row after
+        ``seq_len`` cached columns: a causal model with a KV cache).
     :param span: tokens per packed draft (the block length).
     :param repeats: timed forwards per point; the median is kept.
     :param warmup: untimed forwards before the first point.
     :raises ConfigurationError: for a layout, length, count or node list out of range.
+    :raises ModelError: ``"cached"`` for a model that is not causal or takes no cache.
     """
     if layout not in LAYOUTS:
         raise ConfigurationError(f"layout is {layout!r}; allowed: {', '.join(LAYOUTS)}")
@@ -169,11 +174,22 @@ def measure_cost_curve(
     if key not in _MEASURED:
         sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
 
-        def shape(n: int) -> tuple[int, int]:
-            return (n, seq_len) if layout == "rows" else (1, seq_len + (n - 1) * span)
+        target = None
+        if layout == "cached":
+            from dloom.ar.target import ARTarget
+
+            target = ARTarget(model)
+            context = torch.zeros(1, seq_len + 1, dtype=torch.long, device=model.device)
+            target.reset(context, torch.ones_like(context), nodes[-1])  # caches seq_len columns
 
         def forward(n: int) -> None:
-            model.raw_logits(torch.zeros(shape(n), dtype=torch.long, device=model.device))
+            if target is not None:
+                new = torch.zeros(1, n, dtype=torch.long, device=model.device)
+                target.forward(new, torch.ones_like(new))
+                target.crop(seq_len)
+                return
+            shape = (n, seq_len) if layout == "rows" else (1, seq_len + (n - 1) * span)
+            model.raw_logits(torch.zeros(shape, dtype=torch.long, device=model.device))
 
         for _ in range(warmup):
             forward(nodes[0])
@@ -187,6 +203,8 @@ def measure_cost_curve(
                 sync()
                 times.append(time.perf_counter() - started)
             seconds.append(max(statistics.median(times), 1e-9))
+        if target is not None:
+            target.release()
         # a forward of more nodes never costs less (timer noise on a near-flat curve)
         monotone = [max(seconds[: i + 1]) for i in range(len(seconds))]
         _MEASURED[key] = CostCurve(nodes, tuple(monotone), {

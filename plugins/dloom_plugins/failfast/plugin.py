@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,7 +34,7 @@ from dloom.sdk import (
 
 from .drafter import DraftingRound
 from .drafter_decoder import drafter_decoder
-from .payoff import DraftingLedger, measured_ledger, no_chains
+from .payoff import DraftingLedger, measured_ledger, target_alone
 from .policy import prune_chains
 from .settings import FailFastSettings, check_shared_tokenizer
 from .verification import verify_ratio
@@ -99,7 +100,7 @@ class FailFast:
         if state.draft is not None:
             session, drafting = state.draft.carry, state.draft.open
         elif self.ledger is not None and not self.ledger.decide():
-            return no_chains(state.tokens)  # drafting does not pay here: the target alone
+            return target_alone(state.tokens, self.ledger.report)  # drafting does not pay here
         else:
             if state.previous is None:
                 session = DraftingRound(
@@ -110,6 +111,8 @@ class FailFast:
                 session = state.previous.carry
             session.start(state)
             drafting = state.active
+            if self.ledger is not None and self.ledger.report is not None:  # decided: drafting pays
+                return dataclasses.replace(session.step(state, drafting), decision=self.ledger.report)
         return session.step(state, drafting)
 
     @hookimpl

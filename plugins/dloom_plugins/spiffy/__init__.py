@@ -14,7 +14,7 @@ from __future__ import annotations
 from dloom import Claim, Parameter, StrategyRegistration, hookimpl
 
 from .graph import BUILTIN_DIR, CalibratedGraph
-from .plugin import CALL_TOKENS, LAYOUTS, PRUNE_SCORES, Spiffy
+from .plugin import AUTO, CALL_TOKENS, LAYOUTS, PRUNE_SCORES, Spiffy
 
 __all__ = ["CalibratedGraph", "Spiffy", "dloom_register_commands", "dloom_register_strategies"]
 
@@ -35,9 +35,9 @@ def dloom_register_strategies(register) -> None:
             parameters=(
                 Parameter("graph", "", str, "draft-graph file from `dloom calibrate` ('' = built-in)", path=True,
                           path_files=(str(BUILTIN_DIR / "*.json"),)),
-                Parameter("budget", 10, int, "D*: drafts per row in one verification forward; 'auto': "
-                          "the D of the most expected tokens per second under the measured forward cost "
-                          "(0: the base rule alone)", low=0, words=("auto",)),
+                Parameter("budget", AUTO, int, "D*: drafts per row in one verification forward; 'auto' "
+                          "(the default): the D of the most expected tokens per second under the measured "
+                          "forward cost (0: the base rule alone)", low=0, words=(AUTO,)),
                 Parameter("cost", "", str, "with budget=auto: a cost curve file from `dloom profile -o` "
                           "('' = measure the model)", path=True),
                 Parameter("layout", "rows", str, "drafts as batch rows or packed in one sequence",

@@ -87,9 +87,10 @@ class Spiffy:
         the decoder's model, base rule and block length, or, with a warning, the
         uncalibrated default graph (:func:`~dloom_plugins.spiffy.graph.default_graph`).
     :param budget: ``D*``, the most drafts per row one verification forward evaluates, or
-        ``"auto"``: the ``D`` of the most expected tokens per second under the forward's cost
-        curve (:mod:`dloom_plugins.spiffy.budget`), ``0`` drafting nothing (plain steps of
-        the base rule).
+        ``"auto"`` (the default): the ``D`` of the most expected tokens per second under the
+        forward's cost curve (:mod:`dloom_plugins.spiffy.budget`), ``0`` drafting nothing
+        (plain steps of the base rule). The chosen ``D`` depends on measured timings; pass
+        an explicit ``budget`` where exact forward counts matter.
     :param cost: with ``budget="auto"``, a cost curve file (``dloom profile -o``); ``""``
         measures the decoder's model (:func:`dloom.model.cost.measure_cost_curve`, once per
         process for a model, device, dtype and shape).
@@ -109,7 +110,7 @@ class Spiffy:
     """
 
     def __init__(
-        self, graph: str = "", budget: int | str = 10, layout: str = "rows", call_tokens: int = CALL_TOKENS,
+        self, graph: str = "", budget: int | str = AUTO, layout: str = "rows", call_tokens: int = CALL_TOKENS,
         first_forward: bool = True, prune: str = "rule", cost: str = "",
     ) -> None:
         if budget != AUTO and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
@@ -197,8 +198,14 @@ class Spiffy:
         self._static_nodes = self.chosen_budget + 1 if config.get("static_shapes") else None
 
     def _choose(self, graph: CalibratedGraph, config: Mapping[str, Any], most: int) -> int:
-        """``budget="auto"``: the ``D <= most`` of the most expected tokens per second."""
+        """``budget="auto"``: the ``D <= most`` of the most expected tokens per second; ``0``
+        without measuring where the graph expects no accepted draft (an uncalibrated one)."""
         accepted = expected_accepted(graph)[: most + 1]
+        steps = steps_per_block(graph)
+        if not any(accepted):
+            self.choice = {"curve": None, "accepted": accepted, "steps_per_block": steps,
+                           "speedups": None, "budget": 0}
+            return 0
         if self.cost_path:
             curve = CostCurve.load(self.cost_path)
         elif "forward_cost" in config:
@@ -211,7 +218,6 @@ class Spiffy:
                 "budget 'auto' needs a forward cost curve: build Spiffy through a DiffusionDecoder "
                 "(it measures the model), or pass cost=FILE from `dloom profile -o FILE`"
             )
-        steps = steps_per_block(graph)
         chosen = choose_budget(accepted, curve, steps)
         self.choice = {"curve": curve.to_json(), "accepted": accepted, "steps_per_block": steps,
                        "speedups": speedups(accepted, curve, steps), "budget": chosen}
