@@ -1,5 +1,7 @@
-"""One model-call boundary: :meth:`dloom.ModelAdapter.raw_logits` is the only place dloom
-calls a model, for every decoder, cache, verification layout and the AR target.
+"""One model-call boundary: :meth:`dloom.ModelAdapter.raw_logits` (and, for an
+encoder-prefix/canvas model such as DiffusionGemma, :meth:`~dloom.ModelAdapter.canvas_logits`
+beside it) is the only place dloom calls a model, for every decoder, cache, verification
+layout and the AR target.
 
 Two checks: no module of the library or of the bundled plugins calls a model outside the
 adapter (a ``.model(...)`` call, or any call with ``input_ids=`` that builds no value: every
@@ -57,8 +59,8 @@ def test_only_the_adapter_calls_a_model_forward():
     }
     for path in MODEL_CLASSES:  # each is a model class, not a caller of one
         assert "(PreTrainedModel)" in path.read_text(), path
-    assert not found, f"model forwards outside ModelAdapter.raw_logits: {sorted(found)}"
-    assert len(_model_calls(BOUNDARY)) == 1  # the check looks at the right thing
+    assert not found, f"model forwards outside ModelAdapter.raw_logits and canvas_logits: {sorted(found)}"
+    assert len(_model_calls(BOUNDARY)) == 2  # raw_logits and canvas_logits: the check looks at the right thing
 
 
 class ForwardCount:

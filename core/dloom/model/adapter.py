@@ -25,6 +25,8 @@ import torch
 from dloom.errors import ModelError
 from dloom.model.checkpoints import NativeLayout, native_config
 from dloom.model.config_limits import (
+    ATTENTION_KINDS,
+    BLOCK_ALIGNMENTS,
     check_size_against_weights,
     check_token_ids,
     vocabulary_size,
@@ -32,12 +34,7 @@ from dloom.model.config_limits import (
 from dloom.model.families import needs_remote_code
 from dloom.model.files import check_model_files, tensor_headers
 from dloom.model.json_files import MAX_TOKENIZER_BYTES, read_json, read_json_object
-from dloom.model.profiles import (
-    ATTENTION_KINDS,
-    BLOCK_ALIGNMENTS,
-    ModelProfile,
-    config_dict,
-)
+from dloom.model.profiles import ModelProfile, config_dict
 from dloom.model.tensor_check import check_tensors
 
 DTYPES = {

@@ -42,7 +42,11 @@ from typing import Any
 
 from dloom.errors import ModelError
 from dloom.model.json_files import read_json_object
-from dloom.model.profiles import ATTENTION_KINDS, BLOCK_ALIGNMENTS
+
+BLOCK_ALIGNMENTS = ("prompt", "absolute")
+"""Where a model's blocks start: after the prompt, or at absolute multiples of the block length."""
+ATTENTION_KINDS = ("bidirectional", "block-causal", "causal")
+"""The attention patterns a model may declare (``dloom.attention``)."""
 
 
 @dataclass(frozen=True)

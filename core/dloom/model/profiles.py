@@ -24,8 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-BLOCK_ALIGNMENTS = ("prompt", "absolute")
-ATTENTION_KINDS = ("bidirectional", "block-causal", "causal")
+from dloom.model.config_limits import BLOCK_ALIGNMENTS, check_config
 
 
 @dataclass(frozen=True)
@@ -240,7 +239,5 @@ def config_dict(config: Any) -> dict[str, Any]:
     if isinstance(config, Mapping):
         return dict(config)
     if isinstance(config, (str, Path)):
-        from dloom.model.config_limits import check_config
-
         return check_config(Path(config))
     return config.to_dict()
