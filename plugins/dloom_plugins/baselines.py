@@ -152,6 +152,23 @@ class JointThresholdCommit:
         return fills | threshold_edits(confidence, selectable, schedule, self.edit_tau, self.max_post_steps)
 
 
+THRESHOLD_EDIT_PARAMETERS = (
+    Parameter(
+        "edit_tau", 0.5, float,
+        "rewrite a filled position whose candidate differs and whose confidence exceeds edit_tau (T2T; 1: no edits)",
+        low=0.0, high=1.0,
+    ),
+    Parameter("max_post_steps", 16, int, "edit steps allowed once the block holds no mask", low=0),
+)
+"""The parameters of LLaDA2.1's threshold edits (:func:`dloom.sdk.threshold_edits`), for every
+rule that edits with them."""
+THRESHOLD_EDITING = {"kernels": ("revisable",), "edits": True, "edit_budget": "max_post_steps"}
+"""The registration fields of a rule that edits with :data:`THRESHOLD_EDIT_PARAMETERS`."""
+EDITING_CLAIM = Claim(
+    "approximate", against="quota", conditions="an editing rule: tokens are final only when their block settles",
+)
+
+
 class FactorCommit:
     """Fast-dLLM's factor rule: the largest prefix ``n`` of the sorted profile with
     ``(n + 1) * (1 - c_(n)) < f`` (the formula, without the reference code's off-by-one)."""
@@ -274,28 +291,15 @@ def dloom_register_strategies(register) -> None:
                     "tau", 0.7, float, "fill masked positions whose confidence exceeds tau (M2T)",
                     low=0.0, high=1.0, low_open=True, high_open=True,
                 ),
-                Parameter(
-                    "edit_tau", 0.5, float,
-                    "rewrite a filled position whose candidate differs and whose confidence exceeds edit_tau "
-                    "(T2T; 1: no edits)",
-                    low=0.0, high=1.0,
-                ),
-                Parameter(
-                    "max_post_steps", 16, int, "edit steps allowed once the block holds no mask", low=0,
-                ),
+                *THRESHOLD_EDIT_PARAMETERS,
                 Parameter(
                     "num_to_transfer", 1, int, "fill at least this many positions per step", low=1,
                 ),
             ),
             guarantee="approximate: fills several tokens per forward and may rewrite them later in the block",
             summary="LLaDA2.1: fill above tau, rewrite filled tokens above edit_tau (revisable kernel)",
-            claim=Claim(
-                "approximate", against="quota",
-                conditions="an editing rule: tokens are final only when their block settles",
-            ),
-            kernels=("revisable",),
-            edits=True,
-            edit_budget="max_post_steps",
+            claim=EDITING_CLAIM,
+            **THRESHOLD_EDITING,
         )
     )
     register(

@@ -35,6 +35,11 @@ import torch
 
 from dloom import BlockSchedule, Claim, Parameter, StrategyRegistration, hookimpl
 from dloom.sdk import commit_top, offered_fills, sorted_profile, threshold_edits
+from dloom_plugins.baselines import (
+    EDITING_CLAIM,
+    THRESHOLD_EDIT_PARAMETERS,
+    THRESHOLD_EDITING,
+)
 
 
 def frechet_bounds(
@@ -161,13 +166,7 @@ def dloom_register_strategies(register) -> None:
                     "delta", DEFAULT_DELTA, float, "fill the largest n with L_n - U_n > delta (as frechet)",
                     low=0.0, high=1.0, high_open=True,
                 ),
-                Parameter(
-                    "edit_tau", 0.5, float,
-                    "rewrite a filled position whose candidate differs and whose confidence exceeds edit_tau "
-                    "(1: no edits, exactly frechet)",
-                    low=0.0, high=1.0,
-                ),
-                Parameter("max_post_steps", 16, int, "edit steps allowed once the block holds no mask", low=0),
+                *THRESHOLD_EDIT_PARAMETERS,
             ),
             guarantee=(
                 "each step's fills are the joint mode of their positions (the frechet certificate, greedy, "
@@ -175,12 +174,7 @@ def dloom_register_strategies(register) -> None:
                 "tokens carry no certificate; edit_tau = 1 is exactly frechet"
             ),
             summary="Fréchet-certified fills with LLaDA2.1's threshold edits (revisable kernel)",
-            claim=Claim(
-                "approximate", against="quota",
-                conditions="an editing rule: tokens are final only when their block settles",
-            ),
-            kernels=("revisable",),
-            edits=True,
-            edit_budget="max_post_steps",
+            claim=EDITING_CLAIM,
+            **THRESHOLD_EDITING,
         )
     )

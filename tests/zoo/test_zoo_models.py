@@ -225,16 +225,21 @@ WORDS_BAR = {"path": "benchmarks/results/long_dllm_words_{}_n500.json", "one_tok
 --json --outputs`` (``training/README.md``)."""
 
 
-def _words_record(strategy: str) -> dict:
+def recorded_run(bar: dict, model: str, strategy: str, name: str) -> dict:
+    """The summary of a bar's ``dloom eval --json --outputs`` record ``name`` of ``model``
+    decoded by ``strategy`` on the 500 held-out prompts."""
     from pathlib import Path
 
-    name = "quota" if strategy == "quota" else "threshold0.9"
-    path = Path(__file__).resolve().parents[2] / WORDS_BAR["path"].format(name)
+    path = Path(__file__).resolve().parents[2] / bar["path"].format(name)
     *_, summary = path.read_text().splitlines()
     record = json.loads(summary)
     assert record["complete"] and record["n"] == len(record["outputs"]) == 500
-    assert (record["config"]["model"], record["config"]["strategy"]) == ("long-dllm-words", strategy)
+    assert (record["config"]["model"], record["config"]["strategy"]) == (model, strategy)
     return record
+
+
+def _words_record(strategy: str) -> dict:
+    return recorded_run(WORDS_BAR, "long-dllm-words", strategy, "quota" if strategy == "quota" else "threshold0.9")
 
 
 def test_long_dllm_words_records_issue_42s_bar_on_500_held_out_prompts():
@@ -266,15 +271,8 @@ EDIT_SPEED = {"tau": 0.5, "edit_tau": 0.0, "max_post_steps": 16, "num_to_transfe
 
 
 def _edit_record(strategy: str) -> dict:
-    from pathlib import Path
-
     name = "quota" if strategy == "quota" else "joint_threshold_speed"
-    path = Path(__file__).resolve().parents[2] / EDIT_BAR["path"].format(name)
-    *_, summary = path.read_text().splitlines()
-    record = json.loads(summary)
-    assert record["complete"] and record["n"] == len(record["outputs"]) == 500
-    assert (record["config"]["model"], record["config"]["strategy"]) == ("long-dllm-words-edit", strategy)
-    return record
+    return recorded_run(EDIT_BAR, "long-dllm-words-edit", strategy, name)
 
 
 def test_long_dllm_words_edit_records_issue_53s_bar_on_500_held_out_prompts():
