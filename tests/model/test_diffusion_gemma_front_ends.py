@@ -18,6 +18,7 @@ import shutil
 from pathlib import Path
 
 import family_front_ends as front_ends
+import openai
 import pytest
 from typer.testing import CliRunner
 
@@ -119,6 +120,13 @@ def test_dloom_serve_answers_and_streams_whole_canvases_only(served, model, prom
         assert [c for c in chunks if c] == canvases and all(canvases)  # each canvas once it ended, whole
     other = served.completions.create(model=name, prompt=prompts[0], seed=SEED + 1)
     assert other.choices[0].text != offline(model, [prompts[0]]).texts[0]  # not vacuous: the seed matters
+
+
+def test_dloom_serve_refuses_a_token_id_past_the_text_models_vocabulary(served):
+    """The vocabulary is the text model's (the composite config has none of its own)."""
+    name = served.models.list().data[0].id
+    with pytest.raises(openai.BadRequestError, match="token id 262144; allowed: 0..262143"):
+        served.completions.create(model=name, prompt=[[5, 262144]], seed=SEED)
 
 
 @pytest.fixture(scope="module")

@@ -147,7 +147,10 @@ class Service:
             self.gen_length, config.max_batch_size, config.max_queued_tokens, self.metrics,
             max_waiting_tokens=config.max_waiting_tokens,
         )
-        self.vocab_size = getattr(getattr(config.model.model, "config", None), "vocab_size", None)
+        model_config = getattr(config.model.model, "config", None)
+        if hasattr(model_config, "get_text_config"):  # a composite config (DiffusionGemma) keeps it there
+            model_config = model_config.get_text_config()
+        self.vocab_size = getattr(model_config, "vocab_size", None)
         self.files = ServerFiles(config.graph_dirs)
         served = [m.name for m in (config.model, config.drafter) if m is not None]
         self.paths = PathHider(offered_directories(self.files), named=served)
