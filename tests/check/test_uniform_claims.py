@@ -13,8 +13,10 @@ from typer.testing import CliRunner
 import dloom
 from dloom import Claim, StrategyRegistration
 from dloom.check import check_strategy, tiny
-from dloom.check.kernel_claims import KERNEL_CLAIMS, check_kernel_claims
+from dloom.check.kernel_claims import KERNEL_CLAIMS
+from dloom.check.report import KERNEL_CHECKS
 from dloom.check.resolve import resolve
+from dloom.check.uniform_claims import check_uniform_claims
 from dloom.cli.commands import app
 from dloom.decode.kernel import Settlement
 from dloom.decode.session import DecodeSession
@@ -113,6 +115,7 @@ def test_only_the_entropy_bound_runs_on_the_uniform_kernel():
     registry = get_registry().strategies
     uniform = [name for name, s in registry.items() if s.plugin != "tests" and "uniform" in resolve(name).kernels]
     assert uniform == ["entropy_bound"]
+    assert list(KERNEL_CHECKS) == list(KERNEL_CLAIMS)  # every kernel with claims has its test
 
 
 @pytest.mark.parametrize("claim", list(BROKEN))
@@ -154,7 +157,7 @@ def test_a_kernel_that_runs_a_canvas_past_its_budget_is_caught(monkeypatch):
         return Settlement(settled.ended & on_time, settled.complete & (on_time | self.stopped))
 
     monkeypatch.setattr(UniformKernel, "settle", late)
-    report = check_kernel_claims(resolve("entropy_bound"), "uniform")
+    report = check_uniform_claims(resolve("entropy_bound"))
     assert report.failed == ["step_budget"]
     assert "the canvas took step 5, past its budget of 4 steps" in report.claims["step_budget"]["detail"]
 
@@ -171,6 +174,6 @@ def test_a_session_that_overwrites_the_prompt_is_caught(monkeypatch):
         return done
 
     monkeypatch.setattr(DecodeSession, "step", overwrites)
-    report = check_kernel_claims(resolve("entropy_bound"), "uniform")
+    report = check_uniform_claims(resolve("entropy_bound"))
     assert report.failed[0] == "prompt_kept"
     assert "prompt 0: its prompt tokens changed" in report.claims["prompt_kept"]["detail"]

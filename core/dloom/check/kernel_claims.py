@@ -1,7 +1,7 @@
 """The claims a transition kernel brings, tested on decodes of a strategy that runs on it.
 
-:func:`check_kernel_claims` tests those of the revisable kernel (below) and, through
-:mod:`dloom.check.uniform_claims`, those of the uniform-noise kernel.
+:func:`check_kernel_claims` tests those of the revisable kernel (below);
+:mod:`dloom.check.uniform_claims` those of the uniform-noise kernel.
 
 On the revisable kernel (:mod:`dloom.decode.revisable`) an editing rule rewrites filled
 positions until its block settles. Whatever the rule, decodes on that kernel keep four
@@ -176,14 +176,11 @@ def check_kernel_claims(strategy: Resolved, kernel: str = REVISABLE) -> KernelCl
 
     :raises HookContractError: when a hook breaks its contract otherwise than by filling
         nothing (the caller reports it).
-    :raises KeyError: for a kernel without claims to test here.
+    :raises KeyError: for another kernel than the revisable one.
     """
+    if kernel != REVISABLE:
+        raise KeyError(f"kernel {kernel!r}; allowed: {REVISABLE!r} (the uniform kernel's: dloom.check.uniform_claims)")
     names = KERNEL_CLAIMS[kernel]
-    if kernel == UNIFORM:
-        # imported here: that module builds on this one
-        from dloom.check.uniform_claims import check_uniform_claims
-
-        return check_uniform_claims(strategy)
     model = tiny.tiny_revisable_dllm(0, **TINY)
     prompts = tiny.tiny_prompts(PROMPTS, vocab=TINY["vocab"], length=PROMPT_LENGTH, seed=SEED)
     settings = {

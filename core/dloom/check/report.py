@@ -39,11 +39,17 @@ from dloom.check import tiny
 from dloom.check.bounds import BoundOptions, check_bound
 from dloom.check.contract import probe_commit_rule
 from dloom.check.greedy import GreedyComparison, compare_greedy
-from dloom.check.kernel_claims import ACCEPTS, FILLS, KERNEL_CLAIMS, check_kernel_claims
+from dloom.check.kernel_claims import (
+    ACCEPTS,
+    FILLS,
+    KernelClaims,
+    check_kernel_claims,
+)
 from dloom.check.progress import stage
 from dloom.check.resolve import Resolved, reference, resolve
 from dloom.check.sampling import SamplingOptions, SamplingTest, sampling_test
-from dloom.decode.transition import UNIFORM
+from dloom.check.uniform_claims import check_uniform_claims
+from dloom.decode.transition import REVISABLE, UNIFORM
 from dloom.errors import ConfigurationError, HookContractError, each_warning_once
 from dloom.model.adapter import ModelAdapter, load_model
 
@@ -59,6 +65,10 @@ KERNEL_CLAIM_BROKEN = "kernel claim broken"
 REFUTED = ("not lossless", "unsound", CONTRACT_BROKEN, KERNEL_CLAIM_BROKEN)
 EXIT_CODES = {"not lossless": 1, "unsound": 1, CONTRACT_BROKEN: 1, KERNEL_CLAIM_BROKEN: 1, "inconclusive": 3}
 """``dloom check`` exit status by verdict; every other verdict exits 0 (2: usage error)."""
+KERNEL_CHECKS: dict[str, Callable[[Resolved], KernelClaims]] = {
+    REVISABLE: check_kernel_claims, UNIFORM: check_uniform_claims,
+}
+"""The test of each kernel's claims (:data:`dloom.check.kernel_claims.KERNEL_CLAIMS`)."""
 DEFAULT_PROMPTS = 32
 TARGET = "target"
 """``Claim.against`` value: the AR target of a speculative decoder (FailFast)."""
@@ -318,10 +328,10 @@ def _guarded(
                     {"contract": {**found.to_json(), "claim": _empty_claim(ours) if found.empty else None}}, notes,
                 )
         held: dict[str, Any] = {}
-        kernels = [k for k in ours.kernels if k in KERNEL_CLAIMS] if kernel_claims else []
+        kernels = [k for k in ours.kernels if k in KERNEL_CHECKS] if kernel_claims else []
         for kernel in kernels:
             stage(f"the {kernel} kernel's claims on decodes of {ours.name}")
-            tested = check_kernel_claims(ours, kernel)
+            tested = KERNEL_CHECKS[kernel](ours)
             held[kernel] = tested.to_json()
             if tested.failed:
                 first = tested.claims[tested.failed[0]]["detail"]

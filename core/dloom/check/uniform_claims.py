@@ -6,7 +6,7 @@ kernel renoises the others, until the canvas stops or spends its step budget. Wh
 rule, decodes on that kernel keep four promises (:data:`dloom.check.kernel_claims.KERNEL_CLAIMS`):
 
 * ``prompt_kept``: the prompt is never changed (it is the encoder's prefix, outside every
-  canvas, so only a broken kernel breaks it);
+  canvas, which no kernel step writes, so only broken machinery breaks it);
 * ``step_budget``: every canvas ends within its step budget (the model's
   ``max_denoising_steps``), so a row takes at most ``max_denoising_steps`` steps per canvas;
   the kernel ends a canvas once the budget is spent, so only a broken kernel breaks it;
