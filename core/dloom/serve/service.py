@@ -148,9 +148,8 @@ class Service:
             max_waiting_tokens=config.max_waiting_tokens,
         )
         model_config = getattr(config.model.model, "config", None)
-        if hasattr(model_config, "get_text_config"):  # a composite config (DiffusionGemma) keeps it there
-            model_config = model_config.get_text_config()
-        self.vocab_size = getattr(model_config, "vocab_size", None)
+        text_config = getattr(model_config, "get_text_config", None)  # a composite config (DiffusionGemma)'s
+        self.vocab_size = getattr(model_config if text_config is None else text_config(), "vocab_size", None)
         self.files = ServerFiles(config.graph_dirs)
         served = [m.name for m in (config.model, config.drafter) if m is not None]
         self.paths = PathHider(offered_directories(self.files), named=served)
