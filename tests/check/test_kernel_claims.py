@@ -97,7 +97,8 @@ def register(registration: StrategyRegistration) -> None:
 def test_the_joint_threshold_keeps_every_claim_of_the_revisable_kernel():
     report = check_strategy("joint_threshold", temperature=0, prompt_count=4)
     assert (report.verdict, report.exit_code, report.failed_claims) == ("approximate", 0, [])
-    kernel = report.evidence["kernel_claims"]
+    kernel = report.evidence["kernel_claims"]["revisable"]
+    assert list(report.evidence["kernel_claims"]) == ["revisable"]
     assert kernel["kernel"] == "revisable" and list(kernel["claims"]) == list(CLAIMS)
     assert all(outcome["verdict"] == "holds" for outcome in kernel["claims"].values()), report.render()
     assert "revisable kernel claims on tiny-revisable-dllm" in report.render()
@@ -113,7 +114,7 @@ def test_the_joint_threshold_keeps_every_claim_of_the_revisable_kernel():
 def test_fill_rules_are_checked_on_the_revisable_kernel_and_absorbing_only_strategies_are_not():
     assert resolve("threshold").kernels == ("absorbing", "revisable")
     report = check_strategy("threshold", temperature=0, prompt_count=2)
-    claims = report.evidence["kernel_claims"]["claims"]
+    claims = report.evidence["kernel_claims"]["revisable"]["claims"]
     assert all(outcome["verdict"] == "holds" for outcome in claims.values())
     assert "budget of 0 post step(s)" in claims["edit_budget"]["detail"]
     assert resolve("spiffy+threshold").kernels == ("absorbing",)
@@ -127,7 +128,7 @@ def test_check_catches_an_editing_rule_broken_on_purpose(claim):
     report = json.loads(result.stdout)
     assert (report["verdict"], report["exit_code"], report["failed_claims"]) == ("kernel claim broken", 1, [claim])
     assert f"broke its claim(s) {claim}:" in report["reason"]
-    outcomes = report["evidence"]["kernel_claims"]["claims"]
+    outcomes = report["evidence"]["kernel_claims"]["revisable"]["claims"]
     assert outcomes[claim]["verdict"] == "broken"
     if claim == "fills":  # the decoder stopped at the step that filled nothing
         assert "filled none" in outcomes[claim]["detail"]
@@ -161,7 +162,7 @@ def test_a_kernel_that_edits_the_prompt_is_caught(monkeypatch):
     report = check_strategy("joint_threshold", params={"edit_tau": 0.0}, temperature=0, prompt_count=2)
     assert (report.verdict, report.exit_code) == ("kernel claim broken", 1)
     assert report.failed_claims[0] == "prompt_kept"
-    assert "prompt position(s) [0] of the block were edited" in report.evidence["kernel_claims"]["claims"]["prompt_kept"]["detail"]
+    assert "prompt position(s) [0] of the block were edited" in report.evidence["kernel_claims"]["revisable"]["claims"]["prompt_kept"]["detail"]
 
 
 def test_a_rule_that_commits_nothing_names_the_fills_claim(monkeypatch):

@@ -7,10 +7,8 @@ the names its users know, and give the tokens of an offline ``generate``:
   (LLaDA2.1's quality mode, editing filled tokens on the revisable kernel).
 
 The fixture checkpoint ships no tokenizer (LLaDA2's is 157,184 tokens); the text front-ends
-get one written here that covers the whole vocabulary: the toy task alphabet one character
-per token, every other id its own token ``<id>``, and LLaDA2's ``<|endoftext|>`` (EOS and
-pad) and ``<|mask|>`` at their ids. Decoded texts then spell out every generated id, so equal
-texts are equal tokens.
+get one covering the whole vocabulary (:func:`family_front_ends.write_tokenizer`), with
+LLaDA2's ``<|endoftext|>`` (EOS and pad) and ``<|mask|>`` at their ids.
 """
 
 from __future__ import annotations
@@ -19,9 +17,8 @@ import json
 import shutil
 from pathlib import Path
 
-import openai
+import family_front_ends as front_ends
 import pytest
-import uvicorn
 from typer.testing import CliRunner
 
 import dloom
@@ -40,31 +37,23 @@ EXAMPLES = 3
 
 def params_of(strategy: str) -> dict[str, float | int]:
     """The strategy's parameters, typed (as a JSON request body gives them)."""
-    return {name: json.loads(value) for name, value in (p.split("=") for p in STRATEGIES[strategy])}
+    return front_ends.typed(STRATEGIES[strategy])
 
 
 def cli_params(strategy: str) -> list[str]:
-    return ["--strategy", strategy, *(arg for p in STRATEGIES[strategy] for arg in ("--param", p))]
+    return front_ends.cli_params(strategy, STRATEGIES[strategy])
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
     """The LLaDA2 fixture with a tokenizer covering its whole vocabulary (module docstring)."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     path = tmp_path_factory.mktemp("llada2") / "llada2"
     shutil.copytree(FIXTURE, path)
     size = json.loads((path / "config.json").read_text())["vocab_size"]
-    names = {156892: "<|endoftext|>", 156895: "<|mask|>", **dict(enumerate(ALPHABET))}
-    vocab = {names.get(i, f"<{i}>"): i for i in range(size)}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tokenizer.decoder = decoders.Fuse()
-    PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, eos_token="<|endoftext|>", pad_token="<|endoftext|>", mask_token="<|mask|>",
-        padding_side="left",
-    ).save_pretrained(path)
+    front_ends.write_tokenizer(
+        path, size, {156892: "<|endoftext|>", 156895: "<|mask|>"}, eos="<|endoftext|>", pad="<|endoftext|>",
+        mask="<|mask|>",
+    )
     return path
 
 
@@ -116,22 +105,10 @@ def test_dloom_eval_decodes_as_offline_generate(model, checkpoint, prompts, stra
 def served(checkpoint, prompts):
     """``dloom serve`` with LLaDA2.1's quality mode as its default strategy, its command line
     read by the command itself and the app it would run served on a free port."""
-    from dloom.serve.background import BackgroundServer
-
-    apps = []
-    patch = pytest.MonkeyPatch()
-    patch.setattr(uvicorn, "run", lambda application, **options: apps.append(application))
-    try:
-        result = CliRunner().invoke(app, [
-            "serve", "--model", str(checkpoint), *cli_params("joint_threshold"), "--gen-length", "16",
-            "--block-length", "4",
-        ])
-    finally:
-        patch.undo()
-    assert result.exit_code == 0, result.output
-    server = BackgroundServer(apps[0].state.service.config)
-    yield openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=60)
-    server.stop()
+    with front_ends.served([
+        "--model", str(checkpoint), *cli_params("joint_threshold"), "--gen-length", "16", "--block-length", "4",
+    ]) as client:
+        yield client
 
 
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
@@ -163,11 +140,8 @@ def test_dloom_serve_answers_and_streams_final_tokens_only(served, model, prompt
 
 @pytest.fixture(scope="module")
 def ray_runtime():
-    ray = pytest.importorskip("ray", reason="the Ray tests need the optional extra ray (pip install -e '.[ray]')")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    yield
-    ray.shutdown()
+    with front_ends.ray_runtime():
+        yield
 
 
 @pytest.mark.slow  # a local Ray runtime and two actors loading the model: about 30 s

@@ -11,8 +11,8 @@
 Building blocks: :mod:`dloom.check.enumerate` (exact output distributions of the kernel),
 :mod:`dloom.check.tiny` (tiny random models), :mod:`dloom.check.greedy`,
 :mod:`dloom.check.sampling`, :mod:`dloom.check.target` (AR targets), :mod:`dloom.check.bounds`,
-:mod:`dloom.check.joints`, :mod:`dloom.check.stats`, :mod:`dloom.check.kernel_claims` (the claims
-a transition kernel brings, tested on decodes); :mod:`dloom.check.pytest_plugin` gives plugin authors fixtures.
+:mod:`dloom.check.joints`, :mod:`dloom.check.stats`, :mod:`dloom.check.kernel_claims` and
+:mod:`dloom.check.uniform_claims` (the claims a transition kernel brings, tested on decodes); :mod:`dloom.check.pytest_plugin` gives plugin authors fixtures.
 """
 
 from dloom.check.report import (

@@ -1,5 +1,8 @@
 """The claims a transition kernel brings, tested on decodes of a strategy that runs on it.
 
+:func:`check_kernel_claims` tests those of the revisable kernel (below);
+:mod:`dloom.check.uniform_claims` those of the uniform-noise kernel.
+
 On the revisable kernel (:mod:`dloom.decode.revisable`) an editing rule rewrites filled
 positions until its block settles. Whatever the rule, decodes on that kernel keep four
 promises (:data:`KERNEL_CLAIMS`):
@@ -36,14 +39,19 @@ from dloom.check import tiny
 from dloom.check.resolve import Resolved
 from dloom.decode.decoder import DiffusionDecoder
 from dloom.decode.session import StepRecord
-from dloom.decode.transition import REVISABLE
+from dloom.decode.transition import REVISABLE, UNIFORM
 from dloom.errors import HookContractError, each_warning_once
 
 PROMPT_KEPT = "prompt_kept"
 EDIT_BUDGET = "edit_budget"
 DETERMINISTIC = "deterministic"
 FILLS = "fills"
-KERNEL_CLAIMS: dict[str, tuple[str, ...]] = {REVISABLE: (PROMPT_KEPT, EDIT_BUDGET, DETERMINISTIC, FILLS)}
+STEP_BUDGET = "step_budget"
+ACCEPTS = "accepts"
+KERNEL_CLAIMS: dict[str, tuple[str, ...]] = {
+    REVISABLE: (PROMPT_KEPT, EDIT_BUDGET, DETERMINISTIC, FILLS),
+    UNIFORM: (PROMPT_KEPT, STEP_BUDGET, DETERMINISTIC, ACCEPTS),
+}
 """The claims ``dloom check`` tests on decodes, by kernel (:data:`dloom.decode.transition.KERNELS`)."""
 
 TINY: dict[str, Any] = {"vocab": 16, "hidden": 32, "layers": 2, "init": 0.8}
@@ -168,8 +176,10 @@ def check_kernel_claims(strategy: Resolved, kernel: str = REVISABLE) -> KernelCl
 
     :raises HookContractError: when a hook breaks its contract otherwise than by filling
         nothing (the caller reports it).
-    :raises KeyError: for a kernel without claims to test here.
+    :raises KeyError: for another kernel than the revisable one.
     """
+    if kernel != REVISABLE:
+        raise KeyError(f"kernel {kernel!r}; allowed: {REVISABLE!r} (the uniform kernel's: dloom.check.uniform_claims)")
     names = KERNEL_CLAIMS[kernel]
     model = tiny.tiny_revisable_dllm(0, **TINY)
     prompts = tiny.tiny_prompts(PROMPTS, vocab=TINY["vocab"], length=PROMPT_LENGTH, seed=SEED)

@@ -17,7 +17,7 @@
 Before any of these the commit rule's hook contract is probed (:mod:`dloom.check.contract`);
 a break, or a :class:`~dloom.errors.HookContractError` raised while checking, is the verdict
 ``contract broken`` (a failed check, exit status 1, with its report). Then, for a strategy
-that runs on the revisable kernel, the claims that kernel brings are tested on decodes
+that runs on the revisable or the uniform kernel, the claims each brings are tested on decodes
 (:mod:`dloom.check.kernel_claims`); a broken one is the verdict ``kernel claim broken``
 (exit status 1), whatever the strategy declares.
 
@@ -39,10 +39,17 @@ from dloom.check import tiny
 from dloom.check.bounds import BoundOptions, check_bound
 from dloom.check.contract import probe_commit_rule
 from dloom.check.greedy import GreedyComparison, compare_greedy
-from dloom.check.kernel_claims import FILLS, KERNEL_CLAIMS, check_kernel_claims
+from dloom.check.kernel_claims import (
+    ACCEPTS,
+    FILLS,
+    KernelClaims,
+    check_kernel_claims,
+)
 from dloom.check.progress import stage
 from dloom.check.resolve import Resolved, reference, resolve
 from dloom.check.sampling import SamplingOptions, SamplingTest, sampling_test
+from dloom.check.uniform_claims import check_uniform_claims
+from dloom.decode.transition import REVISABLE, UNIFORM
 from dloom.errors import ConfigurationError, HookContractError, each_warning_once
 from dloom.model.adapter import ModelAdapter, load_model
 
@@ -58,6 +65,10 @@ KERNEL_CLAIM_BROKEN = "kernel claim broken"
 REFUTED = ("not lossless", "unsound", CONTRACT_BROKEN, KERNEL_CLAIM_BROKEN)
 EXIT_CODES = {"not lossless": 1, "unsound": 1, CONTRACT_BROKEN: 1, KERNEL_CLAIM_BROKEN: 1, "inconclusive": 3}
 """``dloom check`` exit status by verdict; every other verdict exits 0 (2: usage error)."""
+KERNEL_CHECKS: dict[str, Callable[[Resolved], KernelClaims]] = {
+    REVISABLE: check_kernel_claims, UNIFORM: check_uniform_claims,
+}
+"""The test of each kernel's claims (:data:`dloom.check.kernel_claims.KERNEL_CLAIMS`)."""
 DEFAULT_PROMPTS = 32
 TARGET = "target"
 """``Claim.against`` value: the AR target of a speculative decoder (FailFast)."""
@@ -80,7 +91,7 @@ class CheckReport:
     :ivar evidence: ``greedy`` (agreement, first difference), ``sampling`` (per seed:
         p-value, power, ...), ``bound`` (joints tried, counterexample), ``contract``
         (the hook contract break: the error, or the probe's situation) and
-        ``kernel_claims`` (each kernel claim's verdict and detail), as run.
+        ``kernel_claims`` (by kernel: each of its claims' verdict and detail), as run.
     :ivar notes: what was assumed or skipped.
     """
 
@@ -104,7 +115,8 @@ class CheckReport:
     def failed_claims(self) -> list[str]:
         """The kernel claims (:data:`dloom.check.kernel_claims.KERNEL_CLAIMS`) found broken:
         by the decodes, or ``fills`` by the hook contract probe (a row that committed nothing)."""
-        failed = list(self.evidence.get("kernel_claims", {}).get("failed", []))
+        failed = [c for kernel in self.evidence.get("kernel_claims", {}).values() for c in kernel["failed"]]
+        failed = list(dict.fromkeys(failed))
         claim = self.evidence.get("contract", {}).get("claim")
         return failed + [claim] if claim and claim not in failed else failed
 
@@ -164,8 +176,7 @@ class CheckReport:
                 f"steps per block, step {contract['step']}, row {contract['row']}: selectable "
                 f"{_bits(contract['selectable'])}, committed {_bits(contract['committed'])}"
             )
-        kernel = self.evidence.get("kernel_claims")
-        if kernel:
+        for kernel in self.evidence.get("kernel_claims", {}).values():
             lines.append(f"  {kernel['kernel']} kernel claims on {kernel['model']}:")
             lines.extend(
                 f"    {name}: {outcome['verdict']}: {outcome['detail']}" for name, outcome in kernel["claims"].items()
@@ -314,29 +325,36 @@ def _guarded(
                 return CheckReport(
                     ours.name, claim, claimed_by, CONTRACT_BROKEN,
                     f"the commit rule broke the dloom_select_commit contract: {found.problem}",
-                    {"contract": {**found.to_json(), "claim": FILLS if found.empty else None}}, notes,
+                    {"contract": {**found.to_json(), "claim": _empty_claim(ours) if found.empty else None}}, notes,
                 )
-        held = None
-        kernels = [k for k in ours.kernels if k in KERNEL_CLAIMS] if kernel_claims else []
+        held: dict[str, Any] = {}
+        kernels = [k for k in ours.kernels if k in KERNEL_CHECKS] if kernel_claims else []
         for kernel in kernels:
             stage(f"the {kernel} kernel's claims on decodes of {ours.name}")
-            held = check_kernel_claims(ours, kernel)
-            if held.failed:
-                first = held.claims[held.failed[0]]["detail"]
+            tested = KERNEL_CHECKS[kernel](ours)
+            held[kernel] = tested.to_json()
+            if tested.failed:
+                first = tested.claims[tested.failed[0]]["detail"]
                 return CheckReport(
                     ours.name, claim, claimed_by, KERNEL_CLAIM_BROKEN,
-                    f"decodes on the {kernel} kernel broke its claim(s) {', '.join(held.failed)}: {first}",
-                    {"kernel_claims": held.to_json()}, notes,
+                    f"decodes on the {kernel} kernel broke its claim(s) {', '.join(tested.failed)}: {first}",
+                    {"kernel_claims": held}, notes,
                 )
         report = run()
-        if held is not None:
-            report.evidence["kernel_claims"] = held.to_json()
+        if held:
+            report.evidence["kernel_claims"] = held
         return report
     except HookContractError as error:
         return CheckReport(
             ours.name, claim, claimed_by, CONTRACT_BROKEN, f"a hook broke its contract: {error}",
             {"contract": {"error": str(error)}}, notes,
         )
+
+
+def _empty_claim(ours: Resolved) -> str:
+    """The kernel claim a commit rule breaks by committing nothing: ``accepts`` for a rule
+    that runs on the uniform kernel only, ``fills`` otherwise."""
+    return ACCEPTS if tuple(ours.kernels) == (UNIFORM,) else FILLS
 
 
 def check_lossless(

@@ -12,6 +12,8 @@ or together changes the output distribution visibly.
 * :func:`tiny_revisable_dllm`: the same weights decoding like LLaDA2.x: block-causal
   attention, blocks aligned at position 0 (the prompt's tail shares the first block with
   generated positions) and the revisable transition kernel.
+* :func:`tiny_uniform_dllm`: a uniform-noise model decoding like DiffusionGemma (no mask
+  token, transformers' ``DiffusionGemmaForBlockDiffusion``, the ``"uniform"`` kernel).
 * :func:`tiny_ar`: causal, no mask token, next-token logits (an AR target).
 * :func:`tiny_prompts`: random prompts of plain tokens.
 * :func:`zoo_installed`: whether the toy zoo's trained models, which the greedy checks prefer
@@ -81,6 +83,46 @@ def tiny_revisable_dllm(
     return dataclasses.replace(
         tiny_dllm(seed, vocab, hidden, layers, init, context), attention="block-causal",
         block_alignment="absolute", kernel="revisable", name=f"tiny-revisable-dllm(seed={seed}, vocab={vocab})",
+    )
+
+
+def tiny_uniform_dllm(
+    seed: int = 0, vocab: int = 16, hidden: int = 16, canvas: int = 4, steps: int = 4, init: float = 0.8,
+    context: int = 64,
+) -> ModelAdapter:
+    """A float32 DiffusionGemma (transformers' ``DiffusionGemmaForBlockDiffusion``: a causal
+    encoder for the prompt, a bidirectional decoder for the canvas, a mixture of experts,
+    which runs in float32 at the least) with random weights decoding on the ``"uniform"``
+    kernel (:mod:`dloom.decode.uniform`): canvases of ``canvas`` positions, at most ``steps``
+    denoising steps each (``max_denoising_steps``), no mask token (EOS 2, pad 0, the
+    placeholder of positions not yet final). The global torch random state is left as it was."""
+    from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
+
+    if vocab <= FIRST_PLAIN_ID:
+        raise ValueError(f"vocab is {vocab}; allowed: at least {FIRST_PLAIN_ID + 1} (pad, mask, eos, a token)")
+    heads = {"num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": hidden // 2}
+    text = {
+        "vocab_size": vocab, "hidden_size": hidden, "intermediate_size": 2 * hidden, "moe_intermediate_size": hidden,
+        "num_experts": 4, "top_k_experts": 2, "num_hidden_layers": 2, "sliding_window": 2 * canvas,
+        "layer_types": ["sliding_attention", "full_attention"], "max_position_embeddings": context,
+        "initializer_range": init, "pad_token_id": PAD_ID, "eos_token_id": EOS_ID, "bos_token_id": FIRST_PLAIN_ID,
+        **heads,
+    }
+    vision = {  # unused by text prompts; as small as the class allows
+        "hidden_size": hidden, "intermediate_size": 2 * hidden, "num_hidden_layers": 1, "patch_size": 4,
+        "pooling_kernel_size": 3, "position_embedding_size": context, **heads,
+    }
+    config = DiffusionGemmaConfig(text_config=text, vision_config=vision, canvas_length=canvas, initializer_range=init)
+    state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(seed)
+        model = DiffusionGemmaForBlockDiffusion(config).eval().to(torch.float32)
+    finally:
+        torch.random.set_rng_state(state)
+    return ModelAdapter(
+        model, mask_token_id=None, eos_token_ids=(EOS_ID,), pad_token_id=PAD_ID, attention="block-causal",
+        max_context=context, name=f"tiny-uniform-dllm(seed={seed}, vocab={vocab})", default_gen_length=2 * canvas,
+        default_block_length=canvas, kernel="uniform", generation={"max_denoising_steps": steps},
     )
 
 

@@ -147,7 +147,9 @@ class Service:
             self.gen_length, config.max_batch_size, config.max_queued_tokens, self.metrics,
             max_waiting_tokens=config.max_waiting_tokens,
         )
-        self.vocab_size = getattr(getattr(config.model.model, "config", None), "vocab_size", None)
+        model_config = getattr(config.model.model, "config", None)
+        text_config = getattr(model_config, "get_text_config", None)  # a composite config (DiffusionGemma)'s
+        self.vocab_size = getattr(model_config if text_config is None else text_config(), "vocab_size", None)
         self.files = ServerFiles(config.graph_dirs)
         served = [m.name for m in (config.model, config.drafter) if m is not None]
         self.paths = PathHider(offered_directories(self.files), named=served)
