@@ -162,8 +162,6 @@ THRESHOLD_EDIT_PARAMETERS = (
 )
 """The parameters of LLaDA2.1's threshold edits (:func:`dloom.sdk.threshold_edits`), for every
 rule that edits with them."""
-THRESHOLD_EDITING = {"kernels": ("revisable",), "edits": True, "edit_budget": "max_post_steps"}
-"""The registration fields of a rule that edits with :data:`THRESHOLD_EDIT_PARAMETERS`."""
 EDITING_CLAIM = Claim(
     "approximate", against="quota", conditions="an editing rule: tokens are final only when their block settles",
 )
@@ -299,7 +297,9 @@ def dloom_register_strategies(register) -> None:
             guarantee="approximate: fills several tokens per forward and may rewrite them later in the block",
             summary="LLaDA2.1: fill above tau, rewrite filled tokens above edit_tau (revisable kernel)",
             claim=EDITING_CLAIM,
-            **THRESHOLD_EDITING,
+            kernels=("revisable",),
+            edits=True,
+            edit_budget="max_post_steps",
         )
     )
     register(

@@ -38,7 +38,6 @@ from dloom.sdk import commit_top, offered_fills, sorted_profile, threshold_edits
 from dloom_plugins.baselines import (
     EDITING_CLAIM,
     THRESHOLD_EDIT_PARAMETERS,
-    THRESHOLD_EDITING,
 )
 
 
@@ -175,6 +174,8 @@ def dloom_register_strategies(register) -> None:
             ),
             summary="Fréchet-certified fills with LLaDA2.1's threshold edits (revisable kernel)",
             claim=EDITING_CLAIM,
-            **THRESHOLD_EDITING,
+            kernels=("revisable",),
+            edits=True,
+            edit_budget="max_post_steps",
         )
     )
