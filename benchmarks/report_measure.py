@@ -26,9 +26,9 @@ from dloom.hooks.registry import get_registry
 HOOKS = ("forward", "select_commit", "draft", "prune", "build_mask", "verify")
 CACHES = ("none", "prefix", "dual")
 DELTAS = (0.0, 0.1, 0.25, 0.5, 0.75)
+"""Fréchet's δ grid of the full matrix (δ lies in [0, 1))."""
 SPIFFY_BUDGET = 10
 """The fixed Spiffy budget of the report's rows (Spiffy's default is ``auto``)."""
-"""Fréchet's δ grid of the full matrix (δ lies in [0, 1))."""
 
 
 @dataclass(frozen=True)
@@ -57,15 +57,15 @@ CONFIGS: tuple[Config, ...] = (
     Config("threshold", "threshold τ = 0.9", "threshold", {"tau": 0.9}, headline=True),
     Config("factor", "factor f = 1", "factor", {"f": 1.0}, headline=True),
     Config("frechet", "Fréchet δ = 0", "frechet", {"delta": 0.0}, headline=True),
-    Config("spiffy+quota", "Spiffy over quota", "spiffy+quota", headline=True),
-    Config("spiffy+threshold", "Spiffy over threshold τ = 0.9", "spiffy+threshold", {"tau": 0.9},
-           headline=True),
-    Config("spiffy+frechet", "Spiffy over Fréchet δ = 0", "spiffy+frechet", {"delta": 0.0}),
+    Config("spiffy+quota", "Spiffy over quota", "spiffy+quota", {"budget": SPIFFY_BUDGET}, headline=True),
+    Config("spiffy+threshold", "Spiffy over threshold τ = 0.9", "spiffy+threshold",
+           {"tau": 0.9, "budget": SPIFFY_BUDGET}, headline=True),
+    Config("spiffy+frechet", "Spiffy over Fréchet δ = 0", "spiffy+frechet", {"delta": 0.0, "budget": SPIFFY_BUDGET}),
     Config("threshold/dual", "threshold τ = 0.9, dual cache", "threshold", {"tau": 0.9}, cache="dual"),
     Config("frechet/dual", "Fréchet δ = 0, dual cache", "frechet", {"delta": 0.0}, cache="dual"),
     Config(
         "spiffy+frechet/dual", "Spiffy (packed) over Fréchet δ = 0, dual cache", "spiffy+frechet",
-        {"delta": 0.0, "layout": "packed"}, cache="dual", headline=True,
+        {"delta": 0.0, "layout": "packed", "budget": SPIFFY_BUDGET}, cache="dual", headline=True,
     ),
 )
 
