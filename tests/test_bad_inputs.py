@@ -1083,10 +1083,11 @@ def test_ctrl_c_while_starting_exits_130_with_one_line(tmp_path, delay):
     time.sleep(delay)
     process.send_signal(signal.SIGINT)
     stdout, stderr = process.communicate(timeout=120)
-    assert process.returncode == 130, stderr
-    assert "Traceback" not in stderr and stderr.count("interrupted") == 1, stderr
-    assert len(stderr.strip().splitlines()) == 1, stderr
-    assert stdout == ""
+    seen = f"stderr {stderr!r}, stdout {stdout[-2000:]!r}"
+    assert process.returncode == 130, seen
+    assert "Traceback" not in stderr and stderr.count("interrupted") == 1, seen
+    assert len(stderr.strip().splitlines()) == 1, seen
+    assert stdout == "", seen
 
 
 def eval_into(tmp_path: Path, stdout: Any, **popen: Any) -> subprocess.CompletedProcess:
