@@ -613,6 +613,10 @@ class Claim:
         value or a list/tuple of the values allowed (``{"gamma": 0}``: "lossless at
         gamma = 0"). Elsewhere the decoder records the claim as not made and ``dloom check``
         does not test it (:meth:`unmet`). Empty: it holds at every value.
+    :ivar exercised_at: ``{name: value}`` of the strategy's parameters that ``dloom check``
+        decodes at unless the user gives them: values where the claim has something to test.
+        A speculator whose default drafts nothing on the checking machine (Spiffy's
+        ``budget="auto"`` on a CPU) would otherwise pass its identity trivially.
     """
 
     kind: str
@@ -621,6 +625,7 @@ class Claim:
     conditions: str = ""
     bound_function: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
     holds_when: Mapping[str, Any] = field(default_factory=dict)
+    exercised_at: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.kind not in CLAIM_KINDS:
@@ -652,6 +657,8 @@ class Claim:
             "kind": self.kind, "against": self.against, "bound": self.bound,
             "conditions": self.conditions,
         }
+        if self.exercised_at:
+            record["exercised_at"] = dict(self.exercised_at)
         if self.holds_when:
             record["holds_when"] = {
                 name: list(_choices(allowed)) if isinstance(allowed, (list, tuple, set, frozenset)) else allowed

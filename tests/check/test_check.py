@@ -699,3 +699,15 @@ def test_plugin_authors_get_the_checks_in_three_lines(pytester):
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(["*dloom check: expected lossless*", "*threshold: not lossless*"])
+
+
+def test_a_claim_is_checked_where_it_is_exercised_unless_the_user_chooses():
+    """Spiffy's default budget ("auto") drafts nothing on a CPU, so its identity would test
+    nothing: its claim's ``exercised_at`` makes the check decode at a budget of 10, unless
+    the parameter is given, plainly or for Spiffy alone."""
+    assert get_registry().get("spiffy").claim.exercised_at == {"budget": 10}
+    assert resolve("spiffy").params == {"spiffy.budget": 10}
+    assert resolve("spiffy+threshold", {"tau": 0.5}).params == {"tau": 0.5, "spiffy.budget": 10}
+    assert resolve("spiffy", {"budget": "auto"}).params == {"budget": "auto"}
+    assert resolve("spiffy", {"spiffy.budget": 4}).params == {"spiffy.budget": 4}
+    assert resolve("threshold").params == {}  # a claim with nothing to exercise adds nothing

@@ -74,7 +74,9 @@ def _values(registration: StrategyRegistration, params: Mapping[str, Any]) -> di
 
 
 def resolve(strategy: Any, params: Mapping[str, Any] | None = None) -> Resolved:
-    """Resolve ``strategy`` with ``params`` (names as for the decoder's ``params``).
+    """Resolve ``strategy`` with ``params`` (names as for the decoder's ``params``), each
+    claiming component's :attr:`~dloom.types.Claim.exercised_at` values added where
+    ``params`` does not set them.
 
     For a composition the claim tested is the strongest its components declare, in the
     order of :data:`CLAIM_PRIORITY` (a speculative strategy's ``lossless`` over its commit
@@ -90,6 +92,8 @@ def resolve(strategy: Any, params: Mapping[str, Any] | None = None) -> Resolved:
         registered = get_registry().strategies.get(strategy.name)
         if registered is not None and registered.registration is strategy:
             return resolve(strategy.name, params)
+        if strategy.claim is not None:
+            params = {**strategy.claim.exercised_at, **params}
         values = _values(strategy, params)
         plugin = strategy.plugin_class(**values)
         default_rule = strategy.default_commit_rule
@@ -99,6 +103,15 @@ def resolve(strategy: Any, params: Mapping[str, Any] | None = None) -> Resolved:
         return Resolved(strategy.name, plugin, {}, strategy.claim, strategy.name, claim_values=values)
     if isinstance(strategy, str):
         composition = compose(strategy, params)  # validates names and parameters early
+        exercised = {
+            f"{c.name}.{name}": value
+            for c in composition.components if c.strategy is not None and c.strategy.claim is not None
+            for name, value in c.strategy.claim.exercised_at.items()
+            if name not in params and f"{c.name}.{name}" not in params
+        }
+        if exercised:  # where the claim has something to test, unless the user chose
+            params = {**params, **exercised}
+            composition = compose(strategy, params)
         claims = [
             (c, c.strategy.claim) for c in composition.components
             if c.strategy is not None and c.strategy.claim is not None

@@ -57,6 +57,8 @@ def dloom_register_strategies(register) -> None:
                 "lossless", against="kernel",
                 conditions="layout=rows any model and cache; layout=packed with cache=dual or "
                 "block-causal models",
+                # budget=auto drafts nothing on a CPU (and with an uncalibrated graph): check at 10
+                exercised_at={"budget": 10},
             ),
             default_commit_rule="quota",
             options=("graph", "budget", "layout"),
