@@ -438,7 +438,7 @@ def test_with_a_cache_first_forward_drafting_is_off_and_a_next_block_layout_is_r
             return dataclasses.replace(super().dloom_build_mask(state, graph), next_block=True)
 
     with pytest.raises(HookContractError, match=f"next-block logits with cache {mode!r}"):
-        first_forward_run(model, "quota", {}, PROMPTS, cache=mode, plugin=AsksForTheNextBlock(graph=graph))
+        first_forward_run(model, "quota", {}, PROMPTS, cache=mode, plugin=AsksForTheNextBlock(graph=graph, budget=5))
 
 
 @pytest.mark.skipif(not TOY_INSTALLED, reason="toy-dllm not installed")
