@@ -24,8 +24,9 @@ draft, how long, how to verify) is its plugins'. Lossless verification
 A strategy that stops drafting (:attr:`~dloom.types.DraftChains.target_alone`, e.g.
 FailFast where drafting does not pay) hands the rest of the batch to the target alone: the
 decoder's plain autoregressive loop, one cached forward per token with no hook calls, the
-tokens an empty chain's verification would give. The result's ``drafting`` says which path
-the batch took.
+tokens an empty chain's verification would give, run under ``torch.inference_mode`` (cheaper
+per operation than ``no_grad``, which transformers' ``generate`` uses). The result's
+``drafting`` says which path the batch took.
 
 Host synchronisation: once per drafting call (is any row still open, the layout's width, the
 drafter's deferred checks) and once per round (is every row finished, the new cache length);
@@ -341,6 +342,7 @@ class ARTargetDecoder:
                 return dataclasses.replace(chains, checks=(), span=values[1], longest=values[2])
             chains = hooks.draft(self.pm, dataclasses.replace(state, draft=chains))
 
+    @torch.inference_mode()
     def _decode_alone(
         self, tokens: torch.Tensor, prompt_len: int, lengths: torch.Tensor, finished: torch.Tensor,
         kernel: TargetKernel, eos_ids: torch.Tensor, target_nfe: torch.Tensor,
@@ -352,6 +354,11 @@ class ARTargetDecoder:
         with the target's kernel from the last one's output, as the verification of an empty
         chain draws it (the same tokens and random draws). Updates ``tokens`` ``(B, L)``,
         ``lengths``, ``finished`` and ``target_nfe`` ``(B,)`` in place.
+
+        Runs under ``torch.inference_mode``: nothing it makes is kept for autograd (its
+        outputs are token ids written into the caller's tensors), so autograd's bookkeeping
+        (version counters, view tracking) is off for every operation of the loop and the
+        target's forwards.
 
         Host synchronisation: one per token (is every row finished, the unfinished rows'
         shortest and longest lengths), none per row.
