@@ -181,7 +181,8 @@ def dloom_select_commit(
         least one position in every row that has a selectable one; ``None`` if this plugin
         is not a commit rule. An editing rule on the revisable kernel may instead return a
         :class:`~dloom.types.Edits` (those positions, and positions to delete and to split
-        in a post step: LLaDA2.2's Levenshtein edits).
+        in a post step: LLaDA2.2's Levenshtein edits; or filled positions to remask in a
+        step that still fills: WINO's narrow-out).
     """
 
 
