@@ -51,8 +51,9 @@ class BlockSchedule:
 @dataclass(frozen=True)
 class Edits:
     """An editing rule's answer to ``dloom_select_commit`` that also deletes positions and
-    inserts masks (LLaDA2.2's Levenshtein edits, DELETE and SPLIT), on the revisable kernel
-    (``B`` rows, blocks of ``K``). A plain ``(B, K)`` bool answer is one that does neither.
+    inserts masks (LLaDA2.2's Levenshtein edits, DELETE and SPLIT) or returns filled
+    positions to the mask (WINO's remasks), on the revisable kernel (``B`` rows, blocks of
+    ``K``). A plain ``(B, K)`` bool answer is one that does none of these.
 
     ``commit`` is what a plain answer is: the positions that take their candidate (masked
     ones filled, filled ones rewritten), a subset of ``selectable``. ``delete`` and
@@ -71,14 +72,27 @@ class Edits:
     makes are filled by the steps that follow (which are not post steps: they take no edit
     budget, and each fills at least one), so a block still ends within its edit budget.
 
+    ``remask`` (WINO's narrow-out: draft low, remask suspicious tokens) acts in a fill step
+    only (a step begun with at least one mask in the row's block), on the generated filled
+    positions of the block that the step did not commit; elsewhere (a post step, a prompt
+    position, a masked one, a position committed this step) it is ignored. Those positions
+    return to the mask token after the step's commits, but the kernel keeps a row's remasks
+    only while the step still fills at least one position net: at most ``n - 1`` of them
+    for ``n`` masked positions the step filled, the ones whose current token is least
+    probable under the step's distribution first (ties: the lower position). So every fill
+    step leaves the row's block with fewer masks than it began with, and a block of ``K``
+    positions ends within ``K`` fill steps plus its edit budget whatever the rule asks.
+
     :ivar commit: ``(B, K)`` bool.
     :ivar delete: ``(B, K)`` bool.
     :ivar split: ``(B, K)`` bool.
+    :ivar remask: ``(B, K)`` bool, or ``None`` (no remask).
     """
 
     commit: torch.Tensor
     delete: torch.Tensor
     split: torch.Tensor
+    remask: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)

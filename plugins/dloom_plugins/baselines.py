@@ -1,12 +1,12 @@
 """Baseline commit rules: LLaDA's quota, Dream's schedule, Fast-dLLM's threshold and
-factor rules, LLaDA2.1's joint threshold (fills and edits), and the entropy bound
-(EB-sampler; DiffusionGemma's acceptance).
+factor rules, LLaDA2.1's joint threshold (fills and edits), WINO (draft low, remask
+suspicious tokens) and the entropy bound (EB-sampler; DiffusionGemma's acceptance).
 
 Each is a ``dloom_select_commit`` implementation, vectorised over the batch (see
 ``docs/strategies.md``). Every rule commits at least one masked position per row that has
 one. The fill rules run on the absorbing and the revisable kernel (where, without edits,
-they decode exactly as on the absorbing one); the joint threshold edits, so it needs the
-revisable kernel.
+they decode exactly as on the absorbing one); the joint threshold and WINO edit, so they
+need the revisable kernel.
 """
 
 from __future__ import annotations
@@ -16,12 +16,19 @@ import torch
 from dloom import (
     BlockSchedule,
     Claim,
+    Edits,
     Parameter,
     StrategyRegistration,
     hookimpl,
     reads_signals,
 )
-from dloom.sdk import commit_top, offered_fills, sorted_profile, threshold_edits
+from dloom.sdk import (
+    ConfigurationError,
+    commit_top,
+    offered_fills,
+    sorted_profile,
+    threshold_edits,
+)
 
 
 class QuotaCommit:
@@ -167,6 +174,62 @@ EDITING_CLAIM = Claim(
 )
 
 
+WINO_TAU = 0.6
+"""WINO's wide-in threshold (Hong et al. 2025, "Wide-In, Narrow-Out"; its reference code's
+``threshold`` for LLaDA): draft every masked position above it."""
+WINO_REMASK_TAU = 0.9
+"""WINO's narrow-out threshold (its reference code's ``threshold_back``): remask a drafted
+token whose probability falls below it."""
+
+
+class WinoCommit:
+    """WINO (Hong et al. 2025, "Wide-In, Narrow-Out"): draft wide at a low threshold,
+    then remask the drafts the model no longer believes, on the revisable kernel.
+
+    In a fill step (the block still holds a mask):
+
+    * wide in: fill every masked position whose confidence exceeds ``tau``, and at least the
+      most confident one;
+    * narrow out: remask every filled position whose current token's probability under this
+      step's distribution (the ``token_probability`` signal) is below ``remask_tau``
+      (:attr:`dloom.types.Edits.remask`). The kernel keeps at most ``n - 1`` remasks for
+      ``n`` fills, the least probable first, and never remasks a prompt position or one
+      filled in this step, so each fill step leaves fewer masks (WINO's own cap).
+
+    Once the block holds no mask a remask is no longer possible: in each of up to
+    ``max_post_steps`` post steps the rule rewrites every offered filled position (its
+    candidate differs from its token) whose token's probability is below ``remask_tau``
+    with the candidate. ``max_post_steps = 0`` (WINO's own decoding) leaves a block final
+    once full.
+    """
+
+    def __init__(self, tau: float, remask_tau: float, max_post_steps: int) -> None:
+        if not tau < remask_tau:
+            raise ConfigurationError(
+                f"strategy 'wino': tau is {tau} and remask_tau is {remask_tau}; allowed: tau < remask_tau "
+                "(a draft goes in above tau and stays only above remask_tau)"
+            )
+        self.tau, self.remask_tau, self.max_post_steps = tau, remask_tau, max_post_steps
+
+    @hookimpl
+    @reads_signals("token_probability")
+    def dloom_select_commit(
+        self, confidence: torch.Tensor, selectable: torch.Tensor, schedule: BlockSchedule,
+        signals: dict[str, torch.Tensor],
+    ) -> torch.Tensor | Edits:
+        masked = offered_fills(selectable, schedule)
+        _, ranks = sorted_profile(confidence, masked)
+        fills = masked & ((confidence > self.tau) | (ranks == 0))
+        if schedule.masked is None or schedule.post_steps is None:  # the absorbing kernel: no edits offered
+            return fills
+        suspicious = ~schedule.masked & (signals["token_probability"] < self.remask_tau)
+        fill_step = schedule.masked.any(-1, keepdim=True)
+        in_budget = (schedule.post_steps <= self.max_post_steps).unsqueeze(1)
+        rewrites = selectable & suspicious & ~fill_step & in_budget
+        none = torch.zeros_like(selectable)
+        return Edits(fills | rewrites, none, none, remask=suspicious & fill_step)
+
+
 class FactorCommit:
     """Fast-dLLM's factor rule: the largest prefix ``n`` of the sorted profile with
     ``(n + 1) * (1 - c_(n)) < f`` (the formula, without the reference code's off-by-one)."""
@@ -296,6 +359,38 @@ def dloom_register_strategies(register) -> None:
             ),
             guarantee="approximate: fills several tokens per forward and may rewrite them later in the block",
             summary="LLaDA2.1: fill above tau, rewrite filled tokens above edit_tau (revisable kernel)",
+            claim=EDITING_CLAIM,
+            kernels=("revisable",),
+            edits=True,
+            edit_budget="max_post_steps",
+        )
+    )
+    register(
+        StrategyRegistration(
+            name="wino",
+            plugin_class=WinoCommit,
+            parameters=(
+                Parameter(
+                    "tau", WINO_TAU, float, "draft masked positions whose confidence exceeds tau (wide in)",
+                    low=0.0, high=1.0, low_open=True, high_open=True,
+                ),
+                Parameter(
+                    "remask_tau", WINO_REMASK_TAU, float,
+                    "remask a filled token whose probability is below remask_tau (narrow out; above tau)",
+                    low=0.0, high=1.0, low_open=True,
+                ),
+                Parameter(
+                    "max_post_steps", 0, int,
+                    "post steps once the block holds no mask, rewriting tokens below remask_tau (0: none, as WINO)",
+                    low=0,
+                ),
+            ),
+            guarantee=(
+                "approximate: drafts every masked position above tau and remasks filled tokens whose probability "
+                "fell below remask_tau; each fill step leaves fewer masks, so a block ends within K fill steps "
+                "plus max_post_steps"
+            ),
+            summary="WINO: draft above tau, remask filled tokens below remask_tau (revisable kernel)",
             claim=EDITING_CLAIM,
             kernels=("revisable",),
             edits=True,

@@ -335,7 +335,8 @@ def test_tiny_models_are_seeded_and_leave_the_global_random_state_alone():
 
 BUILTIN_VERDICTS = {
     "quota": "reference", "dream": "approximate", "threshold": "approximate", "factor": "approximate",
-    "joint_threshold": "approximate", "entropy_bound": "approximate", "frechet": "sound", "frechet_edit": "approximate",
+    "joint_threshold": "approximate", "wino": "approximate", "entropy_bound": "approximate", "frechet": "sound",
+    "frechet_edit": "approximate",
     "spiffy": "lossless", "failfast": "lossless",
 }
 

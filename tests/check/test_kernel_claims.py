@@ -1,5 +1,6 @@
 """``dloom check`` tests the claims the revisable kernel brings on every strategy that runs
-on it, and catches editing rules broken on purpose, one per claim the hook can break."""
+on it, and catches editing rules broken on purpose, one per claim the hook can break, and
+kernels broken on purpose for the claims no rule can break."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from dloom.check.kernel_claims import KERNEL_CLAIMS, check_kernel_claims
 from dloom.check.resolve import resolve
 from dloom.cli import commands as cli
 from dloom.cli.commands import app
-from dloom.decode.commit import sorted_profile
+from dloom.decode import revisable
+from dloom.decode.commit import commit_top, sorted_profile
 from dloom.decode.revisable import RevisableKernel
 from dloom.hooks.registry import Strategy, get_registry
 
@@ -194,3 +196,43 @@ def test_the_kernel_checks_decode_without_warning_the_user():
         warnings.simplefilter("error")
         report = check_strategy("frechet", random_joints=20, adversarial_joints=20)
     assert report.verdict == "sound" and "kernel_claims" in report.evidence
+
+
+class RemasksEverything:
+    """Fills the two most confident masked positions and asks to remask every filled one,
+    at every step: the kernel keeps one remask (two fills, one net), never more."""
+
+    def __init__(self, rounds: int) -> None:
+        self.rounds = rounds
+
+    @dloom.hookimpl
+    def dloom_select_commit(self, confidence, selectable, schedule):
+        masked = selectable if schedule.masked is None else selectable & schedule.masked
+        _, ranks = sorted_profile(confidence, masked)
+        fills = commit_top(ranks, masked, torch.full_like(ranks[:, 0], 2))
+        if schedule.masked is None:
+            return fills
+        none = torch.zeros_like(selectable)
+        return dloom.Edits(fills, none, none, remask=~schedule.masked)
+
+
+def test_a_kernel_that_keeps_every_remask_is_caught_by_progress(monkeypatch):
+    """No rule can stall a block through the hook (the kernel keeps at most one remask fewer
+    than a step's fills), so the claim is shown to bite on a kernel broken on purpose: it
+    keeps every remask asked for, and the rule above would then never finish a block."""
+    register(StrategyRegistration(
+        "remasks-everything", RemasksEverything, parameters=ROUNDS, claim=Claim("approximate"),
+        kernels=("revisable",), edits=True, edit_budget="rounds",
+    ))
+    held = check_strategy("remasks-everything", temperature=0, prompt_count=2)
+    assert (held.verdict, held.failed_claims) == ("approximate", []), held.render()
+    progress = held.evidence["kernel_claims"]["revisable"]["claims"]["progress"]
+    assert progress["verdict"] == "holds" and "(0 remask" not in progress["detail"]  # remasks were kept
+
+    monkeypatch.setattr(revisable, "kept_remasks", lambda remask, probability, filled: remask)
+    report = check_strategy("remasks-everything", temperature=0, prompt_count=2)
+    assert (report.verdict, report.exit_code, report.failed_claims) == ("kernel claim broken", 1, ["progress"])
+    outcomes = report.evidence["kernel_claims"]["revisable"]["claims"]
+    assert "block 0: a fill step began with 1 masked position(s) and ended with 2" in outcomes["progress"]["detail"]
+    assert {outcomes[c]["verdict"] for c in CLAIMS if c != "progress"} == {"untested"}
+    assert "left its block no fewer masks" in outcomes["fills"]["detail"]

@@ -112,7 +112,7 @@ def test_plugins_json():
             {
                 "name": "baselines", "version": "0.1.0", "builtin": True,
                 "hooks": ["dloom_register_strategies", "dloom_select_commit"],
-                "strategies": ["quota", "dream", "threshold", "factor", "joint_threshold", "entropy_bound"],
+                "strategies": ["quota", "dream", "threshold", "factor", "joint_threshold", "wino", "entropy_bound"],
             },
             {
                 "name": "failfast", "version": "0.1.0", "builtin": True,

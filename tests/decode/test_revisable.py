@@ -202,3 +202,143 @@ def test_a_registered_third_party_editing_rule_is_offered_filled_positions(sharp
     fills_only = dloom.DiffusionDecoder(sharp_adapter, "quota", gen_length=8, block_length=4, steps=8).generate(PROMPTS)
     # one position per step, then post steps: at least one more forward per block than filling alone
     assert all(int(a) > int(b) for a, b in zip(result.nfe, fills_only.nfe))
+
+
+MASK, VOCAB = 39, 40
+
+
+def distribution(probabilities: dict[int, float]) -> torch.Tensor:
+    """``(V,)`` logits whose softmax (mask token left out) gives ``probabilities``, the rest
+    spread evenly over the other tokens."""
+    probs = torch.zeros(VOCAB, dtype=torch.float64)
+    rest = (1.0 - sum(probabilities.values())) / (VOCAB - 1 - len(probabilities))
+    probs[:MASK] = rest
+    for token, p in probabilities.items():
+        probs[token] = p
+    return probs.log()
+
+
+class Answers:
+    """An editing rule answering a fixed ``Edits(commit, none, none, remask)``, recording
+    the signals it is given."""
+
+    def __init__(self, commit, remask) -> None:
+        self.commit, self.remask = torch.tensor(commit, dtype=torch.bool), torch.tensor(remask, dtype=torch.bool)
+        self.signals: dict = {}
+
+    @dloom.hookimpl
+    @dloom.reads_signals("token_probability")
+    def dloom_select_commit(self, selectable, signals):
+        self.signals = dict(signals)
+        none = torch.zeros_like(selectable)
+        return dloom.Edits(self.commit & selectable, none, none, remask=self.remask)
+
+
+def remask_step(block, logits, commit, remask, generated, advance=None):
+    rule = Answers(commit, remask)
+    kernel = RevisableKernel(
+        build_plugin_manager(compose(rule)), 0.0, "low_confidence", None, MASK, torch.tensor([2]), 4,
+        (torch.tensor(block) == MASK).sum(-1), edits=True,
+    )
+    kernel.restrict(torch.tensor(generated))
+    rows = len(block)
+    advance = torch.ones(rows, dtype=torch.bool) if advance is None else torch.tensor(advance)
+    return kernel(torch.tensor(block), logits, advance), rule
+
+
+def test_remasks_keep_one_fill_net_least_probable_first_never_the_prompt_nor_this_steps_commits():
+    # position 0 is a prompt position in every row; tokens' probabilities are the numbers below
+    block = [
+        [5, 11, 12, 13, MASK, MASK],  # fills 4 and 5, asks to remask all: keeps 1, the least probable (2)
+        [5, 11, 11, 13, MASK, MASK],  # fills 4 and 5, rewrites 3, asks all: 1 and 2 tie, the lower (1) kept
+        [5, 11, 12, 13, MASK, MASK],  # fills 4 only: keeps no remask
+        [5, 11, 12, 13, 14, 15],      # a post step: remasks ignored
+        [5, 11, MASK, MASK, MASK, MASK],  # fills 4 of 4, asks 1: kept (3 allowed)
+    ]
+    logits = torch.stack([
+        torch.stack([
+            distribution({5: 0.01, 25: 0.9}), distribution({11: 0.2, 20: 0.7}), distribution({12: 0.1, 21: 0.8}),
+            distribution({13: 0.3, 22: 0.6}), distribution({23: 0.9}), distribution({24: 0.8}),
+        ]),
+        torch.stack([
+            distribution({5: 0.01, 25: 0.9}), distribution({11: 0.2, 20: 0.7}), distribution({11: 0.2, 20: 0.7}),
+            distribution({13: 0.05, 22: 0.9}), distribution({23: 0.9}), distribution({24: 0.8}),
+        ]),
+        *[torch.stack([
+            distribution({5: 0.01, 25: 0.9}), distribution({11: 0.2, 20: 0.7}), distribution({12: 0.1, 21: 0.8}),
+            distribution({13: 0.3, 22: 0.6}), distribution({14: 0.2, 23: 0.7}), distribution({15: 0.2, 24: 0.7}),
+        ])] * 3,
+    ])
+    commit = [[0, 0, 0, 0, 1, 1], [0, 0, 0, 1, 1, 1], [0, 0, 0, 0, 1, 0], [0] * 6, [0, 0, 1, 1, 1, 1]]
+    remask = [[1] * 6, [1] * 6, [1] * 6, [1] * 6, [0, 1, 0, 0, 0, 0]]
+    generated = [[False] + [True] * 5] * 5
+    new, rule = remask_step(block, logits, commit, remask, generated)
+    assert new.tolist() == [
+        [5, 11, MASK, 13, 23, 24],
+        [5, MASK, 11, 22, 23, 24],
+        [5, 11, 12, 13, 23, MASK],
+        [5, 11, 12, 13, 14, 15],
+        [5, MASK, 21, 22, 23, 24],
+    ]
+    # the signal: each position's current token's probability, 0 where masked
+    assert rule.signals["token_probability"].dtype == torch.float64
+    torch.testing.assert_close(
+        rule.signals["token_probability"][0], torch.tensor([0.01, 0.2, 0.1, 0.3, 0.0, 0.0], dtype=torch.float64),
+    )
+    torch.testing.assert_close(
+        rule.signals["token_probability"][3], torch.tensor([0.01, 0.2, 0.1, 0.3, 0.2, 0.2], dtype=torch.float64),
+    )
+
+
+def test_a_row_that_takes_no_step_is_not_remasked():
+    block = [[5, 11, 12, MASK], [5, 11, 12, MASK]]
+    logits = torch.stack([torch.stack([distribution({23: 0.9})] * 4)] * 2)
+    new, _ = remask_step(block, logits, [[0, 0, 0, 1]] * 2, [[0, 1, 1, 0]] * 2, [[True] * 4] * 2, [True, False])
+    assert new.tolist() == [[5, 11, 12, 23], [5, 11, 12, MASK]]  # one fill: no remask kept
+
+
+def test_the_kernel_ranks_remasks_itself_when_the_rule_reads_no_signal():
+    class Unread(Answers):
+        @dloom.hookimpl
+        def dloom_select_commit(self, selectable):
+            none = torch.zeros_like(selectable)
+            return dloom.Edits(self.commit & selectable, none, none, remask=self.remask)
+
+    rule = Unread([[0, 0, 1, 1, 1]], [[1, 1, 1, 0, 0]])
+    kernel = RevisableKernel(
+        build_plugin_manager(compose(rule)), 0.0, "low_confidence", None, MASK, torch.tensor([2]), 4,
+        torch.tensor([3]), edits=True,
+    )
+    logits = torch.stack([
+        distribution({11: 0.5}), distribution({12: 0.05}), distribution({13: 0.9}),
+        distribution({23: 0.9}), distribution({24: 0.9}),
+    ])[None]
+    new = kernel(torch.tensor([[11, 12, MASK, MASK, MASK]]), logits, torch.tensor([True]))
+    assert new.tolist() == [[MASK, MASK, 13, 23, 24]]  # 3 filled: 2 remasks kept, all asked
+    rule.remask = torch.tensor([[1, 1, 0, 0, 0]], dtype=torch.bool)
+    rule.commit = torch.tensor([[0, 0, 1, 1, 0]], dtype=torch.bool)
+    kernel = RevisableKernel(
+        build_plugin_manager(compose(rule)), 0.0, "low_confidence", None, MASK, torch.tensor([2]), 4,
+        torch.tensor([3]), edits=True,
+    )
+    new = kernel(torch.tensor([[11, 12, MASK, MASK, MASK]]), logits, torch.tensor([True]))
+    assert new.tolist() == [[11, MASK, 13, 23, MASK]]  # 2 filled: 1 kept, the least probable (12 at 0.05)
+
+
+def test_a_badly_shaped_remask_is_named():
+    from dloom.errors import HookContractError
+
+    class BadRemask:
+        @dloom.hookimpl
+        def dloom_select_commit(self, confidence, selectable):
+            _, ranks = sorted_profile(confidence, selectable)
+            none = torch.zeros_like(selectable)
+            return dloom.Edits(selectable & (ranks == 0), none, none, remask=none[:, :1].long())
+
+    kernel = RevisableKernel(
+        build_plugin_manager(compose(BadRemask())), 0.0, "low_confidence", None, MASK, torch.tensor([2]), 4,
+        torch.tensor([2]), edits=True,
+    )
+    logits = torch.stack([distribution({23: 0.9})] * 2)[None]
+    with pytest.raises(HookContractError, match=r"\(Edits.remask\) must return a bool tensor of shape \(1, 2\), got torch.int64 \(1, 1\)"):
+        kernel(torch.tensor([[MASK, MASK]]), logits, torch.tensor([True]))

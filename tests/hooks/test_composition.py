@@ -185,7 +185,7 @@ def test_unknown_strategy_lists_known_names_and_suggests():
     with pytest.raises(UnknownStrategyError) as raised:
         compose("treshold")
     assert str(raised.value) == (
-        "unknown strategy 'treshold'; known strategies: dream, entropy_bound, factor, failfast, frechet, frechet_edit, joint_threshold, quota, spiffy, threshold. "
+        "unknown strategy 'treshold'; known strategies: dream, entropy_bound, factor, failfast, frechet, frechet_edit, joint_threshold, quota, spiffy, threshold, wino. "
         "Did you mean 'threshold'?"
     )
     assert isinstance(raised.value, KeyError)
@@ -195,7 +195,7 @@ def test_unknown_strategy_without_close_match_has_no_hint():
     with pytest.raises(UnknownStrategyError) as raised:
         compose("zzzz")
     assert "Did you mean" not in str(raised.value)
-    assert "known strategies: dream, entropy_bound, factor, failfast, frechet, frechet_edit, joint_threshold, quota, spiffy, threshold" in str(raised.value)
+    assert "known strategies: dream, entropy_bound, factor, failfast, frechet, frechet_edit, joint_threshold, quota, spiffy, threshold, wino" in str(raised.value)
 
 
 def test_two_commit_rules_are_a_composition_error():

@@ -25,7 +25,8 @@ from dloom.errors import PluginLoadError
 from dloom.hooks.registry import get_registry, reset_registry
 
 BUILTIN_STRATEGIES = {
-    "quota", "dream", "threshold", "factor", "joint_threshold", "entropy_bound", "frechet", "frechet_edit", "spiffy", "failfast",
+    "quota", "dream", "threshold", "factor", "joint_threshold", "wino", "entropy_bound", "frechet", "frechet_edit", "spiffy",
+    "failfast",
 }
 BUILTIN_PLUGINS = {"families", "baselines", "frechet", "spiffy", "failfast"}
 
@@ -133,7 +134,7 @@ def test_dloom_plugins_json_lists_the_fake_plugin(fakeplug):
         "strategies": ["topone"],
     }
     assert by_name["baselines"]["strategies"] == [
-        "quota", "dream", "threshold", "factor", "joint_threshold", "entropy_bound",
+        "quota", "dream", "threshold", "factor", "joint_threshold", "wino", "entropy_bound",
     ]
     assert report["failures"] == []
 

@@ -163,7 +163,8 @@ def _signals(joint: np.ndarray, tokens: np.ndarray, names: tuple[str, ...]) -> d
         probs[0, position, : len(marginal)] = torch.from_numpy(np.asarray(marginal, dtype=np.float64))
     mask_id = probs.shape[-1]  # a column of -inf logits past the vocabulary: never a candidate
     logits = torch.cat([probs.log(), torch.full_like(probs[..., :1], -torch.inf)], dim=-1)
-    signals = commit_signals(logits, torch.from_numpy(tokens)[None], names, mask_id)
+    masked = torch.full((1, len(margs)), mask_id, dtype=torch.long)  # the rule sees every position masked
+    signals = commit_signals(logits, torch.from_numpy(tokens)[None], masked, names, mask_id)
     if "probabilities" in signals:
         signals["probabilities"] = signals["probabilities"][..., :mask_id]
     return signals

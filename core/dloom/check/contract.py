@@ -19,10 +19,10 @@ import torch
 
 from dloom.check.resolve import Resolved
 from dloom.decode.kernel import commit_signals, propose
-from dloom.decode.transition import ABSORBING, common_kernel
+from dloom.decode.transition import ABSORBING, common_kernel, editing_rule
 from dloom.hooks import calls as hooks
 from dloom.hooks.composition import build_plugin_manager, compose
-from dloom.types import BlockSchedule
+from dloom.types import BlockSchedule, Edits
 
 VOCAB = 6
 MASK_ID = VOCAB  # one past the vocabulary: never a candidate
@@ -74,20 +74,22 @@ def probe_commit_rule(strategy: Resolved, seed: int = 0) -> ContractBreak | None
         return None
     pm = build_plugin_manager(composition)
     revisable = common_kernel(composition) != ABSORBING
+    edits = editing_rule(composition) is not None
     generator = torch.Generator().manual_seed(seed)
     for width in WIDTHS:
         for steps_per_block in sorted({1, 2, width}):
-            found = _probe_block(pm, width, steps_per_block, generator, revisable)
+            found = _probe_block(pm, width, steps_per_block, generator, revisable, edits)
             if found is not None:
                 return found
     return None
 
 
 def _probe_block(
-    pm, width: int, steps_per_block: int, generator: torch.Generator, revisable: bool,
+    pm, width: int, steps_per_block: int, generator: torch.Generator, revisable: bool, edits: bool,
 ) -> ContractBreak | None:
     """Decode one block of ``width`` positions for ``ROWS`` rows with the rule; ``revisable``:
-    with the revisable kernel's schedule (the masked positions, no post step yet)."""
+    with the revisable kernel's schedule (the masked positions, no post step yet); ``edits``:
+    an editing rule, whose answer may be an :class:`~dloom.types.Edits` (its commits are probed)."""
     block = torch.full((ROWS, width), MASK_ID, dtype=torch.long)
     block[-1] = 0  # a finished row: nothing selectable
     masked_at_start = (block == MASK_ID).sum(-1)
@@ -103,8 +105,10 @@ def _probe_block(
             post_steps=torch.zeros(ROWS, dtype=torch.long) if revisable else None,
         )
         names = hooks.declared_signals(pm)
-        signals = commit_signals(logits, candidates, names, MASK_ID) if names else None
-        answer = hooks.proposed_commit(pm, confidence, selectable.clone(), schedule, signals)
+        signals = commit_signals(logits, candidates, block, names, MASK_ID) if names else None
+        ask = hooks.proposed_edits if edits else hooks.proposed_commit
+        reply = ask(pm, confidence, selectable.clone(), schedule, signals)
+        answer = reply.commit if isinstance(reply, Edits) else reply
         stray = answer & ~selectable
         empty = selectable.any(-1) & ~(answer & selectable).any(-1)
         for row in range(ROWS):

@@ -110,7 +110,11 @@ def _step(
         torch.full((count,), width, dtype=torch.long),
     )
     names = hooks.declared_signals(decoder.pm)
-    signals = commit_signals(logits.expand(count, *logits.shape), candidates, names, mask_id) if names else None
+    signals = None
+    if names:
+        signals = commit_signals(
+            logits.expand(count, *logits.shape), candidates, block.expand(count, width), names, mask_id,
+        )
     commit = hooks.select_commit(decoder.pm, confidence, selectable.clone(), schedule, signals)
     if not bool(commit.any(-1).all()):
         raise HookContractError(

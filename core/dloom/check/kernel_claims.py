@@ -4,7 +4,7 @@
 :mod:`dloom.check.uniform_claims` those of the uniform-noise kernel.
 
 On the revisable kernel (:mod:`dloom.decode.revisable`) an editing rule rewrites filled
-positions until its block settles. Whatever the rule, decodes on that kernel keep four
+positions until its block settles. Whatever the rule, decodes on that kernel keep five
 promises (:data:`KERNEL_CLAIMS`):
 
 * ``prompt_kept``: prompt tokens are never edited (the kernel offers the rule no prompt
@@ -17,12 +17,17 @@ promises (:data:`KERNEL_CLAIMS`):
   watches that step;
 * ``deterministic``: two decodes with one seed give the same tokens (the kernel draws from
   per-row streams of the seed; a rule drawing from an unseeded source breaks it);
-* ``fills``: every step that begins with a masked position fills at least one.
+* ``fills``: every step that begins with a masked position fills at least one;
+* ``progress``: every such step (a fill step) leaves the row's block with fewer masks than it
+  began with, whatever the rule remasks (:attr:`dloom.types.Edits.remask`; the kernel keeps
+  at most one remask fewer than the step's fills), so a block ends within ``K`` fill steps
+  plus its edit budget. A broken kernel that kept every remask asked for would let a rule
+  loop forever: the check stops a decode at the first step that breaks it.
 
 :func:`check_kernel_claims` decodes :data:`PROMPTS` seeded random prompts on a tiny model
 of the kernel (:func:`dloom.check.tiny.tiny_revisable_dllm`) at temperature 1, three times:
 twice as a user would (``deterministic``) and once with the cut-off lifted
-(``edit_budget``), watching every step of each (``prompt_kept``, ``fills``). The absorbing
+(``edit_budget``), watching every step of each (``prompt_kept``, ``fills``, ``progress``). The absorbing
 kernel's claims (a committed token is final, at least one commit per step) are those of
 the hook contract probe (:mod:`dloom.check.contract`) and the lossless checks.
 """
@@ -46,10 +51,11 @@ PROMPT_KEPT = "prompt_kept"
 EDIT_BUDGET = "edit_budget"
 DETERMINISTIC = "deterministic"
 FILLS = "fills"
+PROGRESS = "progress"
 STEP_BUDGET = "step_budget"
 ACCEPTS = "accepts"
 KERNEL_CLAIMS: dict[str, tuple[str, ...]] = {
-    REVISABLE: (PROMPT_KEPT, EDIT_BUDGET, DETERMINISTIC, FILLS),
+    REVISABLE: (PROMPT_KEPT, EDIT_BUDGET, DETERMINISTIC, FILLS, PROGRESS),
     UNIFORM: (PROMPT_KEPT, STEP_BUDGET, DETERMINISTIC, ACCEPTS),
 }
 """The claims ``dloom check`` tests on decodes, by kernel (:data:`dloom.decode.transition.KERNELS`)."""
@@ -93,12 +99,21 @@ class KernelClaims:
         }
 
 
+class _Stopped(Exception):
+    """Raised by :class:`_Watch` to stop a decode at a step that broke ``progress`` (it might
+    never end)."""
+
+
 class _Watch:
     """An observer of every plain step (:class:`dloom.decode.session.StepRecord`): records
-    the first break of ``prompt_kept``, ``edit_budget`` and ``fills``, and what held.
+    the first break of ``prompt_kept``, ``edit_budget``, ``fills`` and ``progress``, and what
+    held; raises :class:`_Stopped` at a break of ``progress``.
 
     A position not masked at the first step of its row's block is a prompt position (a
     block starts with its generated positions masked).
+
+    :ivar stopped: the claim whose break stopped the decode (``fills``: the decoder stopped
+        it; ``progress``: the watch), or ``None``.
     """
 
     def __init__(self, mask_id: int, budget: int) -> None:
@@ -108,6 +123,8 @@ class _Watch:
         self.breaks: dict[str, str] = {}
         self.fill_steps = 0
         self.edits = 0
+        self.remasks = 0
+        self.stopped: str | None = None
 
     def _break(self, claim: str, problem: str) -> None:
         self.breaks.setdefault(claim, problem)
@@ -128,8 +145,18 @@ class _Watch:
             if masked_before[i]:
                 self.fill_steps += 1
                 self.edits += int((changed & (before != self.mask_id)).sum())
-                if masked_after[i] == masked_before[i]:
+                self.remasks += int(((before != self.mask_id) & (after == self.mask_id)).sum())
+                if not bool(((before == self.mask_id) & (after != self.mask_id)).any()):
                     self._break(FILLS, f"{where}: a step began with {masked_before[i]} masked position(s) and filled none")
+                    self.stopped = FILLS  # the decoder stops at this step
+                elif masked_after[i] >= masked_before[i]:
+                    self._break(
+                        PROGRESS,
+                        f"{where}: a fill step began with {masked_before[i]} masked position(s) and ended with "
+                        f"{masked_after[i]}",
+                    )
+                    self.stopped = PROGRESS
+                    raise _Stopped
                 continue
             steps = self.post_steps[key] = self.post_steps.get(key, 0) + 1
             self.edits += int(changed.sum())
@@ -141,7 +168,8 @@ class _Watch:
 
 def _decode(strategy: Resolved, model, prompts: list[list[int]], lift: bool) -> tuple[_Watch, torch.Tensor | None]:
     """One seeded decode of ``prompts`` with ``strategy``, watched; its sequences, or ``None``
-    when the decoder stopped it for a step that filled nothing (the watch names it).
+    when it stopped at a step that filled nothing (the decoder) or left no fewer masks (the
+    watch; the watch names either).
     ``lift``: the kernel's cut-off one post step past the edit budget.
 
     The decoder's warnings are silenced (they would be about this tiny model and the check's
@@ -160,8 +188,10 @@ def _decode(strategy: Resolved, model, prompts: list[list[int]], lift: bool) -> 
     watch = _Watch(model.mask_token_id, budget)
     try:
         result = decoder.generate(prompts, observer=watch)
+    except _Stopped:
+        return watch, None
     except HookContractError:
-        if FILLS not in watch.breaks:  # another break of the hook contract: the caller's to report
+        if watch.stopped != FILLS:  # another break of the hook contract: the caller's to report
             raise
         return watch, None
     start = result.sequences[:, : len(prompts[0])]
@@ -215,12 +245,17 @@ def check_kernel_claims(strategy: Resolved, kernel: str = REVISABLE) -> KernelCl
         ),
         DETERMINISTIC: f"two decodes with seed {SEED} gave the same tokens",
         FILLS: f"each of {first.fill_steps} steps that began with a mask filled one",
+        PROGRESS: (
+            f"each of {first.fill_steps} steps that began with a mask left fewer ({first.remasks} remask(s) in all)"
+        ),
     }
+    stopped = {FILLS: "filled nothing", PROGRESS: "left its block no fewer masks"}
     for name in names:
         if name in breaks:
             report.claims[name] = {"verdict": "broken", "detail": breaks[name]}
-        elif first_out is None and name != FILLS:
-            report.claims[name] = {"verdict": "untested", "detail": "the decode stopped at a step that filled nothing"}
+        elif first_out is None:
+            what = stopped[first.stopped or FILLS]
+            report.claims[name] = {"verdict": "untested", "detail": f"the decode stopped at a step that {what}"}
         else:
             report.claims[name] = {"verdict": "holds", "detail": held[name]}
     return report

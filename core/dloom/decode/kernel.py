@@ -206,7 +206,7 @@ def propose(
 
 
 def commit_signals(
-    logits: torch.Tensor, candidates: torch.Tensor, names: tuple[str, ...], mask_token_id: int
+    logits: torch.Tensor, candidates: torch.Tensor, block: torch.Tensor, names: tuple[str, ...], mask_token_id: int
 ) -> dict[str, torch.Tensor]:
     """The signals ``names`` (:data:`dloom.hooks.specs.COMMIT_SIGNALS`) of the block's
     distribution ``softmax(logits)``, mask token left out, in float64: what a commit rule
@@ -214,8 +214,9 @@ def commit_signals(
 
     :param logits: ``(B, K, V)`` logits of the active block, any float dtype.
     :param candidates: ``(B, K)`` long, the step's candidates (:func:`propose`).
-    :return: ``{name: tensor}``: ``confidence``, ``margin``, ``entropy`` ``(B, K)``,
-        ``probabilities`` ``(B, K, V)``.
+    :param block: ``(B, K)`` long, the block's current tokens (the mask id where masked).
+    :return: ``{name: tensor}``: ``confidence``, ``margin``, ``entropy``,
+        ``token_probability`` ``(B, K)``, ``probabilities`` ``(B, K, V)``.
     """
     probs = torch.softmax(without_mask(logits, mask_token_id), dim=-1)
     signals: dict[str, torch.Tensor] = {}
@@ -227,9 +228,19 @@ def commit_signals(
             signals[name] = top2[..., 0] - top2[..., 1]
         elif name == "entropy":
             signals[name] = -torch.sum(probs * torch.log(probs.clamp_min(1e-300)), dim=-1)
+        elif name == "token_probability":
+            signals[name] = token_probability(probs, block, mask_token_id)
         else:  # probabilities
             signals[name] = probs
     return signals
+
+
+def token_probability(probs: torch.Tensor, block: torch.Tensor, mask_token_id: int) -> torch.Tensor:
+    """``(B, K)`` float64, the probability ``probs`` (``(B, K, V)``, a distribution over the
+    vocabulary) gives each position's current token in ``block`` (``(B, K)`` long); 0 where
+    the position is masked."""
+    picked = torch.gather(probs.to(torch.float64), -1, block.unsqueeze(-1)).squeeze(-1)
+    return torch.where(block == mask_token_id, 0.0, picked)
 
 
 def greedy_float32(
@@ -404,7 +415,7 @@ class KernelStep:
         schedule = BlockSchedule(self.steps, self.steps_per_block, self.masked_at_start)
         signals = None
         if self.signals:  # only what the rule declared (the default rules declare none)
-            signals = commit_signals(logits, candidates, self.signals, self.mask_token_id)
+            signals = commit_signals(logits, candidates, block, self.signals, self.mask_token_id)
         answer = hooks.proposed_commit(self.pm, confidence, selectable, schedule, signals)
         commit = answer & selectable
         stepping = selectable.any(-1)

@@ -20,13 +20,18 @@ positions outside the active block.
 An editing rule may also answer with :class:`dloom.types.Edits`, deleting positions and
 inserting masks in a post step (LLaDA2.2's DELETE and SPLIT): the kernel applies them after
 the step's commits, within the row's generated positions of the block
-(:func:`dloom.decode.levenshtein.relayout`).
+(:func:`dloom.decode.levenshtein.relayout`). Its ``remask`` returns filled positions to the
+mask in a fill step (WINO's narrow-out): generated filled positions that the step did not
+commit, at most ``n - 1`` of them in a row whose step filled ``n`` masked positions, the
+least probable tokens first (:func:`kept_remasks`). A fill step therefore always leaves
+fewer masks than it found, and a block ends within ``K`` fill steps plus the edit budget.
 """
 
 from __future__ import annotations
 
 import torch
 
+from dloom.decode.commit import sorted_profile
 from dloom.decode.kernel import (
     KernelStep,
     RowStreams,
@@ -39,6 +44,20 @@ from dloom.decode.kernel import (
 from dloom.decode.levenshtein import relayout
 from dloom.hooks import calls as hooks
 from dloom.types import BlockSchedule, Edits
+
+
+def kept_remasks(remask: torch.Tensor, probability: torch.Tensor, filled: torch.Tensor) -> torch.Tensor:
+    """The remasks the kernel keeps: each row's ``filled - 1`` positions of ``remask`` (none
+    when it filled one or none) whose current token is least probable, ties to the lower
+    position.
+
+    :param remask: ``(B, K)`` bool, the remasks asked for, within the step's scope.
+    :param probability: ``(B, K)`` float, each position's current token's probability.
+    :param filled: ``(B,)`` long, the masked positions each row's step filled.
+    :return: ``(B, K)`` bool, a subset of ``remask``.
+    """
+    _, ranks = sorted_profile(-probability, remask)  # least probable first
+    return remask & (ranks < (filled - 1).clamp(min=0).unsqueeze(-1))
 
 
 class RevisableKernel(KernelStep):
@@ -89,7 +108,7 @@ class RevisableKernel(KernelStep):
         )
         signals = None
         if self.signals:  # only what the rule declared
-            signals = commit_signals(logits, candidates, self.signals, self.mask_token_id)
+            signals = commit_signals(logits, candidates, block, self.signals, self.mask_token_id)
         reply = (hooks.proposed_edits if self.edits else hooks.proposed_commit)(
             self.pm, confidence, selectable, schedule, signals,
         )
@@ -106,6 +125,13 @@ class RevisableKernel(KernelStep):
         if isinstance(self.generator, RowStreams):
             self.generator.advance(advance)
         new = apply_commit(block, candidates, commit)
+        if edits is not None and edits.remask is not None:  # back to the mask, in a fill step
+            fill_step = (masked.any(-1) & advance).unsqueeze(1)
+            asked = edits.remask & fill_step & generated & ~masked & ~commit
+            if signals is None or "token_probability" not in signals:
+                signals = commit_signals(logits, candidates, block, ("token_probability",), self.mask_token_id)
+            kept = kept_remasks(asked, signals["token_probability"], (commit & masked).sum(-1))
+            new = torch.where(kept, self.mask_token_id, new)
         if edits is not None:  # deletes and splits of the filled positions offered in a post step
             offered = selectable & ~masked & post_step.unsqueeze(1)
             new = relayout(new, edits.delete & offered, edits.split & offered, generated, self.mask_token_id)

@@ -33,7 +33,7 @@ from dloom.decode.uniform import UniformKernel, UniformSettings
 from dloom.errors import ConfigurationError, ModelError
 
 if TYPE_CHECKING:
-    from dloom.hooks.composition import Composition
+    from dloom.hooks.composition import Component, Composition
     from dloom.model.adapter import ModelAdapter
 
 ABSORBING = "absorbing"
@@ -120,15 +120,22 @@ def kernel_options(composition: Composition, model: ModelAdapter, block_length: 
         if size is None:
             raise ModelError(f"model {model.name!r} declares no vocabulary size; the uniform kernel draws from it")
         return {"width": block_length, "vocab_size": size, "settings": UniformSettings.from_generation(model.generation)}
+    editing = editing_rule(composition)
+    if editing is None:
+        return {}
+    assert editing.strategy is not None  # an editing rule is a registered strategy
+    budget = editing.strategy.registration.edit_budget
+    return {"edits": True, "post_step_budget": None if budget is None else editing.params[budget]}
+
+
+def editing_rule(composition: Composition) -> Component | None:
+    """The component of ``composition`` answering ``dloom_select_commit`` when its strategy
+    edits (:attr:`dloom.types.StrategyRegistration.edits`); ``None`` for a fill rule."""
     rule = composition.provider("dloom_select_commit")
     for component in composition.components:
-        if component.name != rule or component.strategy is None:
-            continue
-        registration = component.strategy.registration
-        if registration.edits:
-            budget = registration.edit_budget
-            return {"edits": True, "post_step_budget": None if budget is None else component.params[budget]}
-    return {}
+        if component.name == rule and component.strategy is not None and component.strategy.registration.edits:
+            return component
+    return None
 
 
 def common_kernel(composition: Composition) -> str:

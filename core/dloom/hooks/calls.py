@@ -129,15 +129,18 @@ def proposed_edits(
     signals: Mapping[str, torch.Tensor] | None = None,
 ) -> torch.Tensor | Edits:
     """An editing rule's answer as it gave it (on the revisable kernel): a ``(B, K)`` bool
-    tensor or an :class:`~dloom.types.Edits` of three, each type and shape checked, none
-    restricted to ``selectable`` (as :func:`proposed_commit`)."""
+    tensor or an :class:`~dloom.types.Edits` (three tensors, and a fourth, ``remask``, or
+    ``None``), each type and shape checked, none restricted to ``selectable`` (as
+    :func:`proposed_commit`)."""
     answer = _call(
         pm, "dloom_select_commit", confidence=confidence, selectable=selectable, schedule=schedule,
         signals={} if signals is None else signals,
     )
     if not isinstance(answer, Edits):
         return _commit_mask(pm, _answer(pm, answer, "dloom_select_commit", torch.Tensor), selectable, "")
-    for name in ("commit", "delete", "split"):
+    for name in ("commit", "delete", "split", "remask"):
+        if name == "remask" and answer.remask is None:
+            continue
         _check_type(pm, getattr(answer, name), f"dloom_select_commit (Edits.{name})", torch.Tensor)
         _commit_mask(pm, getattr(answer, name), selectable, f" (Edits.{name})")
     return answer

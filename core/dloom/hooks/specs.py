@@ -56,14 +56,17 @@ PROJECT_NAME = "dloom"
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
-COMMIT_SIGNALS = ("confidence", "margin", "entropy", "probabilities")
+COMMIT_SIGNALS = ("confidence", "margin", "entropy", "probabilities", "token_probability")
 """What a commit rule may read of the block's distribution, ``softmax(logits)`` with the
 mask token left out (float64; ``signals`` of :func:`dloom_select_commit`):
 
 * ``confidence``: ``(B, K)``, the candidate token's probability;
 * ``margin``: ``(B, K)``, the top-1 minus the top-2 probability;
 * ``entropy``: ``(B, K)``, the entropy in nats (``>= 0``; lower is surer);
-* ``probabilities``: ``(B, K, V)``, the whole distribution.
+* ``probabilities``: ``(B, K, V)``, the whole distribution;
+* ``token_probability``: ``(B, K)``, the probability of each position's current token
+  (0 at a masked position): how much the model still believes a filled token, what a
+  rule that remasks suspicious tokens reads (:attr:`dloom.types.Edits.remask`).
 """
 SIGNALS_ATTRIBUTE = "dloom_signals"
 
@@ -178,7 +181,8 @@ def dloom_select_commit(
         least one position in every row that has a selectable one; ``None`` if this plugin
         is not a commit rule. An editing rule on the revisable kernel may instead return a
         :class:`~dloom.types.Edits` (those positions, and positions to delete and to split
-        in a post step: LLaDA2.2's Levenshtein edits).
+        in a post step: LLaDA2.2's Levenshtein edits; or filled positions to remask in a
+        step that still fills: WINO's narrow-out).
     """
 
 
