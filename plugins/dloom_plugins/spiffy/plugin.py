@@ -74,6 +74,8 @@ LAYOUTS = ("rows", "packed")
 AUTO = "auto"
 PROMPT_TOKENS = 64
 """The prompt length ``budget="auto"`` measures forwards at (the decoder has no prompt yet)."""
+COST_REPEATS = 5
+"""Rounds of timed forwards ``budget="auto"`` measures the cost curve with (the median kept)."""
 PRUNE_SCORES = ("rule", "confidence")
 CALL_TOKENS = 2048
 """The default ``call_tokens``: a verification's model call holds ``B`` rows or this many
@@ -211,7 +213,7 @@ class Spiffy:
         elif "forward_cost" in config:
             curve = config["forward_cost"](
                 seq_len=cost_seq_len(config), nodes=cost_nodes(most + 1), layout=self.layout,
-                span=config["block_length"],
+                span=config["block_length"], repeats=COST_REPEATS,
             )
         else:
             raise ConfigurationError(
@@ -299,7 +301,10 @@ class Spiffy:
             best = torch.where(frontier, combined, torch.full_like(combined, -torch.inf)).argmax(-1)
             pick = torch.zeros_like(kept).scatter_(1, best.unsqueeze(1), frontier.any(-1, keepdim=True))
             kept |= pick
-        return DraftGraph(graph.tokens, graph.parents, graph.depth, graph.score, kept, graph.longest_path)
+        # a path from the root through kept drafts visits each at most once (parents come
+        # before children): at most ``keep`` steps, so the verifier walks no further
+        longest = None if graph.longest_path is None else min(graph.longest_path, keep)
+        return DraftGraph(graph.tokens, graph.parents, graph.depth, graph.score, kept, longest)
 
     @hookimpl
     def dloom_build_mask(self, state: DecodeState, graph: DraftGraph) -> VerificationLayout:
