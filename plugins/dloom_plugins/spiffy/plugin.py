@@ -69,6 +69,7 @@ from .graph import (
     default_graph,
     find_builtin,
 )
+from .overhead import verification_overhead
 
 LAYOUTS = ("rows", "packed")
 AUTO = "auto"
@@ -190,12 +191,13 @@ class Spiffy:
         self._log_prior.clear()
         budget = config.get("draft_budget")
         most = len(graph.nodes) if budget is None else min(len(graph.nodes), budget)
+        # a block's first forward is drafted where the verification sees the next block
+        self._next_block = self.first_forward and self.layout == "rows" and config.get("cache", "none") == "none"
+        self._static_nodes = None
         if self.budget == AUTO:
             self.chosen_budget = self._choose(graph, config, most)
         else:
             self.chosen_budget = min(int(self.budget), most)
-        # a block's first forward is drafted where the verification sees the next block
-        self._next_block = self.first_forward and self.layout == "rows" and config.get("cache", "none") == "none"
         # static shapes: every verification is laid out for the most nodes a row may evaluate
         self._static_nodes = self.chosen_budget + 1 if config.get("static_shapes") else None
 
@@ -220,9 +222,15 @@ class Spiffy:
                 "budget 'auto' needs a forward cost curve: build Spiffy through a DiffusionDecoder "
                 "(it measures the model), or pass cost=FILE from `dloom profile -o FILE`"
             )
-        chosen = choose_budget(accepted, curve, steps)
+        overhead = [0.0]
+        if config.get("vocab_size"):  # the verification's work besides its forward, timed
+            overhead += verification_overhead(self, config, range(1, len(accepted)))
+        else:
+            overhead *= len(accepted)
+        chosen = choose_budget(accepted, curve, steps, overhead)
         self.choice = {"curve": curve.to_json(), "accepted": accepted, "steps_per_block": steps,
-                       "speedups": speedups(accepted, curve, steps), "budget": chosen}
+                       "overhead": overhead, "speedups": speedups(accepted, curve, steps, overhead),
+                       "budget": chosen}
         return chosen
 
     def _template(self, device: torch.device) -> GraphTemplate:
