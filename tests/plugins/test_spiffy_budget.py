@@ -16,6 +16,7 @@ from dloom.hooks.registry import get_registry
 from dloom.model.cost import CostCurve
 from dloom_plugins.spiffy import Spiffy
 from dloom_plugins.spiffy.budget import (
+    CACHED_MIN_GAIN,
     MIN_GAIN,
     accepted_on_paths,
     choose_budget,
@@ -62,6 +63,15 @@ def test_a_verifications_own_work_counts_beside_its_forward():
     assert choose_budget(ACCEPTED, CostCurve.flat(1.0), STEPS, overhead) == 5
     with pytest.raises(ConfigurationError, match="overhead has 2 entries; expected one per budget, 6"):
         speedups(ACCEPTED, curve, STEPS, [0.0, 0.01])
+
+
+def test_with_a_cache_the_bar_is_higher():
+    # 1.2x expected: enough without a cache, not where the curve only approximates a cached row
+    accepted = [0.0, 0.5]
+    assert speedups(accepted, CostCurve.flat(), 2.0)[1] == pytest.approx(1.2)
+    assert MIN_GAIN < 1.2 < CACHED_MIN_GAIN
+    assert choose_budget(accepted, CostCurve.flat(), 2.0) == 1
+    assert choose_budget(accepted, CostCurve.flat(), 2.0, min_gain=CACHED_MIN_GAIN) == 0
 
 
 def test_a_gain_below_the_bar_keeps_the_base_rule():

@@ -60,7 +60,14 @@ from dloom.sdk import (
     warn,
 )
 
-from .budget import choose_budget, expected_accepted, speedups, steps_per_block
+from .budget import (
+    CACHED_MIN_GAIN,
+    MIN_GAIN,
+    choose_budget,
+    expected_accepted,
+    speedups,
+    steps_per_block,
+)
 from .frame import rank_frame
 from .graph import (
     CalibratedGraph,
@@ -208,7 +215,7 @@ class Spiffy:
         steps = steps_per_block(graph)
         if not any(accepted):
             self.choice = {"curve": None, "accepted": accepted, "steps_per_block": steps,
-                           "speedups": None, "budget": 0}
+                           "overhead": None, "speedups": None, "budget": 0}
             return 0
         if self.cost_path:
             curve = CostCurve.load(self.cost_path)
@@ -227,7 +234,8 @@ class Spiffy:
             overhead += verification_overhead(self, config, range(1, len(accepted)))
         else:
             overhead *= len(accepted)
-        chosen = choose_budget(accepted, curve, steps, overhead)
+        cached = config.get("cache", "none") != "none"
+        chosen = choose_budget(accepted, curve, steps, overhead, CACHED_MIN_GAIN if cached else MIN_GAIN)
         self.choice = {"curve": curve.to_json(), "accepted": accepted, "steps_per_block": steps,
                        "overhead": overhead, "speedups": speedups(accepted, curve, steps, overhead),
                        "budget": chosen}
