@@ -41,6 +41,8 @@ from dloom.types import Verdict
 from dloom.zoo import model_path
 from dloom_plugins.spiffy import Spiffy
 from dloom_plugins.spiffy.budget import (
+    CACHED_MIN_GAIN,
+    MIN_GAIN,
     choose_budget,
     expected_accepted,
     steps_per_block,
@@ -149,7 +151,9 @@ def test_greedy_identity_at_the_budget_auto_chooses(attention, layout, mode, cur
                         {**params, "graph": graph, "layout": layout, "budget": "auto", "cost": str(cost)}, cache=mode)
         plugin = next(p for p in built.pm.get_plugins() if isinstance(p, Spiffy))
         steps = steps_per_block(plugin.graph)
-        assert plugin.chosen_budget == choose_budget(expected_accepted(plugin.graph), curve, steps)
+        bar = MIN_GAIN if mode == "none" else CACHED_MIN_GAIN
+        assert plugin.chosen_budget == choose_budget(expected_accepted(plugin.graph), curve, steps,
+                                                     plugin.choice["overhead"], bar)
         chosen.append(plugin.chosen_budget)
         spiffy = built.generate(PROMPTS)
         assert spiffy.token_lists == reference.token_lists, (base, layout, mode)

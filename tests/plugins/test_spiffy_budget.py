@@ -16,6 +16,7 @@ from dloom.hooks.registry import get_registry
 from dloom.model.cost import CostCurve
 from dloom_plugins.spiffy import Spiffy
 from dloom_plugins.spiffy.budget import (
+    CACHED_MIN_GAIN,
     MIN_GAIN,
     accepted_on_paths,
     choose_budget,
@@ -47,6 +48,30 @@ def test_on_a_shallow_linear_curve_the_chooser_stops_where_gains_saturate():
     assert gains[3] == pytest.approx(5.0 / (1 + 4.0 / 2.0 * 1.3))
     assert gains[0] == 1.0
     assert choose_budget(ACCEPTED, curve, STEPS) == gains.index(max(gains)) == 3
+
+
+def test_a_verifications_own_work_counts_beside_its_forward():
+    # a flat curve of 10 ms forwards: free rows, but each verification spends 10 ms more
+    curve = CostCurve.flat(0.01)
+    overhead = [0.0] + [0.01] * 5
+    gains = speedups(ACCEPTED, curve, STEPS, overhead)
+    assert gains[3] == pytest.approx(5.0 / (1 + 4.0 / 2.0 * 2.0))  # the forward and as much again
+    assert speedups(ACCEPTED, curve, STEPS, [0.0] * 6) == speedups(ACCEPTED, curve, STEPS)
+    assert choose_budget(ACCEPTED, curve, STEPS) == 5
+    assert choose_budget(ACCEPTED, curve, STEPS, overhead) == 0  # drafting would cost wall time
+    # on forwards of a second the same work is negligible: the largest budget again
+    assert choose_budget(ACCEPTED, CostCurve.flat(1.0), STEPS, overhead) == 5
+    with pytest.raises(ConfigurationError, match="overhead has 2 entries; expected one per budget, 6"):
+        speedups(ACCEPTED, curve, STEPS, [0.0, 0.01])
+
+
+def test_with_a_cache_the_bar_is_higher():
+    # 1.2x expected: enough without a cache, not where the curve only approximates a cached row
+    accepted = [0.0, 0.5]
+    assert speedups(accepted, CostCurve.flat(), 2.0)[1] == pytest.approx(1.2)
+    assert MIN_GAIN < 1.2 < CACHED_MIN_GAIN
+    assert choose_budget(accepted, CostCurve.flat(), 2.0) == 1
+    assert choose_budget(accepted, CostCurve.flat(), 2.0, min_gain=CACHED_MIN_GAIN) == 0
 
 
 def test_a_gain_below_the_bar_keeps_the_base_rule():
@@ -199,9 +224,37 @@ def test_the_default_budget_is_auto_and_an_explicit_budget_overrides_it(sharp_ad
 
 def test_auto_without_a_cost_file_measures_the_model(sharp_adapter, quota_graph):
     result, plugin = run(sharp_adapter, "spiffy+quota", {"graph": quota_graph, "budget": "auto"})
+    overhead = plugin.choice["overhead"]  # a verification's own work, timed per budget
+    assert len(overhead) == plugin.graph.budget + 1 and overhead[0] == 0.0 and min(overhead[1:]) > 0
+    assert plugin.choice["speedups"] == speedups(
+        plugin.choice["accepted"], CostCurve.from_json(plugin.choice["curve"]), plugin.choice["steps_per_block"],
+        overhead)
     curve = plugin.choice["curve"]
     assert curve["model"] == sharp_adapter.name and curve["points"][0]["nodes"] == 1
     assert curve["points"][-1]["nodes"] == plugin.graph.budget + 1
     assert 0 <= plugin.chosen_budget <= plugin.graph.budget
     reference, _ = run(sharp_adapter, "quota", {})
     assert result.token_lists == reference.token_lists
+
+
+
+def test_the_timed_verification_walks_the_budgets_steps(sharp_adapter, quota_graph, tmp_path, monkeypatch):
+    """The timed walk is the verifier's: ``min(longest path, D) + 1`` kernel steps."""
+    from dloom_plugins.spiffy import overhead
+
+    flat = tmp_path / "flat.json"
+    CostCurve.flat().save(flat)
+    plugin = run(sharp_adapter, "spiffy+quota", {"graph": quota_graph, "cost": str(flat)})[1]
+    steps = Counter[int]()
+    step = overhead.ProposalKernel.__call__
+
+    def counted(kernel, block, logits, advance):
+        steps[plugin.chosen_budget] += 1
+        return step(kernel, block, logits, advance)
+
+    monkeypatch.setattr(overhead.ProposalKernel, "__call__", counted)
+    config = {"block_length": 8, "vocab_size": 40, "device": "cpu", "shift_logits": False}
+    times = overhead.verification_overhead(plugin, config, [1, 3], repeats=2)
+    assert len(times) == 2 and min(times) > 0
+    assert plugin._longest >= 3  # the walk is bounded by the budget, not by the graph
+    assert steps == {1: 3 * 2, 3: 3 * 4}  # an untimed and two timed walks per budget

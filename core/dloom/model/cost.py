@@ -8,7 +8,8 @@ with its nodes: on a CPU it grows about linearly, on an accelerator running a la
 at small batch a forward is bound by reading the weights and stays nearly flat.
 
 :func:`measure_cost_curve` times forwards of ``1, 2, 4, ...`` nodes on the model itself
-(a few warm-up forwards, then the median of ``repeats``), and keeps the curve for the
+(a few warm-up forwards, then the median of ``repeats`` rounds, each timing every node
+count in turn, so that a machine's changing load falls on every point alike), and keeps the curve for the
 process, keyed by the model's name, device, dtype, the layout and the shapes. A
 :class:`CostCurve` interpolates between the measured points; :meth:`CostCurve.linear` and
 :meth:`CostCurve.flat` build synthetic curves (a CPU-like and a GPU-like forward).
@@ -157,7 +158,7 @@ def measure_cost_curve(
         ``seq_len + (n - 1) * span`` tokens) or ``"cached"`` (``n`` new tokens of one row after
         ``seq_len`` cached columns: a causal model with a KV cache).
     :param span: tokens per packed draft (the block length).
-    :param repeats: timed forwards per point; the median is kept.
+    :param repeats: timed rounds (one forward per point each); each point's median is kept.
     :param warmup: untimed forwards before the first point.
     :raises ConfigurationError: for a layout, length, count or node list out of range.
     :raises ModelError: ``"cached"`` for a model that is not causal or takes no cache.
@@ -194,15 +195,14 @@ def measure_cost_curve(
         for _ in range(warmup):
             forward(nodes[0])
         sync()
-        seconds = []
-        for n in nodes:
-            times = []
-            for _ in range(repeats):
+        times: dict[int, list[float]] = {n: [] for n in nodes}
+        for _ in range(repeats):  # rounds over every node count: a load that drifts hits each alike
+            for n in nodes:
                 started = time.perf_counter()
                 forward(n)
                 sync()
-                times.append(time.perf_counter() - started)
-            seconds.append(max(statistics.median(times), 1e-9))
+                times[n].append(time.perf_counter() - started)
+        seconds = [max(statistics.median(times[n]), 1e-9) for n in nodes]
         if target is not None:
             target.release()
         # a forward of more nodes never costs less (timer noise on a near-flat curve)

@@ -562,10 +562,15 @@ class BlockForward:
         if not layout.packed:
             if not self.policy.records:
                 mask = None if self._full_mask is None else self._full_mask[source]
-                raw = self._run(primary, mask, self.position_ids[source])
+                # outputs from the first window on (every span starts there or later; the
+                # prompt's columns are not computed), or with static shapes the plain steps' columns
+                keep = self._kept(first_window, self.length - self.block_length)
+                raw = self._run(primary, mask, self.position_ids[source], keep=keep)
                 if layout.next_block:  # and the next block's K columns (clamped at the end)
                     further = span[:, -1:] + torch.arange(1, self.block_length + 1, device=tokens.device)
                     span = torch.cat([span, further.clamp(max=self.length - 1)], dim=1)
+                if self.model.takes_logits_to_keep:
+                    span = span - keep[0]
                 return torch.take_along_dim(raw, span.unsqueeze(-1), dim=1)
             return self._window_forward(primary, source, first_window)[:, :width]
         return self._packed(primary, layout, width, span, first_window)

@@ -7,10 +7,13 @@ commits what the base rule commits, so over a block of ``s`` steps, whose first 
 has nothing to draft from, the expected speed-up under a forward cost curve
 (:class:`dloom.model.cost.CostCurve`) is
 
-    ``s cost(1) / (cost(1) + (s - 1) / (1 + A(D)) cost(D + 1))``
+    ``s cost(1) / (cost(1) + (s - 1) / (1 + A(D)) (cost(D + 1) + h(D)))``
 
+where ``h(D)`` is a verification's work besides its forward (Spiffy's hooks and the
+verifier's walk, :mod:`dloom_plugins.spiffy.overhead`): measured, it is what keeps a small
+model on a CPU from drafting where its forwards alone would say it pays.
 :func:`choose_budget` takes the ``D`` that maximises it if it beats the base rule by
-:data:`MIN_GAIN`; ``D = 0`` is the base rule alone.
+:data:`MIN_GAIN` (:data:`CACHED_MIN_GAIN` with a cache); ``D = 0`` is the base rule alone.
 
 ``A(D)`` of a calibrated graph (:func:`expected_accepted`). Calibration keeps nodes one at a
 time, each the best-scoring node with a kept parent, so the first ``D`` nodes of that order
@@ -89,7 +92,15 @@ def expected_accepted(graph: CalibratedGraph) -> list[float]:
 
 MIN_GAIN = 1.1
 """The expected speed-up over the base rule a drafting budget must reach to be chosen: the
-draft, prune and verify hooks' own time per verification is not in the forward cost curve."""
+decoder's own work per step (its bookkeeping, the session's host read) is in neither the
+forward cost curve nor the measured verification overhead."""
+
+CACHED_MIN_GAIN = 1.25
+""":data:`MIN_GAIN` with a prefix or dual cache, where the curve's uncached forwards only
+approximate a verification: a cached row also attends to the cached columns and takes its
+own copy of its row's cache. On ``long-dllm-words`` and ``random-512x8`` on a CPU the
+budgets chosen with a cache under :data:`MIN_GAIN` ran at 76–89 % of the speed-up expected
+(``docs/benchmarks/cost.md``)."""
 
 
 def steps_per_block(graph: CalibratedGraph) -> float:
@@ -105,30 +116,42 @@ def steps_per_block(graph: CalibratedGraph) -> float:
     return roots / blocks + 1
 
 
-def speedups(accepted: Sequence[float], cost: CostCurve, steps: float) -> list[float]:
+def speedups(
+    accepted: Sequence[float], cost: CostCurve, steps: float, overhead: Sequence[float] | None = None,
+) -> list[float]:
     """Expected tokens per second of each ``D`` against the base rule's (``D = 0``: 1).
 
     A block takes ``steps`` forwards of one node under the base rule. Under Spiffy its first
     forward has no distribution to draft from (one node); each later verification of ``D``
     drafts takes ``1 + A(D)`` of the remaining ``steps - 1`` steps for a forward of ``D + 1``
-    nodes.
+    nodes and ``overhead[D]`` seconds of work besides
+    (:func:`dloom_plugins.spiffy.overhead.verification_overhead`; ``None``: none).
     """
+    extra = [0.0] * len(accepted) if overhead is None else overhead
+    if len(extra) < len(accepted):
+        raise ConfigurationError(f"overhead has {len(extra)} entries; expected one per budget, {len(accepted)}")
     plain = steps * cost(1)
     return [1.0] + [
-        plain / (cost(1) + (steps - 1) / (1 + a) * cost(d + 1)) for d, a in enumerate(accepted) if d
+        plain / (cost(1) + (steps - 1) / (1 + a) * (cost(d + 1) + extra[d])) for d, a in enumerate(accepted) if d
     ]
 
 
-def choose_budget(accepted: Sequence[float], cost: CostCurve, steps: float) -> int:
+def choose_budget(
+    accepted: Sequence[float], cost: CostCurve, steps: float, overhead: Sequence[float] | None = None,
+    min_gain: float = MIN_GAIN,
+) -> int:
     """The ``D`` in ``0 .. len(accepted) - 1`` of the most expected tokens per second
-    (:func:`speedups`), or ``0`` when none reaches :data:`MIN_GAIN`. Ties go to the larger
+    (:func:`speedups`), or ``0`` when none reaches ``min_gain``. Ties go to the larger
     ``D``: drafts that cost nothing more may still be accepted (an uncalibrated graph, whose
     ``A`` is unknown and taken as 0, never drafts).
 
     :param accepted: ``A(D)`` for each ``D``, ``accepted[0] == 0``.
     :param cost: the forward's cost curve, in nodes per batch row.
     :param steps: the base rule's kernel steps per block (:func:`steps_per_block`).
+    :param overhead: seconds of each verification's work besides its forward, per ``D``
+        (``overhead[0]`` unused; ``None``: none).
+    :param min_gain: the bar (:data:`MIN_GAIN`, or :data:`CACHED_MIN_GAIN` with a cache).
     """
-    gains = speedups(accepted, cost, steps)
+    gains = speedups(accepted, cost, steps, overhead)
     best = max(range(len(gains)), key=lambda d: (gains[d], d))
-    return best if gains[best] >= MIN_GAIN else 0
+    return best if gains[best] >= min_gain else 0

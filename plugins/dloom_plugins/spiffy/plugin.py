@@ -60,7 +60,14 @@ from dloom.sdk import (
     warn,
 )
 
-from .budget import choose_budget, expected_accepted, speedups, steps_per_block
+from .budget import (
+    CACHED_MIN_GAIN,
+    MIN_GAIN,
+    choose_budget,
+    expected_accepted,
+    speedups,
+    steps_per_block,
+)
 from .frame import rank_frame
 from .graph import (
     CalibratedGraph,
@@ -69,11 +76,14 @@ from .graph import (
     default_graph,
     find_builtin,
 )
+from .overhead import verification_overhead
 
 LAYOUTS = ("rows", "packed")
 AUTO = "auto"
 PROMPT_TOKENS = 64
 """The prompt length ``budget="auto"`` measures forwards at (the decoder has no prompt yet)."""
+COST_REPEATS = 5
+"""Rounds of timed forwards ``budget="auto"`` measures the cost curve with (the median kept)."""
 PRUNE_SCORES = ("rule", "confidence")
 CALL_TOKENS = 2048
 """The default ``call_tokens``: a verification's model call holds ``B`` rows or this many
@@ -188,12 +198,13 @@ class Spiffy:
         self._log_prior.clear()
         budget = config.get("draft_budget")
         most = len(graph.nodes) if budget is None else min(len(graph.nodes), budget)
+        # a block's first forward is drafted where the verification sees the next block
+        self._next_block = self.first_forward and self.layout == "rows" and config.get("cache", "none") == "none"
+        self._static_nodes = None
         if self.budget == AUTO:
             self.chosen_budget = self._choose(graph, config, most)
         else:
             self.chosen_budget = min(int(self.budget), most)
-        # a block's first forward is drafted where the verification sees the next block
-        self._next_block = self.first_forward and self.layout == "rows" and config.get("cache", "none") == "none"
         # static shapes: every verification is laid out for the most nodes a row may evaluate
         self._static_nodes = self.chosen_budget + 1 if config.get("static_shapes") else None
 
@@ -204,23 +215,30 @@ class Spiffy:
         steps = steps_per_block(graph)
         if not any(accepted):
             self.choice = {"curve": None, "accepted": accepted, "steps_per_block": steps,
-                           "speedups": None, "budget": 0}
+                           "overhead": None, "speedups": None, "budget": 0}
             return 0
         if self.cost_path:
             curve = CostCurve.load(self.cost_path)
         elif "forward_cost" in config:
             curve = config["forward_cost"](
                 seq_len=cost_seq_len(config), nodes=cost_nodes(most + 1), layout=self.layout,
-                span=config["block_length"],
+                span=config["block_length"], repeats=COST_REPEATS,
             )
         else:
             raise ConfigurationError(
                 "budget 'auto' needs a forward cost curve: build Spiffy through a DiffusionDecoder "
                 "(it measures the model), or pass cost=FILE from `dloom profile -o FILE`"
             )
-        chosen = choose_budget(accepted, curve, steps)
+        overhead = [0.0]
+        if config.get("vocab_size"):  # the verification's work besides its forward, timed
+            overhead += verification_overhead(self, config, range(1, len(accepted)))
+        else:
+            overhead *= len(accepted)
+        cached = config.get("cache", "none") != "none"
+        chosen = choose_budget(accepted, curve, steps, overhead, CACHED_MIN_GAIN if cached else MIN_GAIN)
         self.choice = {"curve": curve.to_json(), "accepted": accepted, "steps_per_block": steps,
-                       "speedups": speedups(accepted, curve, steps), "budget": chosen}
+                       "overhead": overhead, "speedups": speedups(accepted, curve, steps, overhead),
+                       "budget": chosen}
         return chosen
 
     def _template(self, device: torch.device) -> GraphTemplate:
@@ -299,7 +317,10 @@ class Spiffy:
             best = torch.where(frontier, combined, torch.full_like(combined, -torch.inf)).argmax(-1)
             pick = torch.zeros_like(kept).scatter_(1, best.unsqueeze(1), frontier.any(-1, keepdim=True))
             kept |= pick
-        return DraftGraph(graph.tokens, graph.parents, graph.depth, graph.score, kept, graph.longest_path)
+        # a path from the root through kept drafts visits each at most once (parents come
+        # before children): at most ``keep`` steps, so the verifier walks no further
+        longest = None if graph.longest_path is None else min(graph.longest_path, keep)
+        return DraftGraph(graph.tokens, graph.parents, graph.depth, graph.score, kept, longest)
 
     @hookimpl
     def dloom_build_mask(self, state: DecodeState, graph: DraftGraph) -> VerificationLayout:
