@@ -55,6 +55,7 @@ class EvalReport:
     :ivar nfe_mean: mean forwards per example.
     :ivar tpf: generated tokens per row-forward, over all examples.
     :ivar tps: generated tokens per wall-clock second, over all batches.
+    :ivar wall_seconds: the decoding's wall time, summed over batches (grading excluded).
     :ivar n: number of examples.
     :ivar hook_share: share of wall time per hook and for the forward.
     :ivar config: the decoder's settings plus the evaluation's own.
@@ -88,6 +89,7 @@ class EvalReport:
     complete: bool = True
     oracle_nfe_mean: float | None = None
     oracle_reached_share: float | None = None
+    wall_seconds: float = 0.0
     edits_per_answer: float | None = None
     fixed_by_edit_share: float | None = None
     broken_by_edit_share: float | None = None
@@ -100,6 +102,7 @@ class EvalReport:
             "nfe_mean": self.nfe_mean,
             "tpf": self.tpf,
             "tps": self.tps,
+            "wall_seconds": self.wall_seconds,
             "n": self.n,
             "hook_share": self.hook_share,
             "speculation": self.speculation,
@@ -264,6 +267,7 @@ class _Tally:
             outputs=outputs,
             speculation=self.speculation,
             complete=complete,
+            wall_seconds=wall,
             edits_per_answer=sum(o["edits"] for o in outputs) / n if edited else None,
             fixed_by_edit_share=sum(o["correct"] and not o["draft_correct"] for o in outputs) / n if edited else None,
             broken_by_edit_share=sum(o["draft_correct"] and not o["correct"] for o in outputs) / n if edited else None,
