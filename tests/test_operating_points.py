@@ -378,3 +378,18 @@ def test_spiffy_is_refused_on_a_kernel_it_does_not_run_on(command):
     revisable = dataclasses.replace(model, kernel="revisable")
     with pytest.raises(ConfigurationError, match="Spiffy does not run on the model's 'revisable' kernel"):
         command.measure(revisable, "toy-dllm", "copy", 2, 2, 2, spiffy=True)
+
+
+def test_a_resumed_run_whose_grids_gained_a_curve_measures_only_that_curve(command, tmp_path):
+    """The lead's path for a rule that lands after the run started: the same command with one
+    more grid and ``--resume`` reuses every finished measurement."""
+    from dloom import load_model
+
+    model = load_model("toy-dllm")
+    out = tmp_path / "op.json"
+    first = {"threshold": ("tau", (0.5, 0.999))}
+    command.measure(model, "toy-dllm", "copy,add", 4, 4, 4, spiffy=False, grids=first, out=out)
+    grown = {**first, "frechet": ("delta", (0.5,))}
+    report = command.measure(model, "toy-dllm", "copy,add", 4, 4, 4, spiffy=False, grids=grown, out=out, resume=True)
+    assert sorted(report["reused"]) == sorted(["quota", "threshold@0.5", "threshold@0.999"] * 2 + ["oracle"])
+    assert [r["name"] for r in report["rows"]] == ["quota", "threshold@0.5", "threshold@0.999", "frechet@0.5"]
