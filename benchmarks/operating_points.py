@@ -583,15 +583,13 @@ def headline(report: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plot(report: Mapping[str, Any], path: Path) -> None:
-    """Accuracy against NFE: each rule's held-out curve, its chosen setting circled, quota,
-    the Spiffy stacks and the Pareto front."""
-    import matplotlib
+ZOOM_POINTS = 5.0
+"""On a model that edits, the plot's second panel shows accuracies within this many points of
+quota's, where the rules that keep accuracy are told apart."""
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+def _draw(ax: Any, report: Mapping[str, Any]) -> None:
+    """One panel of :func:`plot` on the matplotlib axes ``ax``."""
     chosen = {c["name"] for c in report["choices"].values()}
     grids = grids_from_json(report["grids"])
     for rule, curve in curves(report["rows"], grids).items():
@@ -615,7 +613,33 @@ def plot(report: Mapping[str, Any], path: Path) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("NFE per prompt (log)")
     ax.set_ylabel(f"held-out accuracy, % of {report['n']}")
-    ax.legend(fontsize=7)
+
+
+def plot(report: Mapping[str, Any], path: Path) -> None:
+    """Accuracy against NFE: each rule's held-out curve (an editing rule's dashed), its
+    chosen setting circled, quota, the Spiffy stacks and the Pareto front; on a model that
+    edits, a second panel within :data:`ZOOM_POINTS` of quota's accuracy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not editing(report):
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        _draw(ax, report)
+        ax.legend(fontsize=7)
+    else:
+        fig, (ax, zoom) = plt.subplots(1, 2, figsize=(12, 4.8))
+        for panel in (ax, zoom):
+            _draw(panel, report)
+        top = 100 * max(r["accuracy"] for r in report["rows"])
+        low = 100 * report["rows"][0]["accuracy"] - ZOOM_POINTS
+        near = [r["nfe_mean"] for r in report["rows"] if 100 * r["accuracy"] >= low and r["cache"] == "none"]
+        zoom.set_ylim(low, top + 0.5)
+        zoom.set_xlim(0.95 * min(near), 1.05 * max(n for n in near if n < report["rows"][0]["nfe_mean"]))
+        zoom.set_title(f"within {ZOOM_POINTS:g} points of quota (quota off to the right)", fontsize=9)
+        ax.set_title("every setting", fontsize=9)
+        ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
