@@ -15,7 +15,9 @@ On the revisable kernel an editing rule may rewrite a position it filled earlier
 
 :class:`EditLedger` keeps both on the device for the rows of a running batch: it reads each
 step's block before and after it, never synchronises, and follows the batch as rows join
-and leave.
+and leave. On the revisable kernel a session step is one kernel step (speculation is refused
+there); a verification that took several kernel steps would be read as one, and an edit
+undone within it not counted.
 """
 
 from __future__ import annotations
