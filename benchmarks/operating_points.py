@@ -11,8 +11,10 @@ Stages (each stage's measurements run at once with ``--workers``; every finished
 at once next to ``--out`` and reused by ``--resume``):
 
 1. **dev** (``--n-dev`` prompts of :func:`dloom.zoo.tasks.dev`, never one of the ``-n``
-   held-out prompts of stage 2): one token per step (quota) and every grid point of
-   :data:`report_operating_points.GRIDS`; each rule's setting is chosen there
+   held-out prompts of stage 2): one token per step (quota) and every grid point of the
+   model's kernel's grids (:func:`report_operating_points.grids_for`: the fill rules of
+   :data:`~report_operating_points.GRIDS`, and on the revisable kernel every fill and editing
+   rule of :data:`~report_operating_points.EDIT_MODEL_GRIDS`); each curve's setting is chosen there
    (:func:`report_operating_points.choose`: the fewest NFE within one point of quota's
    accuracy);
 2. **held-out** (``-n`` prompts, the ones ``dloom eval -n`` scores): quota, every grid point
@@ -28,9 +30,17 @@ at once next to ``--out`` and reused by ``--resume``):
 From the held-out rows: accuracy–NFE curves and their Pareto front, every rule's NFE at the
 accuracy one point below quota's (interpolated on its curve,
 :func:`report_operating_points.equal_accuracy`), the chosen settings' figures, and issue 42's
-targets with their measured figures (:func:`targets`). It writes ``--out`` (default
-``benchmarks/results/operating-points.json``), ``DOCS/benchmarks/operating-points.md`` and
-``DOCS/assets/operating-points.png``.
+targets with their measured figures (:func:`targets`: issue 53's on a model that edits,
+:func:`edit_targets`). It writes ``--out`` (default
+``benchmarks/results/operating-points.json``), ``DOCS/benchmarks/PAGE.md`` and
+``DOCS/assets/PAGE.png`` (``--page``, default ``operating-points``).
+
+Spiffy runs (``--spiffy``, the default where it can) only on the absorbing kernel: on a model
+that edits (``long-dllm-words-edit``) the run is ``--no-spiffy``, and its rows carry each
+answer's edits (:mod:`dloom.decode.edit_ledger`)::
+
+    python -m benchmarks.operating_points --model long-dllm-words-edit --target none \
+        --out benchmarks/results/operating-points-edit.json --page operating-points-edit
 """
 
 from __future__ import annotations
@@ -62,30 +72,69 @@ from benchmarks.report_measure import (
     spiffy_over,
 )
 from benchmarks.report_operating_points import (
-    GRIDS,
     TOLERANCE,
+    Grid,
+    GridSpec,
+    as_grid,
     choose,
     curves,
+    edit_over_fill,
     equal_accuracy,
     grid_configs,
+    grids_for,
     pareto_front,
-    setting_name,
+    setting,
 )
 from benchmarks.report_store import MeasurementStore, run_identity
 from benchmarks.report_tables import replace_marked
 from benchmarks.report_targets import find_row, target_item
 from dloom import DiffusionDecoder, load_model
+from dloom.decode.transition import check_kernel
 from dloom.errors import ConfigurationError, ModelError
 from dloom.evaluation import select_examples
+from dloom.hooks.composition import compose
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "operating-points.json"
-PAGE = Path("benchmarks") / "operating-points.md"
-PLOT = "operating-points.png"
+DEFAULT_PAGE = "operating-points"
+"""The default ``--page``: the run writes ``DOCS/benchmarks/<page>.md`` and ``DOCS/assets/<page>.png``."""
 GOALS = {"frechet_saving": 0.20, "spiffy_speedup": 1.5, "stack_over_oracle": 1.5, "failfast_wall": 3.0}
 """Issue 42's targets: Fréchet's NFE saving over threshold at equal accuracy, Spiffy's NFE
 ratio over the accuracy-keeping threshold, the best stack's NFE over the oracle's, FailFast's
 wall-time speed-up over AR decoding."""
+EDIT_GOALS = {"edit_over_fill": 1.5, "stack_over_oracle": 1.5}
+"""Issue 53's targets on a model that edits: the best editing rule's NFE advantage over the
+best fill rule at equal accuracy, and the best stack's NFE over the oracle's."""
+
+
+def grids_json(grids: Mapping[str, GridSpec]) -> dict[str, dict[str, Any]]:
+    """The run's grids as its JSON records them (:func:`grids_from_json` reads them back)."""
+    return {name: {"rule": grid.rule, "parameter": grid.parameter, "values": list(grid.values),
+                   "fixed": dict(grid.fixed), "cautious_when_larger": grid.cautious_when_larger, "edits": grid.edits}
+            for name, grid in ((name, as_grid(name, spec)) for name, spec in grids.items())}
+
+
+def grids_from_json(recorded: Mapping[str, Mapping[str, Any]]) -> dict[str, GridSpec]:
+    """A report's grids from its JSON (a run before grids named their rule recorded the
+    parameter and values of a fill rule's own curve)."""
+    return {name: Grid(g["rule"], g["parameter"], tuple(g["values"]), g["cautious_when_larger"], dict(g["fixed"]),
+                       g["edits"]) if "rule" in g else (g["parameter"], tuple(g["values"]))
+            for name, g in recorded.items()}
+
+
+def runs_spiffy(kernel: str) -> bool:
+    """Whether Spiffy runs on models of ``kernel`` (it states its guarantee for the kernels
+    its registration names)."""
+    try:
+        check_kernel(compose("spiffy+threshold"), kernel)
+    except ConfigurationError:
+        return False
+    return True
+
+
+def editing(report: Mapping[str, Any]) -> bool:
+    """Whether ``report`` swept an editing rule (its targets are then issue 53's)."""
+    return any(as_grid(name, spec).edits for name, spec in grids_from_json(report.get("grids", {})).items())
 
 
 def accuracy_keeping_threshold(test_rows: Sequence[Mapping[str, Any]],
@@ -109,10 +158,11 @@ def spiffy_over_setting(rule: Config, graph: str) -> Config:
 
 
 def chosen_config(choice: Mapping[str, Any]) -> Config:
-    """The configuration of a rule's chosen setting (no cache)."""
-    return Config(setting_name(choice["rule"], choice["value"]),
-                  f"{choice['rule']} {choice['parameter']} = {choice['value']:g}", choice["rule"],
-                  {choice["parameter"]: choice["value"]})
+    """The configuration of a curve's chosen setting (no cache), as its grid point was measured."""
+    curve = choice.get("curve", choice["rule"])
+    fixed = choice.get("fixed", {})
+    return next(config for config in grid_configs({curve: Grid(choice["rule"], choice["parameter"], (choice["value"],),
+                                                                fixed=fixed)}))
 
 
 def measure(
@@ -122,11 +172,20 @@ def measure(
     failfast_n: int = 100, failfast_repeats: int = 3,
     workers: int = 1, device: str = "cpu", out: Path = DEFAULT_OUT, resume: bool = False,
     graphs: Path = ROOT / "benchmarks" / "results" / "graphs",
-    grids: Mapping[str, tuple[str, Sequence[float]]] = GRIDS,
+    grids: Mapping[str, GridSpec] | None = None,
 ) -> dict[str, Any]:
-    """Run the three stages (module docstring) over ``grids`` (every rule of
-    :data:`report_operating_points.GRIDS`, each with a grid of its parameter); the run's
-    figures (rows without texts)."""
+    """Run the three stages (module docstring) over ``grids`` (default: the grids of the
+    model's kernel, :func:`report_operating_points.grids_for`); the run's figures (rows
+    without texts).
+
+    :raises ConfigurationError: with ``spiffy`` on a model whose kernel Spiffy does not run
+        on, or a grid whose rule the model's kernel refuses.
+    """
+    grids = grids_for(model.kernel) if grids is None else grids
+    for name, spec in grids.items():
+        check_kernel(compose(as_grid(name, spec).rule), model.kernel)
+    if spiffy and not runs_spiffy(model.kernel):
+        raise ConfigurationError(f"Spiffy does not run on the model's {model.kernel!r} kernel; allowed: --no-spiffy")
     dev_examples = select_examples(tasks, n_dev, split="dev", evaluated=max(n, 1))
     test_examples = select_examples(tasks, n)
     DiffusionDecoder(model, BASELINE.strategy).generate([e.prompt for e in test_examples[:2]])  # warm up
@@ -145,9 +204,9 @@ def measure(
         dev.close()
     reused = list(dev.store.reused)
     dev_base = dev_rows[0]
-    choices = {rule: choose([r for r in dev_rows if r["commit_rule"] == rule], dev_base["accuracy"])
-               for rule in grids}
-    rules = [chosen_config(choices[rule]) for rule in grids]
+    choices = {curve: choose([r for r in dev_rows if (setting(r, grids) or ("",))[0] == curve], dev_base["accuracy"],
+                             grids=grids) for curve in grids}
+    rules = [chosen_config(choices[curve]) for curve in grids]
 
     test = runner(test_examples, "test")
     try:
@@ -190,14 +249,15 @@ def measure(
         found = next((c for c in choices.values() if c["name"] == row["name"]), None)
         row["chosen_on_dev"] = found is not None
     report = {
-        "dev": {"n": n_dev, "rows": dev_rows, "equal_accuracy": equal_accuracy(dev_rows, dev_base)},
+        "kernel": model.kernel,
+        "dev": {"n": n_dev, "rows": dev_rows, "equal_accuracy": equal_accuracy(dev_rows, dev_base, grids=grids)},
         "choices": choices,
         "tolerance": TOLERANCE,
-        "grids": {rule: {"parameter": parameter, "values": list(values)} for rule, (parameter, values) in grids.items()},
+        "grids": grids_json(grids),
         "test_grid": test_grid,
         "rows": test_rows,
         "oracle": {key: oracle[key] for key in ("nfe_mean", "reached_share")},
-        "equal_accuracy": equal_accuracy(test_rows, test_rows[0]),
+        "equal_accuracy": equal_accuracy(test_rows, test_rows[0], grids=grids),
         "pareto": [p["name"] for p in pareto_front([r for r in test_rows if r["cache"] == "none"])],
         "accuracy_keeping_threshold": keeping,
         "spiffy": {"cache": spiffy_cache, "paths": calibration_paths, "budget": spiffy_budget,
@@ -233,9 +293,73 @@ def spiffy_target(report: Mapping[str, Any], choice: Mapping[str, Any], stacked_
                        f"{alone['accuracy']:.1%}" + ("" if ratio >= goal else f"; {goal / ratio:.2f}× short"))
 
 
+def edit_targets(report: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Issue 53's targets on a model that edits, with their figures from ``report``.
+
+    * the best editing rule needs ``EDIT_GOALS["edit_over_fill"]`` times fewer NFE than the
+      best fill rule at equal accuracy (one point below quota's, each curve interpolated:
+      :func:`report_operating_points.edit_over_fill`);
+    * the best stack within ``EDIT_GOALS["stack_over_oracle"]`` of the oracle's NFE. Spiffy
+      and FailFast are refused on the revisable kernel, so no speculative stack runs on such
+      a model: its stack is the best configuration measured, the held-out row of the fewest
+      NFE among those within one point of quota's accuracy (quota itself aside), whatever
+      rule it runs.
+    """
+    items = []
+    goal = EDIT_GOALS["edit_over_fill"]
+    equal = report["equal_accuracy"]
+    name = (f"best editing rule ≥ {goal:g}× fewer NFE than the best fill rule at equal accuracy "
+            f"({equal['accuracy']:.1%}, one point below quota)")
+    grids = grids_from_json(report["grids"])
+    versus = edit_over_fill(equal, grids)
+    if versus["ratio"] is None:
+        reason = {"edit unreached": "no editing rule reaches that accuracy",
+                  "fill unreached": f"no fill rule reaches that accuracy; {versus['edit']} does in "
+                                    f"{versus['edit_nfe'] or 0:.2f} NFE"}.get(versus["bound"] or "",
+                                                                          "both NFE are only bounded above")
+        items.append(target_item(name, "not comparable", True if versus["bound"] == "fill unreached" else None, reason))
+    else:
+        ratio, bound = versus["ratio"], versus["bound"]
+        shown = f"{ratio:.2f}×" + ("" if bound == "equal" else f" ({bound})")
+        # a bound decides the target only on its own side: "at least" a met goal, "at most" a missed one
+        met = {"equal": ratio >= goal, "at least": True if ratio >= goal else None,
+               "at most": False if ratio < goal else None}[bound]
+        detail = (f"{versus['edit']} {versus['edit_nfe']:.2f} against {versus['fill']} {versus['fill_nfe']:.2f} NFE "
+                  "(interpolated on each curve's held-out front)"
+                  + ("" if ratio >= goal else f"; {goal / ratio:.2f}× short" + ("" if bound == "equal" else " at most")))
+        if met is None and bound == "at least":  # the editing NFE only bounded above: its measured floor decides
+            edit_rows = [row for curve, found in curves(report["rows"], grids).items()
+                         if as_grid(curve, grids[curve]).edits for row in found]
+            fewest = min(edit_rows, key=lambda row: row["nfe_mean"])
+            if versus["fill_nfe"] / fewest["nfe_mean"] < goal:
+                met = False
+                detail += (f"; no editing setting measured takes fewer than {fewest['nfe_mean']:.2f} NFE at any "
+                           f"accuracy ({fewest['label']}), and {goal:g}× needs ≤ {versus['fill_nfe'] / goal:.2f}")
+        items.append(target_item(name, shown, met, detail))
+    goal = EDIT_GOALS["stack_over_oracle"]
+    name = (f"best stack within {goal:g}× of the oracle's NFE (stack: the fewest-NFE configuration within one "
+            "point of quota's accuracy; Spiffy and FailFast are refused on the revisable kernel)")
+    floor = report["rows"][0]["accuracy"] - report["tolerance"] - 1e-9
+    kept = [r for r in report["rows"][1:] if r["accuracy"] >= floor and r.get("nfe_over_oracle") is not None]
+    if not kept:
+        items.append(target_item(name, "not measured", None, "no row keeps accuracy, or the oracle reproduced no output"))
+    else:
+        best = min(kept, key=lambda r: r["nfe_over_oracle"])
+        over = best["nfe_over_oracle"]
+        items.append(target_item(name, f"{over:.2f}× ({best['label']})", over <= goal,
+                                 f"{best['nfe_mean']:.2f} NFE at {best['accuracy']:.1%}; oracle "
+                                 f"{report['oracle']['nfe_mean']:.2f} NFE on {report['oracle']['reached_share']:.0%} "
+                                 "of the prompts (the fewest forwards a fill rule needs for quota's own output)"
+                                 + ("" if over <= goal else f"; {over / goal:.2f}× over")))
+    return items
+
+
 def targets(report: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Issue 42's targets with their figures from ``report``: ``{"target", "measured", "met"
-    (``None``: not measured), "detail"}`` each."""
+    """The targets with their figures from ``report``: issue 53's on a model that edits
+    (:func:`edit_targets`), else issue 42's: ``{"target", "measured", "met" (``None``: not
+    measured), "detail"}`` each."""
+    if editing(report):
+        return edit_targets(report)
     items = []
     goal = GOALS["frechet_saving"]
     frechet = report["equal_accuracy"]["rules"].get("frechet", {})
@@ -302,10 +426,36 @@ def _percent(value: float | None) -> str:
     return "–" if value is None else f"{value:.1%}"
 
 
-def page(report: Mapping[str, Any], out: Path) -> str:
-    """The generated Markdown page of a run (never edited by hand)."""
+def editing_section(report: Mapping[str, Any]) -> list[str]:
+    """The page's account of a run on a model that edits: its curves (which rule, which
+    parameter swept, which held fixed) and what "stack" means there."""
+    lines = ["## Rules and grids", "",
+             f"`{report['model']}` decodes with the `{report.get('kernel', 'revisable')}` kernel, so editing rules run "
+             "on it as well as fill rules. Each curve sweeps one parameter of its rule, the others held fixed. "
+             "*Edits / answer* counts the writes that changed a filled position (rewrites, remasks, moves); "
+             "*fixed by an edit* is the share of answers that are right while the answer of their drafts alone "
+             "(each position's first filled token) is wrong, *broken by an edit* the other way round "
+             "(`dloom.decode.edit_ledger`).", "",
+             "| curve | rule | kind | swept | values | fixed |", "|---|---|---|---|---|---|"]
+    for name, spec in grids_from_json(report["grids"]).items():
+        grid = as_grid(name, spec)
+        fixed = ", ".join(f"{key} = {value:g}" for key, value in grid.fixed.items()) or "–"
+        lines.append(f"| {name} | `{grid.rule}` | {'edits' if grid.edits else 'fills'} | {grid.parameter} | "
+                     f"{', '.join(f'{v:g}' for v in grid.values)} | {fixed} |")
+    lines += ["", "**Stack.** Spiffy and FailFast are refused on the revisable kernel (their guarantee is stated "
+              "for the absorbing one), so no speculation runs over any rule of this model. The *best stack* is "
+              "therefore the best configuration measured: the held-out row of the fewest NFE within one point of "
+              "quota's accuracy, whatever rule it runs. The oracle is the fewest forwards a fill rule needs to "
+              "write quota's own output; an editing rule writes other outputs, so it may need fewer.", ""]
+    return lines
+
+
+def page(report: Mapping[str, Any], out: Path, plot_file: str = f"{DEFAULT_PAGE}.png") -> str:
+    """The generated Markdown page of a run (never edited by hand); ``plot_file``: the
+    plot's name in ``DOCS/assets``."""
+    edits = editing(report)
     lines = [
-        "# Operating points: settings chosen on a dev split",
+        "# Operating points: settings chosen on a dev split" + (" (a model that edits)" if edits else ""),
         "",
         "<!-- generated by benchmarks/operating_points.py; do not edit by hand -->",
         "",
@@ -321,6 +471,7 @@ def page(report: Mapping[str, Any], out: Path) -> str:
         f"(one point) of one token per step's accuracy there. The figures below are on **{report['n']} held-out "
         "prompts** (those `dloom eval -n` scores), which the choice never saw.",
         "",
+        *(editing_section(report) if edits else []),
         "## Targets",
         "",
         "| target | measured | met | detail |",
@@ -336,7 +487,8 @@ def page(report: Mapping[str, Any], out: Path) -> str:
     base = report["rows"][0]
     for rule, choice in report["choices"].items():
         row = find_row(report, choice["name"])
-        shown = f"{choice['parameter']} = {choice['value']:g}" + ("" if choice["matched"] else " (none matched)")
+        fixed = "".join(f", {key} = {value:g}" for key, value in choice.get("fixed", {}).items())
+        shown = f"{choice['parameter']} = {choice['value']:g}{fixed}" + ("" if choice["matched"] else " (none matched)")
         lines.append(
             f"| {rule} | {shown} | {_percent(choice['accuracy'])} | {choice['nfe_mean']:.2f} | "
             + (f"{_percent(row['accuracy'])} | {row['nfe_mean']:.2f} | {row['nfe_ratio']:.2f}× |" if row else "– | – | – |"))
@@ -358,16 +510,26 @@ def page(report: Mapping[str, Any], out: Path) -> str:
         nfe = "–" if point["nfe_mean"] is None else f"{point['nfe_mean']:.2f}"
         saving = _percent(point["saving_vs_reference"]) + (" (at least)" if point["saving_bound"] == "at least" else "")
         lines.append(f"| {rule} | {nfe} | {point['bound']} | {saving} |")
-    lines += ["", f"![accuracy against NFE per rule, held-out]({'../assets/' + PLOT})", "",
+    wall = any("wall_seconds" in row for row in report["rows"])
+    extra = (["wall ms / prompt"] if wall else []) + (["edits / answer", "fixed by an edit", "broken by an edit"]
+                                                        if edits else [])
+    lines += ["", f"![accuracy against NFE per rule, held-out](../assets/{plot_file})", "",
               "## Every row (held-out)", "",
-              "| configuration | accuracy | NFE | TPF | TPS | NFE ÷ oracle | identical to its rule | Pareto |",
-              "|---|---|---|---|---|---|---|---|"]
+              "| configuration | accuracy | NFE | TPF | TPS | " + "".join(f"{c} | " for c in extra)
+              + "NFE ÷ oracle | identical to its rule | Pareto |",
+              "|---|---|---|---|---|" + "---|" * len(extra) + "---|---|---|"]
     for row in report["rows"]:
         identical = row["identical_to_commit_rule"]
         over = row.get("nfe_over_oracle")
+        cells = ([f"{1000 * row['wall_seconds'] / report['n']:.1f}" if row.get("wall_seconds") else "–"] if wall else [])
+        if edits:
+            per_answer = row.get("edits_per_answer")
+            cells += ["–" if per_answer is None else f"{per_answer:.2f}", _percent(row.get("fixed_by_edit_share")),
+                      _percent(row.get("broken_by_edit_share"))]
         lines.append(
             f"| {row['label']}{' (chosen)' if row.get('chosen_on_dev') else ''} | {_percent(row['accuracy'])} | "
-            f"{row['nfe_mean']:.2f} | {row['tpf']:.2f} | {row['tps']:.1f} | {'–' if over is None else f'{over:.2f}'} | "
+            f"{row['nfe_mean']:.2f} | {row['tpf']:.2f} | {row['tps']:.1f} | " + "".join(f"{c} | " for c in cells)
+            + f"{'–' if over is None else f'{over:.2f}'} | "
             f"{'–' if identical is None else f'{identical:.0%}'} | {'yes' if row['name'] in report['pareto'] else ''} |")
     lines += ["", "## Every row (dev)", "", "| configuration | accuracy | NFE |", "|---|---|---|"]
     lines += [f"| {row['label']} | {_percent(row['accuracy'])} | {row['nfe_mean']:.2f} |" for row in report["dev"]["rows"]]
@@ -421,19 +583,20 @@ def headline(report: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plot(report: Mapping[str, Any], path: Path) -> None:
-    """Accuracy against NFE: each rule's held-out curve, its chosen setting circled, quota,
-    the Spiffy stacks and the Pareto front."""
-    import matplotlib
+ZOOM_POINTS = 5.0
+"""On a model that edits, the plot's second panel shows accuracies within this many points of
+quota's, where the rules that keep accuracy are told apart."""
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+def _draw(ax: Any, report: Mapping[str, Any]) -> None:
+    """One panel of :func:`plot` on the matplotlib axes ``ax``."""
     chosen = {c["name"] for c in report["choices"].values()}
-    for rule, curve in curves(report["rows"]).items():
+    grids = grids_from_json(report["grids"])
+    for rule, curve in curves(report["rows"], grids).items():
         xs, ys = [r["nfe_mean"] for r in curve], [100 * r["accuracy"] for r in curve]
-        ax.plot(xs, ys, marker="o", label=rule)
+        edits = as_grid(rule, grids[rule]).edits
+        ax.plot(xs, ys, marker="D" if edits else "o", linestyle="--" if edits else "-",
+                label=f"{rule} (edits)" if edits else rule)
         for r in curve:
             if r["name"] in chosen:
                 ax.scatter([r["nfe_mean"]], [100 * r["accuracy"]], s=160, facecolors="none", edgecolors="black")
@@ -450,7 +613,33 @@ def plot(report: Mapping[str, Any], path: Path) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("NFE per prompt (log)")
     ax.set_ylabel(f"held-out accuracy, % of {report['n']}")
-    ax.legend(fontsize=7)
+
+
+def plot(report: Mapping[str, Any], path: Path) -> None:
+    """Accuracy against NFE: each rule's held-out curve (an editing rule's dashed), its
+    chosen setting circled, quota, the Spiffy stacks and the Pareto front; on a model that
+    edits, a second panel within :data:`ZOOM_POINTS` of quota's accuracy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not editing(report):
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        _draw(ax, report)
+        ax.legend(fontsize=7)
+    else:
+        fig, (ax, zoom) = plt.subplots(1, 2, figsize=(12, 4.8))
+        for panel in (ax, zoom):
+            _draw(panel, report)
+        top = 100 * max(r["accuracy"] for r in report["rows"])
+        low = 100 * report["rows"][0]["accuracy"] - ZOOM_POINTS
+        near = [r["nfe_mean"] for r in report["rows"] if 100 * r["accuracy"] >= low and r["cache"] == "none"]
+        zoom.set_ylim(low, top + 0.5)
+        zoom.set_xlim(0.95 * min(near), 1.05 * max(n for n in near if n < report["rows"][0]["nfe_mean"]))
+        zoom.set_title(f"within {ZOOM_POINTS:g} points of quota (quota off to the right)", fontsize=9)
+        ax.set_title("every setting", fontsize=9)
+        ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -479,8 +668,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("-n", type=int, default=300, help="held-out prompts the choices are scored on")
     parser.add_argument("--test-grid", choices=("all", "chosen"), default="all",
                         help="held-out rows: every grid point (curves) or the chosen settings only")
-    parser.add_argument("--spiffy", action=argparse.BooleanOptionalAction, default=True,
-                        help="Spiffy over each chosen setting (graphs calibrated on training prompts)")
+    parser.add_argument("--spiffy", action=argparse.BooleanOptionalAction, default=None,
+                        help="Spiffy over each chosen setting (graphs calibrated on training prompts); default: "
+                        "where the model's kernel runs it (not on the revisable kernel)")
     parser.add_argument("--spiffy-cache", choices=CACHES, default="dual")
     parser.add_argument("--calibration-paths", type=int, default=500)
     parser.add_argument("--spiffy-budget", type=int, default=10)
@@ -495,6 +685,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--docs", type=Path, default=ROOT / "docs")
+    parser.add_argument("--page", default=DEFAULT_PAGE,
+                        help="the page and plot's name: DOCS/benchmarks/PAGE.md and DOCS/assets/PAGE.png")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--readme", type=Path, default=None,
                         help="also write the headline table into this README and DOCS/index.md (between "
@@ -502,6 +694,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.n_dev < 1 or args.n < 1:
         parser.error(f"--n-dev {args.n_dev} and -n {args.n}: allowed: 1 or more prompts each")
+    if not args.page or not all(c.isalnum() or c in "-_." for c in args.page) or args.page.startswith("."):
+        parser.error(f"--page {args.page!r}: allowed: a file name of letters, digits, '-', '_' and '.'")
     counts = {"--workers": args.workers, "--threads": args.threads, "--batch-size": args.batch_size,
               "--calibration-paths": args.calibration_paths, "--spiffy-budget": args.spiffy_budget,
               "--failfast-n": args.failfast_n, "--failfast-repeats": args.failfast_repeats}
@@ -528,9 +722,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         tasks = workload_tasks(model)
         if target is not None:
             check_models(model, target, assistant)
+        spiffy = args.spiffy if args.spiffy is not None else runs_spiffy(model.kernel)
         report = measure(
             model, args.model, tasks, args.n_dev, args.n, args.batch_size, test_grid=args.test_grid,
-            spiffy=args.spiffy, spiffy_cache=args.spiffy_cache, calibration_paths=args.calibration_paths,
+            spiffy=spiffy, spiffy_cache=args.spiffy_cache, calibration_paths=args.calibration_paths,
             spiffy_budget=args.spiffy_budget, target=target, assistant=assistant, drafter_taus=taus,
             failfast_n=args.failfast_n, failfast_repeats=args.failfast_repeats,
             workers=args.workers, device=args.device, out=args.out, resume=args.resume,
@@ -547,9 +742,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     args.out.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
     (args.docs / "benchmarks").mkdir(parents=True, exist_ok=True)
     (args.docs / "assets").mkdir(parents=True, exist_ok=True)
-    (args.docs / PAGE).write_text(page(report, args.out))
-    plot(report, args.docs / "assets" / PLOT)
-    written = [args.out, args.docs / PAGE, args.docs / "assets" / PLOT]
+    page_path, plot_path = args.docs / "benchmarks" / f"{args.page}.md", args.docs / "assets" / f"{args.page}.png"
+    page_path.write_text(page(report, args.out, plot_path.name))
+    plot(report, plot_path)
+    written = [args.out, page_path, plot_path]
     if args.readme is not None:
         for target in (args.readme, args.docs / "index.md"):
             target.write_text(replace_marked(target.read_text(), "operating-points", headline(report)))

@@ -2,7 +2,8 @@
 and the comparisons between rows of one run (``benchmarks/report.py`` runs them).
 
 A row is the JSON object of one configuration: accuracy, NFE, tokens per forward (TPF),
-tokens per second (TPS), hook shares, Spiffy's acceptance, NFE per answer token, padding
+tokens per second (TPS), decoding wall time, for an editing rule its edits per answer and the
+shares of answers an edit fixed or broke (:class:`dloom.evaluation.EvalReport`), hook shares, Spiffy's acceptance, NFE per answer token, padding
 share (generated positions after the first EOS) and, for a commit rule alone, the fewest
 forwards Spiffy over it could take (:class:`BlockFloor`). :func:`compare` then adds the
 ratios against the baseline (the first row), the oracle and each speculative row's rule alone.
@@ -192,6 +193,11 @@ def measure(model, config: Config, examples, batch_size: int) -> dict[str, Any]:
         "nfe_mean": report.nfe_mean,
         "tpf": report.tpf,
         "tps": report.tps,
+        "wall_seconds": report.wall_seconds,
+        # on an editing kernel (None for a fill rule): dloom.evaluation's edit figures
+        "edits_per_answer": report.edits_per_answer,
+        "fixed_by_edit_share": report.fixed_by_edit_share,
+        "broken_by_edit_share": report.broken_by_edit_share,
         "hook_share": {hook: report.hook_share.get(hook, 0.0) for hook in HOOKS},
         "speculation": report.speculation,
         "acceptance_histogram": recorder.histogram(),

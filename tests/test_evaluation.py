@@ -112,6 +112,39 @@ def test_select_examples_errors():
         select_examples("all", 0)
 
 
+class EditingDecoder(ScriptedDecoder):
+    """:class:`ScriptedDecoder` on an editing kernel: rows 0 and 2 of a batch answer right,
+    row 0 from a wrong draft; row 1 answers wrong from a right draft; row 3 is wrong in both.
+    Row ``i`` took ``i`` edits."""
+
+    def generate(self, prompts, row_offset=0):
+        result = super().generate(prompts, row_offset)
+        right = [self.answers[p] for p in prompts]
+        result.draft_texts = ["wrong", right[1], right[2], "wrong"][: len(prompts)]
+        result.edits = torch.arange(len(prompts))
+        return result
+
+
+def test_evaluate_reports_edits_and_the_answers_an_edit_fixed_or_broke():
+    examples = select_examples("add,sort", 8)
+    decoder = EditingDecoder()
+    decoder.answers = {e.prompt: e.answer for e in examples}
+    report = evaluate(decoder, examples, batch_size=4)
+    assert report.accuracy == pytest.approx(0.5)
+    assert [o["edits"] for o in report.outputs] == [0, 1, 2, 3] * 2
+    assert [o["draft_correct"] for o in report.outputs] == [False, True, True, False] * 2
+    assert report.edits_per_answer == pytest.approx(1.5)
+    assert report.fixed_by_edit_share == pytest.approx(0.25)  # row 0 of each batch
+    assert report.broken_by_edit_share == pytest.approx(0.25)  # row 1 of each batch
+    data = report.to_json()
+    assert (data["edits_per_answer"], data["fixed_by_edit_share"], data["broken_by_edit_share"]) == (1.5, 0.25, 0.25)
+    plain = ScriptedDecoder()
+    plain.answers = decoder.answers
+    fills = evaluate(plain, examples, batch_size=4)
+    assert fills.edits_per_answer is None and fills.fixed_by_edit_share is None
+    assert "edits_per_answer" not in fills.to_json() and "edits" not in fills.outputs[0]
+
+
 def test_eval_json_schema(char_model_dir):
     result = runner.invoke(
         app, ["eval", "--model", str(char_model_dir), "--strategy", "threshold", "-n", "6",

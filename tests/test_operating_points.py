@@ -237,3 +237,159 @@ def test_a_run_chooses_on_dev_scores_on_held_out_and_writes_its_page(command, tm
     readme.write_text("x\n<!-- report:operating-points:start -->\nold\n<!-- report:operating-points:end -->\n")
     report_tables = importlib.import_module("benchmarks.report_tables")
     assert table in report_tables.replace_marked(readme.read_text(), "operating-points", table)
+
+
+# --- a model that edits -----------------------------------------------------------------------
+
+
+def edit_row(curve: str, rule: str, parameter: str, value: float, accuracy: float, nfe: float, **fixed) -> dict:
+    return {"name": f"{curve}@{value:g}", "label": f"{curve} {value:g}", "commit_rule": rule,
+            "params": {rule: {**fixed, parameter: value}}, "accuracy": accuracy, "nfe_mean": nfe, "cache": "none",
+            "speculation": None}
+
+
+def edit_grids(op):
+    return {"threshold": ("tau", (0.5, 0.9)),
+            "speed": op.Grid("joint_threshold", "tau", (0.3, 0.5), fixed={"edit_tau": 0.0}, edits=True),
+            "quality": op.Grid("joint_threshold", "tau", (0.3, 0.5), fixed={"edit_tau": 0.5}, edits=True)}
+
+
+def test_two_curves_of_one_rule_are_told_apart_by_name_and_keep_their_fixed_parameters(op):
+    grids = edit_grids(op)
+    configs = op.grid_configs(grids)
+    assert [c.name for c in configs] == ["threshold@0.5", "threshold@0.9", "speed@0.3", "speed@0.5",
+                                         "quality@0.3", "quality@0.5"]
+    assert configs[3].strategy == "joint_threshold" and configs[3].params == {"edit_tau": 0.0, "tau": 0.5}
+    assert configs[3].label == "joint_threshold tau = 0.5 (edit_tau = 0)"
+    assert configs[0].label == "threshold tau = 0.5" and configs[0].params == {"tau": 0.5}  # as before grids had rules
+    rows = [edit_row("speed", "joint_threshold", "tau", 0.3, 0.95, 12.0, edit_tau=0.0),
+            edit_row("quality", "joint_threshold", "tau", 0.5, 0.99, 12.5, edit_tau=0.5),
+            edit_row("speed", "joint_threshold", "tau", 0.5, 0.99, 12.2, edit_tau=0.0)]
+    assert op.setting(rows[1], grids) == ("quality", "tau", 0.5)
+    assert op.setting(rows[1]) is None  # not a curve of the fill-only grids
+    assert {curve: [r["name"] for r in found] for curve, found in op.curves(rows, grids).items()} == {
+        "speed": ["speed@0.3", "speed@0.5"], "quality": ["quality@0.5"]}
+    choice = op.choose([rows[0], rows[2]], 0.99, grids=grids)
+    assert (choice["curve"], choice["rule"], choice["value"], choice["fixed"]) == ("speed", "joint_threshold", 0.5,
+                                                                                   {"edit_tau": 0.0})
+    with pytest.raises(ValueError, match="grid 'speed' is a \\(parameter, values\\) pair"):
+        op.as_grid("speed", ("tau", (0.5,)))
+
+
+def test_editing_rules_are_swept_only_on_a_kernel_that_runs_them(op):
+    assert op.grids_for("absorbing") == op.GRIDS
+    edit = op.grids_for("revisable")
+    assert set(op.GRIDS) < set(edit) and "entropy_bound" in edit
+    assert {op.as_grid(n, g).rule for n, g in edit.items() if op.as_grid(n, g).edits} == {"joint_threshold",
+                                                                                         "frechet_edit"}
+    from dloom.decode.transition import check_kernel
+    from dloom.hooks.composition import compose
+
+    for name, spec in edit.items():
+        check_kernel(compose(op.as_grid(name, spec).rule), "revisable")
+        if op.as_grid(name, spec).edits:  # the reason the fill-only model does not sweep them
+            with pytest.raises(ConfigurationError, match="not the model's 'absorbing'"):
+                check_kernel(compose(op.as_grid(name, spec).rule), "absorbing")
+
+
+def point(nfe, bound="interpolated"):
+    return {"nfe_mean": nfe, "bound": bound}
+
+
+@pytest.mark.parametrize("speed, threshold, expected", [
+    (point(10.0), point(20.0), (2.0, "equal")),
+    (point(10.0, "at most"), point(20.0), (2.0, "at least")),  # editing might need fewer still
+    (point(10.0), point(20.0, "at most"), (2.0, "at most")),
+    (point(10.0, "at most"), point(20.0, "at most"), (None, None)),
+    (point(None, "unreached"), point(20.0), (None, "edit unreached")),
+    (point(10.0), point(None, "unreached"), (None, "fill unreached")),
+])
+def test_edit_over_fill_compares_the_best_curve_of_each_kind(op, speed, threshold, expected):
+    quality = point(30.0) if speed["nfe_mean"] is not None else point(None, "unreached")
+    equal = {"rules": {"threshold": threshold, "speed": speed, "quality": quality}}
+    result = op.edit_over_fill(equal, edit_grids(op))
+    assert (result["ratio"], result["bound"]) == expected
+    if speed["nfe_mean"] is not None:
+        assert result["edit"] == "speed" and result["edit_nfe"] == 10.0  # the cheaper editing curve
+
+
+def edit_report(command, op, speed_nfe: float) -> dict:
+    grids = edit_grids(op)
+    rows = [{"name": "quota", "label": "quota", "commit_rule": "quota", "params": {}, "accuracy": 0.99,
+             "nfe_mean": 46.0, "cache": "none", "speculation": None, "nfe_over_oracle": 5.0},
+            edit_row("threshold", "threshold", "tau", 0.5, 0.86, 9.0), edit_row("threshold", "threshold", "tau", 0.9,
+                                                                                   0.99, 12.0),
+            edit_row("speed", "joint_threshold", "tau", 0.3, 0.95, speed_nfe - 1, edit_tau=0.0),
+            edit_row("speed", "joint_threshold", "tau", 0.5, 0.99, speed_nfe, edit_tau=0.0)]
+    for row in rows[1:]:
+        row["nfe_over_oracle"] = row["nfe_mean"] / 9.0
+    return {"rows": rows, "grids": command.grids_json(grids), "tolerance": 0.01,
+            "equal_accuracy": op.equal_accuracy(rows, rows[0], grids=grids),
+            "oracle": {"nfe_mean": 9.0, "reached_share": 1.0}}
+
+
+def test_the_edit_targets_carry_their_figures_and_fail_when_missed(command, op):
+    recorded = command.grids_from_json(edit_report(command, op, 7.0)["grids"])
+    assert recorded == {name: op.as_grid(name, spec) for name, spec in edit_grids(op).items()}
+    met = command.targets(edit_report(command, op, 7.0))  # an editing grid: issue 53's targets
+    assert [item["met"] for item in met] == [True, True]
+    ratio = (9 + 3 * 0.12 / 0.13) / (6 + 0.03 / 0.04)  # each curve interpolated at 98 %
+    assert met[0]["measured"] == f"{ratio:.2f}×" and "speed" in met[0]["detail"]
+    assert met[1]["measured"].startswith("0.78× (speed 0.5)")  # the fewest NFE within a point: 7 / 9
+    missed = command.targets(edit_report(command, op, 14.0))
+    assert [item["met"] for item in missed] == [False, True] and "short" in missed[0]["detail"]
+    assert missed[1]["measured"].startswith("1.33× (threshold 0.9)")
+    bounded = edit_report(command, op, 10.0)
+    bounded["rows"][3]["accuracy"] = 0.99  # every editing setting reaches quota's accuracy: its NFE only bounded
+    bounded["equal_accuracy"] = op.equal_accuracy(bounded["rows"], bounded["rows"][0], grids=edit_grids(op))
+    first = command.targets(bounded)[0]
+    assert first["measured"] == f"{(9 + 3 * 0.12 / 0.13) / 9:.2f}× (at least)"
+    assert first["met"] is False and "no editing setting measured takes fewer than 9.00 NFE" in first["detail"]
+
+
+def test_an_editing_run_s_page_shows_its_grids_edits_and_plot(command, op, tmp_path):
+    report = edit_report(command, op, 7.0)
+    report["rows"][3].update(edits_per_answer=2.5, fixed_by_edit_share=0.1, broken_by_edit_share=0.0)
+    for row in report["rows"]:
+        row.update(tpf=3.0, tps=100.0, wall_seconds=1.5, identical_to_commit_rule=None, nfe_ratio=1.0)
+    grids = command.grids_from_json(report["grids"])
+    report.update(command="c", date="d", seconds=1.0, machine="m", torch="t", torch_threads=1, model="edit-model",
+                  tasks="long", n=10, batch_size=8, dev={"n": 10, "rows": report["rows"]}, kernel="revisable",
+                  pareto=["speed@6"], targets=command.targets(report),
+                  choices={"speed": op.choose(report["rows"][3:], 0.99, grids=grids)})
+    text = command.page(report, tmp_path / "op.json", "operating-points-edit.png")
+    assert "(a model that edits)" in text and "## Rules and grids" in text and "**Stack.**" in text
+    assert "| speed | `joint_threshold` | edits | tau | 0.3, 0.5 | edit_tau = 0 |" in text
+    assert "| speed | tau = 0.5, edit_tau = 0 |" in text
+    assert "wall ms / prompt | edits / answer | fixed by an edit | broken by an edit |" in text
+    assert "| speed 0.3 | 95.0% | 6.00 | 3.00 | 100.0 | 150.0 | 2.50 | 10.0% | 0.0% |" in text
+    assert "](../assets/operating-points-edit.png)" in text
+    command.plot(report, tmp_path / "plot.png")
+    assert (tmp_path / "plot.png").stat().st_size > 0
+
+
+def test_spiffy_is_refused_on_a_kernel_it_does_not_run_on(command):
+    assert command.runs_spiffy("absorbing") and not command.runs_spiffy("revisable")
+    from dloom import load_model
+
+    model = load_model("toy-dllm")
+    import dataclasses
+
+    revisable = dataclasses.replace(model, kernel="revisable")
+    with pytest.raises(ConfigurationError, match="Spiffy does not run on the model's 'revisable' kernel"):
+        command.measure(revisable, "toy-dllm", "copy", 2, 2, 2, spiffy=True)
+
+
+def test_a_resumed_run_whose_grids_gained_a_curve_measures_only_that_curve(command, tmp_path):
+    """The lead's path for a rule that lands after the run started: the same command with one
+    more grid and ``--resume`` reuses every finished measurement."""
+    from dloom import load_model
+
+    model = load_model("toy-dllm")
+    out = tmp_path / "op.json"
+    first = {"threshold": ("tau", (0.5, 0.999))}
+    command.measure(model, "toy-dllm", "copy,add", 4, 4, 4, spiffy=False, grids=first, out=out)
+    grown = {**first, "frechet": ("delta", (0.5,))}
+    report = command.measure(model, "toy-dllm", "copy,add", 4, 4, 4, spiffy=False, grids=grown, out=out, resume=True)
+    assert sorted(report["reused"]) == sorted(["quota", "threshold@0.5", "threshold@0.999"] * 2 + ["oracle"])
+    assert [r["name"] for r in report["rows"]] == ["quota", "threshold@0.5", "threshold@0.999", "frechet@0.5"]

@@ -55,6 +55,7 @@ class EvalReport:
     :ivar nfe_mean: mean forwards per example.
     :ivar tpf: generated tokens per row-forward, over all examples.
     :ivar tps: generated tokens per wall-clock second, over all batches.
+    :ivar wall_seconds: the decoding's wall time, summed over batches (grading excluded).
     :ivar n: number of examples.
     :ivar hook_share: share of wall time per hook and for the forward.
     :ivar config: the decoder's settings plus the evaluation's own.
@@ -66,6 +67,13 @@ class EvalReport:
     :ivar oracle_nfe_mean: the oracle's mean forwards over the examples where it reproduces
         the greedy output (:func:`add_oracle`; ``None`` unless asked for).
     :ivar oracle_reached_share: the share of examples where it does.
+    :ivar edits_per_answer: on an editing kernel (:attr:`dloom.metrics.GenerationResult.edits`),
+        the mean edits per example; ``None`` for a decoder whose rule does not edit.
+    :ivar fixed_by_edit_share: the share of examples whose answer is correct while the answer
+        of their drafts alone (each position's first filled token) is wrong: an edit fixed a
+        wrong draft (``None`` likewise).
+    :ivar broken_by_edit_share: the share whose drafts' answer is correct and final answer
+        wrong: an edit broke a right draft (``None`` likewise).
     """
 
     accuracy: float
@@ -81,6 +89,10 @@ class EvalReport:
     complete: bool = True
     oracle_nfe_mean: float | None = None
     oracle_reached_share: float | None = None
+    wall_seconds: float = 0.0
+    edits_per_answer: float | None = None
+    fixed_by_edit_share: float | None = None
+    broken_by_edit_share: float | None = None
 
     def to_json(self, with_outputs: bool = False) -> dict[str, Any]:
         """The JSON object of ``dloom eval --json``."""
@@ -90,6 +102,7 @@ class EvalReport:
             "nfe_mean": self.nfe_mean,
             "tpf": self.tpf,
             "tps": self.tps,
+            "wall_seconds": self.wall_seconds,
             "n": self.n,
             "hook_share": self.hook_share,
             "speculation": self.speculation,
@@ -99,6 +112,10 @@ class EvalReport:
         if self.oracle_reached_share is not None:
             data["oracle_nfe_mean"] = self.oracle_nfe_mean
             data["oracle_reached_share"] = self.oracle_reached_share
+        if self.edits_per_answer is not None:
+            data["edits_per_answer"] = self.edits_per_answer
+            data["fixed_by_edit_share"] = self.fixed_by_edit_share
+            data["broken_by_edit_share"] = self.broken_by_edit_share
         if with_outputs:
             data["outputs"] = self.outputs
         return data
@@ -173,6 +190,10 @@ class _Tally:
         """Grade one decoded batch; return its output records."""
         texts = result.texts or [""] * len(chunk)
         records = self._grade(chunk, texts, result.nfe.tolist())
+        edits = getattr(result, "edits", None)
+        if edits is not None:
+            drafts = getattr(result, "draft_texts", None) or [""] * len(chunk)
+            self._grade_drafts(chunk, records, edits.tolist(), drafts)
         self.generated += result.total_generated
         self._add_time(result.wall_seconds, result.hook_seconds, getattr(result, "speculation", None))
         return records
@@ -181,6 +202,9 @@ class _Tally:
         """Grade result rows decoded elsewhere (:mod:`dloom.ray`): ``GenerationResult.row``
         records, the first row of each decoded batch carrying its ``batch`` summary."""
         records = self._grade(chunk, [row["text"] or "" for row in rows], [row["nfe"] for row in rows])
+        if all("edits" in row for row in rows):
+            self._grade_drafts(chunk, records, [row["edits"] for row in rows],
+                               [row["draft_text"] or "" for row in rows])
         self.generated += sum(len(row["tokens"]) for row in rows)
         for batch in (row["batch"] for row in rows if "batch" in row):
             self._add_time(batch["wall_seconds"], batch["hook_seconds"], batch["speculation"])
@@ -200,6 +224,15 @@ class _Tally:
         self.outputs.extend(records)
         self.nfe_total += sum(nfes)
         return records
+
+    @staticmethod
+    def _grade_drafts(chunk: Sequence[Example], records: Sequence[dict[str, Any]], edits: Sequence[int],
+                      drafts: Sequence[str]) -> None:
+        """Add each record's ``edits`` and whether its drafts alone answer correctly
+        (``draft_correct``), in place."""
+        for example, record, count, draft in zip(chunk, records, edits, drafts):
+            record["edits"] = count
+            record["draft_correct"] = _CHECKERS[example.family].check(example.prompt, draft)
 
     def _add_time(self, wall: float, hook_seconds: dict[str, float], speculation: dict[str, Any] | None) -> None:
         self.wall += wall
@@ -221,6 +254,7 @@ class _Tally:
             rows = [o for o in outputs if o["family"] == family]
             per_task[family] = {"accuracy": sum(o["correct"] for o in rows) / len(rows), "n": len(rows)}
         n = len(outputs)
+        edited = n > 0 and all("edits" in o for o in outputs)
         return EvalReport(
             accuracy=sum(o["correct"] for o in outputs) / n if n else 0.0,
             per_task=per_task,
@@ -233,6 +267,10 @@ class _Tally:
             outputs=outputs,
             speculation=self.speculation,
             complete=complete,
+            wall_seconds=wall,
+            edits_per_answer=sum(o["edits"] for o in outputs) / n if edited else None,
+            fixed_by_edit_share=sum(o["correct"] and not o["draft_correct"] for o in outputs) / n if edited else None,
+            broken_by_edit_share=sum(o["draft_correct"] and not o["correct"] for o in outputs) / n if edited else None,
         )
 
 

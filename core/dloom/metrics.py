@@ -93,6 +93,15 @@ class GenerationResult:
     :ivar hook_seconds: wall time per hook plus ``"forward"`` for the model.
     :ivar texts: decoded text up to the first EOS, one per row, when a tokenizer is known.
     :ivar config: the settings the generation ran with.
+    :ivar edits: ``(B,)`` long, the edits each row took on an editing kernel: writes that
+        changed a filled generated position (token-to-token rewrites, remasks, tokens moved by
+        a Levenshtein delete or split; :mod:`dloom.decode.edit_ledger`). ``None`` on a kernel
+        that does not edit (a fill rule), where no filled token ever changes.
+    :ivar drafts: ``(B, G)`` long, each generated position's first filled token (masked where
+        none was): the answer the row would have given without its edits (``None`` likewise).
+    :ivar draft_texts: ``drafts``' text up to their first EOS, one per row, when a tokenizer
+        is known and the kernel edits; :mod:`dloom.evaluation` scores it to tell whether an
+        edit fixed a wrong draft.
     """
 
     sequences: torch.Tensor
@@ -111,6 +120,9 @@ class GenerationResult:
     row_forwards: int = 0
     model_calls: int = 0
     verification_forwards: int = 0
+    edits: torch.Tensor | None = None
+    drafts: torch.Tensor | None = None
+    draft_texts: list[str] | None = None
 
     @property
     def speculation(self) -> dict[str, Any] | None:
@@ -146,9 +158,14 @@ class GenerationResult:
 
     def row(self, index: int) -> dict[str, Any]:
         """A JSON-ready summary of one row (``text``, ``tokens``, ``nfe``, ``tpf``, ``tps``,
-        and the batch's ``speculation`` figures)."""
+        and the batch's ``speculation`` figures; on an editing kernel also ``edits`` and
+        ``draft_text``)."""
         nfe = int(self.nfe[index])
         length = int(self.generated_lengths[index])
+        edited = {} if self.edits is None else {
+            "edits": int(self.edits[index]),
+            "draft_text": self.draft_texts[index] if self.draft_texts is not None else None,
+        }
         return {
             "text": self.texts[index] if self.texts is not None else None,
             "tokens": self.token_lists[index],
@@ -157,6 +174,7 @@ class GenerationResult:
             "tps": self.tps,
             "speculation": self.speculation,
             "config": self.config,
+            **edited,
         }
 
     def summary(self) -> dict[str, Any]:

@@ -462,6 +462,11 @@ def print_report(report: Any, as_json: bool, outputs: bool, totals: dict[str, An
             f"accepted drafts per verification {report.speculation['accepted_per_verification']:.2f}"
             f"   guarantee {report.speculation['guarantee']}"
         )
+    if report.edits_per_answer is not None:
+        console.print(
+            f"edits/answer {report.edits_per_answer:.2f}   fixed a wrong draft {report.fixed_by_edit_share:.1%}"
+            f"   broke a right draft {report.broken_by_edit_share:.1%}"
+        )
     if totals is not None:
         console.print("   ".join(
             f"{name.replace('_', ' ')} {value:.2f}" if isinstance(value, float) else f"{name.replace('_', ' ')} {value}"

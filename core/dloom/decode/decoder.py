@@ -419,15 +419,25 @@ class DiffusionDecoder:
         sequences = session.x.clone()
         nfe = torch.zeros(batch, dtype=torch.long, device=sequences.device)
         lengths = torch.zeros_like(nfe)
+        # an editing kernel's edits, drafts and their lengths (dloom.decode.edit_ledger)
+        edited = None if session.ledger is None else (torch.zeros_like(nfe), sequences.clone(), torch.zeros_like(nfe))
         while session.size:
             done = session.step()
             if done is not None:
                 sequences.index_copy_(0, done.rows, done.sequences)
                 nfe.index_copy_(0, done.rows, done.nfe)
                 lengths.index_copy_(0, done.rows, done.lengths)
+                if edited is not None:
+                    for total, part in zip(edited, (done.edits, done.drafts, done.draft_lengths)):
+                        assert part is not None
+                        total.index_copy_(0, done.rows, part)
         model = self.model
         generated = sequences[:, width:]
         token_lists, texts = token_lists_and_texts(model, generated, lengths)
+        edits, drafts, draft_texts = None, None, None
+        if edited is not None:
+            edits, drafts = edited[0], edited[1][:, width:]
+            draft_texts = token_lists_and_texts(model, drafts, edited[2])[1]
         hook_seconds = {"forward": self.forward_clock.seconds, **self.timer.seconds}
         tallies = session.tallies
         return GenerationResult(
@@ -447,4 +457,7 @@ class DiffusionDecoder:
             row_forwards=session.row_forwards,
             model_calls=session.model_calls,
             verification_forwards=tallies.verification_forwards,
+            edits=edits,
+            drafts=drafts,
+            draft_texts=draft_texts,
         )

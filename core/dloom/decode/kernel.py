@@ -383,6 +383,9 @@ class KernelStep:
     #: the kernel draws random numbers at every temperature (the session then gives it the
     #: prompts' random streams whatever the decoder's temperature)
     samples = False
+    #: the commit rule may rewrite filled positions (the revisable kernel with an editing
+    #: rule); the session then counts edits and drafts (:mod:`dloom.decode.edit_ledger`)
+    edits = False
 
     def __init__(
         self, pm, temperature, remasking, generator, mask_token_id, eos_ids, steps_per_block,

@@ -42,6 +42,7 @@ admission (whether any row is padded) and per cancellation (how many rows it rem
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -49,6 +50,7 @@ from typing import Any, Protocol
 import pluggy
 import torch
 
+from dloom.decode.edit_ledger import EditLedger
 from dloom.decode.generation import Prompts, row_streams
 from dloom.decode.host_read import read_on_host
 from dloom.decode.kernel import RowStreams, eos_clear
@@ -138,6 +140,12 @@ class FinishedRows:
     :ivar nfe: ``(R,)`` long, forwards in which each row was decoding.
     :ivar logprobs: the rows' commit-time log-probabilities, columns as ``sequences``
         (``None`` unless the session records them).
+    :ivar edits: ``(R,)`` long, the edits each row took (:class:`~dloom.decode.edit_ledger.EditLedger`);
+        ``None`` on a kernel that does not edit.
+    :ivar drafts: ``(R, L)`` long, ``sequences`` with each generated position's first filled
+        token (``None`` likewise).
+    :ivar draft_lengths: ``(R,)`` long, ``drafts``' generated tokens up to and including their
+        first EOS (``None`` likewise).
     """
 
     rows: torch.Tensor
@@ -146,6 +154,9 @@ class FinishedRows:
     lengths: torch.Tensor
     nfe: torch.Tensor
     logprobs: RowLogprobs | None = None
+    edits: torch.Tensor | None = None
+    drafts: torch.Tensor | None = None
+    draft_lengths: torch.Tensor | None = None
 
     @property
     def generated(self) -> torch.Tensor:
@@ -295,6 +306,8 @@ class DecodeSession:
         steps before that EOS is clear are the same steps).
 
     :ivar on_block: the callback above; a caller may set or clear it between steps.
+    :ivar ledger: the running rows' edits and drafts when the kernel edits (an editing rule on
+        the revisable kernel), counted on the device at every step; else ``None``.
     :ivar size: rows in the batch now (a host int).
     :ivar forwards: steps taken (each one forward of the batch, or a verification).
     """
@@ -331,6 +344,7 @@ class DecodeSession:
         self._primed_any = False  # some row is primed (read at the last step's sync)
         self.forward: BlockForward | None = None
         self.kernel: TransitionKernel
+        self.ledger: EditLedger | None = None
 
     @property
     def forwards(self) -> int:
@@ -429,6 +443,7 @@ class DecodeSession:
             self._steps_per_block, self._masked(self.x, self.forward.block_columns), decoder.on_proposal,
             **decoder.kernel_options,
         )
+        self.ledger = EditLedger(self.x, self._mask_id) if self.kernel.edits else None
         if isinstance(self.forward, CanvasForward):  # it reads the kernel's canvases
             assert isinstance(self.kernel, UniformKernel)
             self.forward.kernel = self.kernel
@@ -462,6 +477,8 @@ class DecodeSession:
         )
         if self.logprobs is not None:
             self.logprobs.join(widened, tokens)
+        if self.ledger is not None:
+            self.ledger.join(widened, tokens, pad)
         self.x = torch.cat([self.x, tokens])
         self.full_mask = torch.cat([self.full_mask, mask])
         self.positions = torch.cat([self.positions, positions])
@@ -517,6 +534,8 @@ class DecodeSession:
         self.region_end = self.region_end[index]
         if self.logprobs is not None:
             self.logprobs.keep(index)
+        if self.ledger is not None:
+            self.ledger.keep(index)
         if self.previous is not None:
             self.previous = self.previous[index]
         self._running_forward().select(index)
@@ -563,7 +582,10 @@ class DecodeSession:
             # forward the reference runs here): a kernel step without a forward. The forward
             # below then serves its next state; a row with nothing left to decode sits it out.
             assert self.previous is not None
-            block = kernel(block, self.previous, self.primed)
+            primed_block = kernel(block, self.previous, self.primed)
+            if self.ledger is not None:
+                self.ledger.record(columns, block, primed_block, generated)
+            block = primed_block
             x.scatter_(1, columns, block)
             decoding = ~self.primed | kernel.pending(block)
         speculative = self.calls.speculative_step if self._can_draft else None
@@ -581,6 +603,8 @@ class DecodeSession:
                     self.block_index.clone(), self.rows.clone(), block.clone(), outcome.logits, new_block.clone(),
                 ))
         x.scatter_(1, columns, new_block)
+        if self.ledger is not None:
+            self.ledger.record(columns, block, new_block, generated)
         self.nfe = self.nfe + decoding.long()
         # Earlier blocks are final and hold no EOS: the row's output is final exactly when
         # its block has ended it, or is complete and is its last block.
@@ -633,6 +657,12 @@ class DecodeSession:
         lengths = torch.minimum(generated_lengths(region, self._eos), self.region_end[gone] - self.width)
         logprobs = self.logprobs.take(gone) if self.logprobs is not None else None
         result = FinishedRows(self.rows[gone], x[gone], self.width, lengths, self.nfe[gone], logprobs)
+        if self.ledger is not None:
+            drafts = self.ledger.drafts[gone]
+            draft_lengths = torch.minimum(generated_lengths(drafts[:, self.width:], self._eos),
+                                          self.region_end[gone] - self.width)
+            result = dataclasses.replace(result, edits=self.ledger.edits[gone], drafts=drafts,
+                                         draft_lengths=draft_lengths)
         if leaving == self.size:
             self._empty()
         else:

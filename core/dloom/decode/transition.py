@@ -55,10 +55,13 @@ class TransitionKernel(Protocol):
 
     :ivar idle: ``()`` bool, some row that could step committed nothing.
     :ivar non_finite: ``()`` bool, some stepping row's logits held NaN or inf.
+    :ivar edits: the commit rule may rewrite filled positions (the session then counts edits
+        and drafts, :mod:`dloom.decode.edit_ledger`).
     """
 
     idle: torch.Tensor
     non_finite: torch.Tensor
+    edits: bool
 
     def __call__(self, block: torch.Tensor, logits: torch.Tensor, advance: torch.Tensor) -> torch.Tensor:
         """The next ``(B, K)`` blocks from ``block`` ``(B, K)`` and its ``(B, K, V)`` logits; rows
