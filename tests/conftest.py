@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import sys
@@ -13,7 +14,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from dloom import ModelAdapter
+from dloom import BlockSchedule, ModelAdapter
 from dloom.hooks.registry import reset_registry
 
 # Tiny forwards run fastest on one thread, and do not stall when the machine is busy.
@@ -131,3 +132,18 @@ def site(tmp_path, monkeypatch):
         sys.modules.pop(module, None)
     importlib.invalidate_caches()
     reset_registry()
+
+
+def revisable(adapter: ModelAdapter) -> ModelAdapter:
+    """``adapter`` decoding with the revisable kernel (fills and token edits)."""
+    return dataclasses.replace(adapter, kernel="revisable")
+
+
+def edit_schedule(masked: list[list[bool]], post_steps: list[int]) -> BlockSchedule:
+    """A revisable kernel's schedule for a hand-written step: ``masked`` ``(B, K)`` and each
+    row's post steps so far."""
+    mask = torch.tensor(masked, dtype=torch.bool)
+    return BlockSchedule(
+        torch.zeros(mask.shape[0], dtype=torch.long), 1, mask.sum(-1), masked=mask,
+        post_steps=torch.tensor(post_steps, dtype=torch.long),
+    )

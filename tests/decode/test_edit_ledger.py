@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import dloom
+from conftest import revisable
 from dloom.decode.edit_ledger import EditLedger
 
 M = 99  # the mask id of the hand-worked steps
@@ -65,10 +66,6 @@ def reference_edits(adapter, strategy, prompts, settings):
                 if drafts[row][column] == mask:
                     drafts[row][column] = new
     return result, edits, drafts
-
-
-def revisable(adapter):
-    return dataclasses.replace(adapter, kernel="revisable")
 
 
 @pytest.mark.parametrize("strategy, params", [

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import dloom
+from conftest import revisable
 from dloom.decode.commit import sorted_profile
 from dloom.decode.revisable import RevisableKernel
 from dloom.errors import ConfigurationError
@@ -17,10 +18,6 @@ from dloom.hooks.composition import build_plugin_manager, compose
 from dloom.hooks.timing import HookTimer
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11], [12, 13], [14, 15, 16, 17, 18]]
-
-
-def revisable(adapter):
-    return dataclasses.replace(adapter, kernel="revisable")
 
 
 @pytest.mark.parametrize("strategy, params", [

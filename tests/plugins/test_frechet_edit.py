@@ -3,30 +3,15 @@ profiles and in a decoder on the revisable kernel."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
 import dloom
-from dloom import BlockSchedule
+from conftest import edit_schedule, revisable
 from dloom.errors import ConfigurationError
 from dloom_plugins.frechet import FrechetCommit, FrechetEditCommit
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11], [12, 13], [14, 15, 16, 17, 18]]
-
-
-def revisable(adapter):
-    return dataclasses.replace(adapter, kernel="revisable")
-
-
-def schedule(masked, post_steps):
-    masked = torch.tensor(masked, dtype=torch.bool)
-    rows = masked.shape[0]
-    return BlockSchedule(
-        torch.zeros(rows, dtype=torch.long), 1, masked.sum(-1), masked=masked,
-        post_steps=torch.tensor(post_steps, dtype=torch.long),
-    )
 
 
 def test_fills_are_the_frechet_prefix_of_the_masked_positions_and_edits_pass_edit_tau():
@@ -34,7 +19,7 @@ def test_fills_are_the_frechet_prefix_of_the_masked_positions_and_edits_pass_edi
     # positions 4-5 filled and offered for an edit, at 0.6 and 0.4.
     confidence = torch.tensor([[0.3, 0.95, 0.8, 0.9, 0.6, 0.4]], dtype=torch.float64)
     selectable = torch.ones(1, 6, dtype=torch.bool)
-    plan = schedule([[1, 1, 1, 1, 0, 0]], [0])
+    plan = edit_schedule([[1, 1, 1, 1, 0, 0]], [0])
     got = FrechetEditCommit(0.5, edit_tau=0.5, max_post_steps=4).dloom_select_commit(confidence, selectable, plan)
     assert got.tolist() == [[False, True, False, True, True, False]]
     # the filled positions do not count in the fills' profile: frechet on the masked ones alone
@@ -45,7 +30,7 @@ def test_fills_are_the_frechet_prefix_of_the_masked_positions_and_edits_pass_edi
 def test_no_edit_past_the_post_step_budget_and_none_at_edit_tau_one():
     confidence = torch.tensor([[0.99, 0.9], [0.99, 0.9]], dtype=torch.float64)
     selectable = torch.ones(2, 2, dtype=torch.bool)
-    plan = schedule([[0, 0], [0, 0]], [2, 3])  # no mask left; row 1 has spent its 2 post steps
+    plan = edit_schedule([[0, 0], [0, 0]], [2, 3])  # no mask left; row 1 has spent its 2 post steps
     rule = FrechetEditCommit(0.5, edit_tau=0.5, max_post_steps=2)
     assert rule.dloom_select_commit(confidence, selectable, plan).tolist() == [[True, True], [False, False]]
     never = FrechetEditCommit(0.5, edit_tau=1.0, max_post_steps=2)

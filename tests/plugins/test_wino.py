@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import dloom
-from dloom import BlockSchedule, Edits
+from conftest import edit_schedule, revisable
+from dloom import Edits
 from dloom.check import check_strategy, tiny
 from dloom.check.kernel_claims import KERNEL_CLAIMS, check_kernel_claims
 from dloom.check.resolve import resolve
@@ -22,19 +23,6 @@ from dloom_plugins.baselines import WinoCommit
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11], [12, 13], [14, 15, 16, 17, 18]]
 
 
-def revisable(adapter):
-    return dataclasses.replace(adapter, kernel="revisable")
-
-
-def schedule(masked, post_steps):
-    masked = torch.tensor(masked, dtype=torch.bool)
-    rows = masked.shape[0]
-    return BlockSchedule(
-        torch.zeros(rows, dtype=torch.long), 1, masked.sum(-1), masked=masked,
-        post_steps=torch.tensor(post_steps, dtype=torch.long),
-    )
-
-
 def test_a_fill_step_drafts_above_tau_and_remasks_filled_tokens_below_remask_tau():
     # row 0: positions 0-2 masked (confidence 0.7, 0.5, 0.65: 0 and 2 pass tau 0.6); 3-5 filled,
     #   their tokens at 0.95, 0.4, 0.89: 4 and 5 fall below remask_tau 0.9 (3 is offered for an
@@ -42,7 +30,7 @@ def test_a_fill_step_drafts_above_tau_and_remasks_filled_tokens_below_remask_tau
     # row 1: positions 0-1 masked, none above tau: the most confident (1) alone; 2 filled at 0.3.
     confidence = torch.tensor([[0.7, 0.5, 0.65, 0.8, 0.3, 0.6], [0.2, 0.4, 0.9, 0.1, 0.1, 0.1]], dtype=torch.float64)
     selectable = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 0, 0, 0, 0]], dtype=torch.bool)
-    plan = schedule([[1, 1, 1, 0, 0, 0], [1, 1, 0, 0, 0, 0]], [0, 0])
+    plan = edit_schedule([[1, 1, 1, 0, 0, 0], [1, 1, 0, 0, 0, 0]], [0, 0])
     probability = torch.tensor([[0.0, 0.0, 0.0, 0.95, 0.4, 0.89], [0.0, 0.0, 0.3, 0.99, 0.99, 0.99]], dtype=torch.float64)
     got = WinoCommit(0.6, 0.9, 0).dloom_select_commit(confidence, selectable, plan, {"token_probability": probability})
     assert isinstance(got, Edits) and got.remask is not None
@@ -56,7 +44,7 @@ def test_a_post_step_rewrites_suspicious_offered_tokens_within_its_budget_and_ne
     confidence = torch.tensor([[0.8, 0.7, 0.9]] * 3, dtype=torch.float64)
     selectable = torch.tensor([[1, 1, 0]] * 3, dtype=torch.bool)
     probability = torch.tensor([[0.1, 0.95, 0.2]] * 3, dtype=torch.float64)
-    plan = schedule([[0, 0, 0]] * 3, [1, 2, 3])  # row 2 is past a budget of 2
+    plan = edit_schedule([[0, 0, 0]] * 3, [1, 2, 3])  # row 2 is past a budget of 2
     got = WinoCommit(0.6, 0.9, 2).dloom_select_commit(confidence, selectable, plan, {"token_probability": probability})
     assert got.commit.int().tolist() == [[1, 0, 0], [1, 0, 0], [0, 0, 0]]
     assert not got.remask.any()
