@@ -75,6 +75,9 @@ EDIT_MODEL_GRIDS: dict[str, GridSpec] = {
     "joint_threshold-quality": Grid("joint_threshold", "tau", (0.1, 0.3, 0.5, 0.7, 0.9),
                                     fixed={"edit_tau": 0.5}, edits=True),
     "frechet_edit": Grid("frechet_edit", "delta", (0.0, 0.25, 0.5, 0.75, 0.9), fixed={"edit_tau": 0.0}, edits=True),
+    "wino": Grid("wino", "tau", (0.4, 0.5, 0.6, 0.7, 0.8), fixed={"remask_tau": 0.9, "max_post_steps": 0}, edits=True),
+    "wino-post": Grid("wino", "tau", (0.3, 0.4, 0.5, 0.6, 0.7), fixed={"remask_tau": 0.9, "max_post_steps": 4},
+                      edits=True),
 }
 """The grids on a model whose kernel edits (the revisable kernel: ``long-dllm-words-edit``):
 every fill rule and every editing rule, each grid from its most parallel setting to its most
@@ -91,10 +94,15 @@ mode, since the edits are what repair the bold fills:
   token whose candidate differs), over the fill threshold τ down to 0.05;
 * ``joint_threshold-quality``: its quality mode, ``edit_tau = 0.5``, over τ;
 * ``frechet_edit``: Fréchet's certified fills over δ (from 0, its boldest, where it still
-  keeps accuracy on this model), with the speed mode's edits.
+  keeps accuracy on this model), with the speed mode's edits;
+* ``wino``: WINO's own decoding (draft above τ, remask below ``remask_tau = 0.9`` in fill
+  steps, no post step: a full block is final), over τ;
+* ``wino-post``: the same with up to 4 post steps rewriting tokens below ``remask_tau``
+  (on 100 held-out prompts remasks alone repaired little on this model; post steps did).
 
-``max_post_steps`` keeps its default (16) everywhere: a block settles at the first post step
-that changes nothing. A new editing rule's curve is one more entry here."""
+``max_post_steps`` keeps the rule's default elsewhere (16 for ``joint_threshold`` and
+``frechet_edit``): a block settles at the first post step that changes nothing. A new
+editing rule's curve is one more entry here."""
 TOLERANCE = 0.01
 """How far (one point) below one token per step's accuracy a setting may be and still count
 as keeping it."""
