@@ -87,7 +87,9 @@ def test_select_commit(benchmark, rule_name):
     declared = getattr(rule.dloom_select_commit, hookspecs.SIGNALS_ATTRIBUTE, ())
     if declared:
         logits = torch.randn(64, 32, 17, dtype=torch.float64, generator=generator)
-        arguments["signals"] = commit_signals(logits, logits[..., :16].argmax(-1), declared, 16)
+        candidates = logits[..., :16].argmax(-1)
+        block = torch.where(selectable, 16, candidates)  # the selectable positions masked (id 16)
+        arguments["signals"] = commit_signals(logits, candidates, block, declared, 16)
     taken = inspect.signature(rule.dloom_select_commit).parameters
     commit = benchmark(rule.dloom_select_commit, **{k: v for k, v in arguments.items() if k in taken})
     assert (commit & ~selectable).sum() == 0
