@@ -41,6 +41,13 @@ answer's edits (:mod:`dloom.decode.edit_ledger`)::
 
     python -m benchmarks.operating_points --model long-dllm-words-edit --target none \
         --out benchmarks/results/operating-points-edit.json --page operating-points-edit
+
+``--wall-time`` adds :mod:`benchmarks.bench_cost_rules` results to the page (Spiffy at
+``budget=auto`` against every rule and cache mode, in wall time; the JSON names the files),
+and ``--render`` writes the page and plot again from ``--out``'s figures, measuring nothing::
+
+    python -m benchmarks.operating_points --render --out benchmarks/results/operating-points-words.json \
+        --wall-time benchmarks/results/cost_auto_rules_long.json benchmarks/results/cost_auto_rules_random512x8.json
 """
 
 from __future__ import annotations
@@ -59,6 +66,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.bench_cost_rules import wall_time_section
 from benchmarks.report import partner_defaults, shown_path, workload_tasks
 from benchmarks.report_failfast import break_even_cost_ratio, check_models
 from benchmarks.report_jobs import Context, Job, Runner, calibration_job, row_job
@@ -450,9 +458,12 @@ def editing_section(report: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def page(report: Mapping[str, Any], out: Path, plot_file: str = f"{DEFAULT_PAGE}.png") -> str:
+def page(report: Mapping[str, Any], out: Path, plot_file: str = f"{DEFAULT_PAGE}.png",
+         wall_time: Sequence[Mapping[str, Any]] = ()) -> str:
     """The generated Markdown page of a run (never edited by hand); ``plot_file``: the
-    plot's name in ``DOCS/assets``."""
+    plot's name in ``DOCS/assets``; ``wall_time``: :mod:`benchmarks.bench_cost_rules`
+    results (files named by ``report["wall_time"]``), each a section on Spiffy's wall time at
+    ``budget=auto`` against every rule and cache mode."""
     edits = editing(report)
     lines = [
         "# Operating points: settings chosen on a dev split" + (" (a model that edits)" if edits else ""),
@@ -549,6 +560,13 @@ def page(report: Mapping[str, Any], out: Path, plot_file: str = f"{DEFAULT_PAGE}
                          f"{m['target_forwards_per_prompt']:.1f} | {m['helper_forwards']} | {m['wall_seconds']:.2f} | "
                          f"{m['wall_speedup_vs_ar']:.2f}× | {m['modelled_speedup_vs_ar']:.2f}× | "
                          f"{m['identical_to_ar']:.0%} |")
+    if wall_time:
+        lines += ["", "## Wall time at `budget=auto`", "",
+                  "Spiffy's default budget chooses its drafts from the forward cost measured when the decoder is "
+                  "built; these runs time it against each rule alone, at the settings chosen above, with each "
+                  f"cache mode (`benchmarks.bench_cost_rules`; files: "
+                  f"{', '.join(f'`{name}`' for name in report.get('wall_time', []))}).", ""]
+        lines += [wall_time_section(results) for results in wall_time]
     return "\n".join(lines) + "\n"
 
 
@@ -688,6 +706,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--page", default=DEFAULT_PAGE,
                         help="the page and plot's name: DOCS/benchmarks/PAGE.md and DOCS/assets/PAGE.png")
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--wall-time", type=Path, nargs="+", default=None, metavar="JSON",
+                        help="benchmarks.bench_cost_rules results shown on the page (Spiffy at budget=auto "
+                        "against every rule and cache mode, in wall time)")
+    parser.add_argument("--render", action="store_true",
+                        help="measure nothing: write the page and plot from --out's figures (and --wall-time's)")
     parser.add_argument("--readme", type=Path, default=None,
                         help="also write the headline table into this README and DOCS/index.md (between "
                         "<!-- report:operating-points:start --> and <!-- report:operating-points:end -->)")
@@ -709,6 +732,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(f"--drafter-taus {args.drafter_taus!r}: comma-separated numbers, each in (0, 1)")
     if not taus or any(not 0 < t < 1 for t in taus) or len(set(taus)) < len(taus):
         parser.error(f"--drafter-taus {args.drafter_taus!r}: distinct thresholds, each in (0, 1)")
+    wall_time = [read_wall_time(path, parser) for path in args.wall_time or []]
+    if args.render:
+        if not args.out.is_file():
+            parser.error(f"--render: --out {args.out} holds no run's figures; allowed: the JSON a run wrote")
+        report = json.loads(args.out.read_text())
+        if args.wall_time is not None:
+            report["wall_time"] = [shown_path(path) for path in args.wall_time]
+            args.out.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
+        else:
+            wall_time = [read_wall_time(ROOT / path, parser) for path in report.get("wall_time", [])]
+        write_pages(report, args, wall_time, [args.out] if args.wall_time is not None else None)
+        return
     args.target, default_assistant = partner_defaults(args.model, args.target)
     args.assistant = args.assistant or default_assistant
     target = None if args.target == "none" else args.target
@@ -737,15 +772,36 @@ def main(argv: Sequence[str] | None = None) -> None:
         "n": args.n, "batch_size": args.batch_size, "torch_threads": args.threads,
         "machine": f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores", "torch": torch.__version__,
         **report, "seconds": round(time.perf_counter() - started, 1),
+        "wall_time": [shown_path(path) for path in args.wall_time or []],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
+    write_pages(report, args, wall_time, [args.out])
+
+
+def read_wall_time(path: Path, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    """A :mod:`benchmarks.bench_cost_rules` result file (``--wall-time``), or the parser's
+    error naming it."""
+    try:
+        results = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        parser.error(f"--wall-time {path}: cannot read it as JSON ({error})")
+    if not isinstance(results, dict) or "rows" not in results or "model" not in results:
+        parser.error(f"--wall-time {path}: not a benchmarks.bench_cost_rules result (no 'model' and 'rows')")
+    return results
+
+
+def write_pages(report: Mapping[str, Any], args: argparse.Namespace, wall_time: Sequence[Mapping[str, Any]],
+                written: list[Path] | None = None) -> None:
+    """Write a run's page and plot (and with ``--readme`` its headline), naming each file
+    written on stderr."""
+    written = list(written or [])
     (args.docs / "benchmarks").mkdir(parents=True, exist_ok=True)
     (args.docs / "assets").mkdir(parents=True, exist_ok=True)
     page_path, plot_path = args.docs / "benchmarks" / f"{args.page}.md", args.docs / "assets" / f"{args.page}.png"
-    page_path.write_text(page(report, args.out, plot_path.name))
+    page_path.write_text(page(report, args.out, plot_path.name, wall_time))
     plot(report, plot_path)
-    written = [args.out, page_path, plot_path]
+    written += [page_path, plot_path]
     if args.readme is not None:
         for target in (args.readme, args.docs / "index.md"):
             target.write_text(replace_marked(target.read_text(), "operating-points", headline(report)))

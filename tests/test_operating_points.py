@@ -397,3 +397,38 @@ def test_a_resumed_run_whose_grids_gained_a_curve_measures_only_that_curve(comma
     report = command.measure(model, "toy-dllm", "copy,add", 4, 4, 4, spiffy=False, grids=grown, out=out, resume=True)
     assert sorted(report["reused"]) == sorted(["quota", "threshold@0.5", "threshold@0.999"] * 2 + ["oracle"])
     assert [r["name"] for r in report["rows"]] == ["quota", "threshold@0.5", "threshold@0.999", "frechet@0.5"]
+
+
+def test_render_writes_the_page_again_with_wall_time_and_measures_nothing(command, tmp_path, capsys, monkeypatch):
+    """``--render`` rebuilds a recorded run's page from its JSON (the committed words run here:
+    the page is the committed one, byte for byte, apart from the JSON's path), with
+    ``--wall-time``'s sections appended and the files named in the JSON for the next render."""
+    import json
+    import shutil
+
+    out = tmp_path / "op.json"
+    shutil.copy(command.ROOT / "benchmarks" / "results" / "operating-points-words.json", out)
+    wall = tmp_path / "wall.json"
+    wall.write_text(json.dumps({
+        "model": "random-512x8", "n": 2, "gen_length": 32, "block_length": 8, "machine": "x86_64", "torch": "2.x",
+        "repeats": 3, "load_average": [1.0, 1.5], "budget": 10, "command": "python -m benchmarks.bench_cost_rules",
+        "rows": [{"rule": "quota", "params": {}, "cache": "none", "runs": {
+            "rule": {"seconds": 1.0, "nfe": 20},
+            "auto": {"budget": 0, "nfe": 20, "identical": True, "wall_vs_rule": 1.0, "paired_vs_rule": 1.01},
+            "fixed": {"budget": 10, "nfe": 10, "identical": True, "paired_vs_rule": 0.4, "nfe_vs_rule": 2.0}}}],
+    }))
+    monkeypatch.setattr(command, "load_model", lambda *a, **k: pytest.fail("--render measured"))
+    command.main(["--render", "--out", str(out), "--docs", str(tmp_path / "docs"), "--wall-time", str(wall)])
+    text = (tmp_path / "docs" / "benchmarks" / "operating-points.md").read_text()
+    committed = (command.ROOT / "docs" / "benchmarks" / "operating-points.md").read_text()
+    before, _, section = text.partition("\n## Wall time at `budget=auto`\n")
+    assert before.replace(str(out), "benchmarks/results/operating-points-words.json") + "\n" == committed.split(
+        "\n## Wall time at `budget=auto`\n")[0] + "\n"
+    assert "| quota | none | 1.00 | 0 | 1.01× | 1.00× | 20 (20) | yes | 0.40× | 2.00× | yes |" in section
+    assert json.loads(out.read_text())["wall_time"] == [str(wall)]
+    assert (tmp_path / "docs" / "assets" / "operating-points.png").stat().st_size > 0
+    command.main(["--render", "--out", str(out), "--docs", str(tmp_path / "again")])  # the files the JSON names
+    assert (tmp_path / "again" / "benchmarks" / "operating-points.md").read_text() == text
+    with pytest.raises(SystemExit) as exit_info:
+        command.main(["--render", "--out", str(tmp_path / "none.json")])
+    assert exit_info.value.code == 2 and "holds no run's figures" in capsys.readouterr().err
