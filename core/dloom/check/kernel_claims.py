@@ -99,15 +99,11 @@ class KernelClaims:
         }
 
 
-class _Stopped(Exception):
-    """Raised by :class:`_Watch` to stop a decode at a step that broke ``progress`` (it might
-    never end)."""
-
-
 class _Watch:
     """An observer of every plain step (:class:`dloom.decode.session.StepRecord`): records
     the first break of ``prompt_kept``, ``edit_budget``, ``fills`` and ``progress``, and what
-    held; raises :class:`_Stopped` at a break of ``progress``.
+    held; raises :class:`~dloom.errors.HookContractError` at a break of ``progress``, which
+    stops the decode (it might never end).
 
     A position not masked at the first step of its row's block is a prompt position (a
     block starts with its generated positions masked).
@@ -156,7 +152,7 @@ class _Watch:
                         f"{masked_after[i]}",
                     )
                     self.stopped = PROGRESS
-                    raise _Stopped
+                    raise HookContractError(f"kernel claim {PROGRESS!r} broken: a fill step left as many masks")
                 continue
             steps = self.post_steps[key] = self.post_steps.get(key, 0) + 1
             self.edits += int(changed.sum())
@@ -188,10 +184,8 @@ def _decode(strategy: Resolved, model, prompts: list[list[int]], lift: bool) -> 
     watch = _Watch(model.mask_token_id, budget)
     try:
         result = decoder.generate(prompts, observer=watch)
-    except _Stopped:
-        return watch, None
     except HookContractError:
-        if watch.stopped != FILLS:  # another break of the hook contract: the caller's to report
+        if watch.stopped not in (FILLS, PROGRESS):  # another break of the hook contract: the caller's to report
             raise
         return watch, None
     start = result.sequences[:, : len(prompts[0])]
