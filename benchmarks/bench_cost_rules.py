@@ -53,8 +53,10 @@ from dloom_plugins.spiffy.calibrate import calibrate
 CHOICES = Path(__file__).parent / "results" / "operating-points-words.json"
 """The operating-points report whose ``choices`` give each rule's setting."""
 CACHES = ("none", "prefix", "dual")
-RUNS = ("rule", "auto", "fixed")
-"""The rule alone, Spiffy at ``budget=auto``, Spiffy at the fixed ``--budget``."""
+RUNS = ("rule", "auto", "fixed", "again")
+"""The rule alone, Spiffy at ``budget=auto``, Spiffy at the fixed ``--budget``, and the rule
+alone again: an A/A control, whose ratio to the rule is the spread of identical work timed
+in the same passes (what a ratio of ``auto`` at ``D = 0``, the rule's own steps, is)."""
 
 
 def rule_settings(choices: Mapping[str, Any]) -> dict[str, dict[str, float]]:
@@ -128,12 +130,15 @@ def compare(found: Mapping[str, Any], decoders: Mapping[str, DiffusionDecoder]) 
     for name, row in found.items():
         entry = {"seconds": statistics.median(row["passes"]), "passes": row["passes"], "nfe": row["nfe"]}
         if name != "rule":
-            plugin = spiffy_of(decoders[name])
             entry.update(
-                budget=plugin.chosen_budget, wall_vs_rule=statistics.median(base["passes"]) / entry["seconds"],
+                wall_vs_rule=statistics.median(base["passes"]) / entry["seconds"],
                 paired_vs_rule=paired_ratio(base["passes"], row["passes"]), nfe_vs_rule=base["nfe"] / row["nfe"],
                 identical=row["tokens"] == base["tokens"],
             )
+        if name in ("auto", "fixed"):
+            plugin = spiffy_of(decoders[name])
+            # plain_steps: the decoder takes the rule's plain steps only (Spiffy declined drafting)
+            entry.update(budget=plugin.chosen_budget, plain_steps=decoders[name].speculative_step is None)
             if plugin.choice is not None and plugin.choice["speedups"] is not None:
                 entry["expected_speedups"] = plugin.choice["speedups"]
         rows[name] = entry
@@ -178,6 +183,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                              cache=cache, **shape),
                     "fixed": DiffusionDecoder(model, f"spiffy+{rule}", params={**spiffy, "budget": args.budget},
                                               cache=cache, **shape),
+                    "again": DiffusionDecoder(model, rule, params=params, cache=cache, **shape),
                 }
             found = compare(measure(decoders, prompts, args.repeats), decoders)
             rows.append({"rule": rule, "params": params, "cache": cache, "runs": found})
@@ -215,17 +221,20 @@ def wall_time_section(results: Mapping[str, Any]) -> str:
         f"{results['block_length']}, one CPU thread ({results['machine']}, torch {results['torch']}), "
         f"{results['repeats']} interleaved passes; load average {min(load):.1f}–{max(load):.1f} on a shared "
         "2-core machine. *paired*: the median over passes of the rule's pass time over Spiffy's; *of medians*: "
-        "the ratio of the median passes. Command: "
+        "the ratio of the median passes; *rule vs itself*: the same ratio for a second decoder of the rule "
+        "alone, timed in the same passes (identical work: the spread a ratio has here). Command: "
         f"`OMP_NUM_THREADS=1 {results['command']}`.",
         "",
-        f"| rule | cache | rule s | auto D | auto vs rule (paired) | (of medians) | auto NFE (rule) | "
-        f"identical | D={budget} vs rule (paired) | D={budget} fewer NFE | identical |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| rule | cache | rule s | rule vs itself (paired) | auto D | auto vs rule (paired) | (of medians) | "
+        f"auto NFE (rule) | identical | D={budget} vs rule (paired) | D={budget} fewer NFE | identical |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in results["rows"]:
-        rule, auto, fixed = (row["runs"][name] for name in RUNS)
+        rule, auto, fixed = (row["runs"][name] for name in RUNS[:3])
+        again = row["runs"].get("again")  # runs before the control have none
+        control = "–" if again is None else f"{again['paired_vs_rule']:.2f}×"
         lines.append(
-            f"| {setting_label(row['rule'], row['params'])} | {row['cache']} | {rule['seconds']:.2f} | "
+            f"| {setting_label(row['rule'], row['params'])} | {row['cache']} | {rule['seconds']:.2f} | {control} | "
             f"{auto['budget']} | {auto['paired_vs_rule']:.2f}× | {auto['wall_vs_rule']:.2f}× | "
             f"{auto['nfe']} ({rule['nfe']}) | {'yes' if auto['identical'] else '**no**'} | "
             f"{fixed['paired_vs_rule']:.2f}× | {fixed['nfe_vs_rule']:.2f}× | "

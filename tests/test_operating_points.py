@@ -424,7 +424,7 @@ def test_render_writes_the_page_again_with_wall_time_and_measures_nothing(comman
     before, _, section = text.partition("\n## Wall time at `budget=auto`\n")
     assert before.replace(str(out), "benchmarks/results/operating-points-words.json") + "\n" == committed.split(
         "\n## Wall time at `budget=auto`\n")[0] + "\n"
-    assert "| quota | none | 1.00 | 0 | 1.01× | 1.00× | 20 (20) | yes | 0.40× | 2.00× | yes |" in section
+    assert "| quota | none | 1.00 | – | 0 | 1.01× | 1.00× | 20 (20) | yes | 0.40× | 2.00× | yes |" in section
     assert json.loads(out.read_text())["wall_time"] == [str(wall)]
     assert (tmp_path / "docs" / "assets" / "operating-points.png").stat().st_size > 0
     command.main(["--render", "--out", str(out), "--docs", str(tmp_path / "again")])  # the files the JSON names

@@ -81,7 +81,7 @@ def test_the_cached_layout_times_a_causal_models_steps_after_its_cache_and_leave
     curve = measure_cost_curve(target, seq_len=20, nodes=(1, 4), layout="cached", repeats=2, warmup=1)
     assert curve.nodes == (1, 4) and curve.description["layout"] == "cached"
     # the prefill of 20 columns, then every timed forward continues exactly those 20
-    assert calls[0] == (20, 0) and set(calls[1:]) == {(1, 20), (4, 20)} and len(calls) == 1 + 1 + 2 * 2
+    assert calls[0] == (20, 0) and set(calls[1:]) == {(1, 20), (4, 20)} and len(calls) == 1 + 1 + 2 * 2 * 2
     with pytest.raises(ModelError, match="'bidirectional' attention; an AR target needs 'causal'"):
         measure_cost_curve(tiny_dllm(0, vocab=16, hidden=16, layers=1, context=64), seq_len=8, layout="cached")
 

@@ -167,10 +167,11 @@ def test_spiffy_alone_runs_over_quota_and_over_any_named_rule():
 def test_a_run_that_never_needs_to_verify_still_reports_a_lossless_speculation(tiny_adapter):
     # tau = 0.01 is below every position's confidence (the vocabulary has under 100 tokens),
     # so each block is committed whole by its first forward: there is nothing to verify
+    # (an explicit budget: at "auto" the uncalibrated graph would choose no drafts at all)
     options = dict(tau=0.01, gen_length=8, block_length=4)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # no built-in graph fits the tiny model
-        result = DiffusionDecoder(tiny_adapter, "spiffy+threshold", **options).generate([[5, 6, 7]])
+        result = DiffusionDecoder(tiny_adapter, "spiffy+threshold", budget=2, **options).generate([[5, 6, 7]])
     plain = DiffusionDecoder(tiny_adapter, "threshold", **options).generate([[5, 6, 7]])
     assert result.token_lists == plain.token_lists and result.forwards == plain.forwards == 2
     assert result.speculation == {

@@ -196,6 +196,42 @@ def test_auto_runs_at_the_chosen_budget_and_decodes_the_rules_tokens(sharp_adapt
     assert plugin.chosen_budget == 0
     assert plain.token_lists == reference.token_lists
     assert plain.accepted_drafts == 0 and torch.equal(plain.nfe, reference.nfe)
+    assert plain.speculation is None and drafted.speculation is not None  # D = 0: the rule's own steps
+
+
+def test_at_no_drafts_the_decoder_takes_the_rules_plain_steps_and_never_calls_the_draft_hook(
+    sharp_adapter, quota_graph, tmp_path, monkeypatch,
+):
+    steep = tmp_path / "steep.json"
+    CostCurve.linear(1.0, 1.0).save(steep)
+    from dloom.hooks import calls as hook_calls
+
+    calls = []
+    original = hook_calls.draft
+    monkeypatch.setattr(hook_calls, "draft", lambda pm, state: calls.append(1) or original(pm, state))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        declined = DiffusionDecoder(sharp_adapter, "spiffy+quota", params={"graph": quota_graph, "cost": str(steep)},
+                                    gen_length=16, block_length=8)
+        drafting = DiffusionDecoder(sharp_adapter, "spiffy+quota", params={"graph": quota_graph, "budget": 2},
+                                    gen_length=16, block_length=8)
+    assert declined.speculative_step is None and drafting.speculative_step is not None
+    declined.generate([[5, 6, 7], [8, 9, 10, 11]])
+    assert calls == []
+    drafting.generate([[5, 6, 7], [8, 9, 10, 11]])
+    assert calls  # the same hook, called where the plugin drafts
+
+
+def test_only_the_plugin_answering_the_draft_hook_can_decline_drafting(sharp_adapter, quota_graph):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        decoder = DiffusionDecoder(sharp_adapter, "spiffy+quota", params={"graph": quota_graph, "budget": 2},
+                                   gen_length=16, block_length=8)
+    rule = next(p for p in decoder.pm.get_plugins() if p is not None and not isinstance(p, Spiffy))
+    decoder.setup["decline_drafting"](rule)  # not the drafter: ignored
+    assert decoder.speculative_step is not None
+    decoder.setup["decline_drafting"](next(p for p in decoder.pm.get_plugins() if isinstance(p, Spiffy)))
+    assert decoder.speculative_step is None
 
 
 def test_an_explicit_budget_wins_and_the_decoders_draft_budget_caps_auto(sharp_adapter, quota_graph, tmp_path):

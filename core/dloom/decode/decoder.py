@@ -269,7 +269,16 @@ class DiffusionDecoder:
             "vocab_size": vocabulary_size(self.model),
             # times this model's forwards on demand (dloom.model.cost.measure_cost_curve)
             "forward_cost": functools.partial(measure_cost_curve, self.model),
+            "decline_drafting": self._decline_drafting,
         }
+
+    def _decline_drafting(self, plugin: object) -> None:
+        """``plugin`` will not draft under these settings (``decline_drafting`` of
+        :func:`~dloom.hooks.specs.dloom_configure`): if it answers the draft hook, the decoder
+        takes plain steps of its commit rule only; any other plugin's word is ignored."""
+        drafter = next((c.plugin for c in self.composition.components if "dloom_draft" in c.answers), None)
+        if drafter is not None and plugin is drafter:
+            self.speculative_step = None
 
     @property
     def config(self) -> dict[str, Any]:

@@ -203,7 +203,12 @@ def dloom_configure(config: Mapping[str, Any]) -> None:
         that ignores attention masks, like LLaDA's released one), and ``forward_cost``, which
         times the model's forwards when called (:func:`dloom.model.cost.measure_cost_curve`
         without its first argument: a :class:`~dloom.model.cost.CostCurve`, measured once per
-        process for a shape). In the ``"ar-target"``
+        process for a shape), and ``decline_drafting(plugin)``, which the plugin answering
+        :func:`dloom_draft` calls with itself when it will not draft under these settings
+        (Spiffy at ``budget="auto"`` choosing no drafts): the decoder then takes plain steps
+        of its commit rule only, never calls the draft, prune, build-mask or verify hook, and
+        its results carry no speculation figures (another plugin's call changes nothing). In
+        the ``"ar-target"``
         decoder (:class:`dloom.ARTargetDecoder`; ``config["decoder"] == "ar-target"``):
         ``model``/``target``, ``drafter`` (names), ``strategy``, ``params``, ``gen_length``,
         ``temperature``, ``remasking``, ``seed``, ``drafter_cache``, ``draft_budget``,

@@ -9,7 +9,8 @@ at small batch a forward is bound by reading the weights and stays nearly flat.
 
 :func:`measure_cost_curve` times forwards of ``1, 2, 4, ...`` nodes on the model itself
 (a few warm-up forwards, then the median of ``repeats`` rounds, each timing every node
-count in turn, so that a machine's changing load falls on every point alike), and keeps the curve for the
+count in turn, so that a machine's changing load falls on every point alike; each timed
+forward follows an untimed one of its shape, as in decoding), and keeps the curve for the
 process, keyed by the model's name, device, dtype, the layout and the shapes. A
 :class:`CostCurve` interpolates between the measured points; :meth:`CostCurve.linear` and
 :meth:`CostCurve.flat` build synthetic curves (a CPU-like and a GPU-like forward).
@@ -158,7 +159,8 @@ def measure_cost_curve(
         ``seq_len + (n - 1) * span`` tokens) or ``"cached"`` (``n`` new tokens of one row after
         ``seq_len`` cached columns: a causal model with a KV cache).
     :param span: tokens per packed draft (the block length).
-    :param repeats: timed rounds (one forward per point each); each point's median is kept.
+    :param repeats: timed rounds (per point, an untimed forward then a timed one of the same
+        shape); each point's median is kept.
     :param warmup: untimed forwards before the first point.
     :raises ConfigurationError: for a layout, length, count or node list out of range.
     :raises ModelError: ``"cached"`` for a model that is not causal or takes no cache.
@@ -198,6 +200,11 @@ def measure_cost_curve(
         times: dict[int, list[float]] = {n: [] for n in nodes}
         for _ in range(repeats):  # rounds over every node count: a load that drifts hits each alike
             for n in nodes:
+                # untimed first: a small forward right after a large one runs on cold caches
+                # (on a CPU, 25 % slower for one row after eleven), which decoding, a run of
+                # forwards of one shape, does not
+                forward(n)
+                sync()
                 started = time.perf_counter()
                 forward(n)
                 sync()

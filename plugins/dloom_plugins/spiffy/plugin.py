@@ -205,6 +205,8 @@ class Spiffy:
             self.chosen_budget = self._choose(graph, config, most)
         else:
             self.chosen_budget = min(int(self.budget), most)
+        if self.chosen_budget == 0 and "decline_drafting" in config:
+            config["decline_drafting"](self)  # the base rule's plain steps, without a draft call per step
         # static shapes: every verification is laid out for the most nodes a row may evaluate
         self._static_nodes = self.chosen_budget + 1 if config.get("static_shapes") else None
 
