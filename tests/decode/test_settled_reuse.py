@@ -160,3 +160,29 @@ def test_a_broken_reuse_is_caught(sharp_adapter, monkeypatch, broken, params):
     monkeypatch.setattr(*broken)
     got, _ = decode(sharp_adapter, "joint_threshold", params, 0.0)
     assert [got[row][0] for row in range(len(PROMPTS))] != [reference[row][0] for row in range(len(PROMPTS))]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "seeded"])
+def test_rows_joining_and_leaving_mid_run_decode_as_they_do_alone(sharp_adapter, temperature):
+    """Primed rows of a running batch (their next-block logits kept across the step) stay
+    batch-invariant while other rows join (a longer prompt widens every row) and leave."""
+    strategy, params = RULES[0]
+    decoder = dloom.DiffusionDecoder(
+        revisable(sharp_adapter), strategy, temperature=temperature, seed=7, **SETTINGS, **params,
+    )
+    schedule = {0: [2], 3: [0, 3], 5: [1]}  # step: prompts joining before it
+    session = DecodeSession(decoder)
+    by_id, out, step = {}, {}, 0
+    while session.size or step <= max(schedule):
+        for prompt in schedule.get(step, []):
+            (row,) = session.admit([PROMPTS[prompt]], row_offset=[prompt])
+            by_id[row] = prompt
+        done = session.step()
+        step += 1
+        if done is not None:
+            for row, tokens, nfe in zip(done.rows.tolist(), done.token_lists(), done.nfe.tolist()):
+                out[by_id[row]] = (tokens, nfe)
+    for prompt, got in out.items():
+        alone = decoder.generate([PROMPTS[prompt]], row_offset=prompt)
+        assert got == (alone.token_lists[0], int(alone.nfe[0]))
+    assert len(out) == len(PROMPTS)
