@@ -646,7 +646,8 @@ class DecodeSession:
         finished = ended | (complete & (forward.start + decoder.block_length >= self.region_end))
         moving = block_done & ~finished
         forward.advance(moving)
-        kernel.start_block(moving, torch.gather(x, 1, forward.block_columns))
+        active = torch.gather(x, 1, forward.block_columns)  # (B, K): each row's block now (moved rows' next one)
+        kernel.start_block(moving, active)
         done_block = self.block_index
         self.block_index = self.block_index + moving
         self.known = decoding & ~moving
@@ -669,7 +670,7 @@ class DecodeSession:
         if outcome.primed is not None:
             values["primed"] = (self.primed & ~finished).any()
         if self._reuse:  # a block with no mask left (or a primed row's) may take a post step next
-            unmasked = (torch.gather(x, 1, forward.block_columns) != self._mask_id).all(-1)
+            unmasked = (active != self._mask_id).all(-1)
             values["post_next"] = ((unmasked | self.primed) & ~finished).any()
         if self.on_block is not None:
             values["blocks_done"] = (block_done | finished).sum()
