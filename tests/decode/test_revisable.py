@@ -36,14 +36,17 @@ def reference_joint_threshold(adapter, prompt, gen_length, block_length, tau, ed
     this model's layout (blocks after the prompt, every forward over the whole sequence),
     candidates and probabilities as dloom's kernel reads them (the mask token excluded).
 
-    :return: the generated tokens, the forwards, and the blocks whose edit budget ran out.
+    :return: the generated tokens, the forwards, the blocks whose edit budget ran out, and
+        the blocks that settled on a post step that changed nothing and had a block after
+        them (dloom takes that next block's first step from the settling forward).
     """
     mask, eos = adapter.mask_token_id, adapter.eos_token_ids
     x = torch.tensor([prompt + [mask] * gen_length])
-    start, forwards, exhausted = len(prompt), 0, 0
+    start, forwards, exhausted, reusable, unchanged = len(prompt), 0, 0, 0, False
     for block in range(gen_length // block_length):
         lo, hi = start + block * block_length, start + (block + 1) * block_length
-        post_steps = 0
+        reusable += unchanged  # the last block settled unchanged, and this one follows it
+        post_steps, unchanged = 0, False
         while True:
             old = x[0, lo:hi].clone()
             masked = old == mask
@@ -68,12 +71,13 @@ def reference_joint_threshold(adapter, prompt, gen_length, block_length, tau, ed
             edit = ~masked & (p > edit_tau) & (x0 != old)
             x[0, lo:hi] = torch.where(fill | edit, x0, old)
             if not masked.any() and not edit.any():
+                unchanged = True
                 break
         if any(t in eos for t in x[0, start:hi].tolist()):
             break
     generated = x[0, start:].tolist()
     ends = [i for i, t in enumerate(generated) if t in eos]
-    return generated[: ends[0] + 1] if ends else generated, forwards, exhausted
+    return generated[: ends[0] + 1] if ends else generated, forwards, exhausted, reusable
 
 
 @pytest.mark.parametrize("tau, edit_tau, max_post_steps", [(0.5, 0.5, 16), (0.3, 0.0, 16), (0.3, 0.0, 2), (0.5, 0.2, 0)])
@@ -83,15 +87,19 @@ def test_the_joint_threshold_decodes_as_llada21s_generate(sharp_adapter, tau, ed
         tau=tau, edit_tau=edit_tau, max_post_steps=max_post_steps,
     )
     result = decoder.generate(PROMPTS)
-    edited = 0
+    edited = reused = 0
     for row, prompt in enumerate(PROMPTS):
-        tokens, forwards, exhausted = reference_joint_threshold(
+        tokens, forwards, exhausted, reusable = reference_joint_threshold(
             sharp_adapter, prompt, 16, 4, tau, edit_tau, max_post_steps,
         )
-        assert result.token_lists[row] == tokens and int(result.nfe[row]) == forwards
+        # without a cache a block settling on an unchanged post step hands its forward on
+        assert result.token_lists[row] == tokens and int(result.nfe[row]) == forwards - reusable
         edited += exhausted
+        reused += reusable
     if (tau, edit_tau, max_post_steps) == (0.3, 0.0, 2):
         assert edited, "no block ran out of its edit budget: the case is vacuous"
+    if (tau, edit_tau, max_post_steps) == (0.5, 0.5, 16):
+        assert reused, "no block settled unchanged before another: the case is vacuous"
 
 
 def test_edits_happen_and_a_batch_decodes_as_its_rows_alone(sharp_adapter):

@@ -405,7 +405,8 @@ class DiffusionDecoder:
         :param prompts: texts, token-id lists (left-padded here), or a ``(B, P)`` tensor of
             left-padded ids with its ``attention_mask``.
         :param observer: called after every plain step with a :class:`StepRecord` (the
-            reference process as it runs; ``dloom calibrate`` records it).
+            reference process as it runs; ``dloom calibrate`` records it), including a
+            step taken from an earlier forward's next-block logits (:class:`DecodeSession`).
         :param on_block: called after every step in which some rows finished a block, plain
             or speculative, with a :class:`BlockRecord` of those rows' final block tokens
             (``dloom serve`` streams them). Costs no host synchronisation unless given.

@@ -437,6 +437,13 @@ class KernelStep:
             self.generator.advance(stepping)
         return apply_commit(block, candidates, commit)
 
+    def unchanged_post_steps(self) -> torch.Tensor | None:
+        """``(B,)`` bool, rows whose last step began with a block that held no mask and left
+        it unchanged (the forward it read is then the one the row's next step would run on
+        the same tokens); ``None`` for a kernel that takes no such step (this one: a block
+        is complete once it holds no mask)."""
+        return None
+
     def restrict(self, generated: torch.Tensor | None) -> None:
         """The generated positions of each row's active block (``(B, K)`` bool, ``None``: all);
         a step commits no other position, and an EOS elsewhere ends no row (:func:`eos_clear`)."""

@@ -156,6 +156,12 @@ class RevisableKernel(KernelStep):
         complete = unmasked & settled
         return Settlement(complete & eos, complete)
 
+    def unchanged_post_steps(self) -> torch.Tensor | None:
+        """``(B,)`` bool, rows whose last step was a post step that changed nothing (the
+        step that settles a block unless its edit budget ran out); ``None`` for a fill rule,
+        which takes no post step."""
+        return self.post_step & ~self.changed if self.edits else None
+
     def pending(self, block: torch.Tensor) -> torch.Tensor:
         """``(B,)`` bool, rows whose block a step may still change."""
         ended, complete = self.settle(block)

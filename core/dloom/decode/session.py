@@ -27,7 +27,15 @@ evaluated with the next block's logits (:class:`~dloom.types.Verdict`'s ``primed
 without a cache) moves on *primed*: its next block's first kernel step samples from those
 logits, the very distribution the reference's first forward on that block gives, without a
 forward; the step's forward then serves the state after it. Such a step counts one NFE,
-and the used draft one accepted draft.
+and the used draft one accepted draft. Likewise, without a cache, a row whose plain step
+settled its block with a post step that changed nothing (an editing rule on the revisable
+kernel, :meth:`~dloom.decode.transition.TransitionKernel.unchanged_post_steps`) moves on
+primed: that step's forward ran on the very tokens the next block's first forward would
+run on, and read the next block's logits too (:attr:`~dloom.decode.step.StepInput.next_block`,
+asked for only on steps where some row's block may hold no mask). A row whose edit budget
+ran out on a post step that changed its block is not primed (its tokens are no longer
+those the forward read). With a cache that records, or with static shapes, no plain step
+primes a row.
 
 Widths. All rows share one sequence width ``L = P + G`` (``P`` prompt columns, left-padded;
 ``G`` the generated region). A joining prompt longer than ``P`` widens the batch: every row
@@ -203,7 +211,10 @@ class StepStatus:
     :ivar can_draft: some staying row's last distribution is known (a draft may start).
     :ivar accepted: drafts accepted over all rows (0 when the step verified nothing).
     :ivar verifications: rows decoding in the step's verification (0 without one).
-    :ivar primed: some staying row moves on primed (:class:`~dloom.types.Verdict`).
+    :ivar primed: some staying row moves on primed (:class:`~dloom.types.Verdict`, or a
+        plain step that settled its block unchanged).
+    :ivar post_next: some staying row's block holds no mask, or the row is primed (its next
+        step may be a post step: the next plain forward reads the next block's logits too).
     :ivar blocks_done: rows that finished a block (0 unless an ``on_block`` callback is set).
     """
 
@@ -215,6 +226,7 @@ class StepStatus:
     accepted: int = 0
     verifications: int = 0
     primed: bool = False
+    post_next: bool = False
     blocks_done: int = 0
 
     @classmethod
@@ -224,7 +236,7 @@ class StepStatus:
         read = read_on_host(values)
         plan = ForwardPlan(*read.pop("plan"))
         fields: dict[str, Any] = {name: value[0] for name, value in read.items()}
-        for flag in ("non_finite", "can_draft", "primed"):
+        for flag in ("non_finite", "can_draft", "primed", "post_next"):
             if flag in fields:
                 fields[flag] = bool(fields[flag])
         return cls(plan=plan, **fields)
@@ -292,7 +304,10 @@ class DecodeSession:
     of a decoder at a time: the decoder's hook timer and forward time are the session's.
 
     :param decoder: the decoder whose settings, strategy and model every row shares.
-    :param observer: called after every plain step with a :class:`StepRecord`.
+    :param observer: called after every plain step with a :class:`StepRecord`, and before
+        it, for rows a plain step primed (see the module docstring), with a record of the
+        primed rows' first step in their new block (taken without a forward; its rows are
+        picked with one host read, only when an observer is given).
     :param on_block: called after every step in which some rows finished a block, with a
         :class:`BlockRecord` (rows named by their ids). Costs no host
         synchronisation unless given.
@@ -342,6 +357,9 @@ class DecodeSession:
         self._plan: ForwardPlan | None = None
         self._can_draft = False
         self._primed_any = False  # some row is primed (read at the last step's sync)
+        self._primed_plain = False  # the primed rows were primed by a plain step (not a verification)
+        self._post_next = False  # some row's next step may be a post step (read at the last sync)
+        self._reuse = False  # plain steps may prime rows (set per batch, _start)
         self.forward: BlockForward | None = None
         self.kernel: TransitionKernel
         self.ledger: EditLedger | None = None
@@ -444,6 +462,12 @@ class DecodeSession:
             **decoder.kernel_options,
         )
         self.ledger = EditLedger(self.x, self._mask_id) if self.kernel.edits else None
+        # a settling post step's forward gives the next block's first distribution only when
+        # it is the forward the next step would run: uncached, of dynamic shapes
+        self._reuse = (
+            runner is BlockForward and not self.forward.policy.records
+            and self.forward.static_width is None and self.kernel.unchanged_post_steps() is not None
+        )
         if isinstance(self.forward, CanvasForward):  # it reads the kernel's canvases
             assert isinstance(self.kernel, UniformKernel)
             self.forward.kernel = self.kernel
@@ -552,6 +576,7 @@ class DecodeSession:
         self._plan = None
         self._can_draft = False
         self._primed_any = False
+        self._post_next = False
 
     # --- stepping ---------------------------------------------------------------------
 
@@ -585,6 +610,13 @@ class DecodeSession:
             primed_block = kernel(block, self.previous, self.primed)
             if self.ledger is not None:
                 self.ledger.record(columns, block, primed_block, generated)
+            if self.logprobs is not None:  # only primed rows' blocks changed
+                self.logprobs.record(columns, block, self.previous, primed_block)
+            if self.observer is not None and self._primed_plain:
+                rows = self.primed
+                self.observer(StepRecord(
+                    self.block_index[rows], self.rows[rows], block[rows], self.previous[rows], primed_block[rows],
+                ))
             block = primed_block
             x.scatter_(1, columns, block)
             decoding = ~self.primed | kernel.pending(block)
@@ -592,6 +624,7 @@ class DecodeSession:
         stepper = speculative or self.calls.plain_step
         outcome = stepper(StepInput(
             x, self.full_mask, block, decoding, self.known, self.previous, forward, kernel, self._plan,
+            next_block=self._post_next and speculative is None,
         ))
         new_block, self.previous, accepted = outcome.block, outcome.logits, outcome.accepted
         self.tallies.record(outcome)
@@ -613,16 +646,19 @@ class DecodeSession:
         finished = ended | (complete & (forward.start + decoder.block_length >= self.region_end))
         moving = block_done & ~finished
         forward.advance(moving)
-        kernel.start_block(moving, torch.gather(x, 1, forward.block_columns))
+        active = torch.gather(x, 1, forward.block_columns)  # (B, K): each row's block now (moved rows' next one)
+        kernel.start_block(moving, active)
         done_block = self.block_index
         self.block_index = self.block_index + moving
         self.known = decoding & ~moving
         if outcome.primed is not None:  # rows moving on with their next block's first distribution
             self.primed = outcome.primed & moving
             self.known = self.known | self.primed
-            assert accepted is not None and outcome.next_logits is not None
+            assert outcome.next_logits is not None
             self.previous = torch.where(self.primed[:, None, None], outcome.next_logits, outcome.logits)
-            accepted = accepted + self.primed.long()  # the completed draft's forward is used
+            if accepted is not None:  # the completed draft's forward is used
+                accepted = accepted + self.primed.long()
+            self._primed_plain = accepted is None
         elif self._primed_any:
             self.primed = torch.zeros_like(self.primed)
         values = {
@@ -630,9 +666,12 @@ class DecodeSession:
             "plan": forward.plan(~finished), "can_draft": (self.known & ~finished).any(),
         }
         if accepted is not None:
-            values.update(
-                accepted=accepted.sum(), verifications=decoding.sum(), primed=(self.primed & ~finished).any(),
-            )
+            values.update(accepted=accepted.sum(), verifications=decoding.sum())
+        if outcome.primed is not None:
+            values["primed"] = (self.primed & ~finished).any()
+        if self._reuse:  # a block with no mask left (or a primed row's) may take a post step next
+            unmasked = (active != self._mask_id).all(-1)
+            values["post_next"] = ((unmasked | self.primed) & ~finished).any()
         if self.on_block is not None:
             values["blocks_done"] = (block_done | finished).sum()
         status = StepStatus.read(values)  # the step's one sync
@@ -643,6 +682,7 @@ class DecodeSession:
         self.tallies.accepted += status.accepted
         self.tallies.verifications += status.verifications
         self._primed_any = status.primed
+        self._post_next = status.post_next
         self.tallies.forwards += 1
         if status.blocks_done:
             done = block_done | finished

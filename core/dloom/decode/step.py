@@ -57,6 +57,12 @@ class BlockForwards(Protocol):
         """One plain forward of the rows: ``(B, K, V)`` logits of their blocks and ``(B,)``
         bool, the rows that took a full forward."""
 
+    def run_next(
+        self, tokens: torch.Tensor, n_full: int, first_window: int, last_window: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`run` without a cache, also returning ``(B, K, V)`` logits of the ``K``
+        columns after each row's block (:meth:`dloom.model.runner.BlockForward.run_next`)."""
+
     def evaluate(self, tokens: torch.Tensor, layout: VerificationLayout, first_window: int) -> torch.Tensor:
         """One verification forward over ``layout``'s rows: the nodes' logits."""
 
@@ -87,6 +93,10 @@ class StepInput:
     :ivar forward: the caller's model runner.
     :ivar kernel: the transition kernel's step (commit rule and sampler).
     :ivar plan: this step's forward plan.
+    :ivar next_block: the forward also reads each row's next block's logits, so that a row
+        whose step settles its block unchanged moves on primed (:class:`PlainStepper`); set
+        only on an uncached forward of dynamic shapes, on a step in which some row's block
+        may hold no mask.
     """
 
     tokens: torch.Tensor
@@ -98,6 +108,7 @@ class StepInput:
     forward: BlockForwards
     kernel: TransitionKernel
     plan: ForwardPlan
+    next_block: bool = False
 
 
 @dataclass(frozen=True)
@@ -108,8 +119,9 @@ class StepOutcome:
     :ivar logits: ``(B, K, V)`` each row's last distribution.
     :ivar accepted: ``(B,)`` drafts each row accepted (``None`` when nothing was drafted).
     :ivar primed: ``(B,)`` bool, rows whose next block's first step can be taken from
-        ``next_logits`` without a forward (``None`` when the verification carried no
-        next-block logits: with a cache, or without drafts).
+        ``next_logits`` without a forward (``None`` when the step's forward carried no
+        next-block logits: with a cache, or a step neither verifying drafts nor reading
+        the next block, :attr:`StepInput.next_block`).
     :ivar next_logits: ``(B, K, V)`` those rows' next-block distributions, or ``None``.
     :ivar verified: the step's forward verified drafts (a verification forward).
     :ivar layout_exact: that verification's layout gave every draft its exact distribution
@@ -135,6 +147,13 @@ class Stepper(Protocol):
 class PlainStepper:
     """One forward of every row, then one kernel step of the decoding rows.
 
+    With :attr:`StepInput.next_block` the forward also reads the next block's logits, and
+    the rows whose step was a post step that left their block unchanged
+    (:meth:`~dloom.decode.transition.TransitionKernel.unchanged_post_steps`) come back
+    ``primed``: their tokens are those the forward read, so its logits at the next block's
+    columns are the distribution the row's first step there would read from a forward of
+    its own (the caller keeps those of the rows that move on).
+
     :param clock: times the forward (the decoder's :class:`~dloom.metrics.ForwardClock`).
     """
 
@@ -142,8 +161,14 @@ class PlainStepper:
         self.clock = clock
 
     def __call__(self, step: StepInput) -> StepOutcome:
-        logits, _ = self.clock.timed(step.forward.run, step.tokens, *step.plan)
-        return StepOutcome(step.kernel(step.block, logits, step.decoding), logits)
+        if not step.next_block:
+            logits, _ = self.clock.timed(step.forward.run, step.tokens, *step.plan)
+            return StepOutcome(step.kernel(step.block, logits, step.decoding), logits)
+        logits, following = self.clock.timed(step.forward.run_next, step.tokens, *step.plan)
+        block = step.kernel(step.block, logits, step.decoding)
+        unchanged = step.kernel.unchanged_post_steps()
+        assert unchanged is not None, "next-block logits asked of a kernel that takes no post step"
+        return StepOutcome(block, logits, primed=unchanged & step.decoding, next_logits=following)
 
 
 class SpeculativeStepper:

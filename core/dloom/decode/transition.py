@@ -81,6 +81,11 @@ class TransitionKernel(Protocol):
         """Where each row stands with its block ``(B, K)`` after a step."""
         ...
 
+    def unchanged_post_steps(self) -> torch.Tensor | None:
+        """``(B,)`` bool, rows whose last step began with no mask in their block and left the
+        block unchanged; ``None`` when the kernel takes no such step."""
+        ...
+
     def start_block(self, moving: torch.Tensor, block: torch.Tensor) -> None:
         """Rows ``moving`` (``(B,)`` bool) start the block ``block`` (``(B, K)``, their new one)."""
         ...

@@ -352,6 +352,39 @@ class BlockForward:
             self._on_cache = self._on_cache + (~full).long()
         return out, full
 
+    def run_next(
+        self, tokens: torch.Tensor, n_full: int, first_window: int, last_window: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`run` without a cache that also returns every row's next block's logits,
+        from the same forward (what the row's first step in its next block would read, if
+        its tokens stay as they are): the head runs over ``K`` more columns than
+        :meth:`run`'s, nothing else is computed.
+
+        :param tokens: / :param n_full: / :param first_window: / :param last_window: as in
+            :meth:`run` (every row's forward is a full one).
+        :return: ``(B, K, V)`` the active blocks' logits, as :meth:`run` gives them, and
+            ``(B, K, V)`` those of the ``K`` columns after each row's block (columns past the
+            sequence's end read its last column: a row whose next block would pass the end
+            has none).
+        :raises ConfigurationError: with a cache that records, static shapes or settled
+            columns (their forwards do not compute the next block as the next step would).
+        """
+        if self.policy.records or self.static_width is not None or self._settled is not None:
+            raise ConfigurationError(
+                f"next-block logits come from an uncached forward of dynamic shapes; this runner has "
+                f"cache={self.policy.name!r}, static_width={self.static_width!r}"
+                f"{', settled columns' if self._settled is not None else ''}"
+            )
+        keep = (first_window, min(last_window + 2 * self.block_length, self.length))
+        raw = self._run(tokens, self._full_mask, self.position_ids, None, keep)
+        logits = self._pick(raw, self.window_start, keep)
+        offset = keep[0] if self.model.takes_logits_to_keep else 0
+        columns = self.window_start.unsqueeze(1) + torch.arange(
+            self.block_length, 2 * self.block_length, device=raw.device
+        )
+        following = torch.take_along_dim(raw, (columns - offset).clamp(max=raw.shape[1] - 1).unsqueeze(-1), dim=1)
+        return logits, following
+
     def _kept(self, first_window: int, last_window: int) -> tuple[int, int]:
         """The columns whose logits a full forward computes: the rows' windows, or with static
         shapes always the last ``static_width``."""
