@@ -202,6 +202,7 @@ def test_auto_runs_at_the_chosen_budget_and_decodes_the_rules_tokens(sharp_adapt
 def test_at_no_drafts_the_decoder_takes_the_rules_plain_steps_and_never_calls_the_draft_hook(
     sharp_adapter, quota_graph, tmp_path, monkeypatch,
 ):
+    """At ``D = 0`` Spiffy calls ``decline_drafting`` of its ``dloom_configure`` config."""
     steep = tmp_path / "steep.json"
     CostCurve.linear(1.0, 1.0).save(steep)
     from dloom.hooks import calls as hook_calls
