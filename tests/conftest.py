@@ -147,3 +147,31 @@ def edit_schedule(masked: list[list[bool]], post_steps: list[int]) -> BlockSched
         torch.zeros(mask.shape[0], dtype=torch.long), 1, mask.sum(-1), masked=mask,
         post_steps=torch.tensor(post_steps, dtype=torch.long),
     )
+
+
+def staggered(decoder, prompts, schedule, streams=None):
+    """Decode ``prompts`` in one :class:`~dloom.decode.session.DecodeSession`, each joining
+    before the step ``schedule`` (``{step: [prompt index, ...]}``) names, with random stream
+    ``streams[index]`` (``None``: 0).
+
+    :return: ``{prompt index: (tokens, nfe)}``, the rows of every observed step (prompt
+        indices) and the session.
+    """
+    from dloom.decode.session import DecodeSession
+
+    steps: list[set[int]] = []
+    by_id: dict[int, int] = {}
+    session = DecodeSession(decoder, observer=lambda record: steps.append({by_id[r] for r in record.rows.tolist()}))
+    out: dict[int, tuple[list[int], int]] = {}
+    step = 0
+    while session.size or step <= max(schedule):
+        for prompt in schedule.get(step, []):
+            offset = [streams[prompt]] if streams else 0
+            (row,) = session.admit([prompts[prompt]], row_offset=offset)
+            by_id[row] = prompt
+        done = session.step()
+        step += 1
+        if done is not None:
+            for row, tokens, nfe in zip(done.rows.tolist(), done.token_lists(), done.nfe.tolist()):
+                out[by_id[row]] = (tokens, nfe)
+    return out, steps, session

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import EOS_ID, MASK_ID, PAD_ID, sharpen, tiny_model
+from conftest import EOS_ID, MASK_ID, PAD_ID, sharpen, staggered, tiny_model
 from dloom import DiffusionDecoder, ModelAdapter
 from dloom.decode.session import DecodeSession
 from dloom.errors import ConfigurationError, ModelError
@@ -47,36 +47,12 @@ def alone(decoder: DiffusionDecoder, prompt: list[int], stream: int = 0) -> tupl
     return result.token_lists[0], int(result.nfe[0])
 
 
-def staggered(decoder: DiffusionDecoder, schedule=SCHEDULE, streams=None):
-    """Decode ``PROMPTS`` in one session, each joining before the step ``schedule`` names.
-
-    :return: ``{prompt index: (tokens, nfe)}``, the rows of every plain step (prompt
-        indices) and the session.
-    """
-    steps: list[set[int]] = []
-    by_id: dict[int, int] = {}
-    session = DecodeSession(decoder, observer=lambda record: steps.append({by_id[r] for r in record.rows.tolist()}))
-    out: dict[int, tuple[list[int], int]] = {}
-    step = 0
-    while session.size or step <= max(schedule):
-        for prompt in schedule.get(step, []):
-            offset = [streams[prompt]] if streams else 0
-            (row,) = session.admit([PROMPTS[prompt]], row_offset=offset)
-            by_id[row] = prompt
-        done = session.step()
-        step += 1
-        if done is not None:
-            for row, tokens, nfe in zip(done.rows.tolist(), done.token_lists(), done.nfe.tolist()):
-                out[by_id[row]] = (tokens, nfe)
-    return out, steps, session
-
-
 @pytest.mark.parametrize("model", list(MODELS))
 @pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
 @pytest.mark.parametrize("strategy, params", [("quota", {}), ("threshold", {"tau": 0.5}), ("frechet", {})])
 def test_rows_joining_mid_run_decode_as_they_do_alone(model, cache, strategy, params):
     decoder = DiffusionDecoder(adapter(**MODELS[model]), strategy, gen_length=GEN, block_length=BLOCK, cache=cache, params=params)
-    out, steps, session = staggered(decoder)
+    out, steps, session = staggered(decoder, PROMPTS, SCHEDULE)
     expected = {i: alone(decoder, prompt) for i, prompt in enumerate(PROMPTS)}
     assert out == expected
     # the batch's composition changed while rows were decoding: a row that joined late shared
@@ -91,7 +67,7 @@ def test_spiffy_rows_joining_mid_run_decode_as_they_do_alone(cache):
     with pytest.warns(UserWarning, match="uncalibrated default graph"):
         decoder = DiffusionDecoder(adapter(), "spiffy+quota", gen_length=GEN, block_length=BLOCK, cache=cache,
                                    budget=10)
-    out, _, session = staggered(decoder)
+    out, _, session = staggered(decoder, PROMPTS, SCHEDULE)
     assert out == {i: alone(decoder, prompt) for i, prompt in enumerate(PROMPTS)}
     assert session.speculation["accepted_drafts"] > 0  # drafts were verified, so speculation ran
 
@@ -100,7 +76,7 @@ def test_spiffy_rows_joining_mid_run_decode_as_they_do_alone(cache):
 def test_seeded_rows_joining_mid_run_draw_what_generate_draws(strategy):
     decoder = DiffusionDecoder(adapter(), strategy, gen_length=GEN, block_length=BLOCK, temperature=1.5, seed=3)
     streams = {0: 0, 1: 2, 2: 0, 3: 1, 4: 5, 5: 0}  # each prompt's index in its own request
-    out, _, _ = staggered(decoder, streams=streams)
+    out, _, _ = staggered(decoder, PROMPTS, SCHEDULE, streams=streams)
     assert out == {i: alone(decoder, prompt, streams[i]) for i, prompt in enumerate(PROMPTS)}
     other = DiffusionDecoder(adapter(), strategy, gen_length=GEN, block_length=BLOCK, temperature=1.5, seed=4)
     assert any(alone(other, p)[0] != alone(decoder, p)[0] for p in PROMPTS)  # the seed matters
@@ -128,7 +104,7 @@ def test_a_broken_join_is_caught(monkeypatch, broken, cache):
     decoder = DiffusionDecoder(adapter(), "quota", gen_length=GEN, block_length=BLOCK, cache=cache)
     expected = {i: alone(decoder, prompt) for i, prompt in enumerate(PROMPTS)}
     monkeypatch.setattr(BlockForward, "join", broken)
-    out, _, _ = staggered(decoder)
+    out, _, _ = staggered(decoder, PROMPTS, SCHEDULE)
     assert out != expected
 
 
@@ -184,7 +160,7 @@ def test_a_join_costs_two_host_syncs_and_a_step_one(monkeypatch, cache):
     from test_host_sync import SyncCounter
 
     decoder = DiffusionDecoder(adapter(eos_token_ids=()), "threshold", gen_length=GEN, block_length=BLOCK, cache=cache)
-    staggered(decoder)  # warm-up outside the count
+    staggered(decoder, PROMPTS, SCHEDULE)  # warm-up outside the count
     session = DecodeSession(decoder)
     with SyncCounter().counting(monkeypatch) as counter:
         session.admit([PROMPTS[0]])

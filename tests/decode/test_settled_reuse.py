@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import dloom
-from conftest import revisable
+from conftest import revisable, staggered
 from dloom.decode.revisable import RevisableKernel
 from dloom.decode.session import DecodeSession, StepRecord
 from dloom.model.runner import BlockForward
@@ -171,17 +171,7 @@ def test_rows_joining_and_leaving_mid_run_decode_as_they_do_alone(sharp_adapter,
         revisable(sharp_adapter), strategy, temperature=temperature, seed=7, **SETTINGS, **params,
     )
     schedule = {0: [2], 3: [0, 3], 5: [1]}  # step: prompts joining before it
-    session = DecodeSession(decoder)
-    by_id, out, step = {}, {}, 0
-    while session.size or step <= max(schedule):
-        for prompt in schedule.get(step, []):
-            (row,) = session.admit([PROMPTS[prompt]], row_offset=[prompt])
-            by_id[row] = prompt
-        done = session.step()
-        step += 1
-        if done is not None:
-            for row, tokens, nfe in zip(done.rows.tolist(), done.token_lists(), done.nfe.tolist()):
-                out[by_id[row]] = (tokens, nfe)
+    out, _, _ = staggered(decoder, PROMPTS, schedule, streams=list(range(len(PROMPTS))))
     for prompt, got in out.items():
         alone = decoder.generate([PROMPTS[prompt]], row_offset=prompt)
         assert got == (alone.token_lists[0], int(alone.nfe[0]))
