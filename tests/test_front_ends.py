@@ -76,13 +76,14 @@ class RecordingDecoder(dloom.DiffusionDecoder):
             layout=recorded("layout", calls.layout), check=recorded("check", calls.check), clock=clock,
             plain_step=recorded("plain", calls.plain_step),
             speculative_step=None if calls.speculative_step is None else recorded("speculate", calls.speculative_step),
+            speculator=calls.speculator,
         )
 
 
-@pytest.mark.filterwarnings("ignore:no built-in draft graph")  # an uncalibrated graph still drafts
-@pytest.mark.parametrize("strategy", ["quota", "spiffy+quota"])
-def test_a_session_reaches_its_decoder_through_session_calls_only(sharp_adapter, strategy):
-    decoder = RecordingDecoder(sharp_adapter, strategy, gen_length=8, block_length=4)
+@pytest.mark.filterwarnings("ignore:no built-in draft graph")  # an uncalibrated graph drafts at a fixed budget
+@pytest.mark.parametrize("strategy, params", [("quota", {}), ("spiffy+quota", {"budget": 2})])
+def test_a_session_reaches_its_decoder_through_session_calls_only(sharp_adapter, strategy, params):
+    decoder = RecordingDecoder(sharp_adapter, strategy, params=params, gen_length=8, block_length=4)
     decoder.forward_clock.seconds = 99.0  # left from an earlier session: the decoder resets it for the new one
     decoder.timer.seconds["select_commit"] = 99.0
     session = DecodeSession(decoder)

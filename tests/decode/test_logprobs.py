@@ -87,6 +87,10 @@ def test_a_committed_token_logprob_is_log_softmax_of_the_forward_that_committed_
 
 
 def test_a_speculative_strategy_refuses_to_record_logprobs(model):
-    decoder = dloom.DiffusionDecoder(model, "spiffy+quota", block_length=BLOCK)
+    decoder = dloom.DiffusionDecoder(model, "spiffy+quota", budget=2, block_length=BLOCK)
     with pytest.raises(ConfigurationError, match="speculates; commit-time log-probabilities"):
         DecodeSession(decoder, logprobs=0)
+    # at no drafts (``auto`` on an uncalibrated graph) it takes the rule's plain steps: recorded
+    plain = dloom.DiffusionDecoder(model, "spiffy+quota", block_length=BLOCK)
+    assert plain.speculative_step is None
+    assert DecodeSession(plain, logprobs=0).logprobs is not None

@@ -328,6 +328,7 @@ class DiffusionDecoder:
         return SessionCalls(
             layout=self._layout, check=self._check, clock=self.forward_clock,
             plain_step=self.plain_step, speculative_step=self.speculative_step,
+            speculator=self.composition.provider("dloom_draft") is not None,
         )
 
     def _check(self, forward: int, non_finite: int, idle: int, blocks: torch.Tensor) -> None:

@@ -258,7 +258,9 @@ class SessionCalls:
         (:class:`~dloom.decode.step.PlainStepper`).
     :ivar speculative_step: the strategy's speculative step
         (:class:`~dloom.decode.step.SpeculativeStepper`), or ``None`` for a strategy that
-        never drafts.
+        never drafts, or whose speculator declined drafting under these settings.
+    :ivar speculator: the strategy has a speculator (a draft hook): its results carry
+        speculation figures, none of them verifications where it declined drafting.
     """
 
     layout: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]]
@@ -266,6 +268,7 @@ class SessionCalls:
     clock: ForwardClock
     plain_step: Stepper
     speculative_step: Stepper | None
+    speculator: bool
 
 
 class SessionDecoder(Protocol):
@@ -351,7 +354,7 @@ class DecodeSession:
         self._samples = decoder.temperature > 0 or decoder.remasking == "random"
         self._steps_per_block = decoder.steps // (decoder.gen_length // decoder.block_length)
         self.calls = calls
-        self.tallies = _Tallies(self.calls.speculative_step is not None)
+        self.tallies = _Tallies(self.calls.speculator)
         self.size = 0
         self._next_id = 0
         self._plan: ForwardPlan | None = None

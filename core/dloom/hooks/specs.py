@@ -206,8 +206,9 @@ def dloom_configure(config: Mapping[str, Any]) -> None:
         process for a shape), and ``decline_drafting(plugin)``, which the plugin answering
         :func:`dloom_draft` calls with itself when it will not draft under these settings
         (Spiffy at ``budget="auto"`` choosing no drafts): the decoder then takes plain steps
-        of its commit rule only, never calls the draft, prune, build-mask or verify hook, and
-        its results carry no speculation figures (another plugin's call changes nothing). In
+        of its commit rule only and never calls the draft, prune, build-mask or verify hook (its
+        results report a speculation of no verifications; another plugin's call changes
+        nothing). In
         the ``"ar-target"``
         decoder (:class:`dloom.ARTargetDecoder`; ``config["decoder"] == "ar-target"``):
         ``model``/``target``, ``drafter`` (names), ``strategy``, ``params``, ``gen_length``,
