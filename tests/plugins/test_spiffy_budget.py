@@ -295,3 +295,27 @@ def test_the_timed_verification_walks_the_budgets_steps(sharp_adapter, quota_gra
     assert len(times) == 2 and min(times) > 0
     assert plugin._longest >= 3  # the walk is bounded by the budget, not by the graph
     assert steps == {1: 3 * 2, 3: 3 * 4}  # an untimed and two timed walks per budget
+
+
+def test_the_timed_verifications_draw_their_random_outputs_once(sharp_adapter, quota_graph, tmp_path, monkeypatch):
+    """Outputs of the vocabulary's width are drawn once, at the largest budget's shape (on a
+    126k vocabulary a draw per verification cost seconds of build time), and each budget's
+    time is reported in the order asked."""
+    from dloom_plugins.spiffy import overhead
+
+    flat = tmp_path / "flat.json"
+    CostCurve.flat().save(flat)
+    plugin = run(sharp_adapter, "spiffy+quota", {"graph": quota_graph, "cost": str(flat)})[1]
+    vocab, shapes = 40, []
+    randn = torch.randn
+
+    def recorded(*size, **kwargs):
+        shapes.append(tuple(size))
+        return randn(*size, **kwargs)
+
+    monkeypatch.setattr(overhead.torch, "randn", recorded)
+    config = {"block_length": 8, "vocab_size": vocab, "device": "cpu", "shift_logits": False}
+    times = overhead.verification_overhead(plugin, config, [1, 2, 4], repeats=2)
+    assert len(times) == 3 and min(times) > 0
+    outputs = [shape for shape in shapes if len(shape) == 3 and shape[0] > 1]
+    assert outputs == [(4 + 1, 2 * 8, vocab)]  # D = 4's rows layout, each row its block and the next: one draw
