@@ -276,8 +276,8 @@ class DiffusionDecoder:
         """``plugin`` will not draft under these settings (``decline_drafting`` of
         :func:`~dloom.hooks.specs.dloom_configure`): if it answers the draft hook, the decoder
         takes plain steps of its commit rule only; any other plugin's word is ignored."""
-        drafter = next((c.plugin for c in self.composition.components if "dloom_draft" in c.answers), None)
-        if drafter is not None and plugin is drafter:
+        drafter = self.composition.provider("dloom_draft")
+        if drafter is not None and plugin is self.pm.get_plugin(drafter):
             self.speculative_step = None
 
     @property

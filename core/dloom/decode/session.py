@@ -696,16 +696,17 @@ class DecodeSession:
             return None
         order = torch.argsort(finished.long(), stable=True)
         gone = order[self.size - leaving:]
-        region = x[gone, self.width:]
-        lengths = torch.minimum(generated_lengths(region, self._eos), self.region_end[gone] - self.width)
+        room = self.region_end[gone] - self.width  # each leaving row's generated region
+
+        def lengths_of(rows: torch.Tensor) -> torch.Tensor:  # (R,): up to the first EOS, within the region
+            return torch.minimum(generated_lengths(rows[:, self.width:], self._eos), room)
+
         logprobs = self.logprobs.take(gone) if self.logprobs is not None else None
-        result = FinishedRows(self.rows[gone], x[gone], self.width, lengths, self.nfe[gone], logprobs)
+        result = FinishedRows(self.rows[gone], x[gone], self.width, lengths_of(x[gone]), self.nfe[gone], logprobs)
         if self.ledger is not None:
             drafts = self.ledger.drafts[gone]
-            draft_lengths = torch.minimum(generated_lengths(drafts[:, self.width:], self._eos),
-                                          self.region_end[gone] - self.width)
             result = dataclasses.replace(result, edits=self.ledger.edits[gone], drafts=drafts,
-                                         draft_lengths=draft_lengths)
+                                         draft_lengths=lengths_of(drafts))
         if leaving == self.size:
             self._empty()
         else:

@@ -88,13 +88,11 @@ def verification_overhead(
         logits=torch.randn(1, width, vocab, generator=generator, device=device), span_start=0,
         known=one, width=width, span_lead=shift,
     )
-    drawn: list[torch.Tensor] = []  # random outputs, drawn once at the largest shape asked
+    drawn: list[torch.Tensor] = []  # random outputs, drawn at the first (largest) budget's shape
 
     def random_outputs(rows: int, columns: int) -> torch.Tensor:
         if not drawn or drawn[0].shape[0] < rows or drawn[0].shape[1] < columns:
-            shape = (max(rows, drawn[0].shape[0] if drawn else 0), max(columns, drawn[0].shape[1] if drawn else 0))
-            drawn[:] = []  # the old draw need not live through the new one
-            drawn.append(torch.randn(*shape, vocab, generator=generator, device=device))
+            drawn[:] = [torch.randn(rows, columns, vocab, generator=generator, device=device)]
         return drawn[0][:rows, :columns]
 
     def verification() -> float:
